@@ -1,1 +1,55 @@
-fn main() {}
+//! `cargo xtask <cmd>`: the one entry point for building, testing and demonstrating weir
+//! on a fresh machine. Every install step lives in `setup`, so nothing is done by hand.
+mod build;
+mod cmd;
+mod demo;
+mod setup;
+mod test;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "cargo xtask",
+    about = "Build, test and demo weir. Start with `cargo xtask demo` and `cargo xtask test`."
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Install what weir needs (Debian packages, bpf-linker, cargo-fuzz). Idempotent: only
+    /// what is missing is installed. Needs root and apt.
+    Setup,
+    /// Build the eBPF object, then the agent that embeds it.
+    Build {
+        #[arg(long)]
+        release: bool,
+    },
+    /// The CI command: formatting, clippy (warnings are errors), unit tests, then the
+    /// integration tests against the real kernel (root, bpffs, network namespaces).
+    Test,
+    /// Run the lab on the default example: build a node from network namespaces, enforce
+    /// its policies and print the reachability matrix.
+    Demo {
+        /// ebpf or iptables.
+        #[arg(long, default_value = "ebpf")]
+        dataplane: String,
+    },
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Setup => setup::run(),
+        Command::Build { release } => build::run(release),
+        Command::Test => test::run(),
+        Command::Demo { dataplane } => demo::run(&dataplane),
+    };
+    if let Err(e) = result {
+        eprintln!("xtask: error: {e:#}");
+        std::process::exit(1);
+    }
+}

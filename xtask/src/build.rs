@@ -1,0 +1,37 @@
+//! `cargo xtask build`: the eBPF object first (so its errors are shown on their own), then
+//! the agent, whose build script embeds the object. Cargo rebuilds only what changed.
+use anyhow::Result;
+
+use crate::cmd::{cargo, exec, workspace_root};
+
+pub fn run(release: bool) -> Result<()> {
+    crate::setup::ensure()?;
+    build_ebpf()?;
+    let mut c = cargo();
+    c.args(["build", "--package", "weir", "--bins"]);
+    if release {
+        c.arg("--release");
+    }
+    exec(&mut c)
+}
+
+/// Builds ebpf/weir-ebpf with Debian's toolchain (its own workspace and config).
+pub fn build_ebpf() -> Result<()> {
+    let dir = workspace_root().join("ebpf/weir-ebpf");
+    let mut c = std::process::Command::new("/usr/bin/cargo");
+    c.current_dir(&dir).args(["build", "--release"]);
+    for (key, _) in std::env::vars() {
+        if key.starts_with("CARGO") || key.starts_with("RUSTC") || key == "RUSTFLAGS" {
+            c.env_remove(key);
+        }
+    }
+    let home = std::env::var("HOME").unwrap_or_else(|_| "/root".into());
+    c.env(
+        "PATH",
+        format!(
+            "{home}/.cargo/bin:{}",
+            std::env::var("PATH").unwrap_or_default()
+        ),
+    );
+    exec(&mut c)
+}

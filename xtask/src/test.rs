@@ -1,0 +1,188 @@
+//! `cargo xtask test`, the CI command: formatting, clippy with warnings as errors, unit
+//! tests, then the integration tests against the real kernel, then the fuzz smoke runs.
+//! It ends with one line naming what ran. An ignored test fails the run: nothing may pass
+//! by skipping.
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+
+use crate::cmd::{cargo, exec as run_cmd, is_root, workspace_root};
+
+/// Seconds each fuzz target runs in the smoke run.
+const FUZZ_SMOKE_SECONDS: u32 = 15;
+
+#[derive(Default)]
+struct Tally {
+    passed: usize,
+    failed: Vec<String>,
+    ignored: Vec<String>,
+    binaries: Vec<String>,
+}
+
+pub fn run() -> Result<()> {
+    let started = Instant::now();
+    crate::setup::ensure()?;
+    step("formatting");
+    run_cmd(cargo().args(["fmt", "--all", "--check"]))?;
+    run_cmd(cargo().args([
+        "fmt",
+        "--manifest-path",
+        "ebpf/weir-ebpf/Cargo.toml",
+        "--check",
+    ]))?;
+    step("clippy");
+    run_cmd(cargo().args([
+        "clippy",
+        "--workspace",
+        "--all-targets",
+        "--",
+        "-D",
+        "warnings",
+    ]))?;
+
+    step("unit tests");
+    let unit = cargo_test(&["--workspace", "--lib", "--bins"])?;
+
+    step("integration tests (real kernel)");
+    check_kernel_prerequisites()?;
+    // The integration tests drive the real binary.
+    run_cmd(cargo().args(["build", "--package", "weir", "--bins"]))?;
+    let integration = cargo_test(&["--workspace", "--test", "*"])?;
+
+    step("fuzz smoke");
+    let fuzzed = fuzz_smoke()?;
+
+    for (name, t) in [("unit", &unit), ("integration", &integration)] {
+        if !t.failed.is_empty() {
+            bail!("{name} tests failed: {}", t.failed.join(", "));
+        }
+        if !t.ignored.is_empty() {
+            bail!(
+                "{name} tests were ignored (nothing may pass by skipping): {}",
+                t.ignored.join(", ")
+            );
+        }
+    }
+    println!(
+        "xtask test: PASS in {}s: fmt, clippy, {} unit tests, {} integration tests in {} ({}), fuzz smoke {}",
+        started.elapsed().as_secs(),
+        unit.passed,
+        integration.passed,
+        integration.binaries.len(),
+        integration.binaries.join(" "),
+        if fuzzed.is_empty() { "none".to_string() } else { fuzzed.join(" ") },
+    );
+    Ok(())
+}
+
+fn step(name: &str) {
+    println!("\n==> xtask test: {name}");
+}
+
+/// Runs `cargo test ARGS`, echoing its output and tallying the per-test result lines.
+fn cargo_test(args: &[&str]) -> Result<Tally> {
+    let mut child = cargo()
+        .arg("test")
+        .args(args)
+        .stdout(Stdio::piped())
+        .spawn()
+        .context("cannot start cargo test")?;
+    let mut tally = Tally::default();
+    let stdout = child.stdout.take().expect("piped");
+    for line in BufReader::new(stdout).lines() {
+        let line = line.context("reading cargo test output")?;
+        println!("{line}");
+        tally_line(&mut tally, &line);
+    }
+    let status = child.wait()?;
+    if !status.success() && tally.failed.is_empty() {
+        bail!("cargo test {} failed ({status})", args.join(" "));
+    }
+    Ok(tally)
+}
+
+fn tally_line(tally: &mut Tally, line: &str) {
+    let line = line.trim();
+    if let Some(rest) = line.strip_prefix("Running ") {
+        // "Running tests/foo.rs (target/debug/deps/foo-hash)"
+        if let Some(src) = rest.split_whitespace().next() {
+            tally.binaries.push(src.to_string());
+        }
+        return;
+    }
+    let Some(rest) = line.strip_prefix("test ") else {
+        return;
+    };
+    let Some((name, verdict)) = rest.rsplit_once(" ... ") else {
+        return;
+    };
+    match verdict {
+        "ok" => tally.passed += 1,
+        "FAILED" => tally.failed.push(name.to_string()),
+        v if v.starts_with("ignored") => tally.ignored.push(name.to_string()),
+        _ => {}
+    }
+}
+
+/// The integration tests need these; say which one is missing instead of failing obscurely.
+fn check_kernel_prerequisites() -> Result<()> {
+    if !is_root() {
+        bail!("integration tests need root (network namespaces, BPF, iptables): run `cargo xtask test` as root");
+    }
+    if !Path::new("/sys/fs/bpf").is_dir() {
+        bail!("integration tests need /sys/fs/bpf (bpffs mount point) and it does not exist");
+    }
+    for tool in [
+        "ip",
+        "ipset",
+        "iptables",
+        "ip6tables",
+        "iptables-legacy",
+        "iptables-nft",
+        "tc",
+        "conntrack",
+    ] {
+        if Command::new(tool).arg("-V").output().is_err()
+            && Command::new(tool).arg("--version").output().is_err()
+        {
+            bail!("integration tests need `{tool}` on PATH; run `cargo xtask setup`");
+        }
+    }
+    Ok(())
+}
+
+/// Runs every cargo-fuzz target briefly so the fuzz harnesses cannot rot.
+fn fuzz_smoke() -> Result<Vec<String>> {
+    let fuzz_dir = workspace_root().join("agent/fuzz");
+    if !fuzz_dir.is_dir() {
+        return Ok(Vec::new());
+    }
+    let list = Command::new("cargo")
+        .current_dir(workspace_root().join("agent"))
+        .args(["fuzz", "list"])
+        .output()
+        .context("cannot run `cargo fuzz list` (cargo-fuzz is installed by `cargo xtask setup`)")?;
+    let targets: Vec<String> = String::from_utf8_lossy(&list.stdout)
+        .lines()
+        .map(str::to_string)
+        .collect();
+    for t in &targets {
+        // Stable rustc with RUSTC_BOOTSTRAP: no nightly toolchain can be fetched here.
+        run_cmd(
+            Command::new("cargo")
+                .current_dir(workspace_root().join("agent"))
+                .env("RUSTC_BOOTSTRAP", "1")
+                .args([
+                    "fuzz",
+                    "run",
+                    t,
+                    "--",
+                    &format!("-max_total_time={FUZZ_SMOKE_SECONDS}"),
+                ]),
+        )?;
+    }
+    Ok(targets)
+}
