@@ -107,7 +107,8 @@ fn cargo_test(args: &[&str]) -> Result<Tally> {
 fn tally_line(tally: &mut Tally, line: &str) {
     let line = line.trim();
     if let Some(rest) = line.strip_prefix("Running ") {
-        // "Running tests/foo.rs (target/debug/deps/foo-hash)"
+        // "Running tests/foo.rs (target/...)" or "Running unittests src/lib.rs (target/...)"
+        let rest = rest.strip_prefix("unittests ").unwrap_or(rest);
         if let Some(src) = rest.split_whitespace().next() {
             tally.binaries.push(src.to_string());
         }
