@@ -5,3 +5,4 @@
 //! [`dataplane`] (eBPF or ipset/iptables) enforces them; [`reset`] cleans a node.
 pub mod dataplane;
 pub mod policy;
+pub mod reset;

@@ -13,6 +13,7 @@ struct Cli {
 enum Command {
     /// Print the build's version and the embedded eBPF object's size.
     Version,
+    Reset(weir::reset::cli::ResetArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -21,6 +22,7 @@ fn main() -> anyhow::Result<()> {
         Command::Version => {
             println!("weir {}", env!("CARGO_PKG_VERSION"));
         }
+        Command::Reset(args) => weir::reset::cli::run(args)?,
     }
     Ok(())
 }

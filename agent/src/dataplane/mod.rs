@@ -4,6 +4,8 @@
 
 use serde::{Deserialize, Serialize};
 
+pub mod iptables;
+
 use crate::policy::desired::{Delta, Desired};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, clap::ValueEnum)]

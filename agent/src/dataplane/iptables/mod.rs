@@ -1,0 +1,2 @@
+//! The ipset/iptables dataplane.
+pub mod backend;

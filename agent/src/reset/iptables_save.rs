@@ -1,0 +1,153 @@
+//! Line-based parser for `iptables-save` output: tables, their chains, and each rule's
+//! chain, jump target and verbatim text (so a rule can be deleted with `-D` exactly as
+//! it was saved).
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SavedTable {
+    pub name: String,
+    pub chains: Vec<String>,
+    pub rules: Vec<SavedRule>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SavedRule {
+    pub chain: String,
+    /// The `-j`/`-g` target, if any.
+    pub target: Option<String>,
+    /// Everything after `-A <chain>`, verbatim.
+    pub spec: String,
+}
+
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum SaveParseError {
+    #[error("iptables-save output line {line}: `{text}` outside of a `*table` block")]
+    OutsideTable { line: usize, text: String },
+    #[error("iptables-save output line {line}: unterminated quote in rule")]
+    UnterminatedQuote { line: usize },
+}
+
+pub fn parse(text: &str) -> Result<Vec<SavedTable>, SaveParseError> {
+    let mut tables = Vec::new();
+    let mut current: Option<SavedTable> = None;
+    for (index, line) in text.lines().enumerate() {
+        let line_no = index + 1;
+        let line = line.trim_end();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        if let Some(name) = line.strip_prefix('*') {
+            tables.extend(current.take());
+            current = Some(SavedTable {
+                name: name.to_string(),
+                ..Default::default()
+            });
+            continue;
+        }
+        if line == "COMMIT" {
+            tables.extend(current.take());
+            continue;
+        }
+        let Some(table) = current.as_mut() else {
+            return Err(SaveParseError::OutsideTable {
+                line: line_no,
+                text: line.chars().take(60).collect(),
+            });
+        };
+        if let Some(decl) = line.strip_prefix(':') {
+            if let Some(chain) = decl.split_whitespace().next() {
+                table.chains.push(chain.to_string());
+            }
+        } else if let Some(rule) = line.strip_prefix("-A ") {
+            let tokens = tokens(rule).ok_or(SaveParseError::UnterminatedQuote { line: line_no })?;
+            let Some(chain) = tokens.first() else {
+                continue;
+            };
+            let target = tokens
+                .windows(2)
+                .find(|w| matches!(w[0].as_str(), "-j" | "--jump" | "-g" | "--goto"))
+                .map(|w| w[1].clone());
+            let spec = rule.trim_start()[chain.len()..].trim().to_string();
+            table.rules.push(SavedRule {
+                chain: chain.clone(),
+                target,
+                spec,
+            });
+        }
+    }
+    tables.extend(current);
+    Ok(tables)
+}
+
+/// Splits a rule into words the way iptables-save quotes them: double quotes group,
+/// backslash escapes the next character. `None` for an unterminated quote.
+fn tokens(rule: &str) -> Option<Vec<String>> {
+    let mut out = Vec::new();
+    let mut word = String::new();
+    let mut in_word = false;
+    let mut quoted = false;
+    let mut chars = rule.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' => {
+                word.extend(chars.next());
+                in_word = true;
+            }
+            '"' => {
+                quoted = !quoted;
+                in_word = true;
+            }
+            c if c.is_whitespace() && !quoted => {
+                if in_word {
+                    out.push(std::mem::take(&mut word));
+                    in_word = false;
+                }
+            }
+            c => {
+                word.push(c);
+                in_word = true;
+            }
+        }
+    }
+    if quoted {
+        return None;
+    }
+    if in_word {
+        out.push(word);
+    }
+    Some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_captured_nft_save_with_npm_chains() {
+        let tables = parse(include_str!("testdata/iptables-nft-save.txt")).unwrap();
+        let filter = tables.iter().find(|t| t.name == "filter").unwrap();
+        assert!(filter.chains.contains(&"AZURE-NPM-INGRESS".to_string()));
+        let forward = filter.rules.iter().find(|r| r.chain == "FORWARD").unwrap();
+        assert_eq!(forward.chain, "FORWARD");
+        assert_eq!(forward.target.as_deref(), Some("AZURE-NPM"));
+        assert_eq!(forward.spec, "-m conntrack --ctstate NEW -j AZURE-NPM");
+        // A quoted comment that mentions `-j` is not the target.
+        let commented = filter
+            .rules
+            .iter()
+            .find(|r| r.spec.contains("not -j"))
+            .unwrap();
+        assert_eq!(commented.target.as_deref(), Some("DROP"));
+    }
+
+    #[test]
+    fn rejects_rules_outside_tables_and_open_quotes() {
+        assert!(matches!(
+            parse("-A INPUT -j DROP\n"),
+            Err(SaveParseError::OutsideTable { line: 1, .. })
+        ));
+        assert_eq!(
+            parse("*filter\n-A INPUT -m comment --comment \"x -j DROP\n"),
+            Err(SaveParseError::UnterminatedQuote { line: 2 })
+        );
+    }
+}

@@ -1,0 +1,220 @@
+//! The tolerant reset: removes every piece of dataplane state weir (and, when migrating,
+//! Azure NPM) leaves on a node, in dependency order, and reports what it could not
+//! remove instead of failing. Used at boot, on a dataplane switch, by the lab's `down`
+//! and by `weir reset`.
+//!
+//! Order: iptables jumps and chains (they hold references on sets), then ipsets
+//! (classified first, one `ipset restore`, at most one more), then TC filters and BPF
+//! pins. A set that stays referenced is flushed, reported, and left for
+//! [`retry_undeletable`]; nothing here returns an error for it.
+
+pub mod chains;
+pub mod classify;
+pub mod cli;
+pub mod exec;
+pub mod ipset_list;
+pub mod ipset_restore;
+pub mod ipsets;
+pub mod iptables_save;
+pub mod owners;
+pub mod pins;
+pub mod report;
+pub mod tc_filters;
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+pub use classify::UndeletableSet;
+pub use report::ResetReport;
+
+use crate::dataplane::iptables::backend::{Backend, Family};
+use owners::Owners;
+
+/// Whether reset also removes Azure NPM's state.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum AzureNpm {
+    /// Remove it when the node carries it (any `AZURE-NPM*` chain or `azure-npm-*` set).
+    #[default]
+    IfPresent,
+    /// Remove it: the node is migrating from Azure NPM.
+    Migrate,
+}
+
+#[derive(Clone, Debug)]
+pub struct ResetOptions {
+    /// iptables chains and jumps (both backends, both families) and ipsets.
+    pub iptables: bool,
+    /// TC filters of `weir_*` programs and everything pinned under `bpf_root`.
+    pub ebpf: bool,
+    pub bpf_root: PathBuf,
+    pub azure_npm: AzureNpm,
+    pub dry_run: bool,
+}
+
+impl Default for ResetOptions {
+    fn default() -> Self {
+        ResetOptions {
+            iptables: true,
+            ebpf: true,
+            bpf_root: PathBuf::from("/sys/fs/bpf/weir"),
+            azure_npm: AzureNpm::IfPresent,
+            dry_run: false,
+        }
+    }
+}
+
+/// Runs the reset in the current network namespace. Never fails: problems are in
+/// `report.errors`, sets that cannot be destroyed in `report.undeletable_sets`.
+pub fn reset(options: &ResetOptions) -> ResetReport {
+    let started = Instant::now();
+    let mut report = ResetReport {
+        dry_run: options.dry_run,
+        ..Default::default()
+    };
+    if options.iptables {
+        let saves = read_rulesets(&mut report);
+        let owners = Owners {
+            azure_npm: options.azure_npm == AzureNpm::Migrate
+                || node_carries_azure_npm(&saves, &mut report),
+        };
+        report.azure_npm = owners.azure_npm;
+        remove_chains(&saves, &owners, options.dry_run, &mut report);
+        let outcome = ipsets::remove(&|s| owners.owns_set(s), options.dry_run);
+        report.destroyed_sets = outcome.destroyed;
+        report.undeletable_sets = outcome.undeletable;
+        report.ipset_restore_runs = outcome.restore_runs;
+        report.errors.extend(outcome.errors);
+    }
+    if options.ebpf {
+        remove_tc_filters(options.dry_run, &mut report);
+        remove_pins(options, &mut report);
+    }
+    report.duration_ms = started.elapsed().as_secs_f64() * 1000.0;
+    report
+}
+
+/// Tries again to destroy sets a reset left behind (the daemon calls this from its
+/// periodic reconcile). Returns the outcome: what is destroyed now and what is still
+/// referenced. One `ipset list` and at most two `ipset restore` runs.
+pub fn retry_undeletable(names: &[String]) -> ipsets::SetsOutcome {
+    if names.is_empty() {
+        return ipsets::SetsOutcome::default();
+    }
+    ipsets::remove(&|s| names.iter().any(|n| n == s), false)
+}
+
+type Rulesets = Vec<(Backend, Family, Vec<iptables_save::SavedTable>)>;
+
+fn read_rulesets(report: &mut ResetReport) -> Rulesets {
+    let mut saves = Vec::new();
+    for backend in Backend::ALL {
+        for family in Family::ALL {
+            let parsed = backend
+                .save(family)
+                .map_err(|e| e.to_string())
+                .and_then(|text| iptables_save::parse(&text).map_err(|e| e.to_string()));
+            match parsed {
+                Ok(tables) => saves.push((backend, family, tables)),
+                Err(e) => report
+                    .errors
+                    .push(format!("reading {backend} {family} rules: {e}")),
+            }
+        }
+    }
+    saves
+}
+
+fn node_carries_azure_npm(saves: &Rulesets, report: &mut ResetReport) -> bool {
+    let chains = saves
+        .iter()
+        .flat_map(|(_, _, tables)| tables.iter().flat_map(|t| t.chains.iter()));
+    let set_names = match exec::run_ok("ipset", &["list", "-n"], None) {
+        Ok(text) => text,
+        Err(e) => {
+            report.errors.push(format!("listing ipset names: {e}"));
+            String::new()
+        }
+    };
+    owners::carries_azure_npm(chains.map(String::as_str), set_names.lines())
+}
+
+fn remove_chains(saves: &Rulesets, owners: &Owners, dry_run: bool, report: &mut ResetReport) {
+    for (backend, family, tables) in saves {
+        let removals = chains::plan(tables, &|c| owners.owns_chain(c));
+        if removals.is_empty() {
+            continue;
+        }
+        let described = chains::describe(*backend, *family, &removals);
+        if dry_run {
+            report.removed_iptables.extend(described);
+            continue;
+        }
+        report.iptables_restore_runs += 1;
+        match backend.restore(*family, &chains::script(&removals)) {
+            Ok(()) => report.removed_iptables.extend(described),
+            Err(e) => report
+                .errors
+                .push(format!("removing {backend} {family} chains: {e}")),
+        }
+    }
+}
+
+fn remove_tc_filters(dry_run: bool, report: &mut ResetReport) {
+    let filters = match tc_filters::find(owners::WEIR_PROGRAM_PREFIX) {
+        Ok(filters) => filters,
+        Err(e) => {
+            report.errors.push(format!("listing tc filters: {e}"));
+            return;
+        }
+    };
+    for filter in filters {
+        let result = if dry_run { Ok(()) } else { filter.delete() };
+        match result {
+            Ok(()) => report.detached_filters.push(filter.describe()),
+            Err(e) => report
+                .errors
+                .push(format!("detaching {}: {e}", filter.describe())),
+        }
+    }
+}
+
+fn remove_pins(options: &ResetOptions, report: &mut ResetReport) {
+    let root = &options.bpf_root;
+    if !root.exists() {
+        return;
+    }
+    let pins::PinInventory { files, dirs } = match pins::inventory(root) {
+        Ok(found) => found,
+        Err(e) => {
+            report
+                .errors
+                .push(format!("reading pins under {}: {e}", root.display()));
+            return;
+        }
+    };
+    for (path, kind) in files {
+        let result = if options.dry_run {
+            Ok(())
+        } else {
+            std::fs::remove_file(&path)
+        };
+        match result {
+            Ok(()) => report
+                .removed_pins
+                .push(format!("{} ({kind:?})", path.display())),
+            Err(e) => report
+                .errors
+                .push(format!("removing pin {}: {e}", path.display())),
+        }
+    }
+    if options.dry_run {
+        return;
+    }
+    for dir in dirs {
+        if let Err(e) = std::fs::remove_dir(&dir) {
+            report
+                .errors
+                .push(format!("removing pin directory {}: {e}", dir.display()));
+        }
+    }
+}

@@ -1,0 +1,56 @@
+//! Whose state reset removes: weir's own names always, Azure NPM's when migrating from
+//! it or when the node carries it.
+
+/// weir's chains (`WEIR-*`) and sets (`weir-*`).
+pub const WEIR_CHAIN_PREFIX: &str = "WEIR-";
+pub const WEIR_SET_PREFIX: &str = "weir-";
+/// Azure NPM's chains (`AZURE-NPM`, `AZURE-NPM-INGRESS`, ...) and sets (`azure-npm-<hash>`).
+pub const NPM_CHAIN_PREFIX: &str = "AZURE-NPM";
+pub const NPM_SET_PREFIX: &str = "azure-npm-";
+/// Program-name prefix of weir's BPF programs, used to find its TC filters.
+pub const WEIR_PROGRAM_PREFIX: &str = "weir_";
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Owners {
+    pub azure_npm: bool,
+}
+
+impl Owners {
+    pub fn owns_chain(&self, chain: &str) -> bool {
+        chain.starts_with(WEIR_CHAIN_PREFIX)
+            || (self.azure_npm && chain.starts_with(NPM_CHAIN_PREFIX))
+    }
+
+    pub fn owns_set(&self, set: &str) -> bool {
+        set.starts_with(WEIR_SET_PREFIX) || (self.azure_npm && set.starts_with(NPM_SET_PREFIX))
+    }
+}
+
+/// Whether any of these chain or set names is Azure NPM's.
+pub fn carries_azure_npm<'a>(
+    chains: impl IntoIterator<Item = &'a str>,
+    sets: impl IntoIterator<Item = &'a str>,
+) -> bool {
+    chains.into_iter().any(|c| c.starts_with(NPM_CHAIN_PREFIX))
+        || sets.into_iter().any(|s| s.starts_with(NPM_SET_PREFIX))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn npm_names_are_owned_only_when_asked() {
+        let weir_only = Owners { azure_npm: false };
+        let with_npm = Owners { azure_npm: true };
+        assert!(weir_only.owns_chain("WEIR-INGRESS"));
+        assert!(!weir_only.owns_chain("AZURE-NPM-INGRESS"));
+        assert!(with_npm.owns_chain("AZURE-NPM"));
+        assert!(with_npm.owns_set("azure-npm-1234"));
+        assert!(!with_npm.owns_set("KUBE-X"));
+        assert!(!with_npm.owns_chain("FORWARD"));
+        assert!(carries_azure_npm(["FORWARD", "AZURE-NPM"], []));
+        assert!(carries_azure_npm([], ["azure-npm-1"]));
+        assert!(!carries_azure_npm(["FORWARD"], ["weir-1"]));
+    }
+}

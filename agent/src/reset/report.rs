@@ -1,0 +1,103 @@
+//! The reset report: what was removed, what was left in place and why, how long it took
+//! and how many restore runs it cost. Printed as text or JSON by `weir reset`.
+
+use std::fmt::Write;
+
+use serde::{Deserialize, Serialize};
+
+use super::classify::UndeletableSet;
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ResetReport {
+    /// Nothing was written; the lists say what a real run would remove.
+    pub dry_run: bool,
+    /// Azure NPM's chains and sets were included (asked for, or found on the node).
+    pub azure_npm: bool,
+    /// Jump rules and chains, as `<backend> <family> <table>: ...`.
+    pub removed_iptables: Vec<String>,
+    pub destroyed_sets: Vec<String>,
+    /// Flushed but still present: referenced by something weir does not control.
+    pub undeletable_sets: Vec<UndeletableSet>,
+    pub detached_filters: Vec<String>,
+    pub removed_pins: Vec<String>,
+    /// Failures other than undeletable sets (a tool missing, a restore refused).
+    pub errors: Vec<String>,
+    pub ipset_restore_runs: u32,
+    pub iptables_restore_runs: u32,
+    pub duration_ms: f64,
+}
+
+impl ResetReport {
+    /// True when everything weir meant to do was done; undeletable sets do not count.
+    pub fn succeeded(&self) -> bool {
+        self.errors.is_empty()
+    }
+
+    pub fn to_text(&self) -> String {
+        let verb = if self.dry_run {
+            "would remove"
+        } else {
+            "removed"
+        };
+        let mut s = String::new();
+        let _ = writeln!(
+            s,
+            "weir reset{}{}: {:.1} ms, {} ipset restore run(s), {} iptables-restore run(s)",
+            if self.dry_run { " (dry run)" } else { "" },
+            if self.azure_npm {
+                " incl. Azure NPM"
+            } else {
+                ""
+            },
+            self.duration_ms,
+            self.ipset_restore_runs,
+            self.iptables_restore_runs
+        );
+        let sections: [(&str, &[String]); 4] = [
+            ("iptables rules and chains", &self.removed_iptables),
+            ("ipsets", &self.destroyed_sets),
+            ("tc filters", &self.detached_filters),
+            ("bpf pins", &self.removed_pins),
+        ];
+        for (what, items) in sections {
+            let _ = writeln!(s, "{verb} {} {what}", items.len());
+            for item in items {
+                let _ = writeln!(s, "  {item}");
+            }
+        }
+        let _ = writeln!(
+            s,
+            "{} undeletable ipset(s) flushed and left in place (retried in the background):",
+            self.undeletable_sets.len()
+        );
+        for u in &self.undeletable_sets {
+            let _ = writeln!(s, "  {}: {}", u.name, u.reason);
+        }
+        for e in &self.errors {
+            let _ = writeln!(s, "error: {e}");
+        }
+        s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn text_names_undeletable_sets_and_reasons() {
+        let report = ResetReport {
+            destroyed_sets: vec!["weir-a".into()],
+            undeletable_sets: vec![UndeletableSet {
+                name: "weir-b".into(),
+                reason: "in use".into(),
+            }],
+            ipset_restore_runs: 1,
+            ..Default::default()
+        };
+        let text = report.to_text();
+        assert!(text.contains("removed 1 ipsets\n  weir-a"));
+        assert!(text.contains("  weir-b: in use"));
+        assert!(report.succeeded());
+    }
+}
