@@ -4,6 +4,8 @@
 //! flushes every owned chain, then deletes them. Each table commits atomically, so
 //! traffic never sees a half-removed chain.
 
+use std::collections::BTreeMap;
+
 use crate::dataplane::iptables::backend::{Backend, Family};
 
 use super::iptables_save::SavedTable;
@@ -32,6 +34,24 @@ pub fn plan(tables: &[SavedTable], owned: &dyn Fn(&str) -> bool) -> Vec<TableRem
         })
         .filter(|r| !r.jumps.is_empty() || !r.chains.is_empty())
         .collect()
+}
+
+/// How many references on each set the owned chains hold: what removing them releases.
+pub fn set_references(
+    tables: &[SavedTable],
+    owned: &dyn Fn(&str) -> bool,
+) -> BTreeMap<String, u64> {
+    let mut refs = BTreeMap::new();
+    for rule in tables
+        .iter()
+        .flat_map(|t| &t.rules)
+        .filter(|r| owned(&r.chain))
+    {
+        for set in &rule.sets {
+            *refs.entry(set.clone()).or_default() += 1;
+        }
+    }
+    refs
 }
 
 /// The `iptables-restore --noflush` script for `removals`.

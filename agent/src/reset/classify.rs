@@ -60,8 +60,14 @@ impl SetPlan {
     }
 }
 
-/// Classifies the owned sets of a full `ipset list` (with list members).
-pub fn classify(sets: &[SetInfo], owned: &dyn Fn(&str) -> bool) -> SetPlan {
+/// Classifies the owned sets of a full `ipset list` (with list members). `released`
+/// counts references that go away before the restore runs (the rules of owned chains,
+/// when planning a dry run before they are removed); empty otherwise.
+pub fn classify(
+    sets: &[SetInfo],
+    owned: &dyn Fn(&str) -> bool,
+    released: &BTreeMap<String, u64>,
+) -> SetPlan {
     // For each set, the list:sets that hold it, split by owner.
     let mut holders: BTreeMap<&str, (u64, Vec<&str>)> = BTreeMap::new();
     for list in sets.iter().filter(|s| s.is_list_set()) {
@@ -86,7 +92,8 @@ pub fn classify(sets: &[SetInfo], owned: &dyn Fn(&str) -> bool) -> SetPlan {
             .get(set.name.as_str())
             .map(|(o, f)| (*o, f.as_slice()))
             .unwrap_or((0, &[]));
-        let remaining = set.references.saturating_sub(owned_lists);
+        let released = released.get(&set.name).copied().unwrap_or(0);
+        let remaining = set.references.saturating_sub(owned_lists + released);
         if remaining == 0 {
             plan.ops.push(SetOp::Destroy(set.name.clone()));
         } else {
@@ -129,7 +136,7 @@ mod tests {
     #[test]
     fn classifies_a_captured_listing() {
         let sets = parse(include_str!("testdata/ipset-list.txt")).unwrap();
-        let plan = classify(&sets, &weir);
+        let plan = classify(&sets, &weir, &BTreeMap::new());
         assert_eq!(plan.destroys().collect::<Vec<_>>(), ["weir-t"]);
         let undeletable: Vec<_> = plan.undeletable.iter().map(|u| &u.name[..]).collect();
         assert_eq!(undeletable, ["weir-b", "weir-c", "azure-npm-123"]);
@@ -144,7 +151,7 @@ mod tests {
     fn owned_lists_are_flushed_first_and_free_their_members() {
         let text = "Name: weir-m\nType: hash:net\nReferences: 1\nMembers:\n\n\
                     Name: weir-l\nType: list:set\nReferences: 0\nMembers:\nweir-m\n";
-        let plan = classify(&parse(text).unwrap(), &weir);
+        let plan = classify(&parse(text).unwrap(), &weir, &BTreeMap::new());
         assert_eq!(
             plan.script(),
             "flush weir-l\nflush weir-m\ndestroy weir-l\ndestroy weir-m\n"
@@ -155,6 +162,9 @@ mod tests {
     #[test]
     fn foreign_sets_are_never_touched() {
         let text = "Name: kube-x\nType: hash:net\nReferences: 0\n";
-        assert_eq!(classify(&parse(text).unwrap(), &weir), SetPlan::default());
+        assert_eq!(
+            classify(&parse(text).unwrap(), &weir, &BTreeMap::new()),
+            SetPlan::default()
+        );
     }
 }

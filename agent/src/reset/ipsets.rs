@@ -2,7 +2,7 @@
 //! the classification, and at most one more for sets whose state changed in between.
 //! The number of runs never depends on how many sets cannot be destroyed.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use super::classify::{classify, SetOp, SetPlan, UndeletableSet};
 use super::exec;
@@ -24,22 +24,31 @@ pub fn list() -> Result<Vec<ipset_list::SetInfo>, String> {
     ipset_list::parse(&text).map_err(|e| e.to_string())
 }
 
+/// What [`remove`] would do once the owned chains holding `released` references are
+/// gone; writes nothing.
+pub fn plan_dry_run(owned: &dyn Fn(&str) -> bool, released: &BTreeMap<String, u64>) -> SetsOutcome {
+    let mut outcome = SetsOutcome::default();
+    match list() {
+        Ok(sets) => {
+            let plan = classify(&sets, owned, released);
+            outcome.destroyed = plan.destroys().map(str::to_string).collect();
+            outcome.undeletable = plan.undeletable;
+        }
+        Err(e) => outcome.errors.push(format!("listing ipsets: {e}")),
+    }
+    outcome
+}
+
 /// Flushes every owned set and destroys those nothing else references.
-/// With `dry_run`, reports the plan and writes nothing.
-pub fn remove(owned: &dyn Fn(&str) -> bool, dry_run: bool) -> SetsOutcome {
+pub fn remove(owned: &dyn Fn(&str) -> bool) -> SetsOutcome {
     let mut outcome = SetsOutcome::default();
     let plan = match list() {
-        Ok(sets) => classify(&sets, owned),
+        Ok(sets) => classify(&sets, owned, &BTreeMap::new()),
         Err(e) => {
             outcome.errors.push(format!("listing ipsets: {e}"));
             return outcome;
         }
     };
-    if dry_run {
-        outcome.destroyed = plan.destroys().map(str::to_string).collect();
-        outcome.undeletable = plan.undeletable;
-        return outcome;
-    }
     if plan.ops.is_empty() {
         outcome.undeletable = plan.undeletable;
         return outcome;
@@ -93,7 +102,7 @@ fn second_pass(
             return;
         }
     };
-    let mut plan = classify(&sets, owned);
+    let mut plan = classify(&sets, owned, &BTreeMap::new());
     // The kernel's word beats the count we read: a set it refused to destroy is
     // flushed and left for the background retry.
     if let Some(name) = failed_set.filter(|n| plan.destroys().any(|d| d == *n)) {

@@ -16,6 +16,9 @@ pub struct SavedRule {
     pub target: Option<String>,
     /// Everything after `-A <chain>`, verbatim.
     pub spec: String,
+    /// ipsets the rule references (`--match-set`, `--add-set`, ...): each holds one
+    /// kernel reference on the set.
+    pub sets: Vec<String>,
 }
 
 #[derive(Debug, PartialEq, Eq, thiserror::Error)]
@@ -25,6 +28,9 @@ pub enum SaveParseError {
     #[error("iptables-save output line {line}: unterminated quote in rule")]
     UnterminatedQuote { line: usize },
 }
+
+/// Options of the `set` match and `SET` target that name a set.
+const SET_OPTIONS: [&str; 4] = ["--match-set", "--add-set", "--del-set", "--map-set"];
 
 pub fn parse(text: &str) -> Result<Vec<SavedTable>, SaveParseError> {
     let mut tables = Vec::new();
@@ -66,11 +72,17 @@ pub fn parse(text: &str) -> Result<Vec<SavedTable>, SaveParseError> {
                 .windows(2)
                 .find(|w| matches!(w[0].as_str(), "-j" | "--jump" | "-g" | "--goto"))
                 .map(|w| w[1].clone());
+            let sets = tokens
+                .windows(2)
+                .filter(|w| SET_OPTIONS.contains(&w[0].as_str()))
+                .map(|w| w[1].clone())
+                .collect();
             let spec = rule.trim_start()[chain.len()..].trim().to_string();
             table.rules.push(SavedRule {
                 chain: chain.clone(),
                 target,
                 spec,
+                sets,
             });
         }
     }
@@ -137,6 +149,8 @@ mod tests {
             .find(|r| r.spec.contains("not -j"))
             .unwrap();
         assert_eq!(commented.target.as_deref(), Some("DROP"));
+        let matching = filter.rules.iter().find(|r| !r.sets.is_empty()).unwrap();
+        assert_eq!(matching.sets, ["weir-c"]);
     }
 
     #[test]

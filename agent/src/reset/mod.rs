@@ -21,6 +21,7 @@ pub mod pins;
 pub mod report;
 pub mod tc_filters;
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -79,7 +80,19 @@ pub fn reset(options: &ResetOptions) -> ResetReport {
         };
         report.azure_npm = owners.azure_npm;
         remove_chains(&saves, &owners, options.dry_run, &mut report);
-        let outcome = ipsets::remove(&|s| owners.owns_set(s), options.dry_run);
+        let owns_set = |s: &str| owners.owns_set(s);
+        let outcome = if options.dry_run {
+            let owns_chain = |c: &str| owners.owns_chain(c);
+            let mut released = BTreeMap::new();
+            for (_, _, tables) in &saves {
+                for (set, n) in chains::set_references(tables, &owns_chain) {
+                    *released.entry(set).or_default() += n;
+                }
+            }
+            ipsets::plan_dry_run(&owns_set, &released)
+        } else {
+            ipsets::remove(&owns_set)
+        };
         report.destroyed_sets = outcome.destroyed;
         report.undeletable_sets = outcome.undeletable;
         report.ipset_restore_runs = outcome.restore_runs;
@@ -100,7 +113,7 @@ pub fn retry_undeletable(names: &[String]) -> ipsets::SetsOutcome {
     if names.is_empty() {
         return ipsets::SetsOutcome::default();
     }
-    ipsets::remove(&|s| names.iter().any(|n| n == s), false)
+    ipsets::remove(&|s| names.iter().any(|n| n == s))
 }
 
 type Rulesets = Vec<(Backend, Family, Vec<iptables_save::SavedTable>)>;
