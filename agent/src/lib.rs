@@ -4,5 +4,6 @@
 //! [`policy`] engine compiles it to a dataplane-neutral desired state and deltas; a
 //! [`dataplane`] (eBPF or ipset/iptables) enforces them; [`reset`] cleans a node.
 pub mod dataplane;
+pub mod lab;
 pub mod policy;
 pub mod reset;

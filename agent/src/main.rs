@@ -14,6 +14,8 @@ enum Command {
     /// Print the build's version and the embedded eBPF object's size.
     Version,
     Reset(weir::reset::cli::ResetArgs),
+    /// A node in network namespaces, built from manifests, with real traffic probes.
+    Lab(weir::lab::cli::LabArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -23,6 +25,7 @@ fn main() -> anyhow::Result<()> {
             println!("weir {}", env!("CARGO_PKG_VERSION"));
         }
         Command::Reset(args) => weir::reset::cli::run(args)?,
+        Command::Lab(args) => weir::lab::cli::run(args)?,
     }
     Ok(())
 }

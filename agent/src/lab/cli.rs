@@ -1,0 +1,198 @@
+//! `weir lab ...`: the command line over [`super::ops`], the prober and the listener.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use clap::{Args, Subcommand};
+use ipnet::{Ipv4Net, Ipv6Net};
+use serde::Serialize;
+
+use super::addr::{DEFAULT_IPV4_POOL, DEFAULT_IPV6_POOL};
+use super::ops::{self, UpOptions};
+use super::output::{self, OutputFormat};
+use super::probe::{self, IpFamily};
+use super::state::{LabDir, ServedPort, DEFAULT_DIR};
+use crate::dataplane::DataplaneKind;
+
+#[derive(Args)]
+pub struct LabArgs {
+    /// Where the lab keeps its state; several labs can coexist in different directories.
+    #[arg(long, env = "WEIR_LAB_STATE_DIR", default_value = DEFAULT_DIR, global = true)]
+    pub state_dir: PathBuf,
+    #[command(subcommand)]
+    pub command: LabCommand,
+}
+
+#[derive(Args)]
+pub struct UpArgs {
+    #[arg(long, value_enum, default_value_t = DataplaneKind::Ebpf)]
+    pub dataplane: DataplaneKind,
+    /// Pool for pod IPv4 addresses not given in status.podIPs.
+    #[arg(long, default_value = DEFAULT_IPV4_POOL)]
+    pub ipv4_pool: Ipv4Net,
+    /// Pool for pod IPv6 addresses not given in status.podIPs.
+    #[arg(long, default_value = DEFAULT_IPV6_POOL)]
+    pub ipv6_pool: Ipv6Net,
+    /// Build the world without the agent: nothing is enforced (a baseline).
+    #[arg(long, hide = true)]
+    pub without_agent: bool,
+    #[command(flatten)]
+    pub wait: WaitArgs,
+    #[arg(required = true)]
+    pub manifests: Vec<PathBuf>,
+}
+
+#[derive(Args)]
+pub struct WaitArgs {
+    /// Seconds to wait for the agent to enforce a change.
+    #[arg(long, default_value_t = 60)]
+    pub timeout_secs: u64,
+}
+
+#[derive(Args)]
+pub struct ProbeArgs {
+    #[arg(long, value_enum, default_value_t = OutputFormat::Table)]
+    pub output: OutputFormat,
+    /// Address family to probe over.
+    #[arg(long, value_enum, default_value_t = IpFamily::Ipv4)]
+    pub family: IpFamily,
+    /// How long one probe waits for an answer.
+    #[arg(long, default_value_t = 1000)]
+    pub timeout_ms: u64,
+}
+
+#[derive(Subcommand)]
+pub enum LabCommand {
+    /// Build the node and its pods from MANIFEST..., start the agent, wait for enforcement.
+    Up(UpArgs),
+    /// Create or update objects, as `kubectl apply`; returns once they are enforced.
+    Apply {
+        #[command(flatten)]
+        wait: WaitArgs,
+        #[arg(required = true)]
+        manifests: Vec<PathBuf>,
+    },
+    /// Delete the objects MANIFEST... names; returns once the deletion is enforced.
+    Delete {
+        #[command(flatten)]
+        wait: WaitArgs,
+        #[arg(required = true)]
+        manifests: Vec<PathBuf>,
+    },
+    /// Send real traffic between all pods and print the reachability matrices.
+    Probe(ProbeArgs),
+    /// List the pods and their addresses.
+    Pods {
+        #[arg(long, value_enum, default_value_t = OutputFormat::Table)]
+        output: OutputFormat,
+    },
+    /// Remove the whole lab: agent, listeners, namespaces, pins. Safe to run twice.
+    Down,
+    /// up, probe, down in one command (down also on failure): the demo.
+    Run {
+        #[command(flatten)]
+        up: UpArgs,
+        #[command(flatten)]
+        probe: ProbeArgs,
+    },
+    /// Serve the given PORT/PROTOCOL pairs (started by the lab inside each pod).
+    #[command(hide = true)]
+    Listen {
+        #[arg(value_parser = ops::parse_port)]
+        ports: Vec<ServedPort>,
+    },
+}
+
+pub fn run(args: LabArgs) -> anyhow::Result<()> {
+    let dir = LabDir::new(&args.state_dir);
+    match args.command {
+        LabCommand::Up(up) => up_lab(&dir, &up),
+        LabCommand::Apply { wait, manifests } => {
+            ops::apply(&dir, &manifests, wait.timeout()).context("weir lab apply")
+        }
+        LabCommand::Delete { wait, manifests } => {
+            ops::delete(&dir, &manifests, wait.timeout()).context("weir lab delete")
+        }
+        LabCommand::Probe(probe) => probe_lab(&dir, &probe),
+        LabCommand::Pods { output } => print_pods(&dir, output),
+        LabCommand::Down => ops::down(&dir).context("weir lab down"),
+        LabCommand::Run { up, probe } => {
+            let result = up_lab(&dir, &up).and_then(|()| probe_lab(&dir, &probe));
+            let down = ops::down(&dir).context("weir lab down");
+            result.and(down)
+        }
+        LabCommand::Listen { ports } => super::listen::serve(&ports).context("weir lab listen"),
+    }
+}
+
+impl WaitArgs {
+    fn timeout(&self) -> Duration {
+        Duration::from_secs(self.timeout_secs)
+    }
+}
+
+fn up_lab(dir: &LabDir, up: &UpArgs) -> anyhow::Result<()> {
+    let opts = UpOptions {
+        dataplane: up.dataplane,
+        ipv4_pool: up.ipv4_pool,
+        ipv6_pool: up.ipv6_pool,
+        without_agent: up.without_agent,
+        timeout: up.wait.timeout(),
+    };
+    ops::up(dir, &opts, &up.manifests).context("weir lab up")
+}
+
+fn probe_lab(dir: &LabDir, args: &ProbeArgs) -> anyhow::Result<()> {
+    let state = dir.load()?;
+    let pods: Vec<_> = state.pods.values().cloned().collect();
+    let started = Instant::now();
+    let probes = probe::probe_all(&pods, args.family, Duration::from_millis(args.timeout_ms))
+        .context("weir lab probe")?;
+    let dataplane = match state.with_agent {
+        true => super::agent::current_dataplane(dir).unwrap_or(state.dataplane.to_string()),
+        false => "none".to_string(),
+    };
+    match args.output {
+        OutputFormat::Json => println!("{}", output::json(&dataplane, &probes)),
+        OutputFormat::Table => {
+            print!("{}", output::table(&dataplane, &probes));
+            println!("{} probes in {:.2?}", probes.len(), started.elapsed());
+        }
+    }
+    Ok(())
+}
+
+#[derive(Serialize)]
+struct PodAddresses {
+    pod: String,
+    ip: Option<String>,
+    ipv6: Option<String>,
+}
+
+fn print_pods(dir: &LabDir, output: OutputFormat) -> anyhow::Result<()> {
+    let state = dir.load()?;
+    let pods: Vec<PodAddresses> = state
+        .pods
+        .values()
+        .map(|p| PodAddresses {
+            pod: p.key(),
+            ip: p.ipv4.map(|a| a.to_string()),
+            ipv6: p.ipv6.map(|a| a.to_string()),
+        })
+        .collect();
+    match output {
+        OutputFormat::Json => println!("{}", serde_json::to_string(&pods)?),
+        OutputFormat::Table => {
+            for p in pods {
+                println!(
+                    "{:20} {:16} {}",
+                    p.pod,
+                    p.ip.as_deref().unwrap_or("-"),
+                    p.ipv6.as_deref().unwrap_or("-")
+                );
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,41 @@
+//! The lab's one error type: every failure names what it concerned.
+
+use std::path::PathBuf;
+
+#[derive(Debug, thiserror::Error)]
+pub enum LabError {
+    #[error("{context}: {source}")]
+    Io {
+        context: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("`{command}` failed: {stderr}")]
+    Command { command: String, stderr: String },
+    #[error("{object}: {reason}")]
+    Invalid { object: String, reason: String },
+    #[error("no lab in {0} (run `weir lab up` first)")]
+    NotUp(PathBuf),
+    #[error("a lab is already up in {0} (run `weir lab down` first)")]
+    AlreadyUp(PathBuf),
+    #[error("address pool {0} is exhausted")]
+    AddressesExhausted(String),
+    #[error("agent: {0}")]
+    Agent(String),
+}
+
+impl LabError {
+    pub fn io(context: impl Into<String>, source: std::io::Error) -> Self {
+        LabError::Io {
+            context: context.into(),
+            source,
+        }
+    }
+
+    pub fn invalid(object: impl Into<String>, reason: impl Into<String>) -> Self {
+        LabError::Invalid {
+            object: object.into(),
+            reason: reason.into(),
+        }
+    }
+}

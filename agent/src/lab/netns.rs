@@ -1,0 +1,175 @@
+//! Network namespaces through iproute2, and entering one from a thread or a child process.
+
+use std::fs::File;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::path::PathBuf;
+use std::process::Command;
+
+use super::LabError;
+
+/// Runs `ip ARGS...` and returns its stdout; a non-zero exit is an error quoting stderr.
+pub fn ip(args: &[&str]) -> Result<String, LabError> {
+    let output = Command::new("ip")
+        .args(args)
+        .output()
+        .map_err(|e| LabError::io("running `ip` (is iproute2 installed?)", e))?;
+    if !output.status.success() {
+        return Err(LabError::Command {
+            command: format!("ip {}", args.join(" ")),
+            stderr: String::from_utf8_lossy(&output.stderr).trim().to_string(),
+        });
+    }
+    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+}
+
+/// Sets a sysctl inside a namespace by writing /proc/sys from a thread that entered it.
+pub fn sysctl(netns: &str, key: &str, value: &str) -> Result<(), LabError> {
+    let path = PathBuf::from("/proc/sys").join(key.replace('.', "/"));
+    let fd = open(netns)?;
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            enter(&fd).map_err(|e| LabError::io(format!("entering netns {netns}"), e))?;
+            std::fs::write(&path, value)
+                .map_err(|e| LabError::io(format!("{netns}: writing {}", path.display()), e))
+        })
+        .join()
+        .expect("sysctl thread panicked")
+    })
+}
+
+pub fn path(netns: &str) -> PathBuf {
+    PathBuf::from("/run/netns").join(netns)
+}
+
+pub fn exists(netns: &str) -> bool {
+    path(netns).exists()
+}
+
+pub fn add(netns: &str) -> Result<(), LabError> {
+    ip(&["netns", "add", netns])?;
+    ip(&["-n", netns, "link", "set", "lo", "up"])?;
+    Ok(())
+}
+
+/// Deletes a namespace if it exists (idempotent).
+pub fn delete(netns: &str) -> Result<(), LabError> {
+    if exists(netns) {
+        ip(&["netns", "delete", netns])?;
+    }
+    Ok(())
+}
+
+/// Names of all namespaces whose name starts with `prefix`.
+pub fn list_with_prefix(prefix: &str) -> Result<Vec<String>, LabError> {
+    let dir = match std::fs::read_dir("/run/netns") {
+        Ok(dir) => dir,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(LabError::io("listing /run/netns", e)),
+    };
+    let mut names: Vec<String> = dir
+        .filter_map(|entry| entry.ok()?.file_name().into_string().ok())
+        .filter(|name| name.starts_with(prefix))
+        .collect();
+    names.sort();
+    Ok(names)
+}
+
+/// Process ids running in the namespace (`ip netns pids`).
+pub fn pids(netns: &str) -> Result<Vec<i32>, LabError> {
+    if !exists(netns) {
+        return Ok(Vec::new());
+    }
+    let out = ip(&["netns", "pids", netns])?;
+    Ok(out
+        .split_whitespace()
+        .filter_map(|pid| pid.parse().ok())
+        .collect())
+}
+
+/// Opens a namespace handle, to enter it later with [`enter`].
+pub fn open(netns: &str) -> Result<OwnedFd, LabError> {
+    File::open(path(netns))
+        .map(OwnedFd::from)
+        .map_err(|e| LabError::io(format!("opening netns {netns}"), e))
+}
+
+/// Moves the calling thread into the namespace. Only that thread moves; in a freshly
+/// forked child (`pre_exec`) it is the whole process. Async-signal-safe.
+pub fn enter(fd: &OwnedFd) -> std::io::Result<()> {
+    // SAFETY: setns on a valid namespace fd only changes this thread's network namespace.
+    if unsafe { libc::setns(fd.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// What a detached process does with its standard output.
+pub enum Stdout {
+    /// Into the log, with stderr.
+    Log,
+    /// To a pipe the caller reads (a readiness line).
+    Piped,
+}
+
+/// Starts `command` inside the namespace as a session leader of its own, so that it
+/// outlives this process; its stderr (and stdout, unless piped) goes to `log`.
+pub fn spawn_detached(
+    netns: &str,
+    command: &mut Command,
+    log: &std::path::Path,
+    stdout: Stdout,
+) -> Result<std::process::Child, LabError> {
+    let fd = open(netns)?;
+    let log_file =
+        File::create(log).map_err(|e| LabError::io(format!("creating {}", log.display()), e))?;
+    let stdout = match stdout {
+        Stdout::Piped => std::process::Stdio::piped(),
+        Stdout::Log => log_file
+            .try_clone()
+            .map_err(|e| LabError::io(format!("opening {}", log.display()), e))?
+            .into(),
+    };
+    command
+        .stdin(std::process::Stdio::null())
+        .stdout(stdout)
+        .stderr(log_file);
+    use std::os::unix::process::CommandExt;
+    // SAFETY: between fork and exec the child only calls setns and setsid, both
+    // async-signal-safe system calls.
+    unsafe {
+        command.pre_exec(move || {
+            enter(&fd)?;
+            if libc::setsid() < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    command.spawn().map_err(|e| {
+        LabError::io(
+            format!("starting {:?} in netns {netns}", command.get_program()),
+            e,
+        )
+    })
+}
+
+/// Stops every process in the namespace: SIGTERM, then SIGKILL after a grace period.
+/// Only processes the lab started live in the lab's namespaces.
+pub fn stop_processes(netns: &str) -> Result<(), LabError> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    let mut signal = libc::SIGTERM;
+    loop {
+        let pids = pids(netns)?;
+        if pids.is_empty() {
+            return Ok(());
+        }
+        if std::time::Instant::now() > deadline {
+            signal = libc::SIGKILL;
+        }
+        for pid in pids {
+            // SAFETY: kill only sends a signal to the given process id.
+            unsafe { libc::kill(pid, signal) };
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}

@@ -1,0 +1,333 @@
+//! The lab's life cycle: up, apply, delete, down. Every change is planned and validated
+//! before anything is touched, the world (namespaces, listeners) grows before the agent
+//! is told and shrinks after it converged, and objects.yaml is the one source of truth.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::BufRead;
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+use ipnet::{Ipv4Net, Ipv6Net};
+use k8s_openapi::api::core::v1::{Pod, PodIP, PodStatus};
+
+use super::objects::{self, LabObject, ObjectSet};
+use super::state::{LabDir, LabState, PodState, ServedPort};
+use super::{addr, agent, netns, world, LabError};
+use crate::dataplane::DataplaneKind;
+
+pub struct UpOptions {
+    pub dataplane: DataplaneKind,
+    pub ipv4_pool: Ipv4Net,
+    pub ipv6_pool: Ipv6Net,
+    /// Build the world without starting the agent: nothing is enforced.
+    pub without_agent: bool,
+    /// How long to wait for the agent to enforce a change.
+    pub timeout: Duration,
+}
+
+/// Builds the node, the pods and their listeners, starts the agent and waits until it
+/// enforces the manifests. On failure everything built so far is removed again.
+pub fn up(dir: &LabDir, opts: &UpOptions, manifests: &[PathBuf]) -> Result<(), LabError> {
+    let lock = dir.lock()?;
+    if dir.exists() {
+        return Err(LabError::AlreadyUp(dir.dir.clone()));
+    }
+    let incoming = objects::load_files(manifests)?;
+    let id = dir.lab_id();
+    let mut state = LabState {
+        node_netns: format!("{id}-node"),
+        bpf_root: bpf_root(&id),
+        id,
+        dataplane: opts.dataplane,
+        with_agent: !opts.without_agent,
+        ipv4_pool: opts.ipv4_pool,
+        ipv6_pool: opts.ipv6_pool,
+        generation: 0,
+        pods: BTreeMap::new(),
+    };
+    let built = world::create_node(&state.node_netns)
+        .and_then(|()| dir.save(&state))
+        .and_then(|()| {
+            change(dir, &mut state, opts.timeout, true, |set| {
+                incoming.into_iter().for_each(|o| set.apply(o))
+            })
+        });
+    if let Err(e) = built {
+        drop(lock);
+        if let Err(cleanup) = down(dir) {
+            eprintln!("warning: cleaning up the half-built lab failed: {cleanup}");
+        }
+        return Err(e);
+    }
+    Ok(())
+}
+
+/// Creates or updates objects, as `kubectl apply`.
+pub fn apply(dir: &LabDir, manifests: &[PathBuf], timeout: Duration) -> Result<(), LabError> {
+    let _lock = dir.lock()?;
+    let mut state = dir.load()?;
+    let incoming = objects::load_files(manifests)?;
+    change(dir, &mut state, timeout, false, |set| {
+        incoming.into_iter().for_each(|o| set.apply(o))
+    })
+}
+
+/// Deletes the objects the manifests name, as `kubectl delete -f`.
+pub fn delete(dir: &LabDir, manifests: &[PathBuf], timeout: Duration) -> Result<(), LabError> {
+    let _lock = dir.lock()?;
+    let mut state = dir.load()?;
+    let named = objects::load_files(manifests)?;
+    change(dir, &mut state, timeout, false, |set| {
+        named.iter().for_each(|o| set.delete(&o.key()))
+    })
+}
+
+/// Removes everything the lab made: processes, namespaces, pins, state files. Safe to
+/// run twice, and it finds the lab's namespaces by name even without a state file.
+pub fn down(dir: &LabDir) -> Result<(), LabError> {
+    let _lock = dir.lock()?;
+    let id = dir.lab_id();
+    let mut namespaces = netns::list_with_prefix(&id)?;
+    // The node first: the agent stops before its pod interfaces disappear.
+    namespaces.sort_by_key(|ns| !ns.ends_with("-node"));
+    for ns in &namespaces {
+        netns::stop_processes(ns)?;
+    }
+    for ns in &namespaces {
+        netns::delete(ns)?;
+    }
+    let pins = bpf_root(&id);
+    if pins.exists() {
+        std::fs::remove_dir_all(&pins)
+            .map_err(|e| LabError::io(format!("removing {}", pins.display()), e))?;
+    }
+    for file in [dir.state_file(), dir.objects_file(), dir.status_file()] {
+        match std::fs::remove_file(&file) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(LabError::io(format!("removing {}", file.display()), e)),
+        }
+    }
+    Ok(())
+}
+
+/// The pin root of a lab: its own directory under bpffs, never weir's default.
+fn bpf_root(id: &str) -> PathBuf {
+    PathBuf::from("/sys/fs/bpf").join(id)
+}
+
+/// Applies `edit` to the lab's objects: validate and plan, grow the world, write
+/// objects.yaml, (start the agent,) wait for enforcement, shrink the world.
+fn change(
+    dir: &LabDir,
+    state: &mut LabState,
+    timeout: Duration,
+    start_agent: bool,
+    edit: impl FnOnce(&mut ObjectSet),
+) -> Result<(), LabError> {
+    let mut set = ObjectSet::load(&dir.objects_file())?;
+    edit(&mut set);
+    let pods = plan_pods(state, &mut set)?;
+    validate(&set)?;
+    for (key, pod) in &pods {
+        match state.pods.get(key) {
+            None => {
+                world::create_pod(&state.node_netns, pod)?;
+                start_listener(dir, pod)?;
+            }
+            Some(old) if old.ports != pod.ports => {
+                netns::stop_processes(&pod.netns)?;
+                start_listener(dir, pod)?;
+            }
+            Some(_) => {}
+        }
+    }
+    let removed: Vec<PodState> = state
+        .pods
+        .iter()
+        .filter(|(key, _)| !pods.contains_key(*key))
+        .map(|(_, pod)| pod.clone())
+        .collect();
+    state.generation += 1;
+    state.pods = pods;
+    set.save(&dir.objects_file(), state.generation)?;
+    dir.save(state)?;
+    if state.with_agent {
+        if start_agent {
+            agent::start(dir, state)?;
+        }
+        agent::wait_for(dir, state, timeout)?;
+    }
+    for pod in removed {
+        netns::stop_processes(&pod.netns)?;
+        world::delete_pod(&pod)?;
+    }
+    Ok(())
+}
+
+/// Checks every object the way the cluster's API server and weir's engine would.
+fn validate(set: &ObjectSet) -> Result<(), LabError> {
+    for pod in set.pods() {
+        objects::served_ports(pod)?;
+    }
+    Ok(())
+}
+
+/// Decides each pod's namespace, interface and addresses: kept for existing pods, from
+/// `status.podIP(s)` when the manifest gives them, otherwise allocated. The addresses are
+/// written into the Pod objects' status, where the agent reads them.
+fn plan_pods(
+    state: &LabState,
+    set: &mut ObjectSet,
+) -> Result<BTreeMap<String, PodState>, LabError> {
+    let mut planned = BTreeMap::new();
+    let mut used4 = BTreeSet::new();
+    let mut used6 = BTreeSet::new();
+    let mut pending = Vec::new();
+    for object in set.objects.values_mut() {
+        let LabObject::Pod(pod) = object else {
+            continue;
+        };
+        let key = object_name(pod);
+        let ports = objects::served_ports(pod)?;
+        let (mut v4, mut v6) = declared_ips(pod)?;
+        if let Some(old) = state.pods.get(&key) {
+            if (v4.is_some() || v6.is_some()) && (v4, v6) != (old.ipv4, old.ipv6) {
+                return Err(LabError::invalid(
+                    format!("Pod {key}"),
+                    "status.podIPs differ from the running pod's; delete the pod first",
+                ));
+            }
+            (v4, v6) = (old.ipv4, old.ipv6);
+        }
+        used4.extend(v4);
+        used6.extend(v6);
+        pending.push((pod, key, ports, v4, v6));
+    }
+    for (pod, key, ports, mut v4, mut v6) in pending {
+        if v4.is_none() && v6.is_none() {
+            let a4 = addr::next_ipv4(state.ipv4_pool, &used4)?;
+            let a6 = addr::next_ipv6(state.ipv6_pool, &used6)?;
+            used4.insert(a4);
+            used6.insert(a6);
+            (v4, v6) = (Some(a4), Some(a6));
+        }
+        let pod_state = PodState {
+            namespace: pod.metadata.namespace.clone().unwrap_or_default(),
+            name: pod.metadata.name.clone().unwrap_or_default(),
+            netns: format!("{}_{}", state.id, key.replace('/', "_")),
+            host_if: host_interface(&key),
+            ipv4: v4,
+            ipv6: v6,
+            ports,
+        };
+        write_status(pod, &pod_state);
+        planned.insert(key, pod_state);
+    }
+    Ok(planned)
+}
+
+fn object_name(pod: &Pod) -> String {
+    format!(
+        "{}/{}",
+        pod.metadata.namespace.as_deref().unwrap_or_default(),
+        pod.metadata.name.as_deref().unwrap_or_default()
+    )
+}
+
+/// The addresses a manifest gives in `status.podIPs` (or `status.podIP`).
+fn declared_ips(
+    pod: &Pod,
+) -> Result<(Option<std::net::Ipv4Addr>, Option<std::net::Ipv6Addr>), LabError> {
+    let status = pod.status.as_ref();
+    let listed = status.and_then(|s| s.pod_ips.as_ref());
+    let texts: Vec<(String, &str)> = match (listed, status.and_then(|s| s.pod_ip.as_deref())) {
+        (Some(ips), _) => ips
+            .iter()
+            .enumerate()
+            .map(|(i, ip)| (format!("status.podIPs[{i}].ip"), ip.ip.as_str()))
+            .collect(),
+        (None, Some(ip)) => vec![("status.podIP".to_string(), ip)],
+        (None, None) => Vec::new(),
+    };
+    let (mut v4, mut v6) = (None, None);
+    for (field, text) in texts {
+        let ip: IpAddr = text.parse().map_err(|_| {
+            LabError::invalid(
+                format!("Pod {}", object_name(pod)),
+                format!("{field}: {text:?} is not an IP address"),
+            )
+        })?;
+        match ip {
+            IpAddr::V4(a) => v4 = Some(a),
+            IpAddr::V6(a) => v6 = Some(a),
+        }
+    }
+    Ok((v4, v6))
+}
+
+fn write_status(pod: &mut Pod, planned: &PodState) {
+    let ips: Vec<String> = planned
+        .ipv4
+        .map(|a| a.to_string())
+        .into_iter()
+        .chain(planned.ipv6.map(|a| a.to_string()))
+        .collect();
+    let status = pod.status.get_or_insert_with(PodStatus::default);
+    status.phase = Some("Running".to_string());
+    status.pod_ip = ips.first().cloned();
+    status.pod_ips = Some(ips.into_iter().map(|ip| PodIP { ip }).collect());
+}
+
+/// `lxc` and a hash of the pod's name: unique, stable, and within the 15-byte limit.
+fn host_interface(key: &str) -> String {
+    let hash = key.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    });
+    format!("lxc{:011x}", hash & 0xfff_ffff_ffff)
+}
+
+/// Starts the pod's listener (`weir lab listen`) in its namespace and waits until it
+/// has bound every port.
+fn start_listener(dir: &LabDir, pod: &PodState) -> Result<(), LabError> {
+    let exe = std::env::current_exe().map_err(|e| LabError::io("locating the weir binary", e))?;
+    let mut command = Command::new(exe);
+    command.args(["lab", "listen"]);
+    for p in &pod.ports {
+        command.arg(format_port(p));
+    }
+    let log = dir.listener_log(pod);
+    let mut child = netns::spawn_detached(&pod.netns, &mut command, &log, netns::Stdout::Piped)?;
+    let stdout = child.stdout.take().expect("stdout is piped");
+    let mut line = String::new();
+    std::io::BufReader::new(stdout)
+        .read_line(&mut line)
+        .map_err(|e| LabError::io(format!("waiting for the listener of {}", pod.key()), e))?;
+    if line.trim() != "ready" {
+        let log_text = std::fs::read_to_string(&log).unwrap_or_default();
+        return Err(LabError::invalid(
+            format!("listener of Pod {}", pod.key()),
+            format!("did not start: {}", log_text.trim()),
+        ));
+    }
+    Ok(())
+}
+
+/// `80/TCP`, the listener's argument format.
+pub fn format_port(p: &ServedPort) -> String {
+    format!("{}/{}", p.port, p.protocol)
+}
+
+pub fn parse_port(text: &str) -> Result<ServedPort, String> {
+    let (port, protocol) = text
+        .split_once('/')
+        .ok_or_else(|| format!("{text:?} is not PORT/PROTOCOL"))?;
+    Ok(ServedPort {
+        port: port
+            .parse()
+            .map_err(|_| format!("{port:?} is not a port number"))?,
+        protocol: objects::parse_protocol(protocol)?,
+    })
+}

@@ -1,0 +1,317 @@
+//! The prober: real TCP, UDP and SCTP traffic from every pod to every other pod on every
+//! port the target declares. One thread per source pod enters that pod's namespace and
+//! drives all its probes at once with non-blocking sockets, so a whole matrix costs about
+//! one timeout.
+
+use std::collections::HashMap;
+use std::io::ErrorKind;
+use std::net::{IpAddr, SocketAddr};
+use std::os::fd::{AsRawFd, RawFd};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use socket2::{Domain, Socket, Type};
+
+use super::listen::raw_sctp_socket;
+use super::netns;
+use super::sctp::{self, ChunkKind};
+use super::state::PodState;
+use super::LabError;
+use crate::policy::desired::Protocol;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum IpFamily {
+    Ipv4,
+    Ipv6,
+}
+
+/// One probe's outcome, as `weir lab probe --output json` prints it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Probe {
+    pub from: String,
+    pub to: String,
+    pub port: u16,
+    #[serde(with = "protocol_name")]
+    pub protocol: Protocol,
+    pub connected: bool,
+}
+
+/// Probes every ordered pair of distinct pods; results are sorted by from, to, port, protocol.
+pub fn probe_all(
+    pods: &[PodState],
+    family: IpFamily,
+    timeout: Duration,
+) -> Result<Vec<Probe>, LabError> {
+    let mut results = std::thread::scope(|s| {
+        let handles: Vec<_> = pods
+            .iter()
+            .map(|src| {
+                let targets = targets_of(src, pods, family);
+                s.spawn(move || probe_from(src, &targets, family, timeout))
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("probe thread panicked"))
+            .collect::<Result<Vec<_>, _>>()
+    })?
+    .into_iter()
+    .flatten()
+    .collect::<Vec<_>>();
+    results.sort_by(|a, b| {
+        (&a.from, &a.to, a.port, a.protocol).cmp(&(&b.from, &b.to, b.port, b.protocol))
+    });
+    Ok(results)
+}
+
+struct Target {
+    to: String,
+    addr: SocketAddr,
+    protocol: Protocol,
+}
+
+fn targets_of(src: &PodState, pods: &[PodState], family: IpFamily) -> Vec<Target> {
+    let mut targets = Vec::new();
+    for dst in pods.iter().filter(|p| p.key() != src.key()) {
+        let ip: Option<IpAddr> = match family {
+            IpFamily::Ipv4 => dst.ipv4.map(IpAddr::V4),
+            IpFamily::Ipv6 => dst.ipv6.map(IpAddr::V6),
+        };
+        let Some(ip) = ip else { continue };
+        for p in &dst.ports {
+            targets.push(Target {
+                to: dst.key(),
+                addr: SocketAddr::new(ip, p.port),
+                protocol: p.protocol,
+            });
+        }
+    }
+    targets
+}
+
+/// What a probe in flight waits for.
+enum InFlight {
+    /// A TCP connect or a UDP echo, decided by its own socket.
+    Socket(Socket),
+    /// An INIT-ACK to (target, our port, our tag) on the shared raw socket.
+    Sctp {
+        src_port: u16,
+        tag: u32,
+    },
+    Done(bool),
+}
+
+fn probe_from(
+    src: &PodState,
+    targets: &[Target],
+    family: IpFamily,
+    timeout: Duration,
+) -> Result<Vec<Probe>, LabError> {
+    let fd = netns::open(&src.netns)?;
+    netns::enter(&fd).map_err(|e| LabError::io(format!("entering netns {}", src.netns), e))?;
+    let domain = match family {
+        IpFamily::Ipv4 => Domain::IPV4,
+        IpFamily::Ipv6 => Domain::IPV6,
+    };
+    let raw = targets
+        .iter()
+        .any(|t| t.protocol == Protocol::Sctp)
+        .then(|| raw_sctp_socket(domain))
+        .transpose()?;
+    let ports = random_ports(targets.len());
+    let mut flights: Vec<InFlight> = targets
+        .iter()
+        .zip(ports)
+        .map(|(t, src_port)| start(t, domain, raw.as_ref(), src_port))
+        .collect();
+    let deadline = Instant::now() + timeout;
+    while let Some(left) = deadline.checked_duration_since(Instant::now()) {
+        if flights.iter().all(|f| matches!(f, InFlight::Done(_))) {
+            break;
+        }
+        wait_and_settle(&mut flights, targets, raw.as_ref(), domain, left);
+    }
+    Ok(targets
+        .iter()
+        .zip(flights)
+        .map(|(t, f)| Probe {
+            from: src.key(),
+            to: t.to.clone(),
+            port: t.addr.port(),
+            protocol: t.protocol,
+            connected: matches!(f, InFlight::Done(true)),
+        })
+        .collect())
+}
+
+fn start(t: &Target, domain: Domain, raw: Option<&Socket>, src_port: u16) -> InFlight {
+    let sent = match t.protocol {
+        Protocol::Tcp => tcp_connect(domain, t.addr).map(InFlight::Socket),
+        Protocol::Udp => udp_send(domain, t.addr).map(InFlight::Socket),
+        Protocol::Sctp => {
+            let raw = raw.expect("raw socket opened for SCTP targets");
+            let tag = random_u32() | 1;
+            let target = SocketAddr::new(t.addr.ip(), 0);
+            raw.send_to(&sctp::init(src_port, t.addr.port(), tag), &target.into())
+                .map(|_| InFlight::Sctp { src_port, tag })
+        }
+    };
+    sent.unwrap_or(InFlight::Done(false))
+}
+
+fn tcp_connect(domain: Domain, addr: SocketAddr) -> std::io::Result<Socket> {
+    let s = Socket::new(domain, Type::STREAM, None)?;
+    s.set_nonblocking(true)?;
+    match s.connect(&addr.into()) {
+        Ok(()) => Ok(s),
+        Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => Ok(s),
+        Err(e) => Err(e),
+    }
+}
+
+fn udp_send(domain: Domain, addr: SocketAddr) -> std::io::Result<Socket> {
+    let s = Socket::new(domain, Type::DGRAM, None)?;
+    s.set_nonblocking(true)?;
+    s.connect(&addr.into())?;
+    s.send(b"weir-lab-probe")?;
+    Ok(s)
+}
+
+/// Waits until a socket is ready or `left` passes, and settles what became decidable.
+fn wait_and_settle(
+    flights: &mut [InFlight],
+    targets: &[Target],
+    raw: Option<&Socket>,
+    domain: Domain,
+    left: Duration,
+) {
+    let mut fds: Vec<libc::pollfd> = Vec::new();
+    let mut owners: Vec<usize> = Vec::new();
+    for (i, f) in flights.iter().enumerate() {
+        if let InFlight::Socket(s) = f {
+            let events = match targets[i].protocol {
+                Protocol::Tcp => libc::POLLOUT,
+                _ => libc::POLLIN,
+            };
+            fds.push(pollfd(s.as_raw_fd(), events));
+            owners.push(i);
+        }
+    }
+    if let Some(raw) = raw {
+        fds.push(pollfd(raw.as_raw_fd(), libc::POLLIN));
+    }
+    let ms = left.as_millis().clamp(1, i32::MAX as u128) as i32;
+    // SAFETY: fds is a valid, exclusively borrowed array of pollfd.
+    let ready = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
+    if ready <= 0 {
+        return;
+    }
+    for (pfd, &i) in fds.iter().zip(&owners) {
+        if pfd.revents == 0 {
+            continue;
+        }
+        if let InFlight::Socket(s) = &flights[i] {
+            flights[i] = InFlight::Done(socket_verdict(s, targets[i].protocol));
+        }
+    }
+    if let (Some(raw), Some(last)) = (raw, fds.last()) {
+        if last.revents != 0 {
+            drain_init_acks(raw, domain, flights, targets);
+        }
+    }
+}
+
+fn pollfd(fd: RawFd, events: libc::c_short) -> libc::pollfd {
+    libc::pollfd {
+        fd,
+        events,
+        revents: 0,
+    }
+}
+
+fn socket_verdict(s: &Socket, protocol: Protocol) -> bool {
+    match protocol {
+        Protocol::Tcp => matches!(s.take_error(), Ok(None)),
+        _ => {
+            let mut buf = [std::mem::MaybeUninit::<u8>::uninit(); 64];
+            s.recv(&mut buf).is_ok()
+        }
+    }
+}
+
+/// Reads every queued SCTP packet and completes the probes whose INIT-ACK arrived.
+fn drain_init_acks(raw: &Socket, domain: Domain, flights: &mut [InFlight], targets: &[Target]) {
+    let waiting: HashMap<(IpAddr, u16, u16, u32), usize> = flights
+        .iter()
+        .enumerate()
+        .filter_map(|(i, f)| match f {
+            InFlight::Sctp { src_port, tag } => Some((
+                (
+                    targets[i].addr.ip(),
+                    targets[i].addr.port(),
+                    *src_port,
+                    *tag,
+                ),
+                i,
+            )),
+            _ => None,
+        })
+        .collect();
+    let mut buf = [std::mem::MaybeUninit::<u8>::uninit(); 2048];
+    loop {
+        let (n, from) = match raw.recv_from_with_flags(&mut buf, libc::MSG_DONTWAIT) {
+            Ok(got) => got,
+            Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+            Err(_) => return,
+        };
+        // SAFETY: recv_from initialised the first n bytes.
+        let packet: Vec<u8> = buf[..n]
+            .iter()
+            .map(|b| unsafe { b.assume_init() })
+            .collect();
+        let payload = if domain == Domain::IPV4 {
+            sctp::strip_ipv4_header(&packet)
+        } else {
+            Some(packet.as_slice())
+        };
+        let (Some(chunk), Some(from)) = (payload.and_then(sctp::parse), from.as_socket()) else {
+            continue;
+        };
+        if chunk.kind != ChunkKind::InitAck {
+            continue;
+        }
+        if let Some(&i) = waiting.get(&(from.ip(), chunk.src_port, chunk.dst_port, chunk.vtag)) {
+            flights[i] = InFlight::Done(true);
+        }
+    }
+}
+
+/// Distinct source ports for the SCTP probes of one thread, from the ephemeral range.
+fn random_ports(n: usize) -> Vec<u16> {
+    let start = random_u32();
+    (0..n)
+        .map(|i| 32768 + ((start as usize + i) % 28000) as u16)
+        .collect()
+}
+
+fn random_u32() -> u32 {
+    let mut bytes = [0u8; 4];
+    // SAFETY: getrandom writes at most bytes.len() bytes into the buffer.
+    unsafe { libc::getrandom(bytes.as_mut_ptr().cast(), bytes.len(), 0) };
+    u32::from_ne_bytes(bytes)
+}
+
+mod protocol_name {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    use crate::policy::desired::Protocol;
+
+    pub fn serialize<S: Serializer>(p: &Protocol, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(p.name())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Protocol, D::Error> {
+        let name = String::deserialize(d)?;
+        super::super::objects::parse_protocol(&name).map_err(serde::de::Error::custom)
+    }
+}

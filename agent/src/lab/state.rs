@@ -1,0 +1,157 @@
+//! The lab's state directory: which namespaces, addresses and ports exist, so that
+//! separate `weir lab` commands work on the same lab.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::net::{Ipv4Addr, Ipv6Addr};
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+
+use ipnet::{Ipv4Net, Ipv6Net};
+use serde::{Deserialize, Serialize};
+
+use super::LabError;
+use crate::dataplane::DataplaneKind;
+use crate::policy::desired::Protocol;
+
+pub const DEFAULT_DIR: &str = "/run/weir-lab";
+
+/// A port a pod declares, which its listener serves and the prober probes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct ServedPort {
+    pub port: u16,
+    pub protocol: Protocol,
+}
+
+/// One Pod of the lab.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PodState {
+    pub namespace: String,
+    pub name: String,
+    /// The pod's own network namespace.
+    pub netns: String,
+    /// The veth end in the node namespace: the pod interface the dataplane attaches to.
+    pub host_if: String,
+    pub ipv4: Option<Ipv4Addr>,
+    pub ipv6: Option<Ipv6Addr>,
+    pub ports: Vec<ServedPort>,
+}
+
+impl PodState {
+    /// `NAMESPACE/NAME`, as the prober and `weir lab pods` print it.
+    pub fn key(&self) -> String {
+        format!("{}/{}", self.namespace, self.name)
+    }
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct LabState {
+    /// Prefix of every namespace this lab owns.
+    pub id: String,
+    pub node_netns: String,
+    pub bpf_root: PathBuf,
+    pub dataplane: DataplaneKind,
+    /// False for a lab built without an agent (no enforcement: a baseline world).
+    pub with_agent: bool,
+    pub ipv4_pool: Ipv4Net,
+    pub ipv6_pool: Ipv6Net,
+    /// Generation of the last objects.yaml written.
+    pub generation: u64,
+    /// Pods by `NAMESPACE/NAME`.
+    pub pods: BTreeMap<String, PodState>,
+}
+
+/// The files of one lab directory.
+#[derive(Clone, Debug)]
+pub struct LabDir {
+    pub dir: PathBuf,
+}
+
+impl LabDir {
+    pub fn new(dir: impl Into<PathBuf>) -> Self {
+        LabDir { dir: dir.into() }
+    }
+
+    pub fn state_file(&self) -> PathBuf {
+        self.dir.join("state.json")
+    }
+    pub fn objects_file(&self) -> PathBuf {
+        self.dir.join("objects.yaml")
+    }
+    pub fn status_file(&self) -> PathBuf {
+        self.dir.join("status.json")
+    }
+    pub fn agent_log(&self) -> PathBuf {
+        self.dir.join("agent.log")
+    }
+    pub fn listener_log(&self, pod: &PodState) -> PathBuf {
+        self.dir
+            .join(format!("listen-{}-{}.log", pod.namespace, pod.name))
+    }
+
+    /// A name derived from the directory, so that labs in different directories never
+    /// share namespaces or pins, and `down` finds them even without a state file.
+    pub fn lab_id(&self) -> String {
+        let absolute = std::path::absolute(&self.dir).unwrap_or_else(|_| self.dir.clone());
+        // FNV-1a: stable across builds, unlike the std hasher.
+        let hash = absolute
+            .as_os_str()
+            .as_encoded_bytes()
+            .iter()
+            .fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+                (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
+            });
+        format!("weirlab-{:08x}", hash as u32)
+    }
+
+    pub fn exists(&self) -> bool {
+        self.state_file().exists()
+    }
+
+    pub fn load(&self) -> Result<LabState, LabError> {
+        let text = match std::fs::read_to_string(self.state_file()) {
+            Ok(text) => text,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(LabError::NotUp(self.dir.clone()))
+            }
+            Err(e) => {
+                return Err(LabError::io(
+                    format!("reading {}", self.state_file().display()),
+                    e,
+                ))
+            }
+        };
+        serde_json::from_str(&text)
+            .map_err(|e| LabError::invalid(self.state_file().display().to_string(), e.to_string()))
+    }
+
+    pub fn save(&self, state: &LabState) -> Result<(), LabError> {
+        let json = serde_json::to_string_pretty(state).expect("lab state serializes");
+        write_atomic(&self.state_file(), json.as_bytes())
+    }
+
+    /// Takes the directory's lock: one `weir lab` command at a time per lab.
+    pub fn lock(&self) -> Result<File, LabError> {
+        std::fs::create_dir_all(&self.dir)
+            .map_err(|e| LabError::io(format!("creating {}", self.dir.display()), e))?;
+        let path = self.dir.join("lock");
+        let file = File::create(&path)
+            .map_err(|e| LabError::io(format!("opening {}", path.display()), e))?;
+        // SAFETY: flock on a file descriptor we own.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } != 0 {
+            return Err(LabError::io(
+                format!("locking {}", path.display()),
+                std::io::Error::last_os_error(),
+            ));
+        }
+        Ok(file)
+    }
+}
+
+/// Writes a file so that readers see either the old or the new content, never a part.
+pub fn write_atomic(path: &Path, content: &[u8]) -> Result<(), LabError> {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, content)
+        .and_then(|()| std::fs::rename(&tmp, path))
+        .map_err(|e| LabError::io(format!("writing {}", path.display()), e))
+}

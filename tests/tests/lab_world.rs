@@ -1,0 +1,75 @@
+//! The lab's world without an agent: namespaces, routes, listeners and the prober, over
+//! IPv4 and IPv6, and the life cycle of objects (apply, delete, invalid input, down).
+
+use weir_tests::lab::{manifest, netpol_world, Lab};
+
+const EXTRA_POD: &str = r#"
+apiVersion: v1
+kind: Pod
+metadata: {name: d, namespace: w, labels: {pod: d}}
+spec:
+  containers:
+  - name: c
+    ports: [{containerPort: 8080, protocol: UDP}]
+status:
+  podIP: 10.9.0.7
+"#;
+
+#[test]
+fn world_without_enforcement_connects_everything_and_follows_apply_and_delete() {
+    let lab = Lab::new("world");
+    lab.weir(&["up", "--without-agent", netpol_world().to_str().unwrap()])
+        .unwrap();
+
+    let pods: serde_json::Value =
+        serde_json::from_str(&lab.weir(&["pods", "--output", "json"]).unwrap()).unwrap();
+    let pods = pods.as_array().unwrap();
+    assert_eq!(pods.len(), 9);
+    assert_eq!(pods[0]["pod"], "x/a");
+    assert_eq!(pods[0]["ip"], "10.244.0.2");
+    assert_eq!(pods[0]["ipv6"], "fd00:10:244::2");
+
+    for family in ["ipv4", "ipv6"] {
+        let (dataplane, matrix) = lab.probe(&["--family", family]).unwrap();
+        assert_eq!(dataplane, "none");
+        // 9 sources × 8 targets × 2 ports × 3 protocols.
+        assert_eq!(matrix.len(), 432, "{family}");
+        let blocked: Vec<_> = matrix.iter().filter(|(_, c)| !**c).collect();
+        assert!(
+            blocked.is_empty(),
+            "{family}: blocked without policy: {blocked:?}"
+        );
+    }
+
+    // A new pod in a new namespace, with the address its manifest gives.
+    let extra = manifest(&lab, "extra.yaml", EXTRA_POD);
+    lab.weir(&["apply", extra.to_str().unwrap()]).unwrap();
+    let (_, matrix) = lab.probe(&[]).unwrap();
+    // Nine sources to w/d on its one port, and w/d to nine targets on six.
+    assert_eq!(matrix.len(), 432 + 9 + 9 * 6);
+    assert!(matrix[&("x/a".into(), "w/d".into(), 8080, "UDP".into())]);
+    assert!(lab.weir(&["pods"]).unwrap().contains("10.9.0.7"));
+
+    // An invalid object is refused, naming it, and changes nothing.
+    let bad = manifest(
+        &lab,
+        "bad.yaml",
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: e, namespace: w}\nspec:\n  containers:\n  - name: c\n    ports: [{containerPort: 80, protocol: ICMP}]\n",
+    );
+    let out = lab.weir_raw(&["apply", bad.to_str().unwrap()]).unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("Pod w/e") && stderr.contains("protocol"),
+        "{stderr}"
+    );
+    assert!(!lab.weir(&["pods"]).unwrap().contains("w/e"));
+
+    lab.weir(&["delete", extra.to_str().unwrap()]).unwrap();
+    let (_, matrix) = lab.probe(&[]).unwrap();
+    assert_eq!(matrix.len(), 432);
+
+    lab.weir(&["down"]).unwrap();
+    lab.weir(&["down"]).unwrap();
+    assert!(lab.weir_raw(&["probe"]).unwrap().status.code() != Some(0));
+}
