@@ -1,5 +1,6 @@
 //! `cargo xtask <cmd>`: the one entry point for building, testing and demonstrating weir
 //! on a fresh machine. Every install step lives in `setup`, so nothing is done by hand.
+mod bench;
 mod build;
 mod cmd;
 mod demo;
@@ -38,6 +39,13 @@ enum Command {
         #[arg(long, default_value = "ebpf")]
         dataplane: String,
     },
+    /// Measure datapath, convergence, memory and reset against no enforcement and the
+    /// iptables path, in one run; prints a table and writes target/bench/latest.json.
+    Bench {
+        /// Scaled down to about a minute (the run that `cargo xtask test` makes).
+        #[arg(long)]
+        quick: bool,
+    },
 }
 
 fn main() {
@@ -47,6 +55,7 @@ fn main() {
         Command::Build { release } => build::run(release),
         Command::Test => test::run(),
         Command::Demo { dataplane } => demo::run(&dataplane),
+        Command::Bench { quick } => bench::run(quick),
     };
     if let Err(e) = result {
         eprintln!("xtask: error: {e:#}");

@@ -1,0 +1,156 @@
+//! `cargo xtask bench [--quick]`: measures weir on this machine against no enforcement and
+//! against its own iptables path, side by side in one run (the machine is noisy, so every
+//! comparison is taken within the run). Prints one table and writes the same rows as JSON
+//! to target/bench/latest.json. Exits non-zero when any figure could not be measured.
+//!
+//! Scenarios, each on fresh network namespaces that are removed afterwards:
+//! - datapath: TCP throughput (iperf3) and request/response latency between two local
+//!   pods, with N policies and M remote pods, for no enforcement, eBPF and iptables;
+//! - convergence: cold start, then policy and pod label changes observed by a probe;
+//! - memory: the agent's peak RSS and its kernel state, at M and at a larger M;
+//! - reset: many weir sets (some undeletable) and chains, removed by `weir reset`.
+mod agent;
+mod bpf_maps;
+mod convergence;
+mod memory;
+mod netns;
+mod report;
+mod reset;
+mod scale;
+mod topology;
+mod traffic;
+mod trial;
+mod world;
+
+use std::process::Command;
+use std::time::{Instant, SystemTime};
+
+use anyhow::{bail, Result};
+
+use crate::cmd::{is_root, workspace_root};
+use agent::Dataplane;
+use report::Report;
+use scale::Scale;
+use trial::{Env, Plan};
+use world::World;
+
+pub fn run(quick: bool) -> Result<()> {
+    if !is_root() {
+        bail!("the bench builds network namespaces, loads BPF programs and edits iptables: run it as root");
+    }
+    for tool in ["ip", "ipset", "iptables-restore", "iperf3"] {
+        if Command::new(tool).arg("--help").output().is_err() {
+            bail!("the bench needs `{tool}` on PATH; run `cargo xtask setup`");
+        }
+    }
+    let started = Instant::now();
+    // The full bench measures the release build; the quick run, inside `cargo xtask test`,
+    // the debug build that the tests use.
+    let profile = if quick { "debug" } else { "release" };
+    crate::build::run(!quick)?;
+    let root = workspace_root();
+    let env = Env {
+        weir: root.join("target").join(profile).join("weir"),
+        run_dir: root.join("target/bench/run"),
+        scale: Scale::new(quick),
+    };
+    let mut report = Report {
+        command: format!("cargo xtask bench{}", if quick { " --quick" } else { "" }),
+        quick,
+        profile: profile.into(),
+        kernel: kernel_release(),
+        started_unix: SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()),
+        seconds: 0.0,
+        rows: Vec::new(),
+    };
+    run_scenarios(&env, &mut report);
+    report.seconds = (started.elapsed().as_secs_f64() * 10.0).round() / 10.0;
+
+    let json = root.join("target/bench/latest.json");
+    report.write_json(&json)?;
+    println!("\n{}", report.table());
+    println!(
+        "{} in {:.0}s ({} build); JSON: {}",
+        report.command,
+        report.seconds,
+        profile,
+        json.display()
+    );
+    let failures = report.failures();
+    if !failures.is_empty() {
+        bail!(
+            "{} figure(s) could not be measured (see ERROR rows)",
+            failures.len()
+        );
+    }
+    if let Some(row) = report
+        .rows
+        .iter()
+        .find(|r| r.value.as_str().is_some_and(|v| v.starts_with("FAILED")))
+    {
+        bail!("{}: {}", row.scenario, row.value);
+    }
+    Ok(())
+}
+
+fn run_scenarios(env: &Env, report: &mut Report) {
+    let scale = &env.scale;
+    let (max, remote) = (scale.max_policies(), scale.remote_pods);
+    let convergence = format!("convergence, {max} policies, {remote} remote pods");
+    let memory = format!("memory, {max} policies, {remote} remote pods");
+    for &n in scale.policy_counts {
+        let datapath = format!("datapath, {n} policies, {remote} remote pods");
+        progress(&datapath);
+        report
+            .rows
+            .extend(trial::baseline(env, &format!("none{n}"), &datapath));
+        for dp in Dataplane::ALL {
+            let plan = Plan {
+                datapath: Some(datapath.clone()),
+                convergence: (n == max).then(|| convergence.clone()),
+                memory: (n == max).then(|| memory.clone()),
+            };
+            let world = World::new(n, remote);
+            let tag = format!("{}{n}", dp.as_str());
+            report
+                .rows
+                .extend(trial::with_agent(env, &tag, dp, world, &plan));
+        }
+        report.add_ratios(&datapath, "none");
+    }
+    let large = scale.large_remote_pods;
+    let memory_large = format!("memory, {max} policies, {large} remote pods");
+    progress(&memory_large);
+    for dp in Dataplane::ALL {
+        let plan = Plan {
+            memory: Some(memory_large.clone()),
+            ..Plan::default()
+        };
+        let tag = format!("{}{large}", dp.as_str());
+        report.rows.extend(trial::with_agent(
+            env,
+            &tag,
+            dp,
+            World::new(max, large),
+            &plan,
+        ));
+    }
+    for scenario in [&convergence, &memory, &memory_large] {
+        report.add_ratios(scenario, Dataplane::Iptables.as_str());
+    }
+    let reset = reset::scenario(scale);
+    progress(&reset);
+    report.rows.extend(reset::rows(&env.weir, scale, &reset));
+}
+
+fn progress(scenario: &str) {
+    println!("==> bench: {scenario}");
+}
+
+fn kernel_release() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
+}

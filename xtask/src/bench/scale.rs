@@ -1,0 +1,57 @@
+//! How big each scenario is: the full bench (the sizes) or the quick run that
+//! `cargo xtask test` makes so that the bench cannot rot.
+use std::time::Duration;
+
+pub struct Scale {
+    /// Datapath worlds, by number of policies; the last one is also the convergence and
+    /// memory world.
+    pub policy_counts: &'static [usize],
+    pub remote_pods: usize,
+    /// The second memory world.
+    pub large_remote_pods: usize,
+    pub throughput_seconds: u32,
+    pub latency: Duration,
+    /// Policy changes, and then pod label changes, each measured on their own.
+    pub changes: usize,
+    pub reset_sets: usize,
+    pub reset_undeletable: usize,
+    pub reset_chains: usize,
+    /// How long a cold start may take before the bench calls it failed.
+    pub cold_start_timeout: Duration,
+}
+
+impl Scale {
+    pub fn new(quick: bool) -> Self {
+        if quick {
+            Scale {
+                policy_counts: &[10],
+                remote_pods: 500,
+                large_remote_pods: 2_000,
+                throughput_seconds: 1,
+                latency: Duration::from_millis(500),
+                changes: 4,
+                reset_sets: 500,
+                reset_undeletable: 100,
+                reset_chains: 200,
+                cold_start_timeout: Duration::from_secs(60),
+            }
+        } else {
+            Scale {
+                policy_counts: &[10, 100, 1_000],
+                remote_pods: 20_000,
+                large_remote_pods: 100_000,
+                throughput_seconds: 5,
+                latency: Duration::from_secs(3),
+                changes: 50,
+                reset_sets: 5_000,
+                reset_undeletable: 1_000,
+                reset_chains: 2_000,
+                cold_start_timeout: Duration::from_secs(600),
+            }
+        }
+    }
+
+    pub fn max_policies(&self) -> usize {
+        *self.policy_counts.last().expect("at least one world")
+    }
+}

@@ -1,0 +1,294 @@
+//! The bench world as Kubernetes manifests for `weir agent --manifests`: two local pods
+//! (client and server) on the bench node, N policies that select them, and M remote pods on
+//! other nodes, present only as addresses in a distant range. Each document is written as
+//! one JSON line (JSON is YAML), so that 100,000 pods stay quick to generate and read.
+use std::net::Ipv4Addr;
+use std::path::Path;
+
+use anyhow::{Context, Result};
+use serde_json::{json, Value};
+
+pub const NODE_NAME: &str = "bench-node";
+pub const NAMESPACE: &str = "bench";
+pub const CLIENT_IP: Ipv4Addr = Ipv4Addr::new(10, 244, 0, 2);
+pub const SERVER_IP: Ipv4Addr = Ipv4Addr::new(10, 244, 0, 3);
+/// Remote pods get consecutive addresses from here (10.128.0.0/10 holds 4 million).
+const REMOTE_BASE: Ipv4Addr = Ipv4Addr::new(10, 128, 0, 0);
+const REMOTE_NAMESPACES: usize = 10;
+const REMOTE_NODES: usize = 100;
+/// Label groups among remote pods; policy i allows peers of group i % GROUPS.
+const GROUPS: usize = 100;
+
+/// Ports the server listens on.
+pub const IPERF_PORT: u16 = 5201;
+pub const LATENCY_PORT: u16 = 7000;
+/// The port whose verdict the convergence changes flip.
+pub const TOGGLE_PORT: u16 = 7100;
+/// Where an updated toggle policy points instead (nothing listens there).
+const MOVED_PORT: u16 = 7101;
+/// Ports of the generated policies (nothing listens there either).
+const POLICY_PORT_BASE: u16 = 8000;
+const REMOTE_PORT: u16 = 9100;
+
+/// The policy that the convergence changes create, update and delete.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Toggle {
+    Absent,
+    /// Allows the client on TOGGLE_PORT.
+    Allow,
+    /// Allows the client on another port: TOGGLE_PORT is closed again.
+    Moved,
+}
+
+pub struct World {
+    /// Everything that the changes never touch, one document per line.
+    fixed: String,
+    pub toggle: Toggle,
+    /// The client carries `access: granted`, which the `granted` policy admits on TOGGLE_PORT.
+    pub client_granted: bool,
+}
+
+impl World {
+    pub fn new(policies: usize, remote_pods: usize) -> Self {
+        let mut docs = vec![namespace(NAMESPACE, json!({}))];
+        for n in 0..REMOTE_NAMESPACES {
+            docs.push(namespace(&format!("remote-{n}"), json!({"tier": "remote"})));
+        }
+        for i in 0..remote_pods {
+            docs.push(remote_pod(i));
+        }
+        docs.push(server_pod());
+        for i in 0..policies {
+            docs.push(generated_policy(i));
+        }
+        docs.push(policy(
+            "allow-client",
+            "server",
+            ingress(
+                json!({"podSelector": {"matchLabels": {"app": "client"}}}),
+                &[IPERF_PORT, LATENCY_PORT],
+            ),
+        ));
+        docs.push(policy(
+            "allow-remote",
+            "server",
+            ingress(
+                json!({"namespaceSelector": {"matchLabels": {"tier": "remote"}}}),
+                &[REMOTE_PORT],
+            ),
+        ));
+        docs.push(policy(
+            "granted",
+            "server",
+            ingress(
+                json!({"podSelector": {"matchLabels": {"access": "granted"}}}),
+                &[TOGGLE_PORT],
+            ),
+        ));
+        docs.push(policy(
+            "client-egress",
+            "client",
+            json!({"policyTypes": ["Egress"], "egress": [{"to": [{"podSelector": {"matchLabels": {"app": "server"}}}]}]}),
+        ));
+        let mut fixed = String::new();
+        for d in docs {
+            fixed.push_str("---\n");
+            fixed.push_str(&d.to_string());
+            fixed.push('\n');
+        }
+        World {
+            fixed,
+            toggle: Toggle::Absent,
+            client_granted: false,
+        }
+    }
+
+    /// Whether the client may connect to the server's TOGGLE_PORT in this state.
+    pub fn toggle_open(&self) -> bool {
+        self.toggle == Toggle::Allow || self.client_granted
+    }
+
+    pub fn manifest(&self, generation: u64) -> String {
+        let mut labels = json!({"app": "client"});
+        if self.client_granted {
+            labels["access"] = json!("granted");
+        }
+        let mut text = format!("# generation: {generation}\n{}", self.fixed);
+        text.push_str(&format!(
+            "---\n{}\n",
+            local_pod("client", CLIENT_IP, labels, &[])
+        ));
+        let toggle_port = match self.toggle {
+            Toggle::Absent => None,
+            Toggle::Allow => Some(TOGGLE_PORT),
+            Toggle::Moved => Some(MOVED_PORT),
+        };
+        if let Some(port) = toggle_port {
+            let from_client = json!({"podSelector": {"matchLabels": {"app": "client"}}});
+            text.push_str(&format!(
+                "---\n{}\n",
+                policy("toggle", "server", ingress(from_client, &[port]))
+            ));
+        }
+        text
+    }
+
+    /// Replaces `path` atomically (the agent must never read half a file).
+    pub fn write(&self, path: &Path, generation: u64) -> Result<()> {
+        let tmp = path.with_extension("tmp");
+        std::fs::write(&tmp, self.manifest(generation))
+            .with_context(|| format!("writing {}", tmp.display()))?;
+        std::fs::rename(&tmp, path).with_context(|| format!("renaming to {}", path.display()))
+    }
+}
+
+fn namespace(name: &str, mut labels: Value) -> Value {
+    labels["kubernetes.io/metadata.name"] = json!(name);
+    json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels}})
+}
+
+fn pod(
+    namespace: &str,
+    name: &str,
+    node: &str,
+    ip: Ipv4Addr,
+    labels: Value,
+    ports: &[u16],
+) -> Value {
+    let ports: Vec<Value> = ports
+        .iter()
+        .map(|p| json!({"containerPort": p, "protocol": "TCP"}))
+        .collect();
+    json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace, "labels": labels},
+        "spec": {"nodeName": node, "containers": [{"name": "c", "image": "bench", "ports": ports}]},
+        "status": {"phase": "Running", "podIP": ip.to_string(), "podIPs": [{"ip": ip.to_string()}]},
+    })
+}
+
+fn local_pod(name: &str, ip: Ipv4Addr, labels: Value, ports: &[u16]) -> Value {
+    pod(NAMESPACE, name, NODE_NAME, ip, labels, ports)
+}
+
+fn server_pod() -> Value {
+    local_pod(
+        "server",
+        SERVER_IP,
+        json!({"app": "server"}),
+        &[IPERF_PORT, LATENCY_PORT, TOGGLE_PORT],
+    )
+}
+
+fn remote_pod(i: usize) -> Value {
+    let ip = Ipv4Addr::from(u32::from(REMOTE_BASE) + i as u32);
+    pod(
+        &format!("remote-{}", i % REMOTE_NAMESPACES),
+        &format!("r{i}"),
+        &format!("remote-node-{}", i % REMOTE_NODES),
+        ip,
+        json!({"group": format!("g{}", i % GROUPS)}),
+        &[],
+    )
+}
+
+/// Policy i selects the server (ingress, even i) or the client (egress, odd i) and allows
+/// remote pods of one group on a port nothing uses, so it costs without changing verdicts.
+fn generated_policy(i: usize) -> Value {
+    let peer = json!({
+        "namespaceSelector": {},
+        "podSelector": {"matchLabels": {"group": format!("g{}", i % GROUPS)}},
+    });
+    let port = POLICY_PORT_BASE + (i % 1000) as u16;
+    let name = format!("p{i:05}");
+    if i.is_multiple_of(2) {
+        policy(&name, "server", ingress(peer, &[port]))
+    } else {
+        let ports = json!([{"protocol": "TCP", "port": port}]);
+        policy(
+            &name,
+            "client",
+            json!({"policyTypes": ["Egress"], "egress": [{"to": [peer], "ports": ports}]}),
+        )
+    }
+}
+
+fn ingress(peer: Value, ports: &[u16]) -> Value {
+    let ports: Vec<Value> = ports
+        .iter()
+        .map(|p| json!({"protocol": "TCP", "port": p}))
+        .collect();
+    json!({"policyTypes": ["Ingress"], "ingress": [{"from": [peer], "ports": ports}]})
+}
+
+/// A policy in the bench namespace selecting pods with `app: <app>`.
+fn policy(name: &str, app: &str, mut spec: Value) -> Value {
+    spec["podSelector"] = json!({"matchLabels": {"app": app}});
+    json!({
+        "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+        "metadata": {"name": name, "namespace": NAMESPACE},
+        "spec": spec,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn docs(text: &str) -> Vec<Value> {
+        text.split("---\n")
+            .skip(1)
+            .map(|d| serde_json::from_str(d).expect("each document is one JSON object"))
+            .collect()
+    }
+
+    #[test]
+    fn manifest_holds_the_world_and_its_generation() {
+        let world = World::new(4, 30);
+        let text = world.manifest(7);
+        assert!(text.starts_with("# generation: 7\n"));
+        let docs = docs(&text);
+        let kind = |k: &str| docs.iter().filter(|d| d["kind"] == k).count();
+        assert_eq!(kind("Namespace"), 1 + REMOTE_NAMESPACES);
+        assert_eq!(kind("Pod"), 30 + 2);
+        assert_eq!(kind("NetworkPolicy"), 4 + 4);
+        let remote: Vec<&Value> = docs
+            .iter()
+            .filter(|d| d["kind"] == "Pod" && d["spec"]["nodeName"] != NODE_NAME)
+            .collect();
+        assert_eq!(remote.len(), 30);
+        let ips: std::collections::BTreeSet<&str> = remote
+            .iter()
+            .map(|p| p["status"]["podIP"].as_str().unwrap())
+            .collect();
+        assert_eq!(ips.len(), 30, "remote pod addresses are distinct");
+    }
+
+    #[test]
+    fn changes_flip_the_toggle_port() {
+        let mut world = World::new(2, 3);
+        let toggle_doc = |w: &World| {
+            docs(&w.manifest(1))
+                .into_iter()
+                .find(|d| d["metadata"]["name"] == "toggle")
+        };
+        assert!(!world.toggle_open());
+        assert!(toggle_doc(&world).is_none());
+        world.toggle = Toggle::Allow;
+        assert!(world.toggle_open());
+        let port = &toggle_doc(&world).unwrap()["spec"]["ingress"][0]["ports"][0]["port"];
+        assert_eq!(port, TOGGLE_PORT);
+        world.toggle = Toggle::Moved;
+        assert!(!world.toggle_open());
+        let port = &toggle_doc(&world).unwrap()["spec"]["ingress"][0]["ports"][0]["port"];
+        assert_eq!(port, MOVED_PORT);
+        world.toggle = Toggle::Absent;
+        world.client_granted = true;
+        assert!(world.toggle_open());
+        let client = docs(&world.manifest(2))
+            .into_iter()
+            .find(|d| d["metadata"]["name"] == "client")
+            .unwrap();
+        assert_eq!(client["metadata"]["labels"]["access"], "granted");
+    }
+}
