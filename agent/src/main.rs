@@ -16,6 +16,16 @@ enum Command {
     Reset(weir::reset::cli::ResetArgs),
     /// A node in network namespaces, built from manifests, with real traffic probes.
     Lab(weir::lab::cli::LabArgs),
+    /// Stream the eBPF dataplane's drop events (and allow verdicts with --allow).
+    Monitor {
+        #[arg(long, value_enum, default_value = "text")]
+        output: weir::dataplane::ebpf::OutputFormat,
+        /// Also show allowed packets (the programs emit them while this runs).
+        #[arg(long)]
+        allow: bool,
+        #[arg(long, default_value = weir::dataplane::ebpf::DEFAULT_PIN_ROOT)]
+        bpf_root: std::path::PathBuf,
+    },
 }
 
 fn main() -> anyhow::Result<()> {
@@ -26,6 +36,11 @@ fn main() -> anyhow::Result<()> {
         }
         Command::Reset(args) => weir::reset::cli::run(args)?,
         Command::Lab(args) => weir::lab::cli::run(args)?,
+        Command::Monitor {
+            output,
+            allow,
+            bpf_root,
+        } => weir::dataplane::ebpf::monitor::run(&bpf_root, output, allow)?,
     }
     Ok(())
 }

@@ -1,5 +1,40 @@
 //! Shared helpers for the integration tests (network namespaces, prerequisites).
+pub mod desired;
 pub mod kernel_state;
 pub mod lab;
 pub mod netns;
+/// Pods wired to a "node" namespace like a CNI would, for the eBPF dataplane tests.
+pub mod pods;
+/// Socket probes run inside a namespace (a thread that setns()es).
+pub mod probe;
 pub mod weir_bin;
+
+/// Fails (never skips) when a prerequisite is missing, naming it.
+pub fn require_root_and_tools() {
+    // SAFETY: geteuid has no preconditions.
+    assert_eq!(
+        unsafe { libc::geteuid() },
+        0,
+        "prerequisite missing: these tests need root (network namespaces, BPF)"
+    );
+    let ok = std::process::Command::new("ip")
+        .arg("-V")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    assert!(ok, "prerequisite missing: `ip` (iproute2)");
+}
+
+/// A pin root of its own on bpffs, removed (with everything pinned under it) on drop.
+pub struct PinRoot(pub std::path::PathBuf);
+
+impl PinRoot {
+    pub fn new(tag: &str) -> PinRoot {
+        PinRoot(format!("/sys/fs/bpf/weir-test-{tag}-{}", std::process::id()).into())
+    }
+}
+
+impl Drop for PinRoot {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}

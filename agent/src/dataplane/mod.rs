@@ -2,6 +2,8 @@
 //! [`Desired`] state and apply [`Delta`]s. Cleaning a node is not theirs: both call the
 //! one tolerant routine in [`crate::reset`].
 
+pub mod ebpf;
+
 use serde::{Deserialize, Serialize};
 
 pub mod iptables;

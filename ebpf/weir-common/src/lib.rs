@@ -1,19 +1,184 @@
 //! The kernel/user boundary: every BPF map key and value, laid out `#[repr(C)]`,
 //! shared by the TC classifiers (ebpf/weir-ebpf) and the agent so the two cannot
 //! disagree on a layout.
+//!
+//! Addresses are 16 bytes everywhere: IPv4 is stored IPv4-mapped (`::ffff:a.b.c.d`), so
+//! one LPM trie and one conntrack table serve both families.
 #![no_std]
 
-/// Per-interface endpoint record, keyed by the pod's host-side ifindex.
+/// Map names, as declared by the kernel programs and pinned under `<root>/maps/`.
+pub mod map_names {
+    pub const IDENTITY: &str = "WEIR_IDENTITY";
+    pub const ENDPOINT: &str = "WEIR_ENDPOINT";
+    pub const POLICY: &str = "WEIR_POLICY";
+    pub const CT: &str = "WEIR_CT";
+    pub const COUNTERS: &str = "WEIR_COUNTERS";
+    pub const EVENTS: &str = "WEIR_EVENTS";
+    pub const RATE: &str = "WEIR_RATE";
+    pub const SETTINGS: &str = "WEIR_SETTINGS";
+    /// Not used by the programs: the agent's own records (ids, names), see [`RecordChunk`].
+    pub const RECORDS: &str = "WEIR_RECORDS";
+}
+
+/// Program names (the `weir_` prefix lets `weir reset` find our TC filters by name).
+pub mod program_names {
+    /// TC ingress of the pod's host-side interface: traffic from the pod (pod egress).
+    pub const FROM_POD: &str = "weir_from_pod";
+    /// TC egress of the pod's host-side interface: traffic to the pod (pod ingress).
+    pub const TO_POD: &str = "weir_to_pod";
+}
+
+/// Identity of a peer that matched no trie entry, or an entry whose prefix belongs to no
+/// set (an `except` hole). Only `Peer::Any` rules apply to it.
+pub const IDENTITY_WORLD: u32 = 1;
+/// Identity used in POLICY keys of rules whose peer is "any address".
+pub const IDENTITY_ANY: u32 = 0;
+/// First identity handed out for a set-membership signature.
+pub const IDENTITY_FIRST_DYNAMIC: u32 = 16;
+
+/// Reserved COUNTERS slots; rule ids start at [`RULE_ID_FIRST`].
+pub const COUNTER_DEFAULT_DENY: u32 = 0;
+pub const COUNTER_REPLY: u32 = 1;
+pub const COUNTER_NOT_ISOLATED: u32 = 2;
+pub const COUNTER_EVENTS_SUPPRESSED: u32 = 3;
+pub const COUNTER_ICMP_ERROR: u32 = 4;
+pub const RULE_ID_FIRST: u32 = 16;
+
+/// One chunk of the agent's serialized records (bpffs holds no regular files, so the
+/// table naming rules, endpoints and identities lives in a pinned hash map of chunks).
+pub const RECORD_CHUNK_BYTES: usize = 4096;
+pub type RecordChunk = [u8; RECORD_CHUNK_BYTES];
+
+/// SETTINGS array slots (u32 values, changeable at run time).
+pub const SETTING_EMIT_ALLOW_EVENTS: u32 = 0;
+pub const SETTINGS_LEN: u32 = 4;
+
+/// IDENTITY trie key: 128-bit address, prefix length counted over all 128 bits
+/// (an IPv4 /24 is prefix 96 + 24).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct IdentityKey {
+    pub addr: [u8; 16],
+}
+
+/// ENDPOINT flags.
+pub const EP_INGRESS_ISOLATED: u32 = 1;
+pub const EP_EGRESS_ISOLATED: u32 = 2;
+
+/// Per-interface endpoint record, keyed by the pod's host-side ifindex (u32).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct EndpointInfo {
     pub endpoint_id: u32,
-    /// Bit 0: ingress isolated, bit 1: egress isolated.
+    /// [`EP_INGRESS_ISOLATED`] | [`EP_EGRESS_ISOLATED`].
     pub flags: u32,
+}
+
+pub const DIR_INGRESS: u8 = 0;
+pub const DIR_EGRESS: u8 = 1;
+
+/// POLICY trie key. Field order is prefix order: endpoint, identity and direction are
+/// always matched in full (72 bits); protocol (8 bits) and destination port (16 bits,
+/// network byte order) may be wildcarded by a shorter prefix, so a port range becomes a
+/// handful of prefixes and "all ports" or "all protocols" is a single entry.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PolicyKey {
+    pub endpoint_id: u32,
+    pub identity: u32,
+    pub direction: u8,
+    pub protocol: u8,
+    /// Big-endian bytes of the destination port.
+    pub port: [u8; 2],
+}
+
+/// Prefix lengths (in bits) of [`PolicyKey`].
+pub const POLICY_PREFIX_ANY_PROTOCOL: u32 = 72;
+pub const POLICY_PREFIX_ANY_PORT: u32 = 80;
+pub const POLICY_PREFIX_FULL: u32 = 96;
+
+/// Conntrack key: the tuple as first seen (the initiator's direction).
+/// ICMP echo uses the identifier as `sport` for requests and as `dport` for replies.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct CtKey {
+    pub saddr: [u8; 16],
+    pub daddr: [u8; 16],
+    pub sport: u16,
+    pub dport: u16,
+    pub protocol: u8,
+    pub _pad: [u8; 3],
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CtValue {
+    /// bpf_ktime_get_ns of the last packet that refreshed the entry.
+    pub last_seen_ns: u64,
+    /// Rule id that admitted the flow first (0 when the direction was not isolated).
+    pub rule_id: u32,
+    pub _pad: u32,
+}
+
+/// Per-CPU COUNTERS value.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Counter {
+    pub packets: u64,
+    pub bytes: u64,
+}
+
+/// Per-CPU token bucket for events (RATE map, one slot).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RateState {
+    pub tokens: u64,
+    pub last_ns: u64,
+}
+
+pub const VERDICT_DROP: u8 = 0;
+pub const VERDICT_ALLOW: u8 = 1;
+
+pub const REASON_POLICY_DENY: u8 = 1;
+pub const REASON_POLICY_ALLOW: u8 = 2;
+pub const REASON_REPLY: u8 = 3;
+pub const REASON_NOT_ISOLATED: u8 = 4;
+pub const REASON_ICMP_ERROR: u8 = 5;
+
+/// One verdict sent to user space through EVENTS.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct VerdictEvent {
+    pub timestamp_ns: u64,
+    pub saddr: [u8; 16],
+    pub daddr: [u8; 16],
+    pub sport: u16,
+    pub dport: u16,
+    pub protocol: u8,
+    /// 4 or 6.
+    pub family: u8,
+    /// [`DIR_INGRESS`] (to the pod) or [`DIR_EGRESS`] (from the pod).
+    pub direction: u8,
+    pub verdict: u8,
+    pub reason: u8,
+    pub _pad: [u8; 3],
+    pub ifindex: u32,
+    pub endpoint_id: u32,
+    /// The allowing rule, or [`COUNTER_DEFAULT_DENY`] for a drop.
+    pub rule_id: u32,
+    pub peer_identity: u32,
+    pub packet_len: u32,
 }
 
 #[cfg(feature = "user")]
 mod pod_impls {
-    // SAFETY: plain-old-data, #[repr(C)], no padding-dependent invariants.
+    // SAFETY: all plain-old-data, #[repr(C)], every bit pattern valid, no implicit padding.
     unsafe impl aya::Pod for super::EndpointInfo {}
+    unsafe impl aya::Pod for super::IdentityKey {}
+    unsafe impl aya::Pod for super::PolicyKey {}
+    unsafe impl aya::Pod for super::CtKey {}
+    unsafe impl aya::Pod for super::CtValue {}
+    unsafe impl aya::Pod for super::Counter {}
+    unsafe impl aya::Pod for super::RateState {}
+    unsafe impl aya::Pod for super::VerdictEvent {}
 }

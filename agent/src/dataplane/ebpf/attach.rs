@@ -1,0 +1,198 @@
+//! Attaching the classifiers to a pod's host-side interface: a pinned TCX link where the
+//! kernel has TCX (6.6+), otherwise a clsact filter over netlink (any 5.x kernel) that
+//! stays after the agent exits and is found by its program name `weir_*`.
+//! Interfaces are found as the route to the pod's address in the current network
+//! namespace (`ip -j route get`).
+
+use std::{net::IpAddr, process::Command};
+
+use aya::{
+    programs::{
+        links::{FdLink, Link},
+        tc::{self, NlOptions, SchedClassifierLink, TcAttachOptions, TcHandle},
+        LinkOrder, SchedClassifier, TcAttachType,
+    },
+    util::KernelVersion,
+};
+use serde::{Deserialize, Serialize};
+
+use super::{loader::Programs, pins::PinLayout};
+use crate::dataplane::DataplaneError;
+
+/// Netlink filter priority and handle of both programs (fixed, so a restarted agent can
+/// find and replace its filters).
+const NL_PRIORITY: u16 = 1;
+const NL_HANDLE: TcHandle = TcHandle::new(0, 0x77);
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum AttachMode {
+    Tcx,
+    Netlink,
+}
+
+/// Where an endpoint's programs are attached.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Attachment {
+    pub ifname: String,
+    pub ifindex: u32,
+    pub mode: AttachMode,
+}
+
+pub fn preferred_mode() -> AttachMode {
+    if KernelVersion::current().is_ok_and(|v| v >= KernelVersion::new(6, 6, 0)) {
+        AttachMode::Tcx
+    } else {
+        AttachMode::Netlink
+    }
+}
+
+#[derive(Deserialize)]
+struct RouteGet {
+    dev: Option<String>,
+}
+
+/// The interface that routes `addr` in this network namespace, with its index.
+pub fn interface_for(addr: IpAddr) -> Result<(String, u32), String> {
+    let out = Command::new("ip")
+        .args(["-j", "route", "get", &addr.to_string()])
+        .output()
+        .map_err(|e| format!("run `ip route get {addr}`: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "`ip route get {addr}` failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    let routes: Vec<RouteGet> = serde_json::from_slice(&out.stdout)
+        .map_err(|e| format!("parse `ip -j route get {addr}`: {e}"))?;
+    let dev = routes
+        .into_iter()
+        .find_map(|r| r.dev)
+        .ok_or_else(|| format!("no route with a device to {addr}"))?;
+    let ifindex = ifindex(&dev).ok_or_else(|| format!("interface {dev} vanished"))?;
+    Ok((dev, ifindex))
+}
+
+pub fn ifindex(name: &str) -> Option<u32> {
+    let c = std::ffi::CString::new(name).ok()?;
+    // SAFETY: c is a valid NUL-terminated string.
+    let i = unsafe { libc::if_nametoindex(c.as_ptr()) };
+    (i != 0).then_some(i)
+}
+
+fn hooks(progs: &mut Programs) -> [(&mut SchedClassifier, TcAttachType, &'static str); 2] {
+    [
+        (&mut progs.from_pod, TcAttachType::Ingress, "ingress"),
+        (&mut progs.to_pod, TcAttachType::Egress, "egress"),
+    ]
+}
+
+fn fail(what: &str, ifname: &str, e: impl std::fmt::Display) -> DataplaneError {
+    DataplaneError::Other(format!("{what} on interface {ifname}: {e}"))
+}
+
+/// Attaches both programs. Idempotent: a hook that already carries our program is left
+/// alone (adoption after restart), so enforcement never pauses.
+pub fn attach(
+    progs: &mut Programs,
+    layout: &PinLayout,
+    ifname: &str,
+    ifindex: u32,
+    mode: AttachMode,
+) -> Result<Attachment, DataplaneError> {
+    if mode == AttachMode::Netlink {
+        // Fails harmlessly ("Exclusivity flag on") when the qdisc exists.
+        let _ = tc::qdisc_add_clsact(ifname);
+    }
+    for (prog, attach_type, hook) in hooks(progs) {
+        match mode {
+            AttachMode::Tcx => {
+                let pin = layout.link(ifindex, hook);
+                if pin.exists() {
+                    continue;
+                }
+                let id = prog
+                    .attach_with_options(
+                        ifname,
+                        attach_type,
+                        TcAttachOptions::TcxOrder(LinkOrder::default()),
+                    )
+                    .map_err(|e| fail("TCX attach", ifname, e))?;
+                let link = prog
+                    .take_link(id)
+                    .map_err(|e| fail("TCX link", ifname, e))?;
+                let fd: FdLink = link.try_into().map_err(|e| fail("TCX link", ifname, e))?;
+                fd.pin(&pin).map_err(|e| fail("pin TCX link", ifname, e))?;
+            }
+            AttachMode::Netlink => {
+                let options = || {
+                    TcAttachOptions::Netlink(NlOptions {
+                        priority: NL_PRIORITY,
+                        handle: NL_HANDLE,
+                        classid: None,
+                    })
+                };
+                let id = match prog.attach_with_options(ifname, attach_type, options()) {
+                    Ok(id) => id,
+                    // Our filter is there already (restart): replace it in place, atomically.
+                    Err(_) => {
+                        let existing = SchedClassifierLink::attached(
+                            ifname,
+                            attach_type,
+                            NL_PRIORITY,
+                            NL_HANDLE,
+                            None,
+                        )
+                        .map_err(|e| fail("find tc filter", ifname, e))?;
+                        prog.attach_to_link(existing)
+                            .map_err(|e| fail("tc filter replace", ifname, e))?
+                    }
+                };
+                let link = prog.take_link(id).map_err(|e| fail("tc link", ifname, e))?;
+                // The filter must outlive this process: dropping the link would detach it.
+                std::mem::forget(link);
+            }
+        }
+    }
+    Ok(Attachment {
+        ifname: ifname.to_string(),
+        ifindex,
+        mode,
+    })
+}
+
+/// Detaches both programs; an interface that is gone already counts as detached.
+pub fn detach(layout: &PinLayout, a: &Attachment) -> Result<(), DataplaneError> {
+    for (attach_type, hook) in [
+        (TcAttachType::Ingress, "ingress"),
+        (TcAttachType::Egress, "egress"),
+    ] {
+        match a.mode {
+            AttachMode::Tcx => {
+                // The pin holds the last reference: removing it detaches the link.
+                let pin = layout.link(a.ifindex, hook);
+                match std::fs::remove_file(&pin) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(e) => return Err(fail("unpin TCX link", &a.ifname, e)),
+                }
+            }
+            AttachMode::Netlink => {
+                if ifindex(&a.ifname) != Some(a.ifindex) {
+                    continue;
+                }
+                let link = SchedClassifierLink::attached(
+                    &a.ifname,
+                    attach_type,
+                    NL_PRIORITY,
+                    NL_HANDLE,
+                    None,
+                )
+                .map_err(|e| fail("find tc filter", &a.ifname, e))?;
+                link.detach()
+                    .map_err(|e| fail("tc filter delete", &a.ifname, e))?;
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,52 @@
+//! Configuration of the eBPF dataplane: where its pins live and how big its maps are.
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+pub const DEFAULT_PIN_ROOT: &str = "/sys/fs/bpf/weir";
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EbpfConfig {
+    /// Directory on bpffs for maps, programs, links and the records that name them.
+    pub pin_root: PathBuf,
+    /// Entries of the IDENTITY trie (distinct prefixes of all address sets).
+    pub identity_entries: u32,
+    /// Entries of the ENDPOINT hash (local pods).
+    pub endpoint_entries: u32,
+    /// Entries of the POLICY trie (sum over pods of rules × identities × port prefixes).
+    pub policy_entries: u32,
+    /// Entries of the conntrack LRU (flows).
+    pub ct_entries: u32,
+    /// COUNTERS slots, hence the highest rule id + 1.
+    pub counter_entries: u32,
+    /// Bytes of the EVENTS ring buffer (a power of two, a multiple of the page size).
+    pub events_bytes: u32,
+    /// Verdict events per second and CPU (also the burst); the rest are counted only.
+    pub events_per_sec: u64,
+}
+
+impl Default for EbpfConfig {
+    fn default() -> Self {
+        EbpfConfig {
+            pin_root: PathBuf::from(DEFAULT_PIN_ROOT),
+            identity_entries: 65536,
+            endpoint_entries: 4096,
+            policy_entries: 65536,
+            ct_entries: 262144,
+            counter_entries: 16384,
+            events_bytes: 1 << 20,
+            events_per_sec: 1000,
+        }
+    }
+}
+
+impl EbpfConfig {
+    /// The default sizes with another pin root (tests, `--bpf-root`).
+    pub fn with_pin_root(pin_root: impl Into<PathBuf>) -> Self {
+        EbpfConfig {
+            pin_root: pin_root.into(),
+            ..Default::default()
+        }
+    }
+}

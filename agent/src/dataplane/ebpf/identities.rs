@@ -1,0 +1,215 @@
+//! Peer identities: every distinct prefix of every address set goes into the IDENTITY
+//! trie, mapped to the identity of its *membership signature* (the sets that contain the
+//! addresses that prefix is the longest match for). Pods with the same signature share
+//! one identity, so per-packet cost is one trie lookup and the POLICY map grows with
+//! distinct signatures, not with pods. An `except` member is just a longer prefix whose
+//! signature lacks the set.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use ipnet::IpNet;
+use serde::{Deserialize, Serialize};
+use weir_common::{IdentityKey, IDENTITY_FIRST_DYNAMIC, IDENTITY_WORLD};
+
+use crate::policy::desired::{AddressSet, SetId};
+
+/// A prefix in the 128-bit (IPv4-mapped) address space.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Prefix {
+    pub addr: u128,
+    /// 0..=128; an IPv4 /n is 96 + n.
+    pub len: u8,
+}
+
+impl Prefix {
+    pub fn from_net(net: &IpNet) -> Prefix {
+        let (addr, len) = match net.trunc() {
+            IpNet::V4(n) => (
+                (0xffffu128 << 32) | u128::from(u32::from(n.network())),
+                96 + n.prefix_len(),
+            ),
+            IpNet::V6(n) => (u128::from(n.network()), n.prefix_len()),
+        };
+        Prefix { addr, len }
+    }
+
+    pub fn last(&self) -> u128 {
+        self.addr | u128::MAX.checked_shr(u32::from(self.len)).unwrap_or(0)
+    }
+
+    /// The IDENTITY trie key and prefix length.
+    pub fn trie_key(&self) -> (IdentityKey, u32) {
+        (
+            IdentityKey {
+                addr: self.addr.to_be_bytes(),
+            },
+            u32::from(self.len),
+        )
+    }
+
+    pub fn from_trie_key(key: &IdentityKey, len: u32) -> Prefix {
+        Prefix {
+            addr: u128::from_be_bytes(key.addr),
+            len: len.min(128) as u8,
+        }
+    }
+}
+
+/// Signature → identity id, stable across changes and restarts (persisted in records).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IdentityTable {
+    pub by_id: BTreeMap<u32, BTreeSet<SetId>>,
+}
+
+/// What the kernel maps need: the trie, and for each set the identities containing it.
+#[derive(Debug, Default)]
+pub struct IdentityPlan {
+    pub trie: BTreeMap<Prefix, u32>,
+    pub identities_of_set: BTreeMap<SetId, Vec<u32>>,
+}
+
+/// For each prefix that appears in any set, the sets that contain it (per the longest
+/// member of each set that covers it; `except` wins a tie, as in [`AddressSet::contains`]).
+pub fn signatures<'a>(
+    sets: impl IntoIterator<Item = &'a AddressSet>,
+) -> BTreeMap<Prefix, BTreeSet<SetId>> {
+    let sets: Vec<&AddressSet> = sets.into_iter().collect();
+    let prefixes: Vec<Prefix> = sets
+        .iter()
+        .flat_map(|s| s.members.iter().map(|m| Prefix::from_net(&m.net)))
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    // (prefix index, set) → (length, except) of the longest covering member.
+    let mut best: BTreeMap<(usize, SetId), (u8, bool)> = BTreeMap::new();
+    for set in &sets {
+        for m in &set.members {
+            let mp = Prefix::from_net(&m.net);
+            let start = prefixes.partition_point(|p| p.addr < mp.addr);
+            for (i, p) in prefixes.iter().enumerate().skip(start) {
+                if p.addr > mp.last() {
+                    break;
+                }
+                if p.len < mp.len {
+                    continue;
+                }
+                let cand = (mp.len, m.except);
+                let e = best.entry((i, set.id)).or_insert(cand);
+                if cand > *e {
+                    *e = cand;
+                }
+            }
+        }
+    }
+    let mut out: BTreeMap<Prefix, BTreeSet<SetId>> =
+        prefixes.iter().map(|p| (*p, BTreeSet::new())).collect();
+    for ((i, set), (_, except)) in best {
+        if !except {
+            out.get_mut(&prefixes[i]).expect("indexed").insert(set);
+        }
+    }
+    out
+}
+
+impl IdentityTable {
+    /// Plans the trie for `sets`, reusing the ids of known signatures and handing out
+    /// the lowest free ids for new ones. Ids of signatures no longer used are released.
+    pub fn plan<'a>(&mut self, sets: impl IntoIterator<Item = &'a AddressSet>) -> IdentityPlan {
+        let sigs = signatures(sets);
+        let mut by_sig: BTreeMap<BTreeSet<SetId>, u32> = self
+            .by_id
+            .iter()
+            .map(|(id, sig)| (sig.clone(), *id))
+            .collect();
+        let wanted: BTreeSet<&BTreeSet<SetId>> = sigs.values().filter(|s| !s.is_empty()).collect();
+        by_sig.retain(|sig, _| wanted.contains(sig));
+        let mut used: BTreeSet<u32> = by_sig.values().copied().collect();
+        let mut next = IDENTITY_FIRST_DYNAMIC;
+        let mut plan = IdentityPlan::default();
+        for (prefix, sig) in &sigs {
+            let id = if sig.is_empty() {
+                IDENTITY_WORLD
+            } else if let Some(id) = by_sig.get(sig) {
+                *id
+            } else {
+                while used.contains(&next) {
+                    next += 1;
+                }
+                used.insert(next);
+                by_sig.insert(sig.clone(), next);
+                next
+            };
+            plan.trie.insert(*prefix, id);
+        }
+        self.by_id = by_sig.into_iter().map(|(sig, id)| (id, sig)).collect();
+        for (id, sig) in &self.by_id {
+            for set in sig {
+                plan.identities_of_set.entry(*set).or_default().push(*id);
+            }
+        }
+        plan
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::desired::Member;
+
+    fn set(id: u64, nets: &[&str]) -> AddressSet {
+        AddressSet {
+            id: SetId(id),
+            definition: format!("test-{id}"),
+            members: nets
+                .iter()
+                .map(|n| Member {
+                    net: n.trim_start_matches('!').parse().unwrap(),
+                    except: n.starts_with('!'),
+                })
+                .collect(),
+        }
+    }
+
+    fn prefix(s: &str) -> Prefix {
+        Prefix::from_net(&s.parse().unwrap())
+    }
+
+    #[test]
+    fn pods_with_the_same_sets_share_an_identity_and_excepts_are_holes() {
+        let pods = set(1, &["10.0.0.1/32", "10.0.0.2/32", "10.1.0.5/32"]);
+        let block = set(2, &["10.0.0.0/8", "!10.1.0.0/16"]);
+        let mut table = IdentityTable::default();
+        let plan = table.plan([&pods, &block]);
+        let a = plan.trie[&prefix("10.0.0.1/32")];
+        assert_eq!(a, plan.trie[&prefix("10.0.0.2/32")]);
+        // 10.1.0.5 is in the except hole: only in set 1.
+        let c = plan.trie[&prefix("10.1.0.5/32")];
+        assert_ne!(a, c);
+        assert_eq!(plan.trie[&prefix("10.1.0.0/16")], IDENTITY_WORLD);
+        assert_eq!(table.by_id[&a], BTreeSet::from([SetId(1), SetId(2)]));
+        assert_eq!(table.by_id[&c], BTreeSet::from([SetId(1)]));
+        assert_eq!(plan.identities_of_set[&SetId(2)].len(), 2);
+    }
+
+    #[test]
+    fn identities_are_stable_and_released() {
+        let s1 = set(1, &["10.0.0.1/32"]);
+        let s2 = set(2, &["10.0.0.2/32"]);
+        let mut table = IdentityTable::default();
+        let first = table.plan([&s1, &s2]);
+        let id2 = first.trie[&prefix("10.0.0.2/32")];
+        let second = table.plan([&s2]);
+        assert_eq!(second.trie[&prefix("10.0.0.2/32")], id2);
+        assert_eq!(table.by_id.len(), 1);
+    }
+
+    #[test]
+    fn ipv4_is_mapped_into_128_bits() {
+        let p = prefix("192.168.1.0/24");
+        assert_eq!(p.len, 120);
+        let (key, len) = p.trie_key();
+        assert_eq!(len, 120);
+        assert_eq!(&key.addr[10..14], &[0xff, 0xff, 192, 168]);
+        assert_eq!(Prefix::from_trie_key(&key, len), p);
+    }
+}

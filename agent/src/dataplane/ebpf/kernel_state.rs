@@ -1,0 +1,187 @@
+//! A mirror of what the IDENTITY, ENDPOINT and POLICY maps hold, and the ordered writes
+//! that bring them to a target. Each write updates the mirror only when the kernel took
+//! it, so a failed write (a full map) is retried by the next apply and named in the report.
+
+use std::collections::BTreeMap;
+
+use aya::maps::{lpm_trie::Key, MapError};
+use weir_common::{map_names, EndpointInfo};
+
+use super::{identities::Prefix, loader::Maps, policy_map::PolicyEntry};
+use crate::dataplane::ApplyFailure;
+
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct KernelState {
+    pub identity: BTreeMap<Prefix, u32>,
+    pub endpoint: BTreeMap<u32, EndpointInfo>,
+    pub policy: BTreeMap<PolicyEntry, u32>,
+}
+
+fn failure(object: String, e: MapError) -> ApplyFailure {
+    let reason = match &e {
+        MapError::SyscallError(s) if s.io_error.raw_os_error() == Some(libc::E2BIG) => {
+            format!("map is full ({e}); raise its size in the eBPF configuration")
+        }
+        _ => e.to_string(),
+    };
+    ApplyFailure { object, reason }
+}
+
+fn changed<'a, K: Ord, V: PartialEq>(
+    have: &'a BTreeMap<K, V>,
+    want: &'a BTreeMap<K, V>,
+) -> impl Iterator<Item = (&'a K, &'a V)> {
+    want.iter().filter(move |(k, v)| have.get(*k) != Some(*v))
+}
+
+fn gone<K: Ord + Clone, V>(have: &BTreeMap<K, V>, want: &BTreeMap<K, V>) -> Vec<K> {
+    have.keys()
+        .filter(|k| !want.contains_key(*k))
+        .cloned()
+        .collect()
+}
+
+impl KernelState {
+    pub fn read(maps: &Maps) -> KernelState {
+        let identity = maps
+            .identity
+            .iter()
+            .filter_map(Result::ok)
+            .map(|(k, v)| (Prefix::from_trie_key(&k.data(), k.prefix_len()), v))
+            .collect();
+        let endpoint = maps.endpoint.iter().filter_map(Result::ok).collect();
+        let policy = maps
+            .policy
+            .iter()
+            .filter_map(Result::ok)
+            .map(|(k, v)| ((k.prefix_len(), k.data()), v))
+            .collect();
+        KernelState {
+            identity,
+            endpoint,
+            policy,
+        }
+    }
+
+    pub fn upsert_policy(
+        &mut self,
+        maps: &mut Maps,
+        want: &KernelState,
+        name: impl Fn(&PolicyEntry) -> String,
+        errors: &mut Vec<ApplyFailure>,
+    ) {
+        let todo: Vec<_> = changed(&self.policy, &want.policy)
+            .map(|(k, v)| (*k, *v))
+            .collect();
+        for (entry, rule) in todo {
+            match maps.policy.insert(&Key::new(entry.0, entry.1), rule, 0) {
+                Ok(()) => {
+                    self.policy.insert(entry, rule);
+                }
+                Err(e) => errors.push(failure(name(&entry), e)),
+            }
+        }
+    }
+
+    pub fn delete_policy(
+        &mut self,
+        maps: &mut Maps,
+        want: &KernelState,
+        name: impl Fn(&PolicyEntry) -> String,
+        errors: &mut Vec<ApplyFailure>,
+    ) {
+        for entry in gone(&self.policy, &want.policy) {
+            match maps.policy.remove(&Key::new(entry.0, entry.1)) {
+                Ok(()) => {
+                    self.policy.remove(&entry);
+                }
+                Err(e) => errors.push(failure(name(&entry), e)),
+            }
+        }
+    }
+
+    pub fn upsert_identity(
+        &mut self,
+        maps: &mut Maps,
+        want: &KernelState,
+        errors: &mut Vec<ApplyFailure>,
+    ) {
+        let todo: Vec<_> = changed(&self.identity, &want.identity)
+            .map(|(k, v)| (*k, *v))
+            .collect();
+        for (prefix, id) in todo {
+            let (key, len) = prefix.trie_key();
+            match maps.identity.insert(&Key::new(len, key), id, 0) {
+                Ok(()) => {
+                    self.identity.insert(prefix, id);
+                }
+                Err(e) => errors.push(failure(identity_object(&prefix), e)),
+            }
+        }
+    }
+
+    pub fn delete_identity(
+        &mut self,
+        maps: &mut Maps,
+        want: &KernelState,
+        errors: &mut Vec<ApplyFailure>,
+    ) {
+        for prefix in gone(&self.identity, &want.identity) {
+            let (key, len) = prefix.trie_key();
+            match maps.identity.remove(&Key::new(len, key)) {
+                Ok(()) => {
+                    self.identity.remove(&prefix);
+                }
+                Err(e) => errors.push(failure(identity_object(&prefix), e)),
+            }
+        }
+    }
+
+    pub fn upsert_endpoint(
+        &mut self,
+        maps: &mut Maps,
+        want: &KernelState,
+        errors: &mut Vec<ApplyFailure>,
+    ) {
+        let todo: Vec<_> = changed(&self.endpoint, &want.endpoint)
+            .map(|(k, v)| (*k, *v))
+            .collect();
+        for (ifindex, info) in todo {
+            match maps.endpoint.insert(ifindex, info, 0) {
+                Ok(()) => {
+                    self.endpoint.insert(ifindex, info);
+                }
+                Err(e) => errors.push(failure(endpoint_object(ifindex), e)),
+            }
+        }
+    }
+
+    pub fn delete_endpoint(
+        &mut self,
+        maps: &mut Maps,
+        want: &KernelState,
+        errors: &mut Vec<ApplyFailure>,
+    ) {
+        for ifindex in gone(&self.endpoint, &want.endpoint) {
+            match maps.endpoint.remove(&ifindex) {
+                Ok(()) => {
+                    self.endpoint.remove(&ifindex);
+                }
+                Err(e) => errors.push(failure(endpoint_object(ifindex), e)),
+            }
+        }
+    }
+}
+
+fn identity_object(p: &Prefix) -> String {
+    let addr = std::net::Ipv6Addr::from(p.addr);
+    let shown = match addr.to_ipv4_mapped() {
+        Some(v4) if p.len >= 96 => format!("{v4}/{}", p.len - 96),
+        _ => format!("{addr}/{}", p.len),
+    };
+    format!("map {} (prefix {shown})", map_names::IDENTITY)
+}
+
+fn endpoint_object(ifindex: u32) -> String {
+    format!("map {} (ifindex {ifindex})", map_names::ENDPOINT)
+}

@@ -1,0 +1,127 @@
+//! Loading the embedded object once and pinning it; every later start adopts the pins,
+//! so maps keep their contents and programs keep their ids across agent restarts.
+
+use aya::{
+    maps::{HashMap, LpmTrie, Map, MapData, PerCpuArray},
+    programs::SchedClassifier,
+    EbpfLoader,
+};
+use weir_common::{map_names, program_names, Counter, EndpointInfo, IdentityKey, PolicyKey};
+
+use super::{config::EbpfConfig, pins::PinLayout, records::RecordsMap};
+use crate::dataplane::DataplaneError;
+
+/// The kernel programs, built by agent/build.rs from ebpf/weir-ebpf.
+pub static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/weir-ebpf.o"));
+
+pub struct Programs {
+    pub from_pod: SchedClassifier,
+    pub to_pod: SchedClassifier,
+}
+
+pub struct Maps {
+    pub identity: LpmTrie<MapData, IdentityKey, u32>,
+    pub endpoint: HashMap<MapData, u32, EndpointInfo>,
+    pub policy: LpmTrie<MapData, PolicyKey, u32>,
+    pub counters: PerCpuArray<MapData, Counter>,
+    pub records: RecordsMap,
+}
+
+fn err(context: String) -> impl FnOnce(String) -> DataplaneError {
+    move |e| DataplaneError::Other(format!("{context}: {e}"))
+}
+
+/// Loads and pins the programs unless pinned programs are already there (adoption).
+pub fn ensure_loaded(layout: &PinLayout, config: &EbpfConfig) -> Result<Programs, DataplaneError> {
+    layout.prepare()?;
+    let names = [program_names::FROM_POD, program_names::TO_POD];
+    if !names.iter().all(|n| layout.prog(n).exists()) {
+        load_and_pin(layout, config)?;
+    }
+    let open = |name: &str| {
+        SchedClassifier::from_pin(layout.prog(name))
+            .map_err(|e| err(format!("open pinned program {name}"))(e.to_string()))
+    };
+    Ok(Programs {
+        from_pod: open(program_names::FROM_POD)?,
+        to_pod: open(program_names::TO_POD)?,
+    })
+}
+
+fn load_and_pin(layout: &PinLayout, config: &EbpfConfig) -> Result<(), DataplaneError> {
+    let mut loader = EbpfLoader::new();
+    loader
+        .default_map_pin_directory(layout.maps())
+        .map_max_entries(map_names::IDENTITY, config.identity_entries)
+        .map_max_entries(map_names::ENDPOINT, config.endpoint_entries)
+        .map_max_entries(map_names::POLICY, config.policy_entries)
+        .map_max_entries(map_names::CT, config.ct_entries)
+        .map_max_entries(map_names::COUNTERS, config.counter_entries)
+        .map_max_entries(map_names::EVENTS, config.events_bytes)
+        .override_global("EVENT_RATE_PER_SEC", &config.events_per_sec, true);
+    let mut ebpf = loader
+        .load(OBJECT)
+        .map_err(|e| err("load eBPF object".into())(format!("{e:#}")))?;
+    for name in [program_names::FROM_POD, program_names::TO_POD] {
+        let prog: &mut SchedClassifier = ebpf
+            .program_mut(name)
+            .ok_or_else(|| DataplaneError::Other(format!("program {name} missing from object")))?
+            .try_into()
+            .map_err(|e| err(format!("program {name}"))(format!("{e}")))?;
+        prog.load()
+            .map_err(|e| err(format!("verifier rejected {name}"))(verifier_message(&e)))?;
+        let pin = layout.prog(name);
+        let _ = std::fs::remove_file(&pin);
+        prog.pin(&pin)
+            .map_err(|e| err(format!("pin {name} at {}", pin.display()))(e.to_string()))?;
+    }
+    Ok(())
+}
+
+fn verifier_message(e: &aya::programs::ProgramError) -> String {
+    match e {
+        aya::programs::ProgramError::LoadError {
+            io_error,
+            verifier_log,
+        } => {
+            format!("{io_error}\n{verifier_log}")
+        }
+        other => other.to_string(),
+    }
+}
+
+fn open_map(layout: &PinLayout, name: &str) -> Result<Map, DataplaneError> {
+    let path = layout.map(name);
+    let data = MapData::from_pin(&path)
+        .map_err(|e| err(format!("open pinned map {}", path.display()))(e.to_string()))?;
+    Map::from_map_data(data).map_err(|e| err(format!("map {name}"))(e.to_string()))
+}
+
+macro_rules! typed {
+    ($layout:expr, $name:expr) => {
+        open_map($layout, $name)?
+            .try_into()
+            .map_err(|e: aya::maps::MapError| err(format!("map {}", $name))(e.to_string()))?
+    };
+}
+
+impl Maps {
+    pub fn open(layout: &PinLayout) -> Result<Maps, DataplaneError> {
+        Ok(Maps {
+            identity: typed!(layout, map_names::IDENTITY),
+            endpoint: typed!(layout, map_names::ENDPOINT),
+            policy: typed!(layout, map_names::POLICY),
+            counters: typed!(layout, map_names::COUNTERS),
+            records: typed!(layout, map_names::RECORDS),
+        })
+    }
+}
+
+/// max_entries of a pinned map (for map pressure).
+pub fn capacity(layout: &PinLayout, name: &str) -> Option<u32> {
+    MapData::from_pin(layout.map(name))
+        .ok()?
+        .info()
+        .ok()
+        .map(|i| i.max_entries())
+}

@@ -1,0 +1,66 @@
+//! Can this kernel run the programs? Checks the kernel version and map/program types,
+//! then has the verifier load the real programs (nothing is attached or kept).
+
+use aya::{
+    maps::MapType,
+    programs::{ProgramType, SchedClassifier},
+    sys::{is_map_supported, is_program_supported},
+    util::KernelVersion,
+    EbpfLoader,
+};
+use weir_common::program_names;
+
+use super::pins::PinLayout;
+
+/// The oldest kernel the programs are built for.
+pub const MIN_KERNEL: (u8, u8) = (5, 10);
+
+/// `Ok` when the eBPF dataplane can run here; otherwise why not, for logs and status.
+pub fn probe() -> Result<(), String> {
+    let v = KernelVersion::current().map_err(|e| format!("kernel version unknown: {e}"))?;
+    if v < KernelVersion::new(MIN_KERNEL.0, MIN_KERNEL.1, 0) {
+        return Err(format!(
+            "kernel {v} is older than {}.{}",
+            MIN_KERNEL.0, MIN_KERNEL.1
+        ));
+    }
+    if !is_program_supported(ProgramType::SchedClassifier).map_err(|e| e.to_string())? {
+        return Err("BPF_PROG_TYPE_SCHED_CLS is not supported".into());
+    }
+    for (t, name) in [
+        (MapType::LpmTrie, "LPM_TRIE"),
+        (MapType::LruHash, "LRU_HASH"),
+        (MapType::PerCpuArray, "PERCPU_ARRAY"),
+        (MapType::RingBuf, "RINGBUF"),
+    ] {
+        if !is_map_supported(t).map_err(|e| format!("probe map {name}: {e}"))? {
+            return Err(format!("BPF map type {name} is not supported"));
+        }
+    }
+    verifier_accepts()
+}
+
+/// Loads both programs with their maps pinned in a scratch directory that is removed
+/// afterwards, so the real pin root is never touched.
+fn verifier_accepts() -> Result<(), String> {
+    let scratch = PinLayout::new(format!("/sys/fs/bpf/weir-probe-{}", std::process::id()));
+    scratch.prepare().map_err(|e| e.to_string())?;
+    let result = (|| {
+        let mut ebpf = EbpfLoader::new()
+            .default_map_pin_directory(scratch.maps())
+            .load(super::loader::OBJECT)
+            .map_err(|e| format!("load eBPF object: {e}"))?;
+        for name in [program_names::FROM_POD, program_names::TO_POD] {
+            let prog: &mut SchedClassifier = ebpf
+                .program_mut(name)
+                .ok_or_else(|| format!("program {name} missing"))?
+                .try_into()
+                .map_err(|e| format!("program {name}: {e}"))?;
+            prog.load()
+                .map_err(|e| format!("verifier rejected {name}: {e}"))?;
+        }
+        Ok(())
+    })();
+    let _ = std::fs::remove_dir_all(&scratch.root);
+    result
+}

@@ -1,0 +1,194 @@
+//! Header parsing with bpf_skb_load_bytes (bounds are the helper's, which keeps the
+//! verifier simple on old kernels). IPv4 addresses become IPv4-mapped IPv6.
+//!
+//! Limits: IPv6 extension headers are not walked (the next-header value is taken as the
+//! protocol, with port 0), and non-first IPv4 fragments have no ports (port 0).
+
+use aya_ebpf::{cty::c_void, helpers::bpf_skb_load_bytes, programs::TcContext};
+use weir_common::CtKey;
+
+pub const IPPROTO_ICMP: u8 = 1;
+pub const IPPROTO_TCP: u8 = 6;
+pub const IPPROTO_UDP: u8 = 17;
+pub const IPPROTO_SCTP: u8 = 132;
+pub const IPPROTO_ICMPV6: u8 = 58;
+
+const ETH_HLEN: usize = 14;
+const ETH_P_IP: u16 = 0x0800;
+const ETH_P_IPV6: u16 = 0x86dd;
+
+/// The flow a packet belongs to, as the conntrack table and the events see it.
+#[derive(Clone, Copy)]
+pub struct Tuple {
+    pub saddr: [u8; 16],
+    pub daddr: [u8; 16],
+    pub sport: u16,
+    pub dport: u16,
+    /// Destination port for the POLICY lookup (0 for protocols without ports).
+    pub policy_port: u16,
+    pub protocol: u8,
+    pub family: u8,
+}
+
+impl Tuple {
+    #[inline(always)]
+    pub fn key(&self) -> CtKey {
+        CtKey {
+            saddr: self.saddr,
+            daddr: self.daddr,
+            sport: self.sport,
+            dport: self.dport,
+            protocol: self.protocol,
+            _pad: [0; 3],
+        }
+    }
+
+    #[inline(always)]
+    pub fn reversed(&self) -> Tuple {
+        Tuple {
+            saddr: self.daddr,
+            daddr: self.saddr,
+            sport: self.dport,
+            dport: self.sport,
+            ..*self
+        }
+    }
+}
+
+pub struct Packet {
+    pub tuple: Tuple,
+    pub is_icmp_error: bool,
+    /// For an ICMP error: the packet it reports on (as that packet was sent).
+    pub icmp_error_of: Tuple,
+    /// ICMPv6 router/neighbor solicitation/advertisement and redirect: always allowed,
+    /// since IPv6 cannot work without them.
+    pub neighbor_discovery: bool,
+}
+
+enum Icmp {
+    None,
+    Error,
+    NeighborDiscovery,
+}
+
+/// Fills `pkt`; `Ok(false)` for non-IP frames, `Err` for truncated IP packets.
+#[inline(always)]
+pub fn parse(ctx: &TcContext, pkt: &mut Packet) -> Result<bool, ()> {
+    let ethertype = u16::from_be(ctx.load::<u16>(12).map_err(|_| ())?);
+    let family = match ethertype {
+        ETH_P_IP => 4,
+        ETH_P_IPV6 => 6,
+        _ => return Ok(false),
+    };
+    let l4 = parse_l3(ctx, ETH_HLEN, family, &mut pkt.tuple)?;
+    let icmp = parse_l4(ctx, &mut pkt.tuple, l4)?;
+    pkt.neighbor_discovery = matches!(icmp, Icmp::NeighborDiscovery);
+    pkt.is_icmp_error = matches!(icmp, Icmp::Error);
+    if pkt.is_icmp_error {
+        // The offending packet follows the 8-byte ICMP header.
+        let inner_l4 = parse_l3(ctx, l4 + 8, family, &mut pkt.icmp_error_of)?;
+        // Only the first 8 bytes of the inner L4 header are guaranteed: enough for ports.
+        parse_l4(ctx, &mut pkt.icmp_error_of, inner_l4)?;
+    }
+    Ok(true)
+}
+
+/// Fills `t` (ports zero) and returns the offset of the L4 header; usize::MAX means
+/// "no L4 header" (a non-first fragment).
+#[inline(always)]
+fn parse_l3(ctx: &TcContext, off: usize, family: u8, t: &mut Tuple) -> Result<usize, ()> {
+    t.sport = 0;
+    t.dport = 0;
+    t.policy_port = 0;
+    t.family = family;
+    if family == 4 {
+        let vihl: u8 = ctx.load(off).map_err(|_| ())?;
+        let frag = u16::from_be(ctx.load::<u16>(off + 6).map_err(|_| ())?);
+        t.protocol = ctx.load(off + 9).map_err(|_| ())?;
+        let s: [u8; 4] = ctx.load(off + 12).map_err(|_| ())?;
+        let d: [u8; 4] = ctx.load(off + 16).map_err(|_| ())?;
+        t.saddr = mapped(s);
+        t.daddr = mapped(d);
+        let l4 = if frag & 0x1fff != 0 {
+            usize::MAX
+        } else {
+            off + ((vihl & 0x0f) as usize) * 4
+        };
+        Ok(l4)
+    } else {
+        t.protocol = ctx.load(off + 6).map_err(|_| ())?;
+        load_addr(ctx, off + 8, &mut t.saddr)?;
+        load_addr(ctx, off + 24, &mut t.daddr)?;
+        Ok(off + 40)
+    }
+}
+
+#[inline(always)]
+fn parse_l4(ctx: &TcContext, t: &mut Tuple, l4: usize) -> Result<Icmp, ()> {
+    if l4 == usize::MAX {
+        return Ok(Icmp::None);
+    }
+    match t.protocol {
+        IPPROTO_TCP | IPPROTO_UDP | IPPROTO_SCTP => {
+            t.sport = u16::from_be(ctx.load::<u16>(l4).map_err(|_| ())?);
+            t.dport = u16::from_be(ctx.load::<u16>(l4 + 2).map_err(|_| ())?);
+            t.policy_port = t.dport;
+            Ok(Icmp::None)
+        }
+        IPPROTO_ICMP | IPPROTO_ICMPV6 => {
+            let ty: u8 = ctx.load(l4).map_err(|_| ())?;
+            let v6 = t.protocol == IPPROTO_ICMPV6;
+            let (request, reply) = if v6 { (128, 129) } else { (8, 0) };
+            if ty == request || ty == reply {
+                let id = u16::from_be(ctx.load::<u16>(l4 + 4).map_err(|_| ())?);
+                // Requests and replies get mirrored tuples, so a reply is the reverse.
+                if ty == request {
+                    t.sport = id;
+                } else {
+                    t.dport = id;
+                }
+                return Ok(Icmp::None);
+            }
+            let error = if v6 {
+                (1..=4).contains(&ty)
+            } else {
+                matches!(ty, 3 | 4 | 5 | 11 | 12)
+            };
+            if error {
+                Ok(Icmp::Error)
+            } else if v6 && (133..=137).contains(&ty) {
+                Ok(Icmp::NeighborDiscovery)
+            } else {
+                Ok(Icmp::None)
+            }
+        }
+        _ => Ok(Icmp::None),
+    }
+}
+
+/// Copies 16 bytes straight into `dst` (map memory): a constant length, which the
+/// verifier needs, and no stack copy.
+#[inline(always)]
+fn load_addr(ctx: &TcContext, off: usize, dst: &mut [u8; 16]) -> Result<(), ()> {
+    // SAFETY: dst is 16 writable bytes; the helper bounds-checks the packet.
+    let rc = unsafe {
+        bpf_skb_load_bytes(
+            ctx.skb.skb as *const _,
+            off as u32,
+            dst.as_mut_ptr() as *mut c_void,
+            16,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(())
+    }
+}
+
+#[inline(always)]
+fn mapped(a: [u8; 4]) -> [u8; 16] {
+    [
+        0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, a[0], a[1], a[2], a[3],
+    ]
+}

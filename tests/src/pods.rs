@@ -1,0 +1,146 @@
+//! A small "node" network namespace with pods attached by veth pairs: pod side `eth0`
+//! with a /32 and a default route via 169.254.1.1, node side `lxc-<pod>` with a /32 route
+//! to the pod, as CNIs do. Namespace names carry a test tag and the process id.
+
+use std::{fs::File, net::Ipv4Addr, os::fd::AsRawFd, process::Command};
+
+pub fn ip(args: &[&str]) {
+    let out = Command::new("ip").args(args).output().expect("run ip");
+    assert!(
+        out.status.success(),
+        "ip {}: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn sysctl(ns: &str, key: &str, value: &str) {
+    let path = format!("/proc/sys/{}", key.replace('.', "/"));
+    let value = value.to_string();
+    run_in(ns, move || std::fs::write(&path, value)).expect("sysctl");
+}
+
+/// Runs `f` on a thread that has entered network namespace `ns`.
+pub fn run_in<T: Send + 'static>(ns: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let ns = ns.to_string();
+    std::thread::spawn(move || {
+        enter(&ns);
+        f()
+    })
+    .join()
+    .expect("namespace thread panicked")
+}
+
+/// Moves the calling thread into network namespace `ns`.
+pub fn enter(ns: &str) {
+    let f = File::open(format!("/var/run/netns/{ns}")).expect("open netns");
+    // SAFETY: a valid namespace fd; affects only the calling thread.
+    let rc = unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) };
+    assert_eq!(rc, 0, "setns {ns}: {}", std::io::Error::last_os_error());
+}
+
+pub struct Pod {
+    pub name: String,
+    pub ns: String,
+    pub ip: Ipv4Addr,
+    pub host_if: String,
+}
+
+/// The node namespace and its pods; deletes all of them on drop.
+pub struct World {
+    pub node: String,
+    pub pods: Vec<Pod>,
+}
+
+impl World {
+    pub fn new(tag: &str, pods: &[(&str, Ipv4Addr)]) -> World {
+        let node = format!("w{tag}-{}-node", std::process::id());
+        ip(&["netns", "add", &node]);
+        let mut world = World {
+            node: node.clone(),
+            pods: Vec::new(),
+        };
+        ip(&["-n", &node, "link", "set", "lo", "up"]);
+        sysctl(&node, "net.ipv4.ip_forward", "1");
+        for (name, addr) in pods {
+            let ns = format!("w{tag}-{}-{name}", std::process::id());
+            ip(&["netns", "add", &ns]);
+            world.pods.push(Pod {
+                name: name.to_string(),
+                ns: ns.clone(),
+                ip: *addr,
+                host_if: format!("lxc-{name}"),
+            });
+            let host_if = format!("lxc-{name}");
+            ip(&[
+                "-n", &node, "link", "add", &host_if, "type", "veth", "peer", "name", "eth0",
+                "netns", &ns,
+            ]);
+            ip(&[
+                "-n",
+                &node,
+                "addr",
+                "add",
+                "169.254.1.1/32",
+                "dev",
+                &host_if,
+            ]);
+            ip(&["-n", &node, "link", "set", &host_if, "up"]);
+            ip(&[
+                "-n",
+                &node,
+                "route",
+                "add",
+                &format!("{addr}/32"),
+                "dev",
+                &host_if,
+            ]);
+            ip(&["-n", &ns, "link", "set", "lo", "up"]);
+            ip(&[
+                "-n",
+                &ns,
+                "addr",
+                "add",
+                &format!("{addr}/32"),
+                "dev",
+                "eth0",
+            ]);
+            ip(&["-n", &ns, "link", "set", "eth0", "up"]);
+            ip(&[
+                "-n",
+                &ns,
+                "route",
+                "add",
+                "169.254.1.1",
+                "dev",
+                "eth0",
+                "scope",
+                "link",
+            ]);
+            ip(&[
+                "-n",
+                &ns,
+                "route",
+                "add",
+                "default",
+                "via",
+                "169.254.1.1",
+                "dev",
+                "eth0",
+            ]);
+        }
+        world
+    }
+
+    pub fn pod(&self, name: &str) -> &Pod {
+        self.pods.iter().find(|p| p.name == name).expect("pod")
+    }
+}
+
+impl Drop for World {
+    fn drop(&mut self) {
+        for ns in self.pods.iter().map(|p| &p.ns).chain([&self.node]) {
+            let _ = Command::new("ip").args(["netns", "del", ns]).status();
+        }
+    }
+}

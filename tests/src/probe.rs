@@ -1,0 +1,111 @@
+//! Socket probes inside a namespace: echo servers and one-shot TCP/UDP clients.
+
+use std::{
+    io::{Read, Write},
+    net::{SocketAddr, TcpListener, TcpStream, UdpSocket},
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc,
+    },
+    thread::JoinHandle,
+    time::Duration,
+};
+
+use crate::pods::enter;
+
+/// TCP and UDP echo servers on the given ports in a namespace; stopped on drop.
+pub struct EchoServers {
+    stop: Arc<AtomicBool>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl EchoServers {
+    pub fn start(ns: &str, ports: &[u16]) -> EchoServers {
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut threads = Vec::new();
+        for &port in ports {
+            let (ns1, ns2) = (ns.to_string(), ns.to_string());
+            let (s1, s2) = (stop.clone(), stop.clone());
+            let (tx, rx) = std::sync::mpsc::channel();
+            let tx2 = tx.clone();
+            threads.push(std::thread::spawn(move || {
+                enter(&ns1);
+                let l = TcpListener::bind(("0.0.0.0", port)).expect("bind tcp");
+                l.set_nonblocking(true).unwrap();
+                tx.send(()).unwrap();
+                while !s1.load(Ordering::SeqCst) {
+                    match l.accept() {
+                        Ok((mut c, _)) => {
+                            c.set_nonblocking(false).unwrap();
+                            c.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+                            let mut buf = [0u8; 64];
+                            if let Ok(n) = c.read(&mut buf) {
+                                let _ = c.write_all(&buf[..n]);
+                            }
+                        }
+                        Err(_) => std::thread::sleep(Duration::from_millis(5)),
+                    }
+                }
+            }));
+            threads.push(std::thread::spawn(move || {
+                enter(&ns2);
+                let s = UdpSocket::bind(("0.0.0.0", port)).expect("bind udp");
+                s.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
+                tx2.send(()).unwrap();
+                let mut buf = [0u8; 64];
+                while !s2.load(Ordering::SeqCst) {
+                    if let Ok((n, from)) = s.recv_from(&mut buf) {
+                        let _ = s.send_to(&buf[..n], from);
+                    }
+                }
+            }));
+            rx.recv().unwrap();
+            rx.recv().unwrap();
+        }
+        EchoServers { stop, threads }
+    }
+}
+
+impl Drop for EchoServers {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Connects, sends a line and expects it echoed, all within `timeout`.
+pub fn tcp_echo(to: SocketAddr, timeout: Duration) -> bool {
+    let Ok(mut c) = TcpStream::connect_timeout(&to, timeout) else {
+        return false;
+    };
+    c.set_read_timeout(Some(timeout)).unwrap();
+    if c.write_all(b"weir").is_err() {
+        return false;
+    }
+    let mut buf = [0u8; 4];
+    c.read_exact(&mut buf).is_ok() && &buf == b"weir"
+}
+
+/// Sends one datagram and expects it echoed within `timeout`.
+pub fn udp_echo(to: SocketAddr, timeout: Duration) -> bool {
+    let s = UdpSocket::bind("0.0.0.0:0").unwrap();
+    s.set_read_timeout(Some(timeout)).unwrap();
+    if s.send_to(b"weir", to).is_err() {
+        return false;
+    }
+    let mut buf = [0u8; 4];
+    matches!(s.recv_from(&mut buf), Ok((4, _))) && &buf == b"weir"
+}
+
+/// A probe run from inside namespace `ns`.
+pub fn tcp_from(ns: &str, to: SocketAddr, timeout: Duration) -> bool {
+    let ns = ns.to_string();
+    crate::pods::run_in(&ns, move || tcp_echo(to, timeout))
+}
+
+pub fn udp_from(ns: &str, to: SocketAddr, timeout: Duration) -> bool {
+    let ns = ns.to_string();
+    crate::pods::run_in(&ns, move || udp_echo(to, timeout))
+}
