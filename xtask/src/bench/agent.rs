@@ -12,6 +12,9 @@ use serde_json::Value;
 use super::netns::Netns;
 use super::world::{World, NODE_NAME};
 
+/// How often the agent checks the manifest file (the bench's notes quote it).
+pub const POLL_MS: u64 = 10;
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Dataplane {
     Ebpf,
@@ -64,6 +67,7 @@ impl Agent {
             .arg("--status-file")
             .arg(dir.join("status.json"))
             .args(["--dataplane", dataplane.as_str(), "--node-name", NODE_NAME])
+            .args(["--poll-ms", &POLL_MS.to_string()])
             .arg("--bpf-root")
             .arg(&bpf_root)
             .stdin(Stdio::null())

@@ -34,6 +34,15 @@ use scale::Scale;
 use trial::{Env, Plan};
 use world::World;
 
+fn notes() -> Vec<String> {
+    vec![
+        "datapath: RR = 64-byte request/response on one TCP connection, CRR = a new connection per request; ratios are to no enforcement in the same run".into(),
+        format!("convergence: from the atomic write of the changed manifest file to the first probe connection that sees the new verdict; the agent polls the file every {ms} ms (--poll-ms {ms}), where a cluster agent gets watch events", ms = agent::POLL_MS),
+        "cold start: from starting `weir agent` to its status file reporting the world converged".into(),
+        "memory: VmHWM of the agent process; BPF map memory is the kernel's memlock for the maps the agent holds; ipset memory is `ipset list` 'Size in memory' of weir's sets; other ratios are to iptables".into(),
+    ]
+}
+
 pub fn run(quick: bool) -> Result<()> {
     if !is_root() {
         bail!("the bench builds network namespaces, loads BPF programs and edits iptables: run it as root");
@@ -63,6 +72,7 @@ pub fn run(quick: bool) -> Result<()> {
             .duration_since(SystemTime::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs()),
         seconds: 0.0,
+        notes: notes(),
         rows: Vec::new(),
     };
     run_scenarios(&env, &mut report);

@@ -84,6 +84,8 @@ pub struct Report {
     pub kernel: String,
     pub started_unix: u64,
     pub seconds: f64,
+    /// How to read the figures (printed under the table).
+    pub notes: Vec<String>,
     pub rows: Vec<Row>,
 }
 
@@ -121,7 +123,10 @@ impl Report {
                 let value = match (&r.error, &r.value) {
                     (Some(e), _) => format!("ERROR: {}", one_line(e)),
                     (None, serde_json::Value::String(s)) => s.clone(),
-                    (None, v) => v.to_string(),
+                    (None, v) => match v.as_f64() {
+                        Some(x) if x.fract() == 0.0 && x.abs() < 1e15 => format!("{x:.0}"),
+                        _ => v.to_string(),
+                    },
                 };
                 let ratio = match (&r.ratio, &r.reference) {
                     (Some(x), Some(reference)) => format!("{x:.2} (vs {reference})"),
@@ -141,7 +146,9 @@ impl Report {
         let mut widths = header.map(str::len);
         for row in &cells {
             for (w, c) in widths.iter_mut().zip(row) {
-                *w = (*w).max(c.len());
+                if !c.starts_with("ERROR") {
+                    *w = (*w).max(c.chars().count());
+                }
             }
         }
         let mut out = String::new();
@@ -160,6 +167,9 @@ impl Report {
         line(header);
         for row in &cells {
             line([&row[0], &row[1], &row[2], &row[3], &row[4], &row[5]]);
+        }
+        for note in &self.notes {
+            out.push_str(&format!("note: {note}\n"));
         }
         out
     }
@@ -185,6 +195,7 @@ mod tests {
             kernel: String::new(),
             started_unix: 0,
             seconds: 0.0,
+            notes: Vec::new(),
             rows,
         }
     }
