@@ -5,5 +5,7 @@
 //! [`dataplane`] (eBPF or ipset/iptables) enforces them; [`reset`] cleans a node.
 pub mod dataplane;
 pub mod lab;
+pub mod model;
 pub mod policy;
 pub mod reset;
+pub mod source;

@@ -1,0 +1,3 @@
+//! Sources of cluster state: Kubernetes YAML manifests (lab, explain) and, in cluster
+//! mode, the API server.
+pub mod manifest;
