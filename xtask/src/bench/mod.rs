@@ -52,6 +52,7 @@ pub fn run(quick: bool) -> Result<()> {
             bail!("the bench needs `{tool}` on PATH; run `cargo xtask setup`");
         }
     }
+    netns::sweep_stale();
     let started = Instant::now();
     // The full bench measures the release build; the quick run, inside `cargo xtask test`,
     // the debug build that the tests use.

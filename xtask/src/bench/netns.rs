@@ -64,13 +64,20 @@ impl Netns {
     }
 
     /// Makes `command` start inside this namespace. Only the network namespace changes
-    /// (not the mounts, as `ip netns exec` would), so the host's bpffs stays visible.
+    /// (not the mounts, as `ip netns exec` would), so the host's bpffs stays visible. The
+    /// child is killed if the bench dies (for example on Ctrl-C), so that nothing keeps
+    /// running in a namespace that the next run sweeps away.
     pub fn command(&self, command: &mut Command) -> Result<()> {
         let fd = self.open()?;
-        // SAFETY: between fork and exec the child only calls setns, which is
-        // async-signal-safe.
+        // SAFETY: between fork and exec the child only calls prctl and setns, both
+        // async-signal-safe system calls.
         unsafe {
-            command.pre_exec(move || enter(&fd));
+            command.pre_exec(move || {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                enter(&fd)
+            });
         }
         Ok(())
     }
@@ -89,6 +96,39 @@ impl Drop for Netns {
     fn drop(&mut self) {
         if let Err(e) = ip(&["netns", "delete", &self.name]) {
             eprintln!("bench: cleanup: {e}");
+        }
+    }
+}
+
+/// Removes what an earlier bench run that was killed left behind: its namespaces and BPF
+/// pin directories, recognised by the `weir-bench-` prefix and the pid of a process that
+/// no longer exists.
+pub fn sweep_stale() {
+    for dir in ["/run/netns", "/sys/fs/bpf"] {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let Some(pid) = name
+                .strip_prefix("weir-bench-")
+                .and_then(|rest| rest.rsplit('-').next())
+                .and_then(|pid| pid.parse::<u32>().ok())
+            else {
+                continue;
+            };
+            if PathBuf::from(format!("/proc/{pid}")).exists() {
+                continue;
+            }
+            let removed = if dir == "/run/netns" {
+                ip(&["netns", "delete", &name])
+            } else {
+                std::fs::remove_dir_all(entry.path()).map_err(Into::into)
+            };
+            match removed {
+                Ok(()) => println!("bench: removed {dir}/{name}, left by a run that died"),
+                Err(e) => eprintln!("bench: cannot remove {dir}/{name}: {e:#}"),
+            }
         }
     }
 }
