@@ -22,10 +22,21 @@ pub fn pod_set(id: u64, ips: &[Ipv4Addr]) -> AddressSet {
 }
 
 pub fn tcp_rule(peer: Peer, first: u16, last: u16, policy: &str, index: u32) -> Rule {
+    port_rule(Protocol::Tcp, peer, first, last, policy, index)
+}
+
+pub fn port_rule(
+    protocol: Protocol,
+    peer: Peer,
+    first: u16,
+    last: u16,
+    policy: &str,
+    index: u32,
+) -> Rule {
     Rule {
         peer,
         ports: Ports::Protocol {
-            protocol: Protocol::Tcp,
+            protocol,
             range: Some(PortRange { first, last }),
         },
         origin: RuleOrigin {

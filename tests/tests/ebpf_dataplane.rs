@@ -11,10 +11,10 @@ use weir::{
         ebpf::{monitor::Monitor, EbpfConfig, EbpfDataplane},
         Dataplane,
     },
-    policy::desired::{Desired, Peer},
+    policy::desired::{Desired, Peer, Protocol},
 };
 use weir_tests::{
-    desired::{desired, endpoint, pod_set, tcp_rule},
+    desired::{desired, endpoint, pod_set, port_rule, tcp_rule},
     pods::{enter, World},
     probe::{tcp_from, udp_from, EchoServers},
     require_root_and_tools, PinRoot,
@@ -144,4 +144,92 @@ fn allowed_passes_denied_drops_replies_pass_and_changes_apply_live() {
     );
     assert_eq!(dp.program_ids().unwrap(), ids, "programs were reloaded");
     drop(monitor);
+}
+
+/// a may send UDP to b on 80 and 82 (egress-isolated a, ingress-isolated a and b): the
+/// echo reply and the ICMP port-unreachable for 82 (nobody listens) must reach a.
+#[test]
+fn udp_replies_and_icmp_errors_of_tracked_flows_pass() {
+    require_root_and_tools();
+    let world = World::new("ebpf3", &[("a", A), ("b", B)]);
+    let root = PinRoot::new("ebpf3");
+    let _servers = EchoServers::start(&world.pod("b").ns, &[80]);
+    let udp = |first, last| port_rule(Protocol::Udp, Peer::Any, first, last, "x/udp", 0);
+    let state = desired(
+        vec![],
+        vec![
+            endpoint("x/a", A, Some(vec![]), Some(vec![udp(80, 82)])),
+            endpoint("x/b", B, Some(vec![udp(80, 82)]), Some(vec![])),
+        ],
+    );
+    let _dp = with_dataplane(&world, &root, move |mut dp| {
+        let report = dp.reconcile(&state).expect("reconcile");
+        assert!(report.failures.is_empty(), "{:?}", report.failures);
+        dp
+    });
+    let a_ns = world.pod("a").ns.clone();
+    assert!(
+        udp_from(&a_ns, SocketAddr::from((B, 80)), T),
+        "UDP echo reply must reach a"
+    );
+    let refused = weir_tests::pods::run_in(&a_ns, || {
+        let s = std::net::UdpSocket::bind("0.0.0.0:0").unwrap();
+        s.connect((B, 82)).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(1))).unwrap();
+        s.send(b"weir").unwrap();
+        let mut buf = [0u8; 4];
+        s.recv(&mut buf).map_err(|e| e.kind())
+    });
+    assert_eq!(
+        refused,
+        Err(std::io::ErrorKind::ConnectionRefused),
+        "the ICMP port unreachable of a tracked flow must reach a"
+    );
+    assert!(
+        !tcp_from(&a_ns, SocketAddr::from((B, 80)), T),
+        "TCP is not allowed"
+    );
+}
+
+/// A POLICY map too small for the rules: the failure names the map and the pod, and
+/// the status shows the pressure.
+#[test]
+fn a_full_map_is_a_named_failure() {
+    require_root_and_tools();
+    let world = World::new("ebpf4", &[("a", A), ("b", B)]);
+    let root = PinRoot::new("ebpf4");
+    let node = world.node.clone();
+    let config = EbpfConfig {
+        policy_entries: 4,
+        ..EbpfConfig::with_pin_root(root.0.clone())
+    };
+    let (report, status) = std::thread::spawn(move || {
+        enter(&node);
+        let mut dp = EbpfDataplane::new(config).expect("load dataplane");
+        // 1-65535 is 16 prefixes: more than 4 entries.
+        let state = desired(
+            vec![],
+            vec![endpoint(
+                "x/b",
+                B,
+                Some(vec![tcp_rule(Peer::Any, 1, 65535, "x/wide", 0)]),
+                None,
+            )],
+        );
+        (dp.reconcile(&state).expect("reconcile"), dp.status())
+    })
+    .join()
+    .unwrap();
+    let failure = report
+        .failures
+        .iter()
+        .find(|f| f.object == "map WEIR_POLICY (pod x/b)")
+        .unwrap_or_else(|| panic!("no failure naming the map: {:?}", report.failures));
+    assert!(failure.reason.contains("map is full"), "{}", failure.reason);
+    let pressure = status
+        .details
+        .iter()
+        .find(|(k, _)| k == "map_pressure.WEIR_POLICY")
+        .map(|(_, v)| v.as_str());
+    assert_eq!(pressure, Some("4/4 (100.0%)"));
 }

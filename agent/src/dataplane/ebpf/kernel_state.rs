@@ -19,7 +19,10 @@ pub struct KernelState {
 
 fn failure(object: String, e: MapError) -> ApplyFailure {
     let reason = match &e {
-        MapError::SyscallError(s) if s.io_error.raw_os_error() == Some(libc::E2BIG) => {
+        // Hash maps report a full map as E2BIG, LPM tries as ENOSPC.
+        MapError::SyscallError(s)
+            if matches!(s.io_error.raw_os_error(), Some(libc::E2BIG | libc::ENOSPC)) =>
+        {
             format!("map is full ({e}); raise its size in the eBPF configuration")
         }
         _ => e.to_string(),
