@@ -22,19 +22,24 @@ pub fn ip(args: &[&str]) -> Result<String, LabError> {
     Ok(String::from_utf8_lossy(&output.stdout).into_owned())
 }
 
-/// Sets a sysctl inside a namespace by writing /proc/sys from a thread that entered it.
-pub fn sysctl(netns: &str, key: &str, value: &str) -> Result<(), LabError> {
-    let path = PathBuf::from("/proc/sys").join(key.replace('.', "/"));
+/// Runs `f` on a thread that entered the namespace (and so do the processes it starts).
+pub fn in_netns<T: Send>(netns: &str, f: impl FnOnce() -> T + Send) -> Result<T, LabError> {
     let fd = open(netns)?;
     std::thread::scope(|s| {
         s.spawn(|| {
             enter(&fd).map_err(|e| LabError::io(format!("entering netns {netns}"), e))?;
-            std::fs::write(&path, value)
-                .map_err(|e| LabError::io(format!("{netns}: writing {}", path.display()), e))
+            Ok(f())
         })
         .join()
-        .expect("sysctl thread panicked")
+        .expect("thread in netns panicked")
     })
+}
+
+/// Sets a sysctl inside a namespace (/proc/sys/net follows the writing thread's namespace).
+pub fn sysctl(netns: &str, key: &str, value: &str) -> Result<(), LabError> {
+    let path = PathBuf::from("/proc/sys").join(key.replace('.', "/"));
+    in_netns(netns, || std::fs::write(&path, value))?
+        .map_err(|e| LabError::io(format!("{netns}: writing {}", path.display()), e))
 }
 
 pub fn path(netns: &str) -> PathBuf {

@@ -5,7 +5,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::BufRead;
 use std::net::IpAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
@@ -16,6 +16,7 @@ use super::objects::{self, LabObject, ObjectSet};
 use super::state::{LabDir, LabState, PodState, ServedPort};
 use super::{addr, agent, netns, world, LabError};
 use crate::dataplane::DataplaneKind;
+use crate::reset::ResetOptions;
 
 pub struct UpOptions {
     pub dataplane: DataplaneKind,
@@ -89,19 +90,17 @@ pub fn delete(dir: &LabDir, manifests: &[PathBuf], timeout: Duration) -> Result<
 pub fn down(dir: &LabDir) -> Result<(), LabError> {
     let _lock = dir.lock()?;
     let id = dir.lab_id();
-    let mut namespaces = netns::list_with_prefix(&id)?;
-    // The node first: the agent stops before its pod interfaces disappear.
-    namespaces.sort_by_key(|ns| !ns.ends_with("-node"));
+    let namespaces = netns::list_with_prefix(&id)?;
+    let node = format!("{id}-node");
+    if let Some(agent_ns) = namespaces.iter().find(|ns| **ns == node) {
+        netns::stop_processes(agent_ns)?;
+    }
+    reset_node(&node, &bpf_root(&id))?;
     for ns in &namespaces {
         netns::stop_processes(ns)?;
     }
     for ns in &namespaces {
         netns::delete(ns)?;
-    }
-    let pins = bpf_root(&id);
-    if pins.exists() {
-        std::fs::remove_dir_all(&pins)
-            .map_err(|e| LabError::io(format!("removing {}", pins.display()), e))?;
     }
     for file in [dir.state_file(), dir.objects_file(), dir.status_file()] {
         match std::fs::remove_file(&file) {
@@ -109,6 +108,30 @@ pub fn down(dir: &LabDir) -> Result<(), LabError> {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => return Err(LabError::io(format!("removing {}", file.display()), e)),
         }
+    }
+    Ok(())
+}
+
+/// Removes what the agent left on the node (chains, sets, TC filters, pins) with the
+/// shared reset routine, run inside the node namespace. Without one, only pins can remain.
+fn reset_node(node: &str, pins: &Path) -> Result<(), LabError> {
+    if !netns::exists(node) {
+        if pins.exists() {
+            std::fs::remove_dir_all(pins)
+                .map_err(|e| LabError::io(format!("removing {}", pins.display()), e))?;
+        }
+        return Ok(());
+    }
+    let options = ResetOptions {
+        bpf_root: pins.to_path_buf(),
+        ..ResetOptions::default()
+    };
+    let report = netns::in_netns(node, || crate::reset::reset(&options))?;
+    if !report.errors.is_empty() {
+        return Err(LabError::invalid(
+            format!("reset of {node}"),
+            report.errors.join("; "),
+        ));
     }
     Ok(())
 }
