@@ -8,16 +8,6 @@ use std::process::{Command, Output};
 use anyhow::{bail, Context, Result};
 use serde_json::Value;
 
-/// Fails (never skips) when the tests cannot touch the kernel.
-pub fn require_root() {
-    // SAFETY: geteuid has no preconditions.
-    assert_eq!(
-        unsafe { libc::geteuid() },
-        0,
-        "these tests need root (network namespaces, bpffs, raw sockets)"
-    );
-}
-
 /// One lab in a private state directory; `down` runs when it is dropped.
 pub struct Lab {
     pub dir: PathBuf,
@@ -26,7 +16,7 @@ pub struct Lab {
 impl Lab {
     /// A fresh, empty state directory named after the test and the process.
     pub fn new(tag: &str) -> Lab {
-        require_root();
+        crate::require_root_and_tools();
         let dir = std::env::temp_dir().join(format!("weir-lab-{tag}-{}", std::process::id()));
         let lab = Lab { dir };
         // A leftover from an earlier crashed run with the same pid would make `up` fail.

@@ -1,0 +1,672 @@
+//! The upstream Kubernetes e2e netpol scenarios (test/e2e/network/netpol) on the
+//! x/y/z × a/b/c world, with truth tables written by hand from the upstream semantics:
+//! every case starts from "all allowed" and states its exceptions, over ports 80/81 and
+//! TCP/UDP/SCTP (upstream probes one port/protocol per case; here every case is checked
+//! on all six, so the expectations also say what must stay untouched).
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+
+use crate::lab::Matrix;
+
+/// One probe of the matrix, as the expectations see it.
+pub struct Pair<'a> {
+    pub from_ns: &'a str,
+    pub from_pod: &'a str,
+    pub to_ns: &'a str,
+    pub to_pod: &'a str,
+    pub port: u16,
+    pub protocol: &'a str,
+}
+
+impl Pair<'_> {
+    pub fn from(&self, ns: &str, pod: &str) -> bool {
+        self.from_ns == ns && self.from_pod == pod
+    }
+    pub fn to(&self, ns: &str, pod: &str) -> bool {
+        self.to_ns == ns && self.to_pod == pod
+    }
+    pub fn on(&self, port: u16, protocol: &str) -> bool {
+        self.port == port && self.protocol == protocol
+    }
+}
+
+pub type Truth = fn(&Pair) -> bool;
+
+/// What to change before probing.
+pub enum Change {
+    /// Manifests to `weir lab apply`.
+    Apply(String),
+    /// Manifests naming objects to `weir lab delete`.
+    Delete(String),
+}
+
+pub struct Step {
+    pub changes: Vec<Change>,
+    pub expect: Truth,
+}
+
+pub struct Scenario {
+    pub name: &'static str,
+    pub steps: Vec<Step>,
+}
+
+/// The pods' IPv4 addresses, for ipBlock cases: `NS/NAME` → address.
+pub type Addresses = BTreeMap<String, String>;
+
+/// Compares a probed matrix with the expectation; the error lists every difference.
+pub fn compare(matrix: &Matrix, expect: Truth) -> Result<(), String> {
+    let mut diffs = String::new();
+    let mut count = 0;
+    for ((from, to, port, protocol), connected) in matrix {
+        let (from_ns, from_pod) = from.split_once('/').unwrap();
+        let (to_ns, to_pod) = to.split_once('/').unwrap();
+        let pair = Pair {
+            from_ns,
+            from_pod,
+            to_ns,
+            to_pod,
+            port: *port,
+            protocol,
+        };
+        let expected = expect(&pair);
+        if expected != *connected {
+            count += 1;
+            let _ = writeln!(
+                diffs,
+                "  {from} -> {to} {port}/{protocol}: expected {}, got {}",
+                verdict(expected),
+                verdict(*connected)
+            );
+        }
+    }
+    if matrix.len() != 9 * 8 * 6 {
+        return Err(format!("{} probes instead of 432", matrix.len()));
+    }
+    if count == 0 {
+        Ok(())
+    } else {
+        Err(format!(
+            "{count} of {} probes differ:\n{diffs}",
+            matrix.len()
+        ))
+    }
+}
+
+fn verdict(connected: bool) -> &'static str {
+    if connected {
+        "connected"
+    } else {
+        "blocked"
+    }
+}
+
+/// A NetworkPolicy manifest in `ns` with the given spec (YAML, indented by 2).
+pub fn policy(ns: &str, name: &str, spec: &str) -> String {
+    let spec: String = spec.lines().map(|l| format!("  {l}\n")).collect();
+    format!(
+        "---\napiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata:\n  name: {name}\n  namespace: {ns}\nspec:\n{spec}"
+    )
+}
+
+/// A Pod of the world with extra labels (a relabel, applied in place).
+pub fn relabelled_pod(ns: &str, name: &str, extra_labels: &str) -> String {
+    let ports: String = [80, 81]
+        .iter()
+        .flat_map(|port| {
+            ["TCP", "UDP", "SCTP"].iter().map(move |proto| {
+                format!(
+                    "    - {{containerPort: {port}, protocol: {proto}, name: serve-{port}-{}}}\n",
+                    proto.to_lowercase()
+                )
+            })
+        })
+        .collect();
+    format!(
+        "---\napiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: {ns}\n  labels: {{pod: {name}, {extra_labels}}}\nspec:\n  containers:\n  - name: cont-{name}\n    image: registry.k8s.io/e2e-test-images/agnhost\n    ports:\n{ports}"
+    )
+}
+
+/// A Namespace of the world with extra labels.
+pub fn relabelled_namespace(ns: &str, extra_labels: &str) -> String {
+    format!("---\napiVersion: v1\nkind: Namespace\nmetadata:\n  name: {ns}\n  labels: {{ns: {ns}, {extra_labels}}}\n")
+}
+
+fn one(changes: Vec<Change>, expect: Truth) -> Vec<Step> {
+    vec![Step { changes, expect }]
+}
+
+fn apply(yaml: String) -> Change {
+    Change::Apply(yaml)
+}
+
+/// Every scenario, in upstream order. `ips` gives pod addresses for the ipBlock cases.
+pub fn scenarios(ips: &Addresses) -> Vec<Scenario> {
+    let deny_ingress_x = policy(
+        "x",
+        "deny-ingress",
+        "podSelector: {}\npolicyTypes: [Ingress]",
+    );
+    let deny_all_x = policy(
+        "x",
+        "deny-all",
+        "podSelector: {}\npolicyTypes: [Ingress, Egress]",
+    );
+    let to_a = |name: &str, ingress: &str| {
+        policy(
+            "x",
+            name,
+            &format!("podSelector: {{matchLabels: {{pod: a}}}}\npolicyTypes: [Ingress]\ningress:\n{ingress}"),
+        )
+    };
+    let from_a = |name: &str, egress: &str| {
+        policy(
+            "x",
+            name,
+            &format!("podSelector: {{matchLabels: {{pod: a}}}}\npolicyTypes: [Egress]\negress:\n{egress}"),
+        )
+    };
+    let ports_from_y = |protocol: &str| {
+        to_a(
+            "allow-port-81-from-y",
+            &format!("- from: [{{namespaceSelector: {{matchLabels: {{kubernetes.io/metadata.name: y}}}}}}]\n  ports: [{{port: 81, protocol: {protocol}}}]"),
+        )
+    };
+    let x_b = &ips["x/b"];
+    let y_b = &ips["y/b"];
+    let except_x_b = from_a(
+        "allow-cidr-except-x-b",
+        &format!("- to: [{{ipBlock: {{cidr: 10.244.0.0/16, except: [{x_b}/32]}}}}]"),
+    );
+    vec![
+        Scenario {
+            name: "default-deny-ingress",
+            steps: one(vec![apply(deny_ingress_x.clone())], |p| p.to_ns != "x"),
+        },
+        Scenario {
+            name: "default-deny-all",
+            steps: one(vec![apply(deny_all_x.clone())], |p| p.to_ns != "x" && p.from_ns != "x"),
+        },
+        Scenario {
+            name: "allow from pods within the server namespace by podSelector",
+            steps: one(
+                vec![apply(to_a("x-a-allows-x-b", "- from: [{podSelector: {matchLabels: {pod: b}}}]"))],
+                |p| !p.to("x", "a") || p.from("x", "b"),
+            ),
+        },
+        Scenario {
+            name: "allow ingress to a target in a default-deny namespace",
+            steps: one(
+                vec![
+                    apply(deny_ingress_x.clone()),
+                    apply(to_a("allow-all-to-a", "- from: [{podSelector: {}, namespaceSelector: {}}]")),
+                ],
+                |p| p.to_ns != "x" || p.to_pod == "a",
+            ),
+        },
+        Scenario {
+            name: "allow ingress from pods in all namespaces",
+            steps: one(
+                vec![apply(to_a("allow-from-another-ns", "- from: [{namespaceSelector: {matchLabels: {}}}]"))],
+                |_| true,
+            ),
+        },
+        Scenario {
+            name: "allow only from a different namespace by namespaceSelector",
+            steps: one(
+                vec![apply(to_a(
+                    "allow-client-a-via-ns-selector",
+                    "- from: [{namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: y}}}]",
+                ))],
+                |p| !p.to("x", "a") || p.from_ns == "y",
+            ),
+        },
+        Scenario {
+            name: "podSelector with matchExpressions",
+            steps: one(
+                vec![apply(to_a(
+                    "x-a-allows-x-b",
+                    "- from: [{podSelector: {matchExpressions: [{key: pod, operator: In, values: [b]}]}}]",
+                ))],
+                |p| !p.to("x", "a") || p.from("x", "b"),
+            ),
+        },
+        Scenario {
+            name: "namespaceSelector with matchExpressions",
+            steps: one(
+                vec![apply(to_a(
+                    "allow-ns-y-match-selector",
+                    "- from: [{namespaceSelector: {matchExpressions: [{key: kubernetes.io/metadata.name, operator: In, values: [y]}]}}]",
+                ))],
+                |p| !p.to("x", "a") || p.from_ns == "y",
+            ),
+        },
+        Scenario {
+            name: "podSelector or namespaceSelector",
+            steps: one(
+                vec![apply(to_a(
+                    "allow-ns-y-match-selector",
+                    "- from:\n  - namespaceSelector: {matchExpressions: [{key: kubernetes.io/metadata.name, operator: NotIn, values: [x]}]}\n  - podSelector: {matchLabels: {pod: b}}",
+                ))],
+                |p| !p.to("x", "a") || p.from_ns != "x" || p.from_pod == "b",
+            ),
+        },
+        Scenario {
+            name: "podSelector and namespaceSelector",
+            steps: one(
+                vec![apply(to_a(
+                    "allow-ns-y-podselector-and-nsselector",
+                    "- from:\n  - namespaceSelector: {matchExpressions: [{key: kubernetes.io/metadata.name, operator: NotIn, values: [x]}]}\n    podSelector: {matchLabels: {pod: b}}",
+                ))],
+                |p| !p.to("x", "a") || (p.from_ns != "x" && p.from_pod == "b"),
+            ),
+        },
+        Scenario {
+            name: "multiple podSelectors and namespaceSelectors",
+            steps: one(
+                vec![apply(to_a(
+                    "allow-ns-y-z-pod-b-c",
+                    "- from:\n  - namespaceSelector: {matchExpressions: [{key: kubernetes.io/metadata.name, operator: NotIn, values: [x]}]}\n    podSelector: {matchExpressions: [{key: pod, operator: In, values: [b, c]}]}",
+                ))],
+                |p| !p.to("x", "a") || (p.from_ns != "x" && p.from_pod != "a"),
+            ),
+        },
+        Scenario {
+            name: "any podSelectors",
+            steps: one(
+                vec![apply(to_a(
+                    "allow-ns-x-pod-b-c",
+                    "- from: [{podSelector: {matchLabels: {pod: b}}}, {podSelector: {matchLabels: {pod: c}}}]",
+                ))],
+                |p| !p.to("x", "a") || p.from("x", "b") || p.from("x", "c"),
+            ),
+        },
+        Scenario {
+            name: "only from a pod in a different namespace by podSelector and namespaceSelector",
+            steps: one(
+                vec![apply(to_a(
+                    "allow-ns-y-pod-a-via-namespace-pod-selector",
+                    "- from: [{namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: y}}, podSelector: {matchLabels: {pod: a}}}]",
+                ))],
+                |p| !p.to("x", "a") || p.from("y", "a"),
+            ),
+        },
+        Scenario {
+            name: "ports (TCP)",
+            steps: one(vec![apply(ports_from_y("TCP"))], |p| {
+                !p.to("x", "a") || (p.from_ns == "y" && p.on(81, "TCP"))
+            }),
+        },
+        Scenario {
+            name: "ports (UDP)",
+            steps: one(vec![apply(ports_from_y("UDP"))], |p| {
+                !p.to("x", "a") || (p.from_ns == "y" && p.on(81, "UDP"))
+            }),
+        },
+        Scenario {
+            name: "ports (SCTP)",
+            steps: one(vec![apply(ports_from_y("SCTP"))], |p| {
+                !p.to("x", "a") || (p.from_ns == "y" && p.on(81, "SCTP"))
+            }),
+        },
+        Scenario {
+            name: "multiple stacked policies with overlapping podSelectors",
+            steps: vec![
+                Step {
+                    changes: vec![apply(ports_from_y("TCP"))],
+                    expect: |p| !p.to("x", "a") || (p.from_ns == "y" && p.on(81, "TCP")),
+                },
+                Step {
+                    changes: vec![apply(to_a(
+                        "allow-client-a-via-ns-selector-80",
+                        "- from: [{namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: y}}}]\n  ports: [{port: 80, protocol: TCP}]",
+                    ))],
+                    expect: |p| {
+                        !p.to("x", "a")
+                            || (p.from_ns == "y" && p.protocol == "TCP")
+                    },
+                },
+            ],
+        },
+        Scenario {
+            name: "allow-all policy",
+            steps: one(
+                vec![apply(policy("x", "allow-all", "podSelector: {}\npolicyTypes: [Ingress]\ningress: [{}]"))],
+                |_| true,
+            ),
+        },
+        Scenario {
+            name: "ingress on one named port",
+            steps: one(
+                vec![apply(policy(
+                    "x",
+                    "allow-all",
+                    "podSelector: {}\npolicyTypes: [Ingress]\ningress: [{ports: [{port: serve-81-tcp}]}]",
+                ))],
+                |p| p.to_ns != "x" || p.on(81, "TCP"),
+            ),
+        },
+        Scenario {
+            name: "ingress from a namespace on one named port",
+            steps: one(
+                vec![apply(to_a(
+                    "allow-client-a-via-ns-selector-80",
+                    "- from: [{namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: y}}}]\n  ports: [{port: serve-80-tcp, protocol: TCP}]",
+                ))],
+                |p| !p.to("x", "a") || (p.from_ns == "y" && p.on(80, "TCP")),
+            ),
+        },
+        Scenario {
+            name: "egress on one named port",
+            steps: one(
+                vec![apply(policy(
+                    "x",
+                    "allow-egress",
+                    "podSelector: {}\npolicyTypes: [Egress]\negress: [{ports: [{port: serve-80-tcp}]}]",
+                ))],
+                |p| p.from_ns != "x" || p.on(80, "TCP"),
+            ),
+        },
+        Scenario {
+            name: "updated policy (allow-all mutated to deny-all)",
+            steps: vec![
+                Step {
+                    changes: vec![apply(policy(
+                        "x",
+                        "allow-all-mutate-to-deny-all",
+                        "podSelector: {}\npolicyTypes: [Ingress]\ningress: [{}]",
+                    ))],
+                    expect: |_| true,
+                },
+                Step {
+                    changes: vec![apply(policy(
+                        "x",
+                        "allow-all-mutate-to-deny-all",
+                        "podSelector: {}\npolicyTypes: [Ingress]\ningress: []",
+                    ))],
+                    expect: |p| p.to_ns != "x",
+                },
+            ],
+        },
+        Scenario {
+            name: "ingress from an updated namespace (relabel)",
+            steps: vec![
+                Step {
+                    changes: vec![apply(to_a(
+                        "allow-client-a-via-ns-selector",
+                        "- from: [{namespaceSelector: {matchLabels: {ns2: updated}}}]",
+                    ))],
+                    expect: |p| !p.to("x", "a"),
+                },
+                Step {
+                    changes: vec![apply(relabelled_namespace("y", "ns2: updated"))],
+                    expect: |p| !p.to("x", "a") || p.from_ns == "y",
+                },
+            ],
+        },
+        Scenario {
+            name: "ingress from an updated pod (relabel)",
+            steps: vec![
+                Step {
+                    changes: vec![apply(to_a(
+                        "allow-client-a-via-pod-selector",
+                        "- from: [{podSelector: {matchLabels: {pod: b, pod2: updated}}}]",
+                    ))],
+                    expect: |p| !p.to("x", "a"),
+                },
+                Step {
+                    changes: vec![apply(relabelled_pod("x", "b", "pod2: updated"))],
+                    expect: |p| !p.to("x", "a") || p.from("x", "b"),
+                },
+            ],
+        },
+        Scenario {
+            name: "deny ingress from pods in other namespaces",
+            steps: one(
+                vec![apply(policy(
+                    "x",
+                    "deny-empty-policy",
+                    "podSelector: {}\npolicyTypes: [Ingress]\ningress: [{from: [{podSelector: {matchLabels: {}}}]}]",
+                ))],
+                |p| p.to_ns != "x" || p.from_ns == "x",
+            ),
+        },
+        Scenario {
+            name: "deny ingress to an updated pod (relabel)",
+            steps: vec![
+                Step {
+                    changes: vec![apply(policy(
+                        "x",
+                        "deny-ingress-via-label-selector",
+                        "podSelector: {matchLabels: {target: isolated}}\npolicyTypes: [Ingress]",
+                    ))],
+                    expect: |_| true,
+                },
+                Step {
+                    changes: vec![apply(relabelled_pod("x", "a", "target: isolated"))],
+                    expect: |p| !p.to("x", "a"),
+                },
+            ],
+        },
+        Scenario {
+            name: "deny egress from a pod by podSelector",
+            steps: one(
+                vec![apply(policy(
+                    "x",
+                    "deny-egress-pod-a",
+                    "podSelector: {matchLabels: {pod: a}}\npolicyTypes: [Egress]",
+                ))],
+                |p| !p.from("x", "a"),
+            ),
+        },
+        Scenario {
+            name: "deny egress from all pods of a namespace",
+            steps: one(
+                vec![apply(policy("x", "deny-egress-ns-x", "podSelector: {}\npolicyTypes: [Egress]"))],
+                |p| p.from_ns != "x",
+            ),
+        },
+        Scenario {
+            name: "ingress and egress specified together",
+            steps: one(
+                vec![apply(policy(
+                    "x",
+                    "allow-client-a-via-pod-selector",
+                    "podSelector: {matchLabels: {pod: a}}\npolicyTypes: [Egress, Ingress]\ningress: [{from: [{podSelector: {matchLabels: {pod: b}}}]}]\negress: [{ports: [{port: 80}]}]",
+                ))],
+                |p| (!p.to("x", "a") || p.from("x", "b")) && (!p.from("x", "a") || p.on(80, "TCP")),
+            ),
+        },
+        Scenario {
+            name: "egress denied on the client even when the server allows",
+            steps: one(
+                vec![
+                    apply(from_a(
+                        "allow-to-ns-y-pod-a",
+                        "- to: [{namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: y}}, podSelector: {matchLabels: {pod: a}}}]",
+                    )),
+                    apply(policy(
+                        "y",
+                        "allow-from-xa-on-ya-match-selector",
+                        "podSelector: {matchLabels: {pod: a}}\npolicyTypes: [Ingress]\ningress: [{from: [{namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: x}}, podSelector: {matchLabels: {pod: a}}}]}]",
+                    )),
+                    apply(policy(
+                        "y",
+                        "allow-from-xa-on-yb-match-selector",
+                        "podSelector: {matchLabels: {pod: b}}\npolicyTypes: [Ingress]\ningress: [{from: [{namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: x}}, podSelector: {matchLabels: {pod: a}}}]}]",
+                    )),
+                ],
+                |p| {
+                    let egress = !p.from("x", "a") || p.to("y", "a");
+                    let ingress = !(p.to("y", "a") || p.to("y", "b")) || p.from("x", "a");
+                    egress && ingress
+                },
+            ),
+        },
+        Scenario {
+            name: "egress to a server in another namespace by podSelector and namespaceSelector",
+            steps: one(
+                vec![apply(from_a(
+                    "allow-to-ns-y-pod-a",
+                    "- to: [{namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: y}}, podSelector: {matchLabels: {pod: a}}}]",
+                ))],
+                |p| !p.from("x", "a") || p.to("y", "a"),
+            ),
+        },
+        Scenario {
+            name: "ingress on any port of one protocol",
+            steps: one(
+                vec![apply(to_a("allow-ingress-by-proto", "- ports: [{protocol: TCP}]"))],
+                |p| !p.to("x", "a") || p.protocol == "TCP",
+            ),
+        },
+        Scenario {
+            name: "multiple ingress policies, allow-all takes precedence",
+            steps: vec![
+                Step {
+                    changes: vec![apply(policy(
+                        "x",
+                        "allow-ingress-port-80",
+                        "podSelector: {}\npolicyTypes: [Ingress]\ningress: [{ports: [{port: 80}]}]",
+                    ))],
+                    expect: |p| p.to_ns != "x" || p.on(80, "TCP"),
+                },
+                Step {
+                    changes: vec![apply(policy(
+                        "x",
+                        "allow-ingress",
+                        "podSelector: {}\npolicyTypes: [Ingress]\ningress: [{}]",
+                    ))],
+                    expect: |_| true,
+                },
+            ],
+        },
+        Scenario {
+            name: "multiple egress policies, allow-all takes precedence",
+            steps: vec![
+                Step {
+                    changes: vec![apply(policy(
+                        "x",
+                        "allow-egress-port-80",
+                        "podSelector: {}\npolicyTypes: [Egress]\negress: [{ports: [{port: 80}]}]",
+                    ))],
+                    expect: |p| p.from_ns != "x" || p.on(80, "TCP"),
+                },
+                Step {
+                    changes: vec![apply(policy(
+                        "x",
+                        "allow-egress",
+                        "podSelector: {}\npolicyTypes: [Egress]\negress: [{}]",
+                    ))],
+                    expect: |_| true,
+                },
+            ],
+        },
+        Scenario {
+            name: "stop enforcing a policy after it is deleted",
+            steps: vec![
+                Step {
+                    changes: vec![apply(deny_all_x.clone())],
+                    expect: |p| p.to_ns != "x" && p.from_ns != "x",
+                },
+                Step {
+                    changes: vec![Change::Delete(deny_all_x.clone())],
+                    expect: |_| true,
+                },
+            ],
+        },
+        Scenario {
+            name: "egress to a server in a CIDR block",
+            steps: one(
+                vec![apply(from_a(
+                    "allow-client-a-via-cidr-egress-rule",
+                    &format!("- to: [{{ipBlock: {{cidr: {y_b}/32}}}}]"),
+                ))],
+                |p| !p.from("x", "a") || p.to("y", "b"),
+            ),
+        },
+        Scenario {
+            name: "except clause of a CIDR block",
+            steps: one(vec![apply(except_x_b.clone())], |p| {
+                !p.from("x", "a") || !p.to("x", "b")
+            }),
+        },
+        Scenario {
+            name: "an IP in both CIDR and except is allowed by another rule",
+            steps: vec![
+                Step {
+                    changes: vec![apply(except_x_b)],
+                    expect: |p| !p.from("x", "a") || !p.to("x", "b"),
+                },
+                Step {
+                    changes: vec![apply(from_a(
+                        "allow-cidr-except-x-b",
+                        &format!("- to: [{{ipBlock: {{cidr: {x_b}/32}}}}]"),
+                    ))],
+                    expect: |p| !p.from("x", "a") || p.to("x", "b"),
+                },
+            ],
+        },
+        Scenario {
+            name: "ingress and egress controlled independently",
+            steps: vec![
+                Step {
+                    changes: vec![apply(from_a("allow-egress-for-target", "- {}"))],
+                    expect: |_| true,
+                },
+                Step {
+                    changes: vec![apply(policy(
+                        "x",
+                        "deny-ingress-via-label-selector",
+                        "podSelector: {matchLabels: {pod: a}}\npolicyTypes: [Ingress]",
+                    ))],
+                    expect: |p| !p.to("x", "a"),
+                },
+            ],
+        },
+        Scenario {
+            name: "SCTP is not treated as TCP",
+            steps: one(
+                vec![
+                    apply(deny_ingress_x.clone()),
+                    apply(to_a("allow-only-sctp-ingress-on-port-81", "- ports: [{port: 81, protocol: SCTP}]")),
+                ],
+                |p| p.to_ns != "x" || (p.to_pod == "a" && p.on(81, "SCTP")),
+            ),
+        },
+        Scenario {
+            name: "a policy allowing only SCTP isolates the pod",
+            steps: one(
+                vec![apply(to_a("allow-only-sctp-ingress-on-port-80", "- ports: [{port: 80, protocol: SCTP}]"))],
+                |p| !p.to("x", "a") || p.on(80, "SCTP"),
+            ),
+        },
+        Scenario {
+            name: "no TCP when a policy allows only UDP",
+            steps: one(
+                vec![apply(to_a("allow-only-udp-ingress-on-port-81", "- ports: [{port: 81, protocol: UDP}]"))],
+                |p| !p.to("x", "a") || p.on(81, "UDP"),
+            ),
+        },
+        Scenario {
+            name: "egress by namespaceSelector matchExpressions on the default namespace label",
+            steps: one(
+                vec![apply(from_a(
+                    "allow-ns-y-match-selector-for-immutable-ns-label",
+                    "- to: [{namespaceSelector: {matchExpressions: [{key: kubernetes.io/metadata.name, operator: NotIn, values: [y]}]}}]",
+                ))],
+                |p| !p.from("x", "a") || p.to_ns != "y",
+            ),
+        },
+        Scenario {
+            name: "port range with endPort",
+            steps: one(
+                vec![apply(to_a(
+                    "allow-80-81-from-y",
+                    "- from: [{namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: y}}}]\n  ports: [{port: 80, endPort: 81, protocol: TCP}]",
+                ))],
+                |p| !p.to("x", "a") || (p.from_ns == "y" && p.protocol == "TCP"),
+            ),
+        },
+    ]
+}
