@@ -3,15 +3,9 @@
 
 mod support;
 
-use support::{check, engine_with, namespace_yaml, objects, pod_yaml, Reachability};
+use support::{check, engine_with, namespace_yaml, objects, pod_yaml, policy, Reachability};
 use weir::model::{Kind, ObjectRef};
 use weir::policy::desired::Protocol::{self, Sctp, Tcp, Udp};
-
-/// A NetworkPolicy manifest; `spec` is YAML, indented under `spec:`.
-fn policy(ns: &str, name: &str, spec: &str) -> String {
-    let spec: String = spec.lines().map(|l| format!("  {l}\n")).collect();
-    format!("apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {{name: {name}, namespace: {ns}}}\nspec:\n{spec}")
-}
 
 fn deny(to: &str) -> Reachability {
     let mut r = Reachability::all(true);
@@ -226,7 +220,7 @@ fn updated_policy_is_enforced() {
 fn ingress_from_updated_namespace() {
     let mut e = engine_with(&policy("x", "ns2", "podSelector: {matchLabels: {pod: a}}\ningress:\n- from: [{namespaceSelector: {matchLabels: {ns2: updated}}}]"));
     check(&e, 80, Tcp, &deny("x/a"));
-    for o in objects(&namespace_yaml("y", ", ns2: updated")) {
+    for o in objects(&namespace_yaml("y", &[("ns2", "updated")])) {
         e.upsert(o).unwrap();
     }
     let mut expected = deny("x/a");
@@ -238,7 +232,7 @@ fn ingress_from_updated_namespace() {
 fn ingress_from_updated_pod() {
     let mut e = engine_with(&policy("x", "pod2", "podSelector: {matchLabels: {pod: a}}\ningress:\n- from: [{podSelector: {matchLabels: {pod2: updated}}}]"));
     check(&e, 80, Tcp, &deny("x/a"));
-    for o in objects(&pod_yaml("x", "b", ", pod2: updated")) {
+    for o in objects(&pod_yaml("x", "b", &[("pod2", "updated")])) {
         e.upsert(o).unwrap();
     }
     let mut expected = deny("x/a");
@@ -266,7 +260,7 @@ fn deny_ingress_to_updated_pod() {
         "podSelector: {matchLabels: {target: isolated}}\npolicyTypes: [Ingress]",
     ));
     check(&e, 80, Tcp, &Reachability::all(true));
-    for o in objects(&pod_yaml("x", "a", ", target: isolated")) {
+    for o in objects(&pod_yaml("x", "a", &[("target", "isolated")])) {
         e.upsert(o).unwrap();
     }
     check(&e, 80, Tcp, &deny("x/a"));

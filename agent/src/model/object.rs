@@ -56,6 +56,19 @@ impl ObjectRef {
             None => self.name.clone(),
         }
     }
+
+    fn display_name(&self) -> String {
+        match self.name.as_str() {
+            "" => format!(
+                "{}<unnamed>",
+                self.namespace
+                    .as_ref()
+                    .map(|ns| format!("{ns}/"))
+                    .unwrap_or_default()
+            ),
+            _ => self.qualified_name(),
+        }
+    }
 }
 
 /// Renders as `networkpolicy x/deny-all`, the form used in every error message.
@@ -65,7 +78,7 @@ impl fmt::Display for ObjectRef {
             f,
             "{} {}",
             self.kind.name().to_ascii_lowercase(),
-            self.qualified_name()
+            self.display_name()
         )
     }
 }
