@@ -1,6 +1,9 @@
 //! Desired states built by hand (the tests do not depend on the policy engine).
 
-use std::{collections::BTreeSet, net::Ipv4Addr};
+use std::{
+    collections::BTreeSet,
+    net::{IpAddr, Ipv4Addr},
+};
 
 use weir::policy::desired::{
     AddressSet, Desired, DirectionPolicy, Endpoint, Member, Peer, PortRange, Ports, Protocol, Rule,
@@ -8,13 +11,17 @@ use weir::policy::desired::{
 };
 
 pub fn pod_set(id: u64, ips: &[Ipv4Addr]) -> AddressSet {
+    addr_set(id, ips.iter().map(|ip| IpAddr::V4(*ip)))
+}
+
+pub fn addr_set(id: u64, ips: impl IntoIterator<Item = IpAddr>) -> AddressSet {
     AddressSet {
         id: SetId(id),
         definition: format!("test set {id}"),
         members: ips
-            .iter()
+            .into_iter()
             .map(|ip| Member {
-                net: ipnet::IpNet::from(std::net::IpAddr::V4(*ip)),
+                net: ipnet::IpNet::from(ip),
                 except: false,
             })
             .collect(),

@@ -2,7 +2,12 @@
 //! with a /32 and a default route via 169.254.1.1, node side `lxc-<pod>` with a /32 route
 //! to the pod, as CNIs do. Namespace names carry a test tag and the process id.
 
-use std::{fs::File, net::Ipv4Addr, os::fd::AsRawFd, process::Command};
+use std::{
+    fs::File,
+    net::{Ipv4Addr, Ipv6Addr},
+    os::fd::AsRawFd,
+    process::Command,
+};
 
 pub fn ip(args: &[&str]) {
     let out = Command::new("ip").args(args).output().expect("run ip");
@@ -43,6 +48,8 @@ pub struct Pod {
     pub name: String,
     pub ns: String,
     pub ip: Ipv4Addr,
+    /// fd00:200::<last IPv4 octet>, routed like the IPv4 address (via fd00:ffff::1).
+    pub ip6: Ipv6Addr,
     pub host_if: String,
 }
 
@@ -62,13 +69,19 @@ impl World {
         };
         ip(&["-n", &node, "link", "set", "lo", "up"]);
         sysctl(&node, "net.ipv4.ip_forward", "1");
+        sysctl(&node, "net.ipv6.conf.all.forwarding", "1");
+        // Link-local addresses usable at once: no duplicate address detection delay.
+        sysctl(&node, "net.ipv6.conf.default.accept_dad", "0");
         for (name, addr) in pods {
             let ns = format!("w{tag}-{}-{name}", std::process::id());
             ip(&["netns", "add", &ns]);
+            sysctl(&ns, "net.ipv6.conf.default.accept_dad", "0");
+            let ip6 = Ipv6Addr::new(0xfd00, 0x200, 0, 0, 0, 0, 0, u16::from(addr.octets()[3]));
             world.pods.push(Pod {
                 name: name.to_string(),
                 ns: ns.clone(),
                 ip: *addr,
+                ip6,
                 host_if: format!("lxc-{name}"),
             });
             let host_if = format!("lxc-{name}");
@@ -127,6 +140,39 @@ impl World {
                 "169.254.1.1",
                 "dev",
                 "eth0",
+            ]);
+            let ip6_net = format!("{ip6}/128");
+            ip(&[
+                "-n",
+                &node,
+                "addr",
+                "add",
+                "fd00:ffff::1/128",
+                "dev",
+                &host_if,
+                "nodad",
+            ]);
+            ip(&["-n", &node, "-6", "route", "add", &ip6_net, "dev", &host_if]);
+            ip(&["-n", &ns, "addr", "add", &ip6_net, "dev", "eth0", "nodad"]);
+            ip(&[
+                "-n",
+                &ns,
+                "-6",
+                "route",
+                "add",
+                "fd00:ffff::1",
+                "dev",
+                "eth0",
+            ]);
+            ip(&[
+                "-n",
+                &ns,
+                "-6",
+                "route",
+                "add",
+                "default",
+                "via",
+                "fd00:ffff::1",
             ]);
         }
         world

@@ -2,7 +2,7 @@
 
 use std::{
     io::{Read, Write},
-    net::{SocketAddr, TcpListener, TcpStream, UdpSocket},
+    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream, UdpSocket},
     sync::{
         atomic::{AtomicBool, Ordering},
         Arc,
@@ -21,6 +21,14 @@ pub struct EchoServers {
 
 impl EchoServers {
     pub fn start(ns: &str, ports: &[u16]) -> EchoServers {
+        Self::start_on(ns, IpAddr::V4(Ipv4Addr::UNSPECIFIED), ports)
+    }
+
+    pub fn start_v6(ns: &str, ports: &[u16]) -> EchoServers {
+        Self::start_on(ns, IpAddr::V6(Ipv6Addr::UNSPECIFIED), ports)
+    }
+
+    fn start_on(ns: &str, bind: IpAddr, ports: &[u16]) -> EchoServers {
         let stop = Arc::new(AtomicBool::new(false));
         let mut threads = Vec::new();
         for &port in ports {
@@ -30,7 +38,7 @@ impl EchoServers {
             let tx2 = tx.clone();
             threads.push(std::thread::spawn(move || {
                 enter(&ns1);
-                let l = TcpListener::bind(("0.0.0.0", port)).expect("bind tcp");
+                let l = TcpListener::bind((bind, port)).expect("bind tcp");
                 l.set_nonblocking(true).unwrap();
                 tx.send(()).unwrap();
                 while !s1.load(Ordering::SeqCst) {
@@ -49,7 +57,7 @@ impl EchoServers {
             }));
             threads.push(std::thread::spawn(move || {
                 enter(&ns2);
-                let s = UdpSocket::bind(("0.0.0.0", port)).expect("bind udp");
+                let s = UdpSocket::bind((bind, port)).expect("bind udp");
                 s.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
                 tx2.send(()).unwrap();
                 let mut buf = [0u8; 64];

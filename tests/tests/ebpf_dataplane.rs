@@ -2,7 +2,7 @@
 //! classifiers attached to their host-side veths, Desired states built by hand.
 
 use std::{
-    net::{Ipv4Addr, SocketAddr},
+    net::{IpAddr, Ipv4Addr, SocketAddr},
     time::{Duration, Instant},
 };
 
@@ -11,10 +11,10 @@ use weir::{
         ebpf::{monitor::Monitor, EbpfConfig, EbpfDataplane},
         Dataplane,
     },
-    policy::desired::{Desired, Peer, Protocol},
+    policy::desired::{Desired, Peer, Protocol, SetId},
 };
 use weir_tests::{
-    desired::{desired, endpoint, pod_set, port_rule, tcp_rule},
+    desired::{addr_set, desired, endpoint, pod_set, port_rule, tcp_rule},
     pods::{enter, World},
     probe::{tcp_from, udp_from, EchoServers},
     require_root_and_tools, PinRoot,
@@ -232,4 +232,41 @@ fn a_full_map_is_a_named_failure() {
         .find(|(k, _)| k == "map_pressure.WEIR_POLICY")
         .map(|(_, v)| v.as_str());
     assert_eq!(pressure, Some("4/4 (100.0%)"));
+}
+
+/// The same enforcement over IPv6 (neighbor discovery keeps working for isolated pods).
+#[test]
+fn ipv6_allowed_passes_denied_drops_replies_pass() {
+    require_root_and_tools();
+    let world = World::new("ebpf5", &[("a", A), ("b", B)]);
+    let root = PinRoot::new("ebpf5");
+    let _servers = EchoServers::start_v6(&world.pod("b").ns, &[80, 81]);
+    let (a6, b6) = (world.pod("a").ip6, world.pod("b").ip6);
+    let mut a = endpoint("x/a", A, Some(vec![]), None);
+    let mut b = endpoint(
+        "x/b",
+        B,
+        Some(vec![tcp_rule(Peer::Set(SetId(6)), 80, 80, "x/allow-a6", 0)]),
+        None,
+    );
+    (a.ipv6, b.ipv6) = (Some(a6), Some(b6));
+    let state = desired(vec![addr_set(6, [IpAddr::V6(a6)])], vec![a, b]);
+    let a_ns = world.pod("a").ns.clone();
+    let to_b = |port| SocketAddr::from((b6, port));
+    // Neighbor discovery settles within a few tries.
+    let ready = (0..10).any(|_| tcp_from(&a_ns, to_b(81), T));
+    assert!(ready, "world broken: no IPv6 a->b:81 without policy");
+    let _dp = with_dataplane(&world, &root, move |mut dp| {
+        let report = dp.reconcile(&state).expect("reconcile");
+        assert!(report.failures.is_empty(), "{:?}", report.failures);
+        dp
+    });
+    assert!(
+        tcp_from(&a_ns, to_b(80), T),
+        "allowed [a]->[b]:80 over IPv6 must pass"
+    );
+    assert!(
+        !tcp_from(&a_ns, to_b(81), T),
+        "[a]->[b]:81 over IPv6 must be dropped"
+    );
 }
