@@ -64,6 +64,23 @@ fn world_without_enforcement_connects_everything_and_follows_apply_and_delete() 
         "{stderr}"
     );
     assert!(!lab.weir(&["pods"]).unwrap().contains("w/e"));
+    let objects = std::fs::read_to_string(lab.dir.join("objects.yaml")).unwrap();
+    let bad_policy = manifest(
+        &lab,
+        "bad-policy.yaml",
+        "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {name: bad, namespace: x}\nspec:\n  podSelector: {}\n  ingress: [{ports: [{port: 81, endPort: 80}]}]\n",
+    );
+    let out = lab
+        .weir_raw(&["apply", bad_policy.to_str().unwrap()])
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("networkpolicy x/bad") && stderr.contains("endPort"),
+        "{stderr}"
+    );
+    let unchanged = std::fs::read_to_string(lab.dir.join("objects.yaml")).unwrap();
+    assert_eq!(objects, unchanged, "a refused object changed the lab");
 
     lab.weir(&["delete", extra.to_str().unwrap()]).unwrap();
     let (_, matrix) = lab.probe(&[]).unwrap();

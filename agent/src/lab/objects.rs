@@ -4,145 +4,37 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
-use k8s_openapi::api::networking::v1::NetworkPolicy;
-use serde::Deserialize;
+use k8s_openapi::api::core::v1::{Namespace, Pod};
 
 use super::state::{write_atomic, ServedPort};
 use super::LabError;
+use crate::model::{Kind, Object, ObjectRef};
 use crate::policy::desired::Protocol;
+use crate::policy::Engine;
+use crate::source::manifest;
 
 /// The label a real cluster puts on every Namespace.
 pub const NAMESPACE_NAME_LABEL: &str = "kubernetes.io/metadata.name";
 
-// A lab holds tens of objects: their size difference does not matter.
-#[allow(clippy::large_enum_variant)]
-#[derive(Clone, Debug, PartialEq)]
-pub enum LabObject {
-    Namespace(Namespace),
-    Node(Node),
-    Pod(Pod),
-    NetworkPolicy(NetworkPolicy),
+/// Reads manifests; an error names the file, the document and the problem.
+pub fn load_files(paths: &[PathBuf]) -> Result<Vec<Object>, LabError> {
+    manifest::load_files(paths).map_err(|e| LabError::invalid("manifest", e.to_string()))
 }
 
-/// Kind, namespace, name; the order is the order objects.yaml lists them in.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct ObjectKey {
-    pub kind: Kind,
-    pub namespace: String,
-    pub name: String,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Kind {
-    Namespace,
-    Node,
-    Pod,
-    NetworkPolicy,
-}
-
-impl std::fmt::Display for ObjectKey {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        if self.namespace.is_empty() {
-            write!(f, "{:?} {}", self.kind, self.name)
-        } else {
-            write!(f, "{:?} {}/{}", self.kind, self.namespace, self.name)
-        }
-    }
-}
-
-impl LabObject {
-    pub fn key(&self) -> ObjectKey {
-        let (kind, meta) = match self {
-            LabObject::Namespace(o) => (Kind::Namespace, &o.metadata),
-            LabObject::Node(o) => (Kind::Node, &o.metadata),
-            LabObject::Pod(o) => (Kind::Pod, &o.metadata),
-            LabObject::NetworkPolicy(o) => (Kind::NetworkPolicy, &o.metadata),
-        };
-        let namespace = match kind {
-            Kind::Namespace | Kind::Node => String::new(),
-            Kind::Pod | Kind::NetworkPolicy => meta.namespace.clone().unwrap_or_default(),
-        };
-        ObjectKey {
-            kind,
-            namespace,
-            name: meta.name.clone().unwrap_or_default(),
-        }
-    }
-
-    fn to_yaml(&self) -> String {
-        let yaml = match self {
-            LabObject::Namespace(o) => serde_yaml::to_string(o),
-            LabObject::Node(o) => serde_yaml::to_string(o),
-            LabObject::Pod(o) => serde_yaml::to_string(o),
-            LabObject::NetworkPolicy(o) => serde_yaml::to_string(o),
-        };
-        yaml.expect("Kubernetes objects serialize to YAML")
-    }
-}
-
-/// Parses Kubernetes YAML (several documents allowed); an error names the file, the
-/// document and the problem. Namespaced objects without a namespace get `default`.
-pub fn parse(text: &str, origin: &str) -> Result<Vec<LabObject>, LabError> {
-    let mut objects = Vec::new();
-    for (index, document) in serde_yaml::Deserializer::from_str(text).enumerate() {
-        let at = format!("{origin}, document {}", index + 1);
-        let value = serde_yaml::Value::deserialize(document)
-            .map_err(|e| LabError::invalid(&at, e.to_string()))?;
-        if value.is_null() {
-            continue;
-        }
-        let kind = value.get("kind").and_then(|k| k.as_str()).unwrap_or("");
-        let typed =
-            |e: serde_yaml::Error| LabError::invalid(format!("{at} ({kind})"), e.to_string());
-        let mut object = match kind {
-            "Namespace" => {
-                LabObject::Namespace(serde_yaml::from_value(value.clone()).map_err(typed)?)
-            }
-            "Node" => LabObject::Node(serde_yaml::from_value(value.clone()).map_err(typed)?),
-            "Pod" => LabObject::Pod(serde_yaml::from_value(value.clone()).map_err(typed)?),
-            "NetworkPolicy" => {
-                LabObject::NetworkPolicy(serde_yaml::from_value(value.clone()).map_err(typed)?)
-            }
-            other => {
-                return Err(LabError::invalid(
-                    at,
-                    format!("unsupported kind {other:?} (Namespace, Pod, NetworkPolicy, Node)"),
-                ))
-            }
-        };
-        default_namespace(&mut object);
-        if object.key().name.is_empty() {
-            return Err(LabError::invalid(at, "metadata.name is missing"));
-        }
-        objects.push(object);
-    }
-    Ok(objects)
-}
-
-fn default_namespace(object: &mut LabObject) {
-    let meta = match object {
-        LabObject::Pod(o) => &mut o.metadata,
-        LabObject::NetworkPolicy(o) => &mut o.metadata,
-        LabObject::Namespace(_) | LabObject::Node(_) => return,
+fn to_yaml(object: &Object) -> String {
+    let yaml = match object {
+        Object::Namespace(o) => serde_yaml::to_string(o),
+        Object::Node(o) => serde_yaml::to_string(o),
+        Object::Pod(o) => serde_yaml::to_string(o),
+        Object::NetworkPolicy(o) => serde_yaml::to_string(o),
     };
-    meta.namespace.get_or_insert_with(|| "default".to_string());
-}
-
-pub fn load_files(paths: &[PathBuf]) -> Result<Vec<LabObject>, LabError> {
-    let mut objects = Vec::new();
-    for path in paths {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| LabError::io(format!("reading {}", path.display()), e))?;
-        objects.extend(parse(&text, &path.display().to_string())?);
-    }
-    Ok(objects)
+    yaml.expect("Kubernetes objects serialize to YAML")
 }
 
 /// Every object of the lab, by key.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct ObjectSet {
-    pub objects: BTreeMap<ObjectKey, LabObject>,
+    pub objects: BTreeMap<ObjectRef, Object>,
 }
 
 impl ObjectSet {
@@ -152,11 +44,11 @@ impl ObjectSet {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Self::default()),
             Err(e) => return Err(LabError::io(format!("reading {}", path.display()), e)),
         };
-        let mut set = Self::default();
-        for object in parse(&text, &path.display().to_string())? {
-            set.objects.insert(object.key(), object);
-        }
-        Ok(set)
+        let objects = manifest::parse_named(&path.display().to_string(), &text)
+            .map_err(|e| LabError::invalid("lab objects", e.to_string()))?;
+        Ok(Self {
+            objects: objects.into_iter().map(|o| (o.key(), o)).collect(),
+        })
     }
 
     /// Writes the objects with their generation on the first line, atomically.
@@ -164,73 +56,96 @@ impl ObjectSet {
         let mut text = format!("# generation: {generation}\n");
         for object in self.objects.values() {
             text.push_str("---\n");
-            text.push_str(&object.to_yaml());
+            text.push_str(&to_yaml(object));
         }
         write_atomic(path, text.as_bytes())
     }
 
     /// Creates or replaces an object, as `kubectl apply` would; a Namespace gets its
     /// name label and a Pod's namespace is created if it has no Namespace object yet.
-    pub fn apply(&mut self, mut object: LabObject) {
-        if let LabObject::Namespace(ns) = &mut object {
+    pub fn apply(&mut self, mut object: Object) {
+        if let Object::Namespace(ns) = &mut object {
             let name = ns.metadata.name.clone().unwrap_or_default();
             ns.metadata
                 .labels
                 .get_or_insert_with(Default::default)
                 .insert(NAMESPACE_NAME_LABEL.to_string(), name);
         }
-        let key = object.key();
-        if key.kind == Kind::Pod || key.kind == Kind::NetworkPolicy {
-            self.ensure_namespace(&key.namespace);
+        if let Some(ns) = object.key().namespace {
+            self.ensure_namespace(&ns);
         }
+        // The key after defaulting, so that a Pod without a namespace lands in `default`.
+        let key = object.key();
+        set_namespace(&mut object, key.namespace.as_deref());
         self.objects.insert(key, object);
     }
 
     fn ensure_namespace(&mut self, name: &str) {
-        let key = ObjectKey {
-            kind: Kind::Namespace,
-            namespace: String::new(),
-            name: name.to_string(),
-        };
-        if !self.objects.contains_key(&key) {
+        if !self
+            .objects
+            .contains_key(&ObjectRef::new(Kind::Namespace, None, name))
+        {
             let mut ns = Namespace::default();
             ns.metadata.name = Some(name.to_string());
-            self.apply(LabObject::Namespace(ns));
+            self.apply(Object::Namespace(ns));
         }
     }
 
     /// Deletes an object; deleting a Namespace deletes everything in it, as in a cluster.
-    pub fn delete(&mut self, key: &ObjectKey) {
+    pub fn delete(&mut self, key: &ObjectRef) {
         self.objects.remove(key);
         if key.kind == Kind::Namespace {
-            self.objects.retain(|k, _| k.namespace != key.name);
+            self.objects
+                .retain(|k, _| k.namespace.as_deref() != Some(key.name.as_str()));
+        }
+    }
+
+    /// Refuses the set if weir's engine rejects any object in it, naming the first.
+    pub fn validate(&self) -> Result<(), LabError> {
+        let (_, errors) = Engine::new(None).load(self.objects.values().cloned());
+        match errors.first() {
+            Some(e) => Err(LabError::invalid(e.object().to_string(), e.to_string())),
+            None => Ok(()),
         }
     }
 
     pub fn pods(&self) -> impl Iterator<Item = &Pod> {
         self.objects.values().filter_map(|o| match o {
-            LabObject::Pod(p) => Some(p),
+            Object::Pod(p) => Some(p),
             _ => None,
         })
     }
 }
 
+/// A protocol name as Kubernetes spells it (`TCP`, `UDP`, `SCTP`).
 pub fn parse_protocol(name: &str) -> Result<Protocol, String> {
-    match name {
-        "TCP" => Ok(Protocol::Tcp),
-        "UDP" => Ok(Protocol::Udp),
-        "SCTP" => Ok(Protocol::Sctp),
-        other => Err(format!("unknown protocol {other:?} (TCP, UDP or SCTP)")),
-    }
+    crate::model::parse_protocol(Some(name))
+}
+
+fn set_namespace(object: &mut Object, namespace: Option<&str>) {
+    let meta = match object {
+        Object::Pod(o) => &mut o.metadata,
+        Object::NetworkPolicy(o) => &mut o.metadata,
+        Object::Namespace(_) | Object::Node(_) => return,
+    };
+    meta.namespace = namespace.map(str::to_owned);
+}
+
+/// `NAMESPACE/NAME` of a Pod, its namespace defaulted as the API server would.
+pub fn pod_key(pod: &Pod) -> String {
+    format!(
+        "{}/{}",
+        pod.metadata
+            .namespace
+            .as_deref()
+            .unwrap_or(crate::model::DEFAULT_NAMESPACE),
+        pod.metadata.name.as_deref().unwrap_or_default()
+    )
 }
 
 /// The (port, protocol) pairs a Pod's containers declare, deduplicated and sorted.
 pub fn served_ports(pod: &Pod) -> Result<Vec<ServedPort>, LabError> {
-    let name = format!(
-        "Pod {}/{}",
-        pod.metadata.namespace.as_deref().unwrap_or_default(),
-        pod.metadata.name.as_deref().unwrap_or_default()
-    );
+    let name = format!("Pod {}", pod_key(pod));
     let mut ports = Vec::new();
     let containers = pod.spec.iter().flat_map(|s| &s.containers);
     for (c, container) in containers.enumerate() {
@@ -245,7 +160,7 @@ pub fn served_ports(pod: &Pod) -> Result<Vec<ServedPort>, LabError> {
                         format!("{field}.containerPort {} is not 1-65535", p.container_port),
                     )
                 })?;
-            let protocol = parse_protocol(p.protocol.as_deref().unwrap_or("TCP"))
+            let protocol = crate::model::parse_protocol(p.protocol.as_deref())
                 .map_err(|e| LabError::invalid(&name, format!("{field}.protocol: {e}")))?;
             ports.push(ServedPort { port, protocol });
         }
@@ -280,20 +195,20 @@ spec: {podSelector: {}}
     #[test]
     fn apply_adds_implicit_namespaces_with_their_name_label() {
         let mut set = ObjectSet::default();
-        for o in parse(WORLD, "world.yaml").unwrap() {
+        for o in manifest::parse_str(WORLD).unwrap() {
             set.apply(o);
         }
         let keys: Vec<String> = set.objects.keys().map(|k| k.to_string()).collect();
         assert_eq!(
             keys,
             [
-                "Namespace default",
-                "Namespace x",
-                "Pod x/a",
-                "NetworkPolicy default/deny"
+                "namespace default",
+                "namespace x",
+                "pod x/a",
+                "networkpolicy default/deny"
             ]
         );
-        let LabObject::Namespace(x) = &set.objects.values().nth(1).unwrap() else {
+        let Object::Namespace(x) = &set.objects.values().nth(1).unwrap() else {
             panic!("expected a namespace")
         };
         assert_eq!(
@@ -323,38 +238,38 @@ spec: {podSelector: {}}
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("objects.yaml");
         let mut set = ObjectSet::default();
-        for o in parse(WORLD, "world.yaml").unwrap() {
+        for o in manifest::parse_str(WORLD).unwrap() {
             set.apply(o);
         }
         set.save(&path, 7).unwrap();
         let text = std::fs::read_to_string(&path).unwrap();
         assert!(text.starts_with("# generation: 7\n"));
         assert_eq!(ObjectSet::load(&path).unwrap(), set);
-        set.delete(&ObjectKey {
-            kind: Kind::Namespace,
-            namespace: String::new(),
-            name: "x".into(),
-        });
+        set.delete(&ObjectRef::new(Kind::Namespace, None, "x"));
         assert_eq!(set.objects.len(), 2);
         std::fs::remove_dir_all(dir).unwrap();
     }
 
     #[test]
-    fn unknown_kind_and_bad_port_are_named() {
-        let err = parse("kind: Service\nmetadata: {name: s}\n", "f.yaml").unwrap_err();
-        assert_eq!(
-            err.to_string(),
-            "f.yaml, document 1: unsupported kind \"Service\" (Namespace, Pod, NetworkPolicy, Node)"
+    fn invalid_policy_and_bad_port_are_named() {
+        let mut set = ObjectSet::default();
+        for o in manifest::parse_str(WORLD).unwrap() {
+            set.apply(o);
+        }
+        set.validate().unwrap();
+        let bad = "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {name: bad, namespace: x}\nspec:\n  podSelector: {}\n  ingress: [{ports: [{port: 81, endPort: 80}]}]\n";
+        set.apply(manifest::parse_str(bad).unwrap().remove(0));
+        let err = set.validate().unwrap_err().to_string();
+        assert!(
+            err.contains("networkpolicy x/bad") && err.contains("endPort"),
+            "{err}"
         );
-        let pod = parse(
-            "kind: Pod\nmetadata: {name: p}\nspec: {containers: [{name: c, ports: [{containerPort: 70000}]}]}\n",
-            "f.yaml",
-        )
-        .unwrap();
-        let LabObject::Pod(pod) = &pod[0] else {
+
+        let pod = "apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec: {containers: [{name: c, ports: [{containerPort: 70000}]}]}\n";
+        let Object::Pod(pod) = manifest::parse_str(pod).unwrap().remove(0) else {
             panic!("expected a pod")
         };
-        let err = served_ports(pod).unwrap_err().to_string();
+        let err = served_ports(&pod).unwrap_err().to_string();
         assert!(
             err.contains("Pod default/p") && err.contains("spec.containers[0].ports[0]"),
             "{err}"

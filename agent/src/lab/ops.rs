@@ -12,10 +12,11 @@ use std::time::Duration;
 use ipnet::{Ipv4Net, Ipv6Net};
 use k8s_openapi::api::core::v1::{Pod, PodIP, PodStatus};
 
-use super::objects::{self, LabObject, ObjectSet};
+use super::objects::{self, ObjectSet};
 use super::state::{LabDir, LabState, PodState, ServedPort};
 use super::{addr, agent, netns, world, LabError};
 use crate::dataplane::DataplaneKind;
+use crate::model::Object;
 use crate::reset::ResetOptions;
 
 pub struct UpOptions {
@@ -153,7 +154,7 @@ fn change(
     let mut set = ObjectSet::load(&dir.objects_file())?;
     edit(&mut set);
     let pods = plan_pods(state, &mut set)?;
-    validate(&set)?;
+    set.validate()?;
     for (key, pod) in &pods {
         match state.pods.get(key) {
             None => {
@@ -190,14 +191,6 @@ fn change(
     Ok(())
 }
 
-/// Checks every object the way the cluster's API server and weir's engine would.
-fn validate(set: &ObjectSet) -> Result<(), LabError> {
-    for pod in set.pods() {
-        objects::served_ports(pod)?;
-    }
-    Ok(())
-}
-
 /// Decides each pod's namespace, interface and addresses: kept for existing pods, from
 /// `status.podIP(s)` when the manifest gives them, otherwise allocated. The addresses are
 /// written into the Pod objects' status, where the agent reads them.
@@ -210,10 +203,10 @@ fn plan_pods(
     let mut used6 = BTreeSet::new();
     let mut pending = Vec::new();
     for object in set.objects.values_mut() {
-        let LabObject::Pod(pod) = object else {
+        let Object::Pod(pod) = object else {
             continue;
         };
-        let key = object_name(pod);
+        let key = objects::pod_key(pod);
         let ports = objects::served_ports(pod)?;
         let (mut v4, mut v6) = declared_ips(pod)?;
         if let Some(old) = state.pods.get(&key) {
@@ -252,14 +245,6 @@ fn plan_pods(
     Ok(planned)
 }
 
-fn object_name(pod: &Pod) -> String {
-    format!(
-        "{}/{}",
-        pod.metadata.namespace.as_deref().unwrap_or_default(),
-        pod.metadata.name.as_deref().unwrap_or_default()
-    )
-}
-
 /// The addresses a manifest gives in `status.podIPs` (or `status.podIP`).
 fn declared_ips(
     pod: &Pod,
@@ -279,7 +264,7 @@ fn declared_ips(
     for (field, text) in texts {
         let ip: IpAddr = text.parse().map_err(|_| {
             LabError::invalid(
-                format!("Pod {}", object_name(pod)),
+                format!("Pod {}", objects::pod_key(pod)),
                 format!("{field}: {text:?} is not an IP address"),
             )
         })?;
