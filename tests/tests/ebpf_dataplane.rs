@@ -143,6 +143,27 @@ fn allowed_passes_denied_drops_replies_pass_and_changes_apply_live() {
         "a->b:81 must pass after the change"
     );
     assert_eq!(dp.program_ids().unwrap(), ids, "programs were reloaded");
+
+    // Remove the rule (b stays isolated): new connections to 80 are dropped at once.
+    let node = world.node.clone();
+    let dp = std::thread::spawn(move || {
+        enter(&node);
+        let mut dp = dp;
+        let (before, after) = (
+            policy(80, 81),
+            desired(vec![], vec![endpoint("x/b", B, Some(vec![]), None)]),
+        );
+        let report = dp.apply(&before.diff(&after), &after).expect("apply");
+        assert!(report.failures.is_empty(), "{:?}", report.failures);
+        dp
+    })
+    .join()
+    .unwrap();
+    assert!(
+        !tcp_from(&a_ns, to_b(80), T),
+        "a->b:80 must be dropped once the rule is gone"
+    );
+    assert_eq!(dp.program_ids().unwrap(), ids, "programs were reloaded");
     drop(monitor);
 }
 

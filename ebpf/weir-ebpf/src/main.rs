@@ -6,7 +6,8 @@
 //! identity, direction, protocol, port → allowing rule).
 //!
 //! Built for Linux 5.10: helpers used are map lookup/update/delete, skb_load_bytes,
-//! ktime_get_ns and ringbuf_output (5.8). No kfuncs, no BTF-dependent features.
+//! ktime_get_ns, ringbuf_output/reserve/submit (5.8) and, only when the agent enables
+//! aya-log, probe_read/ringbuf for log records. No kfuncs, no BTF-dependent features.
 #![no_std]
 #![no_main]
 
@@ -19,6 +20,7 @@ use aya_ebpf::{
     maps::{lpm_trie::Key, Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, RingBuf},
     programs::TcContext,
 };
+use aya_log_ebpf::debug;
 use packet::Tuple;
 use weir_common::*;
 
@@ -140,6 +142,16 @@ fn decide(ctx: &TcContext, direction: u8) -> i32 {
         return v.allow(ctx, &pkt.tuple, rule, REASON_POLICY_ALLOW);
     }
     count(ctx, COUNTER_DEFAULT_DENY);
+    // Compiled out by the verifier unless the agent loads with a log level (rodata).
+    debug!(
+        ctx,
+        "weir drop ifindex={} direction={} protocol={} dport={} identity={}",
+        ifindex,
+        direction,
+        pkt.tuple.protocol,
+        pkt.tuple.dport,
+        identity
+    );
     v.emit(ctx, &pkt.tuple, VERDICT_DROP, REASON_POLICY_DENY, 0, now);
     TC_ACT_SHOT
 }

@@ -24,6 +24,9 @@ pub struct EbpfConfig {
     pub events_bytes: u32,
     /// Verdict events per second and CPU (also the burst); the rest are counted only.
     pub events_per_sec: u64,
+    /// Kernel-side aya-log debug records (off: the verifier removes the logging code).
+    /// Fixed when the programs are first loaded; pinned programs keep their setting.
+    pub kernel_debug_log: bool,
 }
 
 impl Default for EbpfConfig {
@@ -37,6 +40,7 @@ impl Default for EbpfConfig {
             counter_entries: 16384,
             events_bytes: 1 << 20,
             events_per_sec: 1000,
+            kernel_debug_log: false,
         }
     }
 }

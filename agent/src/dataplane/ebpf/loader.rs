@@ -49,6 +49,7 @@ pub fn ensure_loaded(layout: &PinLayout, config: &EbpfConfig) -> Result<Programs
 }
 
 fn load_and_pin(layout: &PinLayout, config: &EbpfConfig) -> Result<(), DataplaneError> {
+    let level = log_level(config);
     let mut loader = EbpfLoader::new();
     loader
         .default_map_pin_directory(layout.maps())
@@ -58,7 +59,8 @@ fn load_and_pin(layout: &PinLayout, config: &EbpfConfig) -> Result<(), Dataplane
         .map_max_entries(map_names::CT, config.ct_entries)
         .map_max_entries(map_names::COUNTERS, config.counter_entries)
         .map_max_entries(map_names::EVENTS, config.events_bytes)
-        .override_global("EVENT_RATE_PER_SEC", &config.events_per_sec, true);
+        .override_global("EVENT_RATE_PER_SEC", &config.events_per_sec, true)
+        .override_global("AYA_LOG_LEVEL", &level, true);
     let mut ebpf = loader
         .load(OBJECT)
         .map_err(|e| err("load eBPF object".into())(format!("{e:#}")))?;
@@ -75,6 +77,44 @@ fn load_and_pin(layout: &PinLayout, config: &EbpfConfig) -> Result<(), Dataplane
         prog.pin(&pin)
             .map_err(|e| err(format!("pin {name} at {}", pin.display()))(e.to_string()))?;
     }
+    Ok(())
+}
+
+/// aya-log's level numbers: 0 is off, 4 is debug.
+fn log_level(config: &EbpfConfig) -> u8 {
+    if config.kernel_debug_log {
+        4
+    } else {
+        0
+    }
+}
+
+/// Forwards the programs' aya-log records to the `log` facade (and so to tracing) from a
+/// thread that lives as long as the process.
+pub fn forward_kernel_logs(programs: &Programs) -> Result<(), DataplaneError> {
+    let id = programs
+        .from_pod
+        .info()
+        .map_err(|e| DataplaneError::Other(format!("program info: {e}")))?
+        .id();
+    let mut logger = aya_log::EbpfLogger::init_from_id(id)
+        .map_err(|e| DataplaneError::Other(format!("kernel log reader: {e}")))?;
+    std::thread::Builder::new()
+        .name("weir-bpf-log".into())
+        .spawn(move || loop {
+            let mut pfd = libc::pollfd {
+                fd: std::os::fd::AsRawFd::as_raw_fd(&logger),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: pfd is a valid pollfd for the duration of the call.
+            unsafe { libc::poll(&mut pfd, 1, 1000) };
+            logger.flush();
+        })
+        .map_err(|source| DataplaneError::Io {
+            context: "start the kernel log reader".into(),
+            source,
+        })?;
     Ok(())
 }
 

@@ -60,6 +60,9 @@ impl EbpfDataplane {
     pub fn new(config: EbpfConfig) -> Result<Self, DataplaneError> {
         let layout = PinLayout::new(&config.pin_root);
         let programs = loader::ensure_loaded(&layout, &config)?;
+        if config.kernel_debug_log {
+            loader::forward_kernel_logs(&programs)?;
+        }
         let maps = Maps::open(&layout)?;
         let records = records::load(&maps.records).unwrap_or_default();
         let kernel = KernelState::read(&maps);
