@@ -291,3 +291,80 @@ fn ipv6_allowed_passes_denied_drops_replies_pass() {
         "[a]->[b]:81 over IPv6 must be dropped"
     );
 }
+
+/// `weir monitor --output json` (the real binary) streams a flood of drops, rate-limited
+/// per CPU; the rest are only counted.
+#[test]
+fn weir_monitor_streams_rate_limited_drop_events_as_json() {
+    require_root_and_tools();
+    let weir = weir_tests::weir_bin::path().expect("weir binary");
+    let world = World::new("ebpf6", &[("a", A), ("b", B)]);
+    let root = PinRoot::new("ebpf6");
+    let node = world.node.clone();
+    let config = EbpfConfig {
+        events_per_sec: 5,
+        ..EbpfConfig::with_pin_root(root.0.clone())
+    };
+    let dp = std::thread::spawn(move || {
+        enter(&node);
+        let mut dp = EbpfDataplane::new(config).expect("load dataplane");
+        let state = desired(vec![], vec![endpoint("x/b", B, Some(vec![]), None)]);
+        let report = dp.reconcile(&state).expect("reconcile");
+        assert!(report.failures.is_empty(), "{:?}", report.failures);
+        dp
+    })
+    .join()
+    .unwrap();
+    let monitor = std::process::Command::new(weir)
+        .args(["monitor", "--output", "json", "--bpf-root"])
+        .arg(&root.0)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("start weir monitor");
+    std::thread::sleep(Duration::from_millis(300));
+    weir_tests::pods::run_in(&world.pod("a").ns, || {
+        let s = std::net::UdpSocket::bind("0.0.0.0:0").unwrap();
+        for _ in 0..100 {
+            s.send_to(b"flood", (B, 81)).unwrap();
+        }
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(monitor.id() as i32, libc::SIGTERM) };
+    let out = monitor.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "weir monitor failed: {:?}",
+        out.status
+    );
+    let events: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("bad JSON line {l:?}: {e}")))
+        .collect();
+    let drops: Vec<_> = events
+        .iter()
+        .filter(|e| e["verdict"] == "drop" && e["dport"] == 81)
+        .collect();
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    assert!(!drops.is_empty(), "no drop event in {events:?}");
+    assert!(
+        drops.len() <= 10 * cpus,
+        "rate limit not applied: {} events",
+        drops.len()
+    );
+    let e = drops[0];
+    assert_eq!(e["src"], A.to_string());
+    assert_eq!(e["dst"], B.to_string());
+    assert_eq!(e["protocol"], 17);
+    assert_eq!(e["direction"], "ingress");
+    assert_eq!(e["pod"], "x/b");
+    let suppressed = dp
+        .counters()
+        .into_iter()
+        .find(|(name, _, _)| name == "events-suppressed")
+        .map(|(_, packets, _)| packets);
+    assert!(
+        suppressed.unwrap_or(0) > 0,
+        "a flood must be counted, not all sent"
+    );
+}
