@@ -14,6 +14,7 @@ enum Command {
     /// Print the build's version and the embedded eBPF object's size.
     Version,
     Reset(weir::reset::cli::ResetArgs),
+    Explain(weir::policy::explain_cli::ExplainArgs),
     /// A node in network namespaces, built from manifests, with real traffic probes.
     Lab(weir::lab::cli::LabArgs),
     /// Stream the eBPF dataplane's drop events (and allow verdicts with --allow).
@@ -35,6 +36,7 @@ fn main() -> anyhow::Result<()> {
             println!("weir {}", env!("CARGO_PKG_VERSION"));
         }
         Command::Reset(args) => weir::reset::cli::run(args)?,
+        Command::Explain(args) => weir::policy::explain_cli::run(args)?,
         Command::Lab(args) => weir::lab::cli::run(args)?,
         Command::Monitor {
             output,

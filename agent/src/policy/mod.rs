@@ -9,6 +9,8 @@ mod compile;
 pub mod desired;
 mod engine;
 mod error;
+pub mod explain;
+pub mod explain_cli;
 mod interner;
 mod names;
 mod registry;
