@@ -210,6 +210,10 @@ fn udp_replies_and_icmp_errors_of_tracked_flows_pass() {
         !tcp_from(&a_ns, SocketAddr::from((B, 80)), T),
         "TCP is not allowed"
     );
+    assert!(
+        tcp_from(&world.node, SocketAddr::from((B, 80)), T),
+        "the node itself may always reach its pods"
+    );
 }
 
 /// A POLICY map too small for the rules: the failure names the map and the pod, and

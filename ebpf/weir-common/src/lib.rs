@@ -31,6 +31,9 @@ pub mod program_names {
 /// Identity of a peer that matched no trie entry, or an entry whose prefix belongs to no
 /// set (an `except` hole). Only `Peer::Any` rules apply to it.
 pub const IDENTITY_WORLD: u32 = 1;
+/// The node's own addresses: traffic between a pod and its node is always allowed
+/// (Kubernetes NetworkPolicy semantics), whatever the policies say.
+pub const IDENTITY_HOST: u32 = 2;
 /// Identity used in POLICY keys of rules whose peer is "any address".
 pub const IDENTITY_ANY: u32 = 0;
 /// First identity handed out for a set-membership signature.
@@ -42,6 +45,7 @@ pub const COUNTER_REPLY: u32 = 1;
 pub const COUNTER_NOT_ISOLATED: u32 = 2;
 pub const COUNTER_EVENTS_SUPPRESSED: u32 = 3;
 pub const COUNTER_ICMP_ERROR: u32 = 4;
+pub const COUNTER_HOST: u32 = 5;
 pub const RULE_ID_FIRST: u32 = 16;
 
 /// One chunk of the agent's serialized records (bpffs holds no regular files, so the
@@ -144,6 +148,7 @@ pub const REASON_POLICY_ALLOW: u8 = 2;
 pub const REASON_REPLY: u8 = 3;
 pub const REASON_NOT_ISOLATED: u8 = 4;
 pub const REASON_ICMP_ERROR: u8 = 5;
+pub const REASON_HOST: u8 = 6;
 
 /// One verdict sent to user space through EVENTS.
 #[repr(C)]

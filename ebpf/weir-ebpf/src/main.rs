@@ -130,6 +130,10 @@ fn decide(ctx: &TcContext, direction: u8) -> i32 {
         .copied()
         .unwrap_or(IDENTITY_WORLD);
     v.identity = identity;
+    if identity == IDENTITY_HOST {
+        ct_track(&pkt.tuple, 0, now);
+        return v.allow(ctx, &pkt.tuple, COUNTER_HOST, REASON_HOST);
+    }
     let mut rule = 0;
     if identity != IDENTITY_WORLD {
         rule = policy_lookup(&ep, identity, direction, &pkt.tuple);

@@ -5,8 +5,8 @@ use std::net::{IpAddr, Ipv6Addr};
 
 use serde::Serialize;
 use weir_common::{
-    VerdictEvent, DIR_INGRESS, REASON_ICMP_ERROR, REASON_NOT_ISOLATED, REASON_POLICY_ALLOW,
-    REASON_POLICY_DENY, REASON_REPLY, VERDICT_DROP,
+    VerdictEvent, DIR_INGRESS, REASON_HOST, REASON_ICMP_ERROR, REASON_NOT_ISOLATED,
+    REASON_POLICY_ALLOW, REASON_POLICY_DENY, REASON_REPLY, VERDICT_DROP,
 };
 
 use super::records::Records;
@@ -54,6 +54,7 @@ fn reason(code: u8) -> &'static str {
         REASON_REPLY => "reply",
         REASON_NOT_ISOLATED => "not-isolated",
         REASON_ICMP_ERROR => "icmp-error-of-tracked-flow",
+        REASON_HOST => "node-address",
         _ => "unknown",
     }
 }

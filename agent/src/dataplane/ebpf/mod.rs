@@ -16,6 +16,7 @@
 mod attach;
 mod config;
 mod events;
+mod host;
 mod identities;
 mod kernel_state;
 mod loader;
@@ -51,6 +52,8 @@ pub struct EbpfDataplane {
     mode: AttachMode,
     /// What the maps hold (read back at start, then kept in step with every write).
     kernel: KernelState,
+    /// The node's addresses (exempt from policy); refreshed by every reconcile.
+    host: Vec<identities::Prefix>,
     counts: (usize, usize, usize),
 }
 
@@ -66,6 +69,7 @@ impl EbpfDataplane {
         let maps = Maps::open(&layout)?;
         let records = records::load(&maps.records).unwrap_or_default();
         let kernel = KernelState::read(&maps);
+        let host = host::node_prefixes().map_err(DataplaneError::Other)?;
         tracing::info!(
             pin_root = %layout.root.display(),
             endpoints = records.endpoints.len(),
@@ -79,6 +83,7 @@ impl EbpfDataplane {
             records,
             mode: attach::preferred_mode(),
             kernel,
+            host,
             counts: (0, 0, 0),
         })
     }
@@ -110,6 +115,7 @@ impl EbpfDataplane {
             (weir_common::COUNTER_REPLY, "reply"),
             (weir_common::COUNTER_NOT_ISOLATED, "not-isolated"),
             (weir_common::COUNTER_ICMP_ERROR, "icmp-error"),
+            (weir_common::COUNTER_HOST, "node-address"),
             (weir_common::COUNTER_EVENTS_SUPPRESSED, "events-suppressed"),
         ] {
             read(name.to_string(), index);
@@ -188,6 +194,9 @@ impl EbpfDataplane {
             identity: plan.trie,
             ..Default::default()
         };
+        for prefix in &self.host {
+            target.identity.insert(*prefix, weir_common::IDENTITY_HOST);
+        }
         let mut owner: BTreeMap<u32, String> = BTreeMap::new();
         for (pod, (id, _, ifindex)) in &placed {
             let ep = &desired.endpoints[pod];
@@ -330,6 +339,10 @@ impl Dataplane for EbpfDataplane {
     fn reconcile(&mut self, desired: &Desired) -> Result<ApplyReport, DataplaneError> {
         // Repair drift: trust the kernel's maps, not the mirror.
         self.kernel = KernelState::read(&self.maps);
+        match host::node_prefixes() {
+            Ok(host) => self.host = host,
+            Err(e) => tracing::warn!("node addresses not refreshed: {e}"),
+        }
         self.converge(desired)
     }
 
