@@ -4,7 +4,7 @@ use std::{
     io::{Read, Write},
     net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream, UdpSocket},
     sync::{
-        atomic::{AtomicBool, Ordering},
+        atomic::{AtomicBool, AtomicU32, Ordering},
         Arc,
     },
     thread::JoinHandle,
@@ -116,4 +116,77 @@ pub fn tcp_from(ns: &str, to: SocketAddr, timeout: Duration) -> bool {
 pub fn udp_from(ns: &str, to: SocketAddr, timeout: Duration) -> bool {
     let ns = ns.to_string();
     crate::pods::run_in(&ns, move || udp_echo(to, timeout))
+}
+
+/// Probes from a namespace in a loop until dropped: `allowed` must always answer,
+/// `denied` never. Counts rounds and violations.
+pub struct ContinuousProbe {
+    stop: Arc<AtomicBool>,
+    pub tally: Arc<Tally>,
+    thread: Option<JoinHandle<()>>,
+}
+
+#[derive(Default)]
+pub struct Tally {
+    pub rounds: AtomicU32,
+    pub allowed_failed: AtomicU32,
+    pub denied_passed: AtomicU32,
+}
+
+impl ContinuousProbe {
+    pub fn start(ns: &str, allowed: SocketAddr, denied: SocketAddr) -> ContinuousProbe {
+        let stop = Arc::new(AtomicBool::new(false));
+        let tally = Arc::new(Tally::default());
+        let (s, t, ns) = (stop.clone(), tally.clone(), ns.to_string());
+        let thread = std::thread::spawn(move || {
+            enter(&ns);
+            let timeout = Duration::from_millis(300);
+            while !s.load(Ordering::SeqCst) {
+                if !tcp_echo(allowed, timeout) {
+                    t.allowed_failed.fetch_add(1, Ordering::SeqCst);
+                }
+                if tcp_echo(denied, timeout) {
+                    t.denied_passed.fetch_add(1, Ordering::SeqCst);
+                }
+                t.rounds.fetch_add(1, Ordering::SeqCst);
+            }
+        });
+        ContinuousProbe {
+            stop,
+            tally,
+            thread: Some(thread),
+        }
+    }
+
+    pub fn rounds(&self) -> u32 {
+        self.tally.rounds.load(Ordering::SeqCst)
+    }
+
+    /// Stops and asserts that no round saw a violation.
+    pub fn finish(mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            t.join().expect("prober panicked");
+        }
+        let t = &self.tally;
+        assert_eq!(
+            t.allowed_failed.load(Ordering::SeqCst),
+            0,
+            "an allowed flow failed"
+        );
+        assert_eq!(
+            t.denied_passed.load(Ordering::SeqCst),
+            0,
+            "a denied flow passed"
+        );
+    }
+}
+
+impl Drop for ContinuousProbe {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
 }

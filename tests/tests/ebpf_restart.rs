@@ -1,28 +1,46 @@
-//! kill -9 of the process holding the eBPF dataplane: enforcement continues unchanged
-//! while it is down (allowed flows flow, denied stay denied), and a restarted holder
-//! adopts the pins (same program ids) and converges without a gap.
+//! Restarts of the process holding the eBPF dataplane. kill -9: enforcement continues
+//! unchanged while it is down, and a restarted holder adopts the pins (same program ids)
+//! and converges without a gap. New programs (an upgrade, new load-time settings): they
+//! are swapped into the existing attachments, again without a gap.
 
 use std::{
     io::{BufRead, BufReader},
     net::{Ipv4Addr, SocketAddr},
     process::{Child, Command, Stdio},
-    sync::{
-        atomic::{AtomicBool, AtomicU32, Ordering},
-        Arc,
-    },
     time::Duration,
 };
 
-use weir::policy::desired::{Peer, SetId};
+use weir::{
+    dataplane::{
+        ebpf::{EbpfConfig, EbpfDataplane},
+        Dataplane,
+    },
+    policy::desired::{Desired, Peer, SetId},
+};
 use weir_tests::{
     desired::{desired, endpoint, pod_set, tcp_rule},
     pods::{enter, World},
-    probe::{tcp_echo, EchoServers},
+    probe::{ContinuousProbe, EchoServers},
     require_root_and_tools, PinRoot,
 };
 
 const A: Ipv4Addr = Ipv4Addr::new(10, 201, 0, 1);
 const B: Ipv4Addr = Ipv4Addr::new(10, 201, 0, 2);
+
+fn state() -> Desired {
+    desired(
+        vec![pod_set(1, &[A])],
+        vec![
+            endpoint("x/a", A, Some(vec![]), None),
+            endpoint(
+                "x/b",
+                B,
+                Some(vec![tcp_rule(Peer::Set(SetId(1)), 80, 80, "x/allow-a", 0)]),
+                None,
+            ),
+        ],
+    )
+}
 
 struct Holder(Child);
 
@@ -67,79 +85,89 @@ impl Drop for TempFile {
     }
 }
 
-#[derive(Default)]
-struct Tally {
-    rounds: AtomicU32,
-    allowed_failed: AtomicU32,
-    denied_passed: AtomicU32,
-}
-
 #[test]
 fn kill_9_keeps_enforcing_and_restart_adopts_without_a_gap() {
     require_root_and_tools();
     let world = World::new("ebpf2", &[("a", A), ("b", B)]);
     let root = PinRoot::new("ebpf2");
     let _servers = EchoServers::start(&world.pod("b").ns, &[80, 81]);
-    let state = desired(
-        vec![pod_set(1, &[A])],
-        vec![
-            endpoint("x/a", A, Some(vec![]), None),
-            endpoint(
-                "x/b",
-                B,
-                Some(vec![tcp_rule(Peer::Set(SetId(1)), 80, 80, "x/allow-a", 0)]),
-                None,
-            ),
-        ],
-    );
     let file = TempFile(format!("/tmp/weir-test-ebpf2-{}.json", std::process::id()).into());
-    std::fs::write(&file.0, serde_json::to_vec(&state).unwrap()).unwrap();
+    std::fs::write(&file.0, serde_json::to_vec(&state()).unwrap()).unwrap();
 
     let (first, ids) = Holder::start(&world, &root, &file.0);
-
-    // Probe continuously from a: b:80 must always work, b:81 never.
-    let tally = Arc::new(Tally::default());
-    let stop = Arc::new(AtomicBool::new(false));
-    let prober = {
-        let (tally, stop, ns) = (tally.clone(), stop.clone(), world.pod("a").ns.clone());
-        std::thread::spawn(move || {
-            enter(&ns);
-            let t = Duration::from_millis(300);
-            while !stop.load(Ordering::SeqCst) {
-                if !tcp_echo(SocketAddr::from((B, 80)), t) {
-                    tally.allowed_failed.fetch_add(1, Ordering::SeqCst);
-                }
-                if tcp_echo(SocketAddr::from((B, 81)), t) {
-                    tally.denied_passed.fetch_add(1, Ordering::SeqCst);
-                }
-                tally.rounds.fetch_add(1, Ordering::SeqCst);
-            }
-        })
-    };
+    let probe = ContinuousProbe::start(
+        &world.pod("a").ns,
+        SocketAddr::from((B, 80)),
+        SocketAddr::from((B, 81)),
+    );
     std::thread::sleep(Duration::from_millis(700));
     drop(first); // SIGKILL, then reap
-    let rounds_at_kill = tally.rounds.load(Ordering::SeqCst);
+    let rounds_at_kill = probe.rounds();
     std::thread::sleep(Duration::from_millis(1500));
-    let rounds_while_down = tally.rounds.load(Ordering::SeqCst) - rounds_at_kill;
+    let rounds_while_down = probe.rounds() - rounds_at_kill;
 
     let (_second, ids_after) = Holder::start(&world, &root, &file.0);
     std::thread::sleep(Duration::from_millis(700));
-    stop.store(true, Ordering::SeqCst);
-    prober.join().unwrap();
-
+    probe.finish();
     assert!(
         rounds_while_down >= 2,
         "too few probe rounds while the holder was down"
     );
-    assert_eq!(
-        tally.allowed_failed.load(Ordering::SeqCst),
-        0,
-        "an allowed flow failed"
-    );
-    assert_eq!(
-        tally.denied_passed.load(Ordering::SeqCst),
-        0,
-        "a denied flow passed"
-    );
     assert_eq!(ids, ids_after, "the restarted holder reloaded the programs");
+}
+
+/// Runs `f` with a dataplane (made from `config`) inside the node namespace.
+fn in_node<T: Send + 'static>(
+    world: &World,
+    config: EbpfConfig,
+    f: impl FnOnce(&mut EbpfDataplane) -> T + Send + 'static,
+) -> T {
+    let node = world.node.clone();
+    std::thread::spawn(move || {
+        enter(&node);
+        let mut dp = EbpfDataplane::new(config).expect("load dataplane");
+        f(&mut dp)
+    })
+    .join()
+    .expect("dataplane thread panicked")
+}
+
+#[test]
+fn new_programs_are_swapped_into_existing_attachments_without_a_gap() {
+    require_root_and_tools();
+    let world = World::new("ebpf7", &[("a", A), ("b", B)]);
+    let root = PinRoot::new("ebpf7");
+    let _servers = EchoServers::start(&world.pod("b").ns, &[80, 81]);
+    let old = in_node(&world, EbpfConfig::with_pin_root(root.0.clone()), |dp| {
+        let report = dp.reconcile(&state()).expect("reconcile");
+        assert!(report.failures.is_empty(), "{:?}", report.failures);
+        dp.program_ids().unwrap()
+    });
+    let probe = ContinuousProbe::start(
+        &world.pod("a").ns,
+        SocketAddr::from((B, 80)),
+        SocketAddr::from((B, 81)),
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    // Another events rate is another rodata: the programs must be reloaded.
+    let config = EbpfConfig {
+        events_per_sec: 999,
+        ..EbpfConfig::with_pin_root(root.0.clone())
+    };
+    let (new, on_hooks) = in_node(&world, config, |dp| {
+        let report = dp.reconcile(&state()).expect("reconcile");
+        assert!(report.failures.is_empty(), "{:?}", report.failures);
+        (
+            dp.program_ids().unwrap(),
+            dp.tcx_program_ids("x/b").unwrap(),
+        )
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    probe.finish();
+    assert_ne!(old, new, "the programs were not reloaded");
+    assert_eq!(
+        on_hooks,
+        [vec![new[0]], vec![new[1]]],
+        "old programs still attached"
+    );
 }

@@ -8,7 +8,7 @@ use std::{net::IpAddr, process::Command};
 
 use aya::{
     programs::{
-        links::{FdLink, Link},
+        links::{FdLink, Link, PinnedLink},
         tc::{self, NlOptions, SchedClassifierLink, TcAttachOptions, TcHandle},
         LinkOrder, SchedClassifier, TcAttachType,
     },
@@ -91,14 +91,16 @@ fn fail(what: &str, ifname: &str, e: impl std::fmt::Display) -> DataplaneError {
     DataplaneError::Other(format!("{what} on interface {ifname}: {e}"))
 }
 
-/// Attaches both programs. Idempotent: a hook that already carries our program is left
-/// alone (adoption after restart), so enforcement never pauses.
+/// Attaches both programs. A hook that already carries one of ours is left alone
+/// (adoption after restart), or with `replace` gets the given program swapped in
+/// atomically (upgrade): enforcement never pauses.
 pub fn attach(
     progs: &mut Programs,
     layout: &PinLayout,
     ifname: &str,
     ifindex: u32,
     mode: AttachMode,
+    replace: bool,
 ) -> Result<Attachment, DataplaneError> {
     if mode == AttachMode::Netlink {
         // Fails harmlessly ("Exclusivity flag on") when the qdisc exists.
@@ -109,6 +111,17 @@ pub fn attach(
             AttachMode::Tcx => {
                 let pin = layout.link(ifindex, hook);
                 if pin.exists() {
+                    if replace {
+                        let pinned = PinnedLink::from_pin(&pin)
+                            .map_err(|e| fail("open pinned TCX link", ifname, e))?;
+                        let link = SchedClassifierLink::try_from(FdLink::from(pinned))
+                            .map_err(|e| fail("TCX link", ifname, e))?;
+                        let id = prog
+                            .attach_to_link(link)
+                            .map_err(|e| fail("TCX program replace", ifname, e))?;
+                        // The pin keeps the link; our handle to it may go.
+                        drop(prog.take_link(id));
+                    }
                     continue;
                 }
                 let id = prog
@@ -159,6 +172,17 @@ pub fn attach(
         ifindex,
         mode,
     })
+}
+
+/// Ids of the programs on the interface's TCX hooks (ingress, egress), ours or not.
+/// Netlink attachments are not listed (`tc filter show` does that).
+pub fn tcx_program_ids(a: &Attachment) -> Result<[Vec<u32>; 2], DataplaneError> {
+    let query = |t| {
+        SchedClassifier::query_tcx(&a.ifname, t)
+            .map(|(_, progs)| progs.iter().map(|p| p.id()).collect())
+            .map_err(|e| fail("TCX query", &a.ifname, e))
+    };
+    Ok([query(TcAttachType::Ingress)?, query(TcAttachType::Egress)?])
 }
 
 /// Detaches both programs; an interface that is gone already counts as detached.

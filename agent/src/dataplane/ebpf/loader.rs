@@ -32,12 +32,18 @@ fn err(context: String) -> impl FnOnce(String) -> DataplaneError {
 }
 
 /// Loads and pins the programs unless pinned programs are already there (adoption).
-pub fn ensure_loaded(layout: &PinLayout, config: &EbpfConfig) -> Result<Programs, DataplaneError> {
+/// Returns whether it loaded them now.
+pub fn ensure_loaded(layout: &PinLayout, config: &EbpfConfig) -> Result<bool, DataplaneError> {
     layout.prepare()?;
     let names = [program_names::FROM_POD, program_names::TO_POD];
-    if !names.iter().all(|n| layout.prog(n).exists()) {
-        load_and_pin(layout, config)?;
+    if names.iter().all(|n| layout.prog(n).exists()) {
+        return Ok(false);
     }
+    load_and_pin(layout, config)?;
+    Ok(true)
+}
+
+pub fn open_programs(layout: &PinLayout) -> Result<Programs, DataplaneError> {
     let open = |name: &str| {
         SchedClassifier::from_pin(layout.prog(name))
             .map_err(|e| err(format!("open pinned program {name}"))(e.to_string()))
@@ -48,7 +54,25 @@ pub fn ensure_loaded(layout: &PinLayout, config: &EbpfConfig) -> Result<Programs
     })
 }
 
-fn load_and_pin(layout: &PinLayout, config: &EbpfConfig) -> Result<(), DataplaneError> {
+/// What the pinned programs are: the object and the settings baked into its rodata.
+/// A different fingerprint at start-up (an upgraded agent, new settings) means reload.
+pub fn fingerprint(config: &EbpfConfig) -> String {
+    let parts: [&[u8]; 3] = [
+        OBJECT,
+        &config.events_per_sec.to_le_bytes(),
+        &[log_level(config)],
+    ];
+    let hash = parts
+        .iter()
+        .flat_map(|p| p.iter())
+        .fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+            (h ^ u64::from(*b)).wrapping_mul(0x100_0000_01b3)
+        });
+    format!("{hash:016x}")
+}
+
+/// Loads the object and (re)pins its programs; maps are reused by name.
+pub fn load_and_pin(layout: &PinLayout, config: &EbpfConfig) -> Result<(), DataplaneError> {
     let level = log_level(config);
     let mut loader = EbpfLoader::new();
     loader

@@ -62,12 +62,35 @@ impl EbpfDataplane {
     /// detaches anything: what is attached keeps enforcing until [`Dataplane::reconcile`].
     pub fn new(config: EbpfConfig) -> Result<Self, DataplaneError> {
         let layout = PinLayout::new(&config.pin_root);
-        let programs = loader::ensure_loaded(&layout, &config)?;
+        let fresh = loader::ensure_loaded(&layout, &config)?;
+        let mut maps = Maps::open(&layout)?;
+        let mut records = records::load(&maps.records).unwrap_or_default();
+        let fingerprint = loader::fingerprint(&config);
+        let upgrade = !fresh && records.fingerprint.as_deref() != Some(fingerprint.as_str());
+        if upgrade {
+            tracing::info!("pinned eBPF programs differ from this build or settings: replacing");
+            loader::load_and_pin(&layout, &config)?;
+        }
+        let mut programs = loader::open_programs(&layout)?;
+        if upgrade {
+            for (pod, r) in &records.endpoints {
+                let a = &r.attachment;
+                if let Err(e) =
+                    attach::attach(&mut programs, &layout, &a.ifname, a.ifindex, a.mode, true)
+                {
+                    tracing::warn!(
+                        pod,
+                        "program not replaced (the old one keeps enforcing): {e}"
+                    );
+                }
+            }
+        }
+        records.fingerprint = Some(fingerprint);
+        records::store(&mut maps.records, &records)
+            .map_err(|e| DataplaneError::Other(format!("map {}: {e}", map_names::RECORDS)))?;
         if config.kernel_debug_log {
             loader::forward_kernel_logs(&programs)?;
         }
-        let maps = Maps::open(&layout)?;
-        let records = records::load(&maps.records).unwrap_or_default();
         let kernel = KernelState::read(&maps);
         let host = host::node_prefixes().map_err(DataplaneError::Other)?;
         tracing::info!(
@@ -139,6 +162,16 @@ impl EbpfDataplane {
                 r.attachment.mode,
             )
         })
+    }
+
+    /// Program ids on `pod`'s TCX hooks (from the pod, to the pod).
+    pub fn tcx_program_ids(&self, pod: &str) -> Result<[Vec<u32>; 2], DataplaneError> {
+        let r = self
+            .records
+            .endpoints
+            .get(pod)
+            .ok_or_else(|| DataplaneError::Other(format!("pod {pod} is not attached")))?;
+        attach::tcx_program_ids(&r.attachment)
     }
 
     /// Finds (or keeps) the interface of each endpoint and its endpoint id.
@@ -261,6 +294,7 @@ impl EbpfDataplane {
                     ifname,
                     *ifindex,
                     self.mode,
+                    false,
                 ) {
                     Ok(a) => a,
                     Err(e) => {

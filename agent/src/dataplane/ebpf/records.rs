@@ -25,6 +25,9 @@ pub struct EndpointRecord {
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Records {
+    /// [`super::loader::fingerprint`] of the pinned programs.
+    #[serde(default)]
+    pub fingerprint: Option<String>,
     pub identities: IdentityTable,
     pub rules: RuleTable,
     pub endpoints: BTreeMap<PodKey, EndpointRecord>,
