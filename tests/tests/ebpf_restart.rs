@@ -12,7 +12,7 @@ use std::{
 
 use weir::{
     dataplane::{
-        ebpf::{EbpfConfig, EbpfDataplane},
+        ebpf::{AttachMode, EbpfConfig, EbpfDataplane},
         Dataplane,
     },
     policy::desired::{Desired, Peer, SetId},
@@ -132,13 +132,33 @@ fn in_node<T: Send + 'static>(
     .expect("dataplane thread panicked")
 }
 
-#[test]
-fn new_programs_are_swapped_into_existing_attachments_without_a_gap() {
-    require_root_and_tools();
-    let world = World::new("ebpf7", &[("a", A), ("b", B)]);
-    let root = PinRoot::new("ebpf7");
+/// Program ids of the `tc` filters on `dev`'s `hook` (ingress or egress) in `ns`.
+fn tc_filter_ids(ns: &str, dev: &str, hook: &str) -> Vec<u32> {
+    let out = Command::new("tc")
+        .args(["-n", ns, "filter", "show", "dev", dev, hook])
+        .output()
+        .expect("prerequisite missing: tc (iproute2)");
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.lines()
+        .filter(|l| l.contains(" bpf "))
+        .filter_map(|l| {
+            let words: Vec<&str> = l.split_whitespace().collect();
+            let at = words.iter().position(|w| *w == "id")?;
+            words.get(at + 1)?.parse().ok()
+        })
+        .collect()
+}
+
+/// Loads with the default settings, then starts again with another events rate (another
+/// rodata, so the programs must be reloaded) while probing; returns old and new ids.
+fn swap_programs(world: &World, root: &PinRoot, mode: Option<AttachMode>) -> ([u32; 2], [u32; 2]) {
     let _servers = EchoServers::start(&world.pod("b").ns, &[80, 81]);
-    let old = in_node(&world, EbpfConfig::with_pin_root(root.0.clone()), |dp| {
+    let config = |rate| EbpfConfig {
+        events_per_sec: rate,
+        attach_mode: mode,
+        ..EbpfConfig::with_pin_root(root.0.clone())
+    };
+    let old = in_node(world, config(1000), |dp| {
         let report = dp.reconcile(&state()).expect("reconcile");
         assert!(report.failures.is_empty(), "{:?}", report.failures);
         dp.program_ids().unwrap()
@@ -149,25 +169,45 @@ fn new_programs_are_swapped_into_existing_attachments_without_a_gap() {
         SocketAddr::from((B, 81)),
     );
     std::thread::sleep(Duration::from_millis(500));
-    // Another events rate is another rodata: the programs must be reloaded.
-    let config = EbpfConfig {
-        events_per_sec: 999,
-        ..EbpfConfig::with_pin_root(root.0.clone())
-    };
-    let (new, on_hooks) = in_node(&world, config, |dp| {
+    let new = in_node(world, config(999), |dp| {
         let report = dp.reconcile(&state()).expect("reconcile");
         assert!(report.failures.is_empty(), "{:?}", report.failures);
-        (
-            dp.program_ids().unwrap(),
-            dp.tcx_program_ids("x/b").unwrap(),
-        )
+        dp.program_ids().unwrap()
     });
     std::thread::sleep(Duration::from_millis(500));
     probe.finish();
     assert_ne!(old, new, "the programs were not reloaded");
+    (old, new)
+}
+
+#[test]
+fn new_programs_are_swapped_into_tcx_links_without_a_gap() {
+    require_root_and_tools();
+    let world = World::new("ebpf7", &[("a", A), ("b", B)]);
+    let root = PinRoot::new("ebpf7");
+    let (_, new) = swap_programs(&world, &root, Some(AttachMode::Tcx));
+    // Same settings as the second start: an adoption, not another reload.
+    let config = EbpfConfig {
+        events_per_sec: 999,
+        attach_mode: Some(AttachMode::Tcx),
+        ..EbpfConfig::with_pin_root(root.0.clone())
+    };
+    let on_hooks = in_node(&world, config, |dp| dp.tcx_program_ids("x/b").unwrap());
     assert_eq!(
         on_hooks,
         [vec![new[0]], vec![new[1]]],
         "old programs still attached"
     );
+}
+
+/// The path for kernels without TCX (5.10 to 6.5): clsact filters over netlink.
+#[test]
+fn new_programs_replace_netlink_filters_in_place_without_a_gap() {
+    require_root_and_tools();
+    let world = World::new("ebpf8", &[("a", A), ("b", B)]);
+    let root = PinRoot::new("ebpf8");
+    let (_, new) = swap_programs(&world, &root, Some(AttachMode::Netlink));
+    let host_if = &world.pod("b").host_if;
+    assert_eq!(tc_filter_ids(&world.node, host_if, "ingress"), vec![new[0]]);
+    assert_eq!(tc_filter_ids(&world.node, host_if, "egress"), vec![new[1]]);
 }

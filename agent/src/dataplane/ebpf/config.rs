@@ -4,6 +4,8 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
+use super::attach::AttachMode;
+
 pub const DEFAULT_PIN_ROOT: &str = "/sys/fs/bpf/weir";
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -27,6 +29,8 @@ pub struct EbpfConfig {
     /// Kernel-side aya-log debug records (off: the verifier removes the logging code).
     /// Fixed when the programs are first loaded; pinned programs keep their setting.
     pub kernel_debug_log: bool,
+    /// How to attach: `None` picks TCX where the kernel has it (6.6+), else netlink.
+    pub attach_mode: Option<AttachMode>,
 }
 
 impl Default for EbpfConfig {
@@ -41,6 +45,7 @@ impl Default for EbpfConfig {
             events_bytes: 1 << 20,
             events_per_sec: 1000,
             kernel_debug_log: false,
+            attach_mode: None,
         }
     }
 }

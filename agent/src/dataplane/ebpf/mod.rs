@@ -104,7 +104,7 @@ impl EbpfDataplane {
             programs,
             maps,
             records,
-            mode: attach::preferred_mode(),
+            mode: config.attach_mode.unwrap_or_else(attach::preferred_mode),
             kernel,
             host,
             counts: (0, 0, 0),
