@@ -57,8 +57,9 @@ pub struct ProbeArgs {
     /// Address family to probe over.
     #[arg(long, value_enum, default_value_t = IpFamily::Ipv4)]
     pub family: IpFamily,
-    /// How long one probe waits for an answer.
-    #[arg(long, default_value_t = 1000)]
+    /// How long one probe waits for an answer (a local veth answers in microseconds;
+    /// the margin is for a loaded machine).
+    #[arg(long, default_value_t = 700)]
     pub timeout_ms: u64,
 }
 
@@ -154,13 +155,14 @@ fn probe_lab(dir: &LabDir, args: &ProbeArgs) -> anyhow::Result<()> {
         false => "none".to_string(),
     };
     match args.output {
-        OutputFormat::Json => println!("{}", output::json(&dataplane, &probes)),
-        OutputFormat::Table => {
-            print!("{}", output::table(&dataplane, &probes));
-            println!("{} probes in {:.2?}", probes.len(), started.elapsed());
-        }
+        OutputFormat::Json => print_out(&(output::json(&dataplane, &probes) + "\n")),
+        OutputFormat::Table => print_out(&format!(
+            "{}{} probes in {:.2?}\n",
+            output::table(&dataplane, &probes),
+            probes.len(),
+            started.elapsed()
+        )),
     }
-    Ok(())
 }
 
 #[derive(Serialize)]
@@ -181,18 +183,28 @@ fn print_pods(dir: &LabDir, output: OutputFormat) -> anyhow::Result<()> {
             ipv6: p.ipv6.map(|a| a.to_string()),
         })
         .collect();
-    match output {
-        OutputFormat::Json => println!("{}", serde_json::to_string(&pods)?),
-        OutputFormat::Table => {
-            for p in pods {
-                println!(
-                    "{:20} {:16} {}",
+    let text = match output {
+        OutputFormat::Json => serde_json::to_string(&pods)? + "\n",
+        OutputFormat::Table => pods
+            .iter()
+            .map(|p| {
+                format!(
+                    "{:20} {:16} {}\n",
                     p.pod,
                     p.ip.as_deref().unwrap_or("-"),
                     p.ipv6.as_deref().unwrap_or("-")
-                );
-            }
-        }
+                )
+            })
+            .collect(),
+    };
+    print_out(&text)
+}
+
+/// Writes to stdout; a closed pipe (`weir lab probe | head`) is not an error.
+fn print_out(text: &str) -> anyhow::Result<()> {
+    use std::io::Write;
+    match std::io::stdout().lock().write_all(text.as_bytes()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e.into()),
+        _ => Ok(()),
     }
-    Ok(())
 }
