@@ -4,6 +4,7 @@ pub mod kernel_state;
 pub mod lab;
 pub mod netns;
 pub mod netpol;
+pub mod node_dataplane;
 /// Pods wired to a "node" namespace like a CNI would, for the eBPF dataplane tests.
 pub mod pods;
 /// Socket probes run inside a namespace (a thread that setns()es).

@@ -1,2 +1,242 @@
-//! The ipset/iptables dataplane.
+//! The ipset/iptables dataplane. Address sets become `hash:net` ipsets (one per family,
+//! excepts as `nomatch`); each isolated endpoint direction becomes a `WEIR-I-*`/`WEIR-E-*`
+//! chain that RETURNs allowed traffic and DROPs the rest; `WEIR-FILTER`, entered first
+//! from FORWARD, INPUT and OUTPUT, lets replies through (conntrack) and dispatches by pod
+//! address. IPv4 through iptables, IPv6 through ip6tables, on the backend (legacy or
+//! nft) the node already uses.
+//!
+//! Writes are batched: one `ipset restore` for additions, one `iptables-restore
+//! --noflush` per family (atomic per table), one `ipset restore` for removals. After
+//! the first full [`reconcile`](Dataplane::reconcile), changes are applied as deltas
+//! against what was programmed: only changed endpoint chains, dispatch rules and set
+//! members are written. A failed write forgets what was programmed, so the next call
+//! reconciles in full.
+
 pub mod backend;
+pub mod names;
+pub mod rules;
+pub mod sets;
+mod tables;
+
+use std::collections::BTreeSet;
+
+use crate::dataplane::{
+    ApplyFailure, ApplyReport, Dataplane, DataplaneError, DataplaneKind, DataplaneStatus,
+};
+use crate::policy::desired::{AddressSet, Delta, Desired, Direction, Peer, SetId};
+use crate::reset::{exec, ipset_restore, ipsets};
+
+use backend::{Backend, Family};
+use names::ChainNames;
+
+#[derive(Clone, Debug, Default)]
+pub struct IptablesConfig {
+    /// `None`: detect it as kube-proxy's iptables-wrapper does.
+    pub backend: Option<Backend>,
+}
+
+pub struct IptablesDataplane {
+    backend: Backend,
+    names: ChainNames,
+    /// What the kernel holds, as last written; `None` before the first reconcile and
+    /// after a failed write.
+    programmed: Option<Desired>,
+}
+
+impl IptablesDataplane {
+    pub fn new(config: IptablesConfig) -> Result<Self, DataplaneError> {
+        for tool in ["ipset", "iptables-restore", "ip6tables-restore"] {
+            if exec::run(tool, &["--version"], None).is_err() {
+                return Err(DataplaneError::Unsupported(format!(
+                    "`{tool}` is not installed"
+                )));
+            }
+        }
+        Ok(IptablesDataplane {
+            backend: config.backend.unwrap_or_else(backend::detect),
+            names: ChainNames::default(),
+            programmed: None,
+        })
+    }
+
+    pub fn backend(&self) -> Backend {
+        self.backend
+    }
+
+    fn write(
+        &mut self,
+        desired: &Desired,
+        full: bool,
+        report: &mut ApplyReport,
+    ) -> Result<(), DataplaneError> {
+        let old = if full {
+            Desired::default()
+        } else {
+            self.programmed.take().unwrap_or_default()
+        };
+        self.programmed = None;
+        let desired = with_missing_sets(desired, report);
+
+        let (mut adds, mut dels) = (String::new(), String::new());
+        for (id, set) in &desired.sets {
+            match old.sets.get(id) {
+                _ if full => sets::replace_script(set, &mut adds),
+                None => sets::create_script(set, &mut adds),
+                Some(before) => {
+                    sets::member_delta(*id, &before.members, &set.members, &mut adds, &mut dels)
+                }
+            }
+        }
+        run_ipset(&adds)?;
+
+        for family in Family::ALL {
+            let saved = if full {
+                Some(self.backend.save(family).map_err(other)?)
+            } else {
+                None
+            };
+            let script = tables::script(&mut self.names, &old, &desired, family, saved.as_deref())
+                .map_err(|e| DataplaneError::Other(format!("{family} rules: {e}")))?;
+            if let Some(script) = script {
+                self.backend.restore(family, &script).map_err(|e| {
+                    DataplaneError::Other(format!("{} {family} restore: {e}", self.backend))
+                })?;
+            }
+        }
+
+        run_ipset(&dels)?;
+        let stale: BTreeSet<String> = if full {
+            stale_kernel_sets(&desired)?
+        } else {
+            old.sets
+                .keys()
+                .filter(|id| !desired.sets.contains_key(id))
+                .flat_map(|id| Family::ALL.map(|f| names::set_name(*id, f)))
+                .collect()
+        };
+        if !stale.is_empty() {
+            // Tolerant: a set something else still references is flushed and reported.
+            let outcome = ipsets::remove(&|n| stale.contains(n));
+            report
+                .failures
+                .extend(outcome.undeletable.into_iter().map(|u| ApplyFailure {
+                    object: format!("ipset {}", u.name),
+                    reason: u.reason,
+                }));
+            report
+                .failures
+                .extend(outcome.errors.into_iter().map(|e| ApplyFailure {
+                    object: "ipsets".into(),
+                    reason: e,
+                }));
+        }
+        for pod in old.endpoints.keys() {
+            if !desired.endpoints.contains_key(pod) {
+                self.names.forget(pod);
+            }
+        }
+        self.programmed = Some(desired);
+        Ok(())
+    }
+}
+
+impl Dataplane for IptablesDataplane {
+    fn kind(&self) -> DataplaneKind {
+        DataplaneKind::Iptables
+    }
+
+    fn reconcile(&mut self, desired: &Desired) -> Result<ApplyReport, DataplaneError> {
+        let mut report = ApplyReport::default();
+        self.write(desired, true, &mut report)?;
+        Ok(report)
+    }
+
+    fn apply(&mut self, _delta: &Delta, desired: &Desired) -> Result<ApplyReport, DataplaneError> {
+        let mut report = ApplyReport::default();
+        // The delta is recomputed against what was actually programmed, so a missed or
+        // repeated delta cannot leave the kernel out of step.
+        let full = self.programmed.is_none();
+        self.write(desired, full, &mut report)?;
+        Ok(report)
+    }
+
+    fn status(&self) -> DataplaneStatus {
+        let programmed = self.programmed.as_ref();
+        DataplaneStatus {
+            kind: Some(DataplaneKind::Iptables),
+            endpoints: programmed.map_or(0, |d| d.endpoints.len()),
+            sets: programmed.map_or(0, |d| d.sets.len() * Family::ALL.len()),
+            rules: programmed.map_or(0, |d| {
+                d.endpoints
+                    .values()
+                    .map(|e| e.ingress.rules.len() + e.egress.rules.len())
+                    .sum()
+            }),
+            details: vec![
+                ("backend".into(), self.backend.to_string()),
+                ("in_sync".into(), programmed.is_some().to_string()),
+            ],
+        }
+    }
+}
+
+fn other(e: exec::ExecError) -> DataplaneError {
+    DataplaneError::Other(e.to_string())
+}
+
+fn run_ipset(script: &str) -> Result<(), DataplaneError> {
+    if script.is_empty() {
+        return Ok(());
+    }
+    ipset_restore::run(script, true).map_err(|e| DataplaneError::Other(e.to_string()))
+}
+
+/// A rule that names a set the desired state lacks would make the whole table's restore
+/// fail; such a set is created empty instead (the rule then matches nothing: fail
+/// closed) and reported.
+fn with_missing_sets(desired: &Desired, report: &mut ApplyReport) -> Desired {
+    let mut fixed = desired.clone();
+    for ep in desired.endpoints.values() {
+        for d in [Direction::Ingress, Direction::Egress] {
+            for rule in &ep.direction(d).rules {
+                let Peer::Set(id) = rule.peer else { continue };
+                if fixed.sets.contains_key(&id) {
+                    continue;
+                }
+                report.failures.push(ApplyFailure {
+                    object: ep.pod.clone(),
+                    reason: format!(
+                        "rule from {} names address set {id}, which the desired state \
+                         lacks; it matches nothing",
+                        rule.origin.policy
+                    ),
+                });
+                fixed.sets.insert(id, empty_set(id));
+            }
+        }
+    }
+    fixed
+}
+
+fn empty_set(id: SetId) -> AddressSet {
+    AddressSet {
+        id,
+        definition: "missing".into(),
+        members: BTreeSet::new(),
+    }
+}
+
+/// weir's sets in the kernel that the desired state does not name.
+fn stale_kernel_sets(desired: &Desired) -> Result<BTreeSet<String>, DataplaneError> {
+    let wanted: BTreeSet<String> = desired
+        .sets
+        .keys()
+        .flat_map(|id| Family::ALL.map(|f| names::set_name(*id, f)))
+        .collect();
+    let listed = exec::run_ok("ipset", &["list", "-n"], None).map_err(other)?;
+    Ok(listed
+        .lines()
+        .filter(|n| n.starts_with(crate::reset::owners::WEIR_SET_PREFIX) && !wanted.contains(*n))
+        .map(str::to_string)
+        .collect())
+}

@@ -1,0 +1,122 @@
+//! Kernel names of weir's ipsets and chains, within the kernel's limits (31 characters
+//! for a set, 28 for a chain). Sets are named by their [`SetId`] (already unique);
+//! per-endpoint chains by a content hash of the pod key, with a collision check that
+//! salts the hash until the name is free.
+
+use std::collections::BTreeMap;
+
+use crate::policy::desired::{Direction, PodKey, SetId};
+use crate::reset::owners::{WEIR_CHAIN_PREFIX, WEIR_SET_PREFIX};
+
+use super::backend::Family;
+
+pub const MAX_SET_NAME: usize = 31;
+pub const MAX_CHAIN_NAME: usize = 28;
+
+/// The chain that FORWARD, INPUT and OUTPUT jump to; it dispatches to endpoint chains.
+pub const DISPATCH_CHAIN: &str = "WEIR-FILTER";
+/// Built-in chains that jump to [`DISPATCH_CHAIN`]: forwarded pod traffic, pod → node
+/// (INPUT) and node → pod (OUTPUT), as the eBPF programs on the pod interface see them.
+pub const HOOKS: [&str; 3] = ["FORWARD", "INPUT", "OUTPUT"];
+
+/// `weir-<16 hex>-4` / `-6`: one kernel set per family for each address set.
+pub fn set_name(id: SetId, family: Family) -> String {
+    format!("{WEIR_SET_PREFIX}{id}-{}", family_digit(family))
+}
+
+/// The staging set used to replace a set's contents atomically (`ipset swap`).
+pub fn staging_set_name(id: SetId, family: Family) -> String {
+    format!("{WEIR_SET_PREFIX}{id}-{}t", family_digit(family))
+}
+
+fn family_digit(family: Family) -> char {
+    match family {
+        Family::V4 => '4',
+        Family::V6 => '6',
+    }
+}
+
+/// FNV-1a, 64 bits: stable across builds and Rust versions, unlike std's hasher.
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+/// Assigns each pod a chain hash, unique among the pods it has seen.
+#[derive(Debug, Default)]
+pub struct ChainNames {
+    by_pod: BTreeMap<PodKey, u64>,
+    by_hash: BTreeMap<u64, PodKey>,
+}
+
+impl ChainNames {
+    /// The pod's hash; assigned on first use, salted past any collision.
+    pub fn hash_for(&mut self, pod: &str) -> u64 {
+        if let Some(h) = self.by_pod.get(pod) {
+            return *h;
+        }
+        let mut salt = 0u32;
+        let hash = loop {
+            let candidate = if salt == 0 {
+                fnv1a(pod.as_bytes())
+            } else {
+                fnv1a(format!("{pod}#{salt}").as_bytes())
+            };
+            if !self.by_hash.contains_key(&candidate) {
+                break candidate;
+            }
+            salt += 1;
+        };
+        self.by_pod.insert(pod.to_string(), hash);
+        self.by_hash.insert(hash, pod.to_string());
+        hash
+    }
+
+    pub fn forget(&mut self, pod: &str) {
+        if let Some(h) = self.by_pod.remove(pod) {
+            self.by_hash.remove(&h);
+        }
+    }
+}
+
+/// `WEIR-I-<16 hex>` (traffic to the pod) or `WEIR-E-<16 hex>` (from it).
+pub fn endpoint_chain(hash: u64, direction: Direction) -> String {
+    let d = match direction {
+        Direction::Ingress => 'I',
+        Direction::Egress => 'E',
+    };
+    format!("{WEIR_CHAIN_PREFIX}{d}-{hash:016x}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_fit_the_kernel_limits() {
+        let id = SetId(u64::MAX);
+        for f in Family::ALL {
+            assert!(set_name(id, f).len() <= MAX_SET_NAME);
+            assert!(staging_set_name(id, f).len() <= MAX_SET_NAME);
+        }
+        assert!(endpoint_chain(u64::MAX, Direction::Ingress).len() <= MAX_CHAIN_NAME);
+        assert!(DISPATCH_CHAIN.len() <= MAX_CHAIN_NAME);
+        assert_eq!(set_name(SetId(0xab), Family::V6), "weir-00000000000000ab-6");
+    }
+
+    #[test]
+    fn colliding_hashes_are_salted_apart() {
+        let mut names = ChainNames::default();
+        let a = names.hash_for("ns/a");
+        // Pretend another pod already holds the hash "ns/b" would get.
+        let b_plain = fnv1a(b"ns/b");
+        names.by_hash.insert(b_plain, "ns/other".into());
+        let b = names.hash_for("ns/b");
+        assert_ne!(b, b_plain);
+        assert_ne!(a, b);
+        assert_eq!(names.hash_for("ns/a"), a, "stable for a known pod");
+        names.forget("ns/a");
+        assert!(!names.by_hash.contains_key(&a));
+    }
+}

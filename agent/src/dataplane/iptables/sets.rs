@@ -1,0 +1,162 @@
+//! ipset contents for address sets: one `hash:net` set per family, `except` members as
+//! `nomatch` entries (hash:net matches the most specific prefix first, so an except
+//! carves its hole out of the covering block). Scripts for `ipset restore -exist`.
+
+use std::collections::BTreeSet;
+use std::fmt::Write;
+
+use ipnet::{IpNet, Ipv4Net, Ipv6Net};
+
+use crate::policy::desired::{AddressSet, Member, SetId};
+
+use super::backend::Family;
+use super::names::{set_name, staging_set_name};
+
+/// `hash:net` cannot hold a /0: such a block becomes its two /1 halves.
+fn split_zero(net: IpNet) -> Vec<IpNet> {
+    match net {
+        IpNet::V4(n) if n.prefix_len() == 0 => [0u32, 1 << 31]
+            .iter()
+            .map(|a| IpNet::V4(Ipv4Net::new((*a).into(), 1).expect("/1 is valid")))
+            .collect(),
+        IpNet::V6(n) if n.prefix_len() == 0 => [0u128, 1 << 127]
+            .iter()
+            .map(|a| IpNet::V6(Ipv6Net::new((*a).into(), 1).expect("/1 is valid")))
+            .collect(),
+        other => vec![other],
+    }
+}
+
+fn in_family(net: &IpNet, family: Family) -> bool {
+    matches!(
+        (net, family),
+        (IpNet::V4(_), Family::V4) | (IpNet::V6(_), Family::V6)
+    )
+}
+
+/// One kernel entry: the network and whether it is a hole.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Entry {
+    pub net: IpNet,
+    pub nomatch: bool,
+}
+
+impl Entry {
+    fn render(&self) -> String {
+        if self.nomatch {
+            format!("{} nomatch", self.net)
+        } else {
+            self.net.to_string()
+        }
+    }
+}
+
+pub fn entries<'a>(
+    members: impl IntoIterator<Item = &'a Member>,
+    family: Family,
+) -> BTreeSet<Entry> {
+    members
+        .into_iter()
+        .filter(|m| in_family(&m.net, family))
+        .flat_map(|m| {
+            split_zero(m.net.trunc()).into_iter().map(|net| Entry {
+                net,
+                nomatch: m.except,
+            })
+        })
+        .collect()
+}
+
+/// Creates both families' sets of `set` (if absent) and replaces their contents
+/// atomically: fill a staging set, swap it in, destroy it.
+pub fn replace_script(set: &AddressSet, out: &mut String) {
+    for family in Family::ALL {
+        let (name, staging) = (set_name(set.id, family), staging_set_name(set.id, family));
+        let f = family.ipset_family();
+        let _ = writeln!(out, "create {name} hash:net family {f}");
+        let _ = writeln!(out, "create {staging} hash:net family {f}");
+        let _ = writeln!(out, "flush {staging}");
+        for e in entries(&set.members, family) {
+            let _ = writeln!(out, "add {staging} {}", e.render());
+        }
+        let _ = writeln!(out, "swap {staging} {name}");
+        let _ = writeln!(out, "destroy {staging}");
+    }
+}
+
+/// Lines that turn `old` members into `new` ones: adds (and nomatch flips, which
+/// `add -exist` performs in place) in `adds`, deletions in `dels`.
+pub fn member_delta(
+    id: SetId,
+    old: &BTreeSet<Member>,
+    new: &BTreeSet<Member>,
+    adds: &mut String,
+    dels: &mut String,
+) {
+    for family in Family::ALL {
+        let name = set_name(id, family);
+        let (before, after) = (entries(old, family), entries(new, family));
+        let kept_nets: BTreeSet<IpNet> = after.iter().map(|e| e.net).collect();
+        for e in after.difference(&before) {
+            let _ = writeln!(adds, "add {name} {}", e.render());
+        }
+        for e in before.difference(&after) {
+            if !kept_nets.contains(&e.net) {
+                let _ = writeln!(dels, "del {name} {}", e.net);
+            }
+        }
+    }
+}
+
+/// Creates a new set (both families) with its members.
+pub fn create_script(set: &AddressSet, out: &mut String) {
+    for family in Family::ALL {
+        let name = set_name(set.id, family);
+        let _ = writeln!(
+            out,
+            "create {name} hash:net family {}",
+            family.ipset_family()
+        );
+        for e in entries(&set.members, family) {
+            let _ = writeln!(out, "add {name} {}", e.render());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn member(net: &str, except: bool) -> Member {
+        Member {
+            net: net.parse().unwrap(),
+            except,
+        }
+    }
+
+    #[test]
+    fn zero_prefixes_split_and_excepts_become_nomatch() {
+        let members = [member("0.0.0.0/0", false), member("10.1.0.0/16", true)];
+        let rendered: Vec<_> = entries(&members, Family::V4)
+            .iter()
+            .map(Entry::render)
+            .collect();
+        assert_eq!(
+            rendered,
+            ["0.0.0.0/1", "10.1.0.0/16 nomatch", "128.0.0.0/1"]
+        );
+        assert!(entries(&members, Family::V6).is_empty());
+        let v6 = entries(&[member("::/0", false)], Family::V6);
+        assert_eq!(v6.len(), 2);
+    }
+
+    #[test]
+    fn flipping_except_is_one_add_without_delete() {
+        let old = BTreeSet::from([member("10.1.0.0/16", true), member("10.2.0.0/16", false)]);
+        let new = BTreeSet::from([member("10.1.0.0/16", false)]);
+        let (mut adds, mut dels) = (String::new(), String::new());
+        member_delta(SetId(1), &old, &new, &mut adds, &mut dels);
+        assert_eq!(adds, "add weir-0000000000000001-4 10.1.0.0/16\n");
+        assert_eq!(dels, "del weir-0000000000000001-4 10.2.0.0/16\n");
+    }
+}

@@ -1,0 +1,240 @@
+//! The `iptables-restore --noflush` script for one family: in full (start-up and repair:
+//! every weir chain rewritten, stale ones deleted, hook jumps ensured) or as the delta
+//! between what was programmed and what is desired (only changed endpoint chains and
+//! dispatch rules). Declaring a chain (`:CHAIN - [0:0]`) creates or flushes it, and each
+//! table commits atomically, so no packet sees a half-written chain.
+
+use std::collections::BTreeSet;
+use std::fmt::Write;
+
+use crate::policy::desired::{Desired, Direction, Endpoint};
+use crate::reset::iptables_save::{self, SaveParseError};
+use crate::reset::owners::WEIR_CHAIN_PREFIX;
+
+use super::backend::Family;
+use super::names::{endpoint_chain, ChainNames, DISPATCH_CHAIN, HOOKS};
+use super::rules::{dispatch_rules, endpoint_rules};
+
+const DIRECTIONS: [Direction; 2] = [Direction::Ingress, Direction::Egress];
+
+/// Replies and related ICMP errors of connections weir already let through.
+const CONNTRACK_RULE: &str = "-m conntrack --ctstate ESTABLISHED,RELATED -j RETURN";
+
+/// IPv6 neighbour discovery (router and neighbour solicitations and advertisements)
+/// is link plumbing, not pod traffic: without it no IPv6 address resolves.
+const NEIGHBOUR_DISCOVERY: [u8; 4] = [133, 134, 135, 136];
+
+fn dispatch_head(family: Family) -> Vec<String> {
+    let mut head = vec![CONNTRACK_RULE.to_string()];
+    if family == Family::V6 {
+        head.extend(
+            NEIGHBOUR_DISCOVERY
+                .iter()
+                .map(|t| format!("-p ipv6-icmp -m icmp6 --icmpv6-type {t} -j RETURN")),
+        );
+    }
+    head
+}
+
+/// `saved` (the backend's current `iptables-save` for `family`) asks for a full
+/// rewrite; without it, only the difference from `old` is written. `None`: nothing to do.
+pub fn script(
+    names: &mut ChainNames,
+    old: &Desired,
+    new: &Desired,
+    family: Family,
+    saved: Option<&str>,
+) -> Result<Option<String>, SaveParseError> {
+    let mut body = String::new();
+    match saved {
+        Some(saved) => full(names, new, family, saved, &mut body)?,
+        None => delta(names, old, new, family, &mut body),
+    }
+    if body.is_empty() {
+        return Ok(None);
+    }
+    Ok(Some(format!("*filter\n{body}COMMIT\n")))
+}
+
+fn write_chain(out: &mut String, chain: &str, rules: &[String]) {
+    let _ = writeln!(out, ":{chain} - [0:0]");
+    for r in rules {
+        let _ = writeln!(out, "-A {chain} {r}");
+    }
+}
+
+fn full(
+    names: &mut ChainNames,
+    new: &Desired,
+    family: Family,
+    saved: &str,
+    out: &mut String,
+) -> Result<(), SaveParseError> {
+    let tables = iptables_save::parse(saved)?;
+    let filter = tables.iter().find(|t| t.name == "filter");
+    let mut wanted = BTreeSet::from([DISPATCH_CHAIN.to_string()]);
+    let mut dispatch = dispatch_head(family);
+    for ep in new.endpoints.values() {
+        let hash = names.hash_for(&ep.pod);
+        for d in DIRECTIONS {
+            if let Some(rules) = endpoint_rules(ep, d, family) {
+                let chain = endpoint_chain(hash, d);
+                write_chain(out, &chain, &rules);
+                wanted.insert(chain);
+            }
+        }
+        dispatch.extend(dispatch_rules(ep, hash, family));
+    }
+    write_chain(out, DISPATCH_CHAIN, &dispatch);
+    let existing = filter.map(|t| t.chains.as_slice()).unwrap_or_default();
+    let stale: Vec<&String> = existing
+        .iter()
+        .filter(|c| c.starts_with(WEIR_CHAIN_PREFIX) && !wanted.contains(*c))
+        .collect();
+    for chain in &stale {
+        let _ = writeln!(out, "-F {chain}");
+    }
+    for chain in &stale {
+        let _ = writeln!(out, "-X {chain}");
+    }
+    for hook in HOOKS {
+        let jumps: Vec<_> = filter
+            .into_iter()
+            .flat_map(|t| &t.rules)
+            .filter(|r| r.chain == hook && r.target.as_deref() == Some(DISPATCH_CHAIN))
+            .collect();
+        match jumps.split_first() {
+            None => {
+                let _ = writeln!(out, "-I {hook} 1 -j {DISPATCH_CHAIN}");
+            }
+            Some((_, extra)) => {
+                for r in extra {
+                    let _ = writeln!(out, "-D {hook} {}", r.spec);
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+fn delta(names: &mut ChainNames, old: &Desired, new: &Desired, family: Family, out: &mut String) {
+    let mut removed_chains = Vec::new();
+    let (mut old_dispatch, mut new_dispatch) = (BTreeSet::new(), BTreeSet::new());
+    let pods: BTreeSet<&String> = old.endpoints.keys().chain(new.endpoints.keys()).collect();
+    for pod in pods {
+        let hash = names.hash_for(pod);
+        let (before, after) = (old.endpoints.get(pod), new.endpoints.get(pod));
+        if let Some(ep) = before {
+            old_dispatch.extend(dispatch_rules(ep, hash, family));
+        }
+        if let Some(ep) = after {
+            new_dispatch.extend(dispatch_rules(ep, hash, family));
+        }
+        if before == after {
+            continue;
+        }
+        for d in DIRECTIONS {
+            let rules = |ep: Option<&Endpoint>| ep.and_then(|e| endpoint_rules(e, d, family));
+            let (was, is) = (rules(before), rules(after));
+            let chain = endpoint_chain(hash, d);
+            match (was, is) {
+                (was, Some(is)) if was.as_ref() != Some(&is) => write_chain(out, &chain, &is),
+                (Some(_), None) => removed_chains.push(chain),
+                _ => {}
+            }
+        }
+    }
+    for spec in new_dispatch.difference(&old_dispatch) {
+        let _ = writeln!(out, "-A {DISPATCH_CHAIN} {spec}");
+    }
+    for spec in old_dispatch.difference(&new_dispatch) {
+        let _ = writeln!(out, "-D {DISPATCH_CHAIN} {spec}");
+    }
+    for chain in &removed_chains {
+        let _ = writeln!(out, "-F {chain}");
+    }
+    for chain in &removed_chains {
+        let _ = writeln!(out, "-X {chain}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::desired::{DirectionPolicy, Peer, Ports, Rule, RuleOrigin};
+
+    fn desired(pods: &[(&str, &str, bool)]) -> Desired {
+        let mut d = Desired::default();
+        for (pod, ip, isolated) in pods {
+            let rules = BTreeSet::from([Rule {
+                peer: Peer::Any,
+                ports: Ports::All,
+                origin: RuleOrigin {
+                    policy: "x/p".into(),
+                    rule_index: 0,
+                },
+            }]);
+            d.endpoints.insert(
+                pod.to_string(),
+                Endpoint {
+                    pod: pod.to_string(),
+                    ipv4: Some(ip.parse().unwrap()),
+                    ipv6: None,
+                    ingress: DirectionPolicy {
+                        isolated: *isolated,
+                        rules,
+                    },
+                    egress: DirectionPolicy::default(),
+                },
+            );
+        }
+        d
+    }
+
+    #[test]
+    fn full_script_ensures_hooks_once_and_deletes_stale_chains() {
+        let saved = "*filter\n:INPUT ACCEPT [0:0]\n:WEIR-FILTER - [0:0]\n:WEIR-I-dead - [0:0]\n\
+                     -A INPUT -j WEIR-FILTER\n-A INPUT -j WEIR-FILTER\nCOMMIT\n";
+        let mut names = ChainNames::default();
+        let new = desired(&[("x/a", "10.0.0.1", true)]);
+        let s = script(
+            &mut names,
+            &Desired::default(),
+            &new,
+            Family::V4,
+            Some(saved),
+        )
+        .unwrap()
+        .unwrap();
+        assert!(s.contains("-I FORWARD 1 -j WEIR-FILTER\n"));
+        assert!(s.contains("-I OUTPUT 1 -j WEIR-FILTER\n"));
+        assert!(!s.contains("-I INPUT"));
+        assert_eq!(s.matches("-D INPUT -j WEIR-FILTER").count(), 1);
+        assert!(s.contains("-F WEIR-I-dead\n") && s.contains("-X WEIR-I-dead\n"));
+        assert!(s.contains("-A WEIR-FILTER -d 10.0.0.1/32 -j WEIR-I-"));
+        assert!(s.ends_with("COMMIT\n"));
+    }
+
+    #[test]
+    fn delta_touches_only_what_changed() {
+        let mut names = ChainNames::default();
+        let old = desired(&[("x/a", "10.0.0.1", true), ("x/b", "10.0.0.2", true)]);
+        assert_eq!(
+            script(&mut names, &old, &old, Family::V4, None).unwrap(),
+            None
+        );
+        // b stops being isolated: its dispatch rule and chain go, a is untouched.
+        let new = desired(&[("x/a", "10.0.0.1", true), ("x/b", "10.0.0.2", false)]);
+        let s = script(&mut names, &old, &new, Family::V4, None)
+            .unwrap()
+            .unwrap();
+        let b_chain = endpoint_chain(names.hash_for("x/b"), Direction::Ingress);
+        assert_eq!(
+            s,
+            format!(
+                "*filter\n-D WEIR-FILTER -d 10.0.0.2/32 -j {b_chain}\n-F {b_chain}\n\
+                 -X {b_chain}\nCOMMIT\n"
+            )
+        );
+    }
+}
