@@ -1,8 +1,8 @@
 //! The ipset/iptables dataplane. Address sets become `hash:net` ipsets (one per family,
 //! excepts as `nomatch`); each isolated endpoint direction becomes a `WEIR-I-*`/`WEIR-E-*`
 //! chain that RETURNs allowed traffic and DROPs the rest; `WEIR-FILTER`, entered first
-//! from FORWARD, INPUT and OUTPUT, lets replies through (conntrack) and dispatches by pod
-//! address. IPv4 through iptables, IPv6 through ip6tables, on the backend (legacy or
+//! from FORWARD, lets replies through (conntrack) and dispatches by pod address. Traffic
+//! between a pod and its own node (INPUT, OUTPUT) is not policed. IPv4 through iptables, IPv6 through ip6tables, on the backend (legacy or
 //! nft) the node already uses.
 //!
 //! Writes are batched: one `ipset restore` for additions, one `iptables-restore

@@ -13,11 +13,12 @@ use super::backend::Family;
 pub const MAX_SET_NAME: usize = 31;
 pub const MAX_CHAIN_NAME: usize = 28;
 
-/// The chain that FORWARD, INPUT and OUTPUT jump to; it dispatches to endpoint chains.
+/// The chain FORWARD jumps to; it dispatches to endpoint chains.
 pub const DISPATCH_CHAIN: &str = "WEIR-FILTER";
-/// Built-in chains that jump to [`DISPATCH_CHAIN`]: forwarded pod traffic, pod → node
-/// (INPUT) and node → pod (OUTPUT), as the eBPF programs on the pod interface see them.
-pub const HOOKS: [&str; 3] = ["FORWARD", "INPUT", "OUTPUT"];
+/// Built-in chains that jump to [`DISPATCH_CHAIN`]. Only FORWARD: traffic between a pod
+/// and its own node's addresses (INPUT, OUTPUT) is always allowed, as NetworkPolicy
+/// specifies and as the eBPF dataplane does.
+pub const HOOKS: [&str; 1] = ["FORWARD"];
 
 /// `weir-<16 hex>-4` / `-6`: one kernel set per family for each address set.
 pub fn set_name(id: SetId, family: Family) -> String {

@@ -20,22 +20,6 @@ const DIRECTIONS: [Direction; 2] = [Direction::Ingress, Direction::Egress];
 /// Replies and related ICMP errors of connections weir already let through.
 const CONNTRACK_RULE: &str = "-m conntrack --ctstate ESTABLISHED,RELATED -j RETURN";
 
-/// IPv6 neighbour discovery (router and neighbour solicitations and advertisements)
-/// is link plumbing, not pod traffic: without it no IPv6 address resolves.
-const NEIGHBOUR_DISCOVERY: [u8; 4] = [133, 134, 135, 136];
-
-fn dispatch_head(family: Family) -> Vec<String> {
-    let mut head = vec![CONNTRACK_RULE.to_string()];
-    if family == Family::V6 {
-        head.extend(
-            NEIGHBOUR_DISCOVERY
-                .iter()
-                .map(|t| format!("-p ipv6-icmp -m icmp6 --icmpv6-type {t} -j RETURN")),
-        );
-    }
-    head
-}
-
 /// `saved` (the backend's current `iptables-save` for `family`) asks for a full
 /// rewrite; without it, only the difference from `old` is written. `None`: nothing to do.
 pub fn script(
@@ -73,7 +57,7 @@ fn full(
     let tables = iptables_save::parse(saved)?;
     let filter = tables.iter().find(|t| t.name == "filter");
     let mut wanted = BTreeSet::from([DISPATCH_CHAIN.to_string()]);
-    let mut dispatch = dispatch_head(family);
+    let mut dispatch = vec![CONNTRACK_RULE.to_string()];
     for ep in new.endpoints.values() {
         let hash = names.hash_for(&ep.pod);
         for d in DIRECTIONS {
@@ -192,9 +176,9 @@ mod tests {
     }
 
     #[test]
-    fn full_script_ensures_hooks_once_and_deletes_stale_chains() {
-        let saved = "*filter\n:INPUT ACCEPT [0:0]\n:WEIR-FILTER - [0:0]\n:WEIR-I-dead - [0:0]\n\
-                     -A INPUT -j WEIR-FILTER\n-A INPUT -j WEIR-FILTER\nCOMMIT\n";
+    fn full_script_keeps_one_hook_and_deletes_stale_chains() {
+        let saved = "*filter\n:FORWARD ACCEPT [0:0]\n:WEIR-FILTER - [0:0]\n:WEIR-I-dead - [0:0]\n\
+                     -A FORWARD -j WEIR-FILTER\n-A FORWARD -j WEIR-FILTER\nCOMMIT\n";
         let mut names = ChainNames::default();
         let new = desired(&[("x/a", "10.0.0.1", true)]);
         let s = script(
@@ -206,10 +190,8 @@ mod tests {
         )
         .unwrap()
         .unwrap();
-        assert!(s.contains("-I FORWARD 1 -j WEIR-FILTER\n"));
-        assert!(s.contains("-I OUTPUT 1 -j WEIR-FILTER\n"));
-        assert!(!s.contains("-I INPUT"));
-        assert_eq!(s.matches("-D INPUT -j WEIR-FILTER").count(), 1);
+        assert!(!s.contains("-I FORWARD"));
+        assert_eq!(s.matches("-D FORWARD -j WEIR-FILTER").count(), 1);
         assert!(s.contains("-F WEIR-I-dead\n") && s.contains("-X WEIR-I-dead\n"));
         assert!(s.contains("-A WEIR-FILTER -d 10.0.0.1/32 -j WEIR-I-"));
         assert!(s.ends_with("COMMIT\n"));
