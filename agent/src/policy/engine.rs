@@ -20,6 +20,7 @@ pub struct Engine {
     local_node: Option<String>,
     model: ClusterModel,
     policies: BTreeMap<String, PolicySpec>,
+    /// Policy keys (`namespace/name`) by namespace.
     policies_by_namespace: HashMap<String, BTreeSet<String>>,
     registry: SetRegistry,
     desired: Desired,
@@ -357,7 +358,7 @@ fn selecting<'p>(
         .get(&pod.namespace)
         .into_iter()
         .flatten()
-        .filter_map(|name| policies.get(&format!("{}/{name}", pod.namespace)))
+        .filter_map(|key| policies.get(key))
         .filter(|p| p.selects(pod))
         .collect()
 }
@@ -371,9 +372,9 @@ fn store_policy(
 ) -> Option<PolicySpec> {
     let old = policies.remove(key);
     if let Some(old) = &old {
-        if let Some(names) = by_namespace.get_mut(&old.namespace) {
-            names.remove(&old.name);
-            if names.is_empty() {
+        if let Some(keys) = by_namespace.get_mut(&old.namespace) {
+            keys.remove(key);
+            if keys.is_empty() {
                 by_namespace.remove(&old.namespace);
             }
         }
@@ -382,7 +383,7 @@ fn store_policy(
         by_namespace
             .entry(spec.namespace.clone())
             .or_default()
-            .insert(spec.name.clone());
+            .insert(key.to_owned());
         policies.insert(key.to_owned(), spec);
     }
     old

@@ -27,7 +27,9 @@ struct Group {
 #[derive(Debug, Default)]
 pub struct SetRegistry {
     interner: SetInterner,
-    ids: HashMap<SetDef, SetId>,
+    /// Ids by definition; peers separately so that the hot lookup needs no clone.
+    peer_ids: HashMap<PeerSpec, SetId>,
+    named_port_ids: HashMap<(NamedPortGroup, u16), SetId>,
     entries: HashMap<SetId, Entry>,
     groups: HashMap<NamedPortGroup, Group>,
     /// Sets whose reference count changed since the last [`SetRegistry::settle`].
@@ -36,20 +38,29 @@ pub struct SetRegistry {
 
 impl SetRegistry {
     pub fn peer_id(&mut self, peer: &PeerSpec) -> SetId {
-        self.id(SetDef::Peer(peer.clone()))
+        match self.peer_ids.get(peer) {
+            Some(id) => *id,
+            None => self.register(SetDef::Peer(peer.clone())),
+        }
     }
 
     pub fn named_port_id(&mut self, group: &NamedPortGroup, number: u16) -> SetId {
-        self.id(SetDef::NamedPort(group.clone(), number))
+        let key = (group.clone(), number);
+        match self.named_port_ids.get(&key) {
+            Some(id) => *id,
+            None => self.register(SetDef::NamedPort(key.0, key.1)),
+        }
     }
 
-    fn id(&mut self, def: SetDef) -> SetId {
-        if let Some(id) = self.ids.get(&def) {
-            return *id;
-        }
+    fn register(&mut self, def: SetDef) -> SetId {
         let id = self.interner.intern(&def.definition());
         self.dirty.insert(id);
-        self.ids.insert(def.clone(), id);
+        match &def {
+            SetDef::Peer(peer) => self.peer_ids.insert(peer.clone(), id),
+            SetDef::NamedPort(group, number) => {
+                self.named_port_ids.insert((group.clone(), *number), id)
+            }
+        };
         self.entries.insert(id, Entry { def, refs: 0 });
         id
     }
@@ -86,8 +97,13 @@ impl SetRegistry {
             if entry.refs == 0 {
                 change.touch_set(desired, id);
                 desired.sets.remove(&id);
-                let entry = self.entries.remove(&id).expect("entry checked above");
-                self.ids.remove(&entry.def);
+                match self.entries.remove(&id).map(|e| e.def) {
+                    Some(SetDef::Peer(peer)) => self.peer_ids.remove(&peer),
+                    Some(SetDef::NamedPort(group, number)) => {
+                        self.named_port_ids.remove(&(group, number))
+                    }
+                    None => None,
+                };
                 self.interner.release(id);
             } else if !desired.sets.contains_key(&id) {
                 change.touch_set(desired, id);
