@@ -8,6 +8,8 @@ use anyhow::{bail, Context, Result};
 
 pub struct NetNs {
     pub name: String,
+    /// Deleted on drop: created here, not borrowed from another owner.
+    owned: bool,
 }
 
 static NEXT: AtomicU32 = AtomicU32::new(0);
@@ -32,9 +34,17 @@ impl NetNs {
                 String::from_utf8_lossy(&out.stderr)
             );
         }
-        let ns = NetNs { name };
+        let ns = NetNs { name, owned: true };
         ns.sh("ip link set lo up")?;
         Ok(ns)
+    }
+
+    /// A namespace someone else created and deletes (a test world's node).
+    pub fn attach(name: &str) -> NetNs {
+        NetNs {
+            name: name.to_string(),
+            owned: false,
+        }
     }
 
     /// Runs `program args...` inside the namespace, feeding `stdin`.
@@ -87,6 +97,9 @@ impl NetNs {
 
 impl Drop for NetNs {
     fn drop(&mut self) {
+        if !self.owned {
+            return;
+        }
         let _ = Command::new("ip")
             .args(["netns", "del", &self.name])
             .output();

@@ -6,11 +6,24 @@
 use std::collections::BTreeSet;
 use std::fmt::Write;
 
+use std::net::{Ipv4Addr, SocketAddr};
+use std::time::Duration;
+
 use anyhow::{ensure, Context, Result};
 use serde_json::Value;
+use weir::dataplane::iptables::IptablesConfig;
+use weir::policy::desired::{Peer, SetId};
+use weir_tests::desired::{desired, endpoint, pod_set, tcp_rule};
 use weir_tests::kernel_state::{all_rules, set_names, set_sizes};
 use weir_tests::netns::NetNs;
+use weir_tests::node_dataplane::NodeDataplane;
+use weir_tests::pods::World;
+use weir_tests::probe::{tcp_from, EchoServers};
 use weir_tests::weir_bin;
+
+const A: Ipv4Addr = Ipv4Addr::new(10, 202, 0, 1);
+const B: Ipv4Addr = Ipv4Addr::new(10, 202, 0, 2);
+const T: Duration = Duration::from_millis(500);
 
 /// Whose names a scenario uses: weir's own, or Azure NPM's.
 struct Names {
@@ -212,6 +225,40 @@ fn reset_and_check(ns: &NetNs, n: &Names, k: usize, extra: &[&str]) -> Result<Va
     Ok(report)
 }
 
+/// After a reset, the iptables dataplane starts on the same node and enforces: b admits
+/// TCP 80 from a only. Sets the reset had to leave are reported, not fatal.
+fn dataplane_enforces_after_reset(world: &World, leftover: &BTreeSet<String>) -> Result<()> {
+    let _servers = EchoServers::start(&world.pod("b").ns, &[80, 81]);
+    let state = desired(
+        vec![pod_set(1, &[A])],
+        vec![endpoint(
+            "x/b",
+            B,
+            Some(vec![tcp_rule(Peer::Set(SetId(1)), 80, 80, "x/allow-a", 0)]),
+            None,
+        )],
+    );
+    let mut dp = NodeDataplane::start(&world.node, IptablesConfig::default())?;
+    let report = dp.reconcile(&state)?;
+    for failure in &report.failures {
+        let name = failure.object.trim_start_matches("ipset ");
+        ensure!(
+            leftover.contains(name),
+            "unexpected dataplane failure: {failure:?}"
+        );
+    }
+    let a_ns = &world.pod("a").ns;
+    ensure!(
+        tcp_from(a_ns, SocketAddr::from((B, 80)), T),
+        "a->b:80 must pass after reset"
+    );
+    ensure!(
+        !tcp_from(a_ns, SocketAddr::from((B, 81)), T),
+        "a->b:81 must be dropped after reset"
+    );
+    Ok(())
+}
+
 fn restore_runs(report: &Value) -> u64 {
     report["ipset_restore_runs"].as_u64().unwrap_or(u64::MAX)
 }
@@ -220,7 +267,8 @@ fn restore_runs(report: &Value) -> u64 {
 fn any_number_of_undeletable_weir_sets_costs_the_same_restore_runs() -> Result<()> {
     let mut runs = Vec::new();
     for k in [0, 1, 11, 15, 16, 17, 100, 1000] {
-        let ns = NetNs::new("rstk")?;
+        let world = World::new(&format!("rk{k}"), &[("a", A), ("b", B)]);
+        let ns = NetNs::attach(&world.node);
         build(&ns, &WEIR, k)?;
         let report = reset_and_check(&ns, &WEIR, k, &[])?;
         println!(
@@ -234,6 +282,7 @@ fn any_number_of_undeletable_weir_sets_costs_the_same_restore_runs() -> Result<(
             "K={k}: expected {DELETABLE} destroyed sets: {report}"
         );
         runs.push((k, restore_runs(&report)));
+        dataplane_enforces_after_reset(&world, &undeletable_in(&report))?;
     }
     ensure!(
         runs.iter().all(|(_, r)| *r == 1),
@@ -286,11 +335,14 @@ fn dry_run_changes_nothing() -> Result<()> {
 #[test]
 fn migrating_from_azure_npm_removes_its_state_and_survives_leaked_sets() -> Result<()> {
     for k in [0, 16, 20, 100] {
-        let ns = NetNs::new("rstnpm")?;
+        let world = World::new(&format!("rn{k}"), &[("a", A), ("b", B)]);
+        let ns = NetNs::attach(&world.node);
         build(&ns, &AZURE_NPM, k)?;
         let report = reset_and_check(&ns, &AZURE_NPM, k, &["--migrate-from", "azure-npm"])?;
         ensure!(report["azure_npm"] == Value::Bool(true), "{report}");
         ensure!(restore_runs(&report) == 1, "K={k}: {report}");
+        // NPM's leaked sets are not weir's: the dataplane does not even report them.
+        dataplane_enforces_after_reset(&world, &BTreeSet::new())?;
     }
     Ok(())
 }
