@@ -9,6 +9,9 @@ use super::exec;
 use super::ipset_list;
 use super::ipset_restore::{self, IpsetRestoreError, RestoreFailure};
 
+#[cfg(test)]
+mod tests;
+
 /// What happened to the owned ipsets.
 #[derive(Clone, Debug, Default)]
 pub struct SetsOutcome {
@@ -18,17 +21,33 @@ pub struct SetsOutcome {
     pub errors: Vec<String>,
 }
 
-/// Reads every set, with list:set members, in one `ipset list`.
-pub fn list() -> Result<Vec<ipset_list::SetInfo>, String> {
-    let text = exec::run_ok("ipset", &["list"], None).map_err(|e| e.to_string())?;
-    ipset_list::parse(&text).map_err(|e| e.to_string())
+/// The two things removal needs from ipset: one listing, one restore run.
+pub trait SetTool {
+    /// Every set, with list:set members.
+    fn list(&mut self) -> Result<Vec<ipset_list::SetInfo>, String>;
+    /// One `ipset restore -exist` run.
+    fn restore(&mut self, script: &str) -> Result<(), IpsetRestoreError>;
+}
+
+/// The kernel's sets in the current network namespace, through the `ipset` tool.
+pub struct KernelSets;
+
+impl SetTool for KernelSets {
+    fn list(&mut self) -> Result<Vec<ipset_list::SetInfo>, String> {
+        let text = exec::run_ok("ipset", &["list"], None).map_err(|e| e.to_string())?;
+        ipset_list::parse(&text).map_err(|e| e.to_string())
+    }
+
+    fn restore(&mut self, script: &str) -> Result<(), IpsetRestoreError> {
+        ipset_restore::run(script, true)
+    }
 }
 
 /// What [`remove`] would do once the owned chains holding `released` references are
 /// gone; writes nothing.
 pub fn plan_dry_run(owned: &dyn Fn(&str) -> bool, released: &BTreeMap<String, u64>) -> SetsOutcome {
     let mut outcome = SetsOutcome::default();
-    match list() {
+    match KernelSets.list() {
         Ok(sets) => {
             let plan = classify(&sets, owned, released);
             outcome.destroyed = plan.destroys().map(str::to_string).collect();
@@ -41,8 +60,12 @@ pub fn plan_dry_run(owned: &dyn Fn(&str) -> bool, released: &BTreeMap<String, u6
 
 /// Flushes every owned set and destroys those nothing else references.
 pub fn remove(owned: &dyn Fn(&str) -> bool) -> SetsOutcome {
+    remove_with(&mut KernelSets, owned)
+}
+
+pub fn remove_with(tool: &mut dyn SetTool, owned: &dyn Fn(&str) -> bool) -> SetsOutcome {
     let mut outcome = SetsOutcome::default();
-    let plan = match list() {
+    let plan = match tool.list() {
         Ok(sets) => classify(&sets, owned, &BTreeMap::new()),
         Err(e) => {
             outcome.errors.push(format!("listing ipsets: {e}"));
@@ -54,7 +77,7 @@ pub fn remove(owned: &dyn Fn(&str) -> bool) -> SetsOutcome {
         return outcome;
     }
     outcome.restore_runs += 1;
-    let failure = match ipset_restore::run(&plan.script(), true) {
+    let failure = match tool.restore(&plan.script()) {
         Ok(()) => {
             outcome.destroyed = plan.destroys().map(str::to_string).collect();
             outcome.undeletable = plan.undeletable;
@@ -69,7 +92,7 @@ pub fn remove(owned: &dyn Fn(&str) -> bool) -> SetsOutcome {
     // Lines before the failing one were applied.
     let applied = applied_ops(&plan, &failure);
     outcome.destroyed.extend(destroys_in(applied));
-    second_pass(owned, &plan, &failure, &mut outcome);
+    second_pass(tool, owned, &plan, &failure, &mut outcome);
     outcome
 }
 
@@ -89,13 +112,14 @@ fn destroys_in(ops: &[SetOp]) -> impl Iterator<Item = String> + '_ {
 /// Re-reads the sets, re-classifies what is left, and runs one more restore. Whatever
 /// that pass cannot do is reported as undeletable, not retried here.
 fn second_pass(
+    tool: &mut dyn SetTool,
     owned: &dyn Fn(&str) -> bool,
     first: &SetPlan,
     first_failure: &RestoreFailure,
     outcome: &mut SetsOutcome,
 ) {
     let failed_set = failure_set(first, first_failure);
-    let sets = match list() {
+    let sets = match tool.list() {
         Ok(sets) => sets,
         Err(e) => {
             outcome.errors.push(format!("listing ipsets again: {e}"));
@@ -118,7 +142,7 @@ fn second_pass(
         return;
     }
     outcome.restore_runs += 1;
-    match ipset_restore::run(&plan.script(), true) {
+    match tool.restore(&plan.script()) {
         Ok(()) => outcome.destroyed.extend(destroys_in(&plan.ops)),
         Err(IpsetRestoreError::Exec(e)) => outcome.errors.push(e.to_string()),
         Err(IpsetRestoreError::Stopped(f)) => {
