@@ -9,3 +9,4 @@ pub mod model;
 pub mod policy;
 pub mod reset;
 pub mod source;
+pub mod daemon;

@@ -27,6 +27,8 @@ enum Command {
         #[arg(long, default_value = weir::dataplane::ebpf::DEFAULT_PIN_ROOT)]
         bpf_root: std::path::PathBuf,
     },
+    /// Run the node agent (cluster mode, or file mode with --manifests).
+    Agent(weir::daemon::AgentArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -43,6 +45,13 @@ fn main() -> anyhow::Result<()> {
             allow,
             bpf_root,
         } => weir::dataplane::ebpf::monitor::run(&bpf_root, output, allow)?,
+        Command::Agent(args) => {
+            let argv: Vec<String> = std::env::args()
+                .skip_while(|a| a != "agent")
+                .skip(1)
+                .collect();
+            weir::daemon::main(args, &argv)?;
+        }
     }
     Ok(())
 }

@@ -1,0 +1,212 @@
+//! `weir agent` configuration: flags, environment variables and an optional YAML file.
+//! Precedence: flag, then environment, then the file, then the default shown in `--help`.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use clap::{Args, CommandFactory, FromArgMatches};
+
+use super::select::DataplaneChoice;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    Json,
+    Text,
+}
+
+/// Run the node agent. Without --manifests it watches the Kubernetes API (cluster mode,
+/// in-cluster config or KUBECONFIG); with --manifests it enforces the objects of a file.
+#[derive(Args, Clone, Debug)]
+pub struct AgentArgs {
+    /// File mode: a multi-document YAML file whose first line is `# generation: N`,
+    /// re-read whenever it changes.
+    #[arg(long, env = "WEIR_MANIFESTS", value_name = "FILE")]
+    pub manifests: Option<PathBuf>,
+
+    /// File mode: where to write the status JSON after each convergence.
+    #[arg(long, env = "WEIR_STATUS_FILE", value_name = "FILE")]
+    pub status_file: Option<PathBuf>,
+
+    /// Dataplane when this node has no `weir.io/dataplane` label. auto = eBPF when the
+    /// kernel supports it, iptables otherwise.
+    #[arg(long, env = "WEIR_DATAPLANE", value_enum, default_value_t = DataplaneChoice::Auto)]
+    pub dataplane: DataplaneChoice,
+
+    /// Where the eBPF dataplane pins its maps and records its attachments.
+    #[arg(
+        long,
+        env = "WEIR_BPF_ROOT",
+        value_name = "DIR",
+        default_value = "/sys/fs/bpf/weir"
+    )]
+    pub bpf_root: PathBuf,
+
+    /// This node's name (downward API `spec.nodeName`). Cluster mode needs it; in file mode
+    /// it picks the Node object that selects the dataplane.
+    #[arg(long, env = "NODE_NAME")]
+    pub node_name: Option<String>,
+
+    /// Address of the /metrics, /healthz and /readyz server.
+    /// Default: 0.0.0.0:9402 in cluster mode, none in file mode.
+    #[arg(long, env = "WEIR_LISTEN", value_name = "ADDR")]
+    pub listen: Option<SocketAddr>,
+
+    /// Full reconcile of the dataplane (drift repair, retry of undeletable sets), in seconds.
+    #[arg(long, env = "WEIR_RESYNC_SECONDS", default_value_t = 60)]
+    pub resync_seconds: u64,
+
+    /// File mode: how often the manifest file's metadata is checked, in milliseconds.
+    #[arg(long, env = "WEIR_POLL_MS", default_value_t = 100)]
+    pub poll_ms: u64,
+
+    /// Log filter (tracing `EnvFilter` syntax: `info`, `weir=debug`, ...).
+    #[arg(long, env = "WEIR_LOG_LEVEL", default_value = "info")]
+    pub log_level: String,
+
+    /// Log format. Default: json in cluster mode, text in file mode.
+    #[arg(long, env = "WEIR_LOG_FORMAT", value_enum)]
+    pub log_format: Option<LogFormat>,
+
+    /// Optional YAML file whose keys are these flags' long names (`resync-seconds: 30`).
+    #[arg(long, env = "WEIR_CONFIG", value_name = "FILE")]
+    pub config: Option<PathBuf>,
+}
+
+/// The default metrics/health address in cluster mode.
+pub const CLUSTER_LISTEN: &str = "0.0.0.0:9402";
+
+#[derive(clap::Parser)]
+#[command(name = "weir agent", args_override_self = true)]
+struct Standalone {
+    #[command(flatten)]
+    args: AgentArgs,
+}
+
+impl AgentArgs {
+    pub fn is_file_mode(&self) -> bool {
+        self.manifests.is_some()
+    }
+
+    pub fn listen_addr(&self) -> Option<SocketAddr> {
+        match self.listen {
+            Some(a) => Some(a),
+            None if self.is_file_mode() => None,
+            // A constant that parses.
+            None => CLUSTER_LISTEN.parse().ok(),
+        }
+    }
+
+    pub fn log_format(&self) -> LogFormat {
+        self.log_format.unwrap_or(if self.is_file_mode() {
+            LogFormat::Text
+        } else {
+            LogFormat::Json
+        })
+    }
+
+    /// Fills what neither a flag nor the environment set from the `--config` file.
+    /// `argv` is the agent's own arguments (after `agent`).
+    pub fn with_config_file(self, argv: &[String]) -> Result<AgentArgs, ConfigError> {
+        let Some(path) = self.config.clone() else {
+            return Ok(self);
+        };
+        let text = std::fs::read_to_string(&path).map_err(|e| ConfigError::Read {
+            path: path.clone(),
+            source: e,
+        })?;
+        let map: std::collections::BTreeMap<String, serde_yaml::Value> =
+            serde_yaml::from_str(&text).map_err(|e| ConfigError::Parse {
+                path: path.clone(),
+                reason: e.to_string(),
+            })?;
+        let cmd = Standalone::command();
+        let mut merged = vec!["weir-agent".to_string()];
+        for (key, value) in map {
+            let arg = cmd
+                .get_arguments()
+                .find(|a| a.get_long() == Some(key.as_str()) && key != "config")
+                .ok_or_else(|| ConfigError::Parse {
+                    path: path.clone(),
+                    reason: format!("unknown key {key:?}"),
+                })?;
+            if arg
+                .get_env()
+                .is_some_and(|var| std::env::var_os(var).is_some())
+            {
+                continue;
+            }
+            let value = match value {
+                serde_yaml::Value::String(s) => s,
+                serde_yaml::Value::Number(n) => n.to_string(),
+                serde_yaml::Value::Bool(b) => b.to_string(),
+                other => {
+                    return Err(ConfigError::Parse {
+                        path: path.clone(),
+                        reason: format!("{key}: expected a scalar, got {other:?}"),
+                    })
+                }
+            };
+            merged.push(format!("--{key}={value}"));
+        }
+        merged.extend(argv.iter().cloned());
+        let matches = cmd
+            .try_get_matches_from(&merged)
+            .map_err(|e| ConfigError::Parse {
+                path: path.clone(),
+                reason: e.to_string(),
+            })?;
+        Standalone::from_arg_matches(&matches)
+            .map(|s| s.args)
+            .map_err(|e| ConfigError::Parse {
+                path,
+                reason: e.to_string(),
+            })
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("read config file {path}: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("config file {path}: {reason}")]
+    Parse { path: PathBuf, reason: String },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[test]
+    fn file_fills_what_flags_leave_and_flags_win() {
+        let dir = std::env::temp_dir().join(format!("weir-config-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("agent.yaml");
+        std::fs::write(
+            &file,
+            "resync-seconds: 7\npoll-ms: 250\ndataplane: iptables\n",
+        )
+        .unwrap();
+        let argv = vec![
+            format!("--config={}", file.display()),
+            "--poll-ms=50".to_string(),
+        ];
+        let args =
+            Standalone::parse_from(std::iter::once("x".to_string()).chain(argv.clone())).args;
+        let args = args.with_config_file(&argv).unwrap();
+        assert_eq!(args.resync_seconds, 7);
+        assert_eq!(args.poll_ms, 50);
+        assert_eq!(args.dataplane, DataplaneChoice::Iptables);
+
+        std::fs::write(&file, "no-such-flag: 1\n").unwrap();
+        let args =
+            Standalone::parse_from(std::iter::once("x".to_string()).chain(argv.clone())).args;
+        let err = args.with_config_file(&argv).unwrap_err().to_string();
+        assert!(err.contains("no-such-flag"), "{err}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

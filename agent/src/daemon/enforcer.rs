@@ -1,0 +1,260 @@
+//! The node controller: owns the dataplane that enforces, switches it make-before-break
+//! when the node's choice changes, and cleans what other dataplanes (or Azure NPM) left
+//! behind, retrying what could not be removed.
+
+use std::time::{Duration, Instant};
+
+use super::event::ObjectError;
+use super::select::{resolve, DataplaneChoice, Effective};
+use crate::dataplane::{ApplyFailure, Dataplane, DataplaneError, DataplaneKind};
+use crate::policy::desired::{Delta, Desired};
+
+/// State that must go from this node.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Cleanup {
+    /// Everything a dataplane of this kind installs (chains, sets, programs, pins).
+    pub dataplane: Option<DataplaneKind>,
+    /// Azure NPM's chains and sets.
+    pub azure_npm: bool,
+}
+
+impl Cleanup {
+    pub fn is_empty(&self) -> bool {
+        self.dataplane.is_none() && !self.azure_npm
+    }
+}
+
+/// What a cleanup did. Undeletable sets are expected (leaked kernel references) and
+/// never fail the cleanup: they are retried later, as is a cleanup that had errors.
+#[derive(Clone, Debug, Default)]
+pub struct CleanupReport {
+    pub removed: usize,
+    /// Sets still present, by name, with the reason.
+    pub undeletable: Vec<ObjectError>,
+    /// Anything else that could not be done (a tool missing, a filter that stayed).
+    pub errors: Vec<String>,
+    pub duration: Duration,
+}
+
+/// What the run loop needs from the node. The real one builds eBPF and iptables
+/// dataplanes and calls the shared reset; tests can supply their own.
+pub trait Backends: Send {
+    /// Whether this kernel can run the eBPF programs; the reason when not.
+    fn probe_ebpf(&self) -> Result<(), String>;
+    fn build(&self, kind: DataplaneKind) -> Result<Box<dyn Dataplane>, DataplaneError>;
+    fn cleanup(&self, what: &Cleanup) -> CleanupReport;
+    /// Tries again to destroy sets an earlier cleanup could not.
+    fn retry_sets(&self, names: &[String]) -> CleanupReport;
+}
+
+/// What changed when the enforcer acted, for logs, metrics and the status.
+#[derive(Debug, Default)]
+pub struct Outcome {
+    pub switched: Option<(DataplaneKind, DataplaneKind)>,
+    pub cleanups: Vec<CleanupReport>,
+}
+
+pub struct Enforcer<B: Backends> {
+    backends: B,
+    active: Box<dyn Dataplane>,
+    choice: DataplaneChoice,
+    effective: Effective,
+    /// Cleanup that had errors, retried on every [`Enforcer::reconcile`].
+    pending: Cleanup,
+    /// Sets that could not be destroyed, retried on every [`Enforcer::reconcile`].
+    pending_sets: Vec<String>,
+    /// Objects the dataplane could not enforce at its last apply or reconcile.
+    failures: Vec<ApplyFailure>,
+    /// Why the last switch did not happen, until one succeeds.
+    switch_error: Option<String>,
+}
+
+impl<B: Backends> Enforcer<B> {
+    /// Start-up: pick and build the dataplane, converge it on `desired`, and only then
+    /// remove the other dataplane's leftovers and Azure NPM's state, so the node is never
+    /// less protected than before weir started.
+    pub fn start(
+        backends: B,
+        choice: DataplaneChoice,
+        desired: &Desired,
+    ) -> Result<(Self, Outcome), (B, DataplaneError)> {
+        let mut effective = resolve(choice, || backends.probe_ebpf());
+        let mut active = match backends.build(effective.kind) {
+            Ok(dp) => dp,
+            Err(e) if effective.kind == DataplaneKind::Ebpf => {
+                tracing::warn!(error = %e, "eBPF dataplane failed to start, falling back to iptables");
+                effective = Effective {
+                    kind: DataplaneKind::Iptables,
+                    fallback_reason: Some(format!("{choice}: eBPF dataplane failed to start: {e}")),
+                };
+                match backends.build(DataplaneKind::Iptables) {
+                    Ok(dp) => dp,
+                    Err(e) => return Err((backends, e)),
+                }
+            }
+            Err(e) => return Err((backends, e)),
+        };
+        let report = match active.reconcile(desired) {
+            Ok(r) => r,
+            Err(e) => return Err((backends, e)),
+        };
+        let mut enforcer = Enforcer {
+            backends,
+            active,
+            choice,
+            effective,
+            pending: Cleanup::default(),
+            pending_sets: Vec::new(),
+            failures: report.failures,
+            switch_error: None,
+        };
+        let cleanup = Cleanup {
+            dataplane: Some(other(enforcer.effective.kind)),
+            azure_npm: true,
+        };
+        let outcome = Outcome {
+            switched: None,
+            cleanups: vec![enforcer.clean(cleanup)],
+        };
+        Ok((enforcer, outcome))
+    }
+
+    pub fn effective(&self) -> &Effective {
+        &self.effective
+    }
+
+    pub fn failures(&self) -> &[ApplyFailure] {
+        &self.failures
+    }
+
+    pub fn switch_error(&self) -> Option<&str> {
+        self.switch_error.as_deref()
+    }
+
+    /// Sets of earlier cleanups still waiting to be destroyed.
+    pub fn pending_sets(&self) -> &[String] {
+        &self.pending_sets
+    }
+
+    pub fn status(&self) -> crate::dataplane::DataplaneStatus {
+        self.active.status()
+    }
+
+    pub fn apply(&mut self, delta: &Delta, desired: &Desired) -> Result<(), DataplaneError> {
+        self.failures = self.active.apply(delta, desired)?.failures;
+        Ok(())
+    }
+
+    /// Periodic repair: converge the dataplane again and retry pending cleanups.
+    pub fn reconcile(&mut self, desired: &Desired) -> Result<Outcome, DataplaneError> {
+        self.failures = self.active.reconcile(desired)?.failures;
+        let mut outcome = Outcome::default();
+        if !self.pending.is_empty() {
+            let retry = std::mem::take(&mut self.pending);
+            outcome.cleanups.push(self.clean(retry));
+        }
+        if !self.pending_sets.is_empty() {
+            let report = self.backends.retry_sets(&self.pending_sets);
+            self.pending_sets = report
+                .undeletable
+                .iter()
+                .map(|u| u.object.clone())
+                .collect();
+            outcome.cleanups.push(report);
+        }
+        Ok(outcome)
+    }
+
+    /// Follows a change of the node's choice. When it changes the effective dataplane:
+    /// build the new one and converge it while the old one still enforces (they are
+    /// independent: iptables in FORWARD, tc on the pod interfaces), then reset the old one.
+    /// When anything fails before the new one has converged, the old one stays in charge.
+    pub fn choose(&mut self, choice: DataplaneChoice, desired: &Desired) -> Outcome {
+        let mut outcome = Outcome::default();
+        if choice == self.choice && self.switch_error.is_none() {
+            return outcome;
+        }
+        self.choice = choice;
+        let next = resolve(choice, || self.backends.probe_ebpf());
+        let from = self.effective.kind;
+        if next.kind == from {
+            self.effective = next;
+            self.switch_error = None;
+            return outcome;
+        }
+        let started = Instant::now();
+        let mut fresh = match self.backends.build(next.kind) {
+            Ok(dp) => dp,
+            Err(e) => {
+                self.switch_error = Some(format!("switch {from} -> {}: build: {e}", next.kind));
+                return outcome;
+            }
+        };
+        let report = match fresh.reconcile(desired) {
+            Ok(r) => r,
+            Err(e) => {
+                self.switch_error = Some(format!("switch {from} -> {}: converge: {e}", next.kind));
+                drop(fresh);
+                // Whatever the half-built dataplane installed goes; the old one still enforces.
+                let partial = Cleanup {
+                    dataplane: Some(next.kind),
+                    azure_npm: false,
+                };
+                outcome.cleanups.push(self.clean(partial));
+                return outcome;
+            }
+        };
+        tracing::info!(from = %from, to = %next.kind, converge_ms = started.elapsed().as_millis() as u64,
+            "new dataplane converged; removing the old one");
+        let old = std::mem::replace(&mut self.active, fresh);
+        drop(old);
+        self.failures = report.failures;
+        self.effective = next;
+        self.switch_error = None;
+        // Never clean what now enforces: a set name of the new dataplane may be one an
+        // earlier cleanup could not destroy.
+        if self.pending.dataplane == Some(self.effective.kind) {
+            self.pending.dataplane = None;
+        }
+        if self.effective.kind == DataplaneKind::Iptables {
+            self.pending_sets
+                .retain(|name| !name.starts_with(WEIR_SET_PREFIX));
+        }
+        let old_state = Cleanup {
+            dataplane: Some(from),
+            azure_npm: false,
+        };
+        outcome.cleanups.push(self.clean(old_state));
+        outcome.switched = Some((from, self.effective.kind));
+        outcome
+    }
+
+    /// Runs a cleanup; what could not be removed is kept for the next retry.
+    fn clean(&mut self, what: Cleanup) -> CleanupReport {
+        let report = self.backends.cleanup(&what);
+        for item in &report.undeletable {
+            tracing::warn!(set = %item.object, reason = %item.reason, "could not destroy; will retry");
+            if !self.pending_sets.contains(&item.object) {
+                self.pending_sets.push(item.object.clone());
+            }
+        }
+        for e in &report.errors {
+            tracing::warn!(error = %e, "cleanup incomplete; will retry");
+        }
+        if !report.errors.is_empty() {
+            self.pending.dataplane = self.pending.dataplane.or(what.dataplane);
+            self.pending.azure_npm |= what.azure_npm;
+        }
+        report
+    }
+}
+
+/// Prefix of the iptables dataplane's set names.
+const WEIR_SET_PREFIX: &str = "weir-";
+
+fn other(kind: DataplaneKind) -> DataplaneKind {
+    match kind {
+        DataplaneKind::Ebpf => DataplaneKind::Iptables,
+        DataplaneKind::Iptables => DataplaneKind::Ebpf,
+    }
+}

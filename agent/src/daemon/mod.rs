@@ -1,0 +1,110 @@
+//! `weir agent`: the run loop that turns cluster state into enforcement on one node.
+//!
+//! ```text
+//! EventSource (file | kube) ──Batch──▶ Daemon ──▶ policy::Engine ──Desired──▶ Enforcer ──▶ Dataplane
+//!                                        │                                   (node controller:
+//!                                        └─▶ status file / node annotation,   pick, switch, reset)
+//!                                            metrics, readiness
+//! ```
+//!
+//! Start-up: read the first full state, pick the dataplane (node label, else flag; `auto`
+//! probes the kernel), converge it, then remove the other dataplane's leftovers and Azure
+//! NPM's state (make before break), then serve events. The lab runs the same loop through
+//! `weir agent --manifests FILE --status-file FILE`.
+
+pub mod config;
+pub mod enforcer;
+pub mod event;
+pub mod http;
+pub mod metrics;
+pub mod node;
+pub mod publish;
+pub mod run;
+pub mod select;
+pub mod status;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+
+pub use config::AgentArgs;
+use config::LogFormat;
+use run::{Daemon, Health, RunOptions};
+
+fn init_logging(args: &AgentArgs) -> anyhow::Result<()> {
+    let filter = tracing_subscriber::EnvFilter::try_new(&args.log_level)
+        .with_context(|| format!("--log-level {:?}", args.log_level))?;
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    let result = match args.log_format() {
+        LogFormat::Json => builder.json().try_init(),
+        LogFormat::Text => builder.try_init(),
+    };
+    result.map_err(|e| anyhow::anyhow!("install the logger: {e}"))
+}
+
+/// `weir agent`. `argv` is what followed `agent` on the command line (for --config).
+pub fn main(args: AgentArgs, argv: &[String]) -> anyhow::Result<()> {
+    let args = args.with_config_file(argv)?;
+    init_logging(&args)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("start the async runtime")?;
+    runtime.block_on(run_agent(args))
+}
+
+async fn run_agent(args: AgentArgs) -> anyhow::Result<()> {
+    let metrics = Arc::new(metrics::Metrics::new());
+    let health = Arc::new(Health::default());
+    if let Some(addr) = args.listen_addr() {
+        let bound = http::serve(addr, metrics.clone(), health.clone())
+            .await
+            .with_context(|| format!("listen on {addr}"))?;
+        tracing::info!(%bound, "serving /metrics, /healthz, /readyz");
+    }
+    let opts = RunOptions {
+        default_choice: args.dataplane,
+        node_name: args.node_name.clone(),
+        status_file: args.status_file.clone(),
+        resync: Duration::from_secs(args.resync_seconds.max(1)),
+    };
+    let backends = node::NodeBackends::new(args.bpf_root.clone());
+    match &args.manifests {
+        Some(path) => {
+            tracing::info!(manifests = %path.display(), "file mode");
+            let source = crate::source::file::FileSource::new(
+                path.clone(),
+                Duration::from_millis(args.poll_ms.max(1)),
+            );
+            Daemon::new(opts, backends, metrics, health)
+                .run(source)
+                .await?;
+        }
+        None => {
+            let node = args
+                .node_name
+                .clone()
+                .context("cluster mode needs this node's name: --node-name or NODE_NAME (downward API spec.nodeName)")?;
+            let client = kube::Client::try_default()
+                .await
+                .context("connect to the Kubernetes API (in-cluster config or KUBECONFIG)")?;
+            tracing::info!(%node, "cluster mode");
+            let source = crate::source::kube::KubeSource::new(client.clone(), &node);
+            let publisher = publish::KubePublisher::spawn(client, node);
+            Daemon::new(opts, backends, metrics, health)
+                .with_publisher(Box::new(publisher))
+                .run(source)
+                .await?;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+pub(crate) mod testing;
+#[cfg(test)]
+mod tests;

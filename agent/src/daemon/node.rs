@@ -1,0 +1,85 @@
+//! The real [`Backends`]: the two dataplanes of this crate and the shared tolerant reset,
+//! in the current network namespace.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use super::enforcer::{Backends, Cleanup, CleanupReport};
+use super::event::ObjectError;
+use crate::dataplane::ebpf::{self, EbpfConfig, EbpfDataplane};
+use crate::dataplane::iptables::{IptablesConfig, IptablesDataplane};
+use crate::dataplane::{Dataplane, DataplaneError, DataplaneKind};
+use crate::reset::{self, AzureNpm, ResetOptions, ResetReport, UndeletableSet};
+
+pub struct NodeBackends {
+    bpf_root: PathBuf,
+}
+
+impl NodeBackends {
+    pub fn new(bpf_root: PathBuf) -> Self {
+        NodeBackends { bpf_root }
+    }
+}
+
+fn undeletable(sets: &[UndeletableSet]) -> Vec<ObjectError> {
+    sets.iter()
+        .map(|u| ObjectError {
+            object: u.name.clone(),
+            reason: u.reason.clone(),
+        })
+        .collect()
+}
+
+impl From<ResetReport> for CleanupReport {
+    fn from(r: ResetReport) -> Self {
+        CleanupReport {
+            removed: r.removed_iptables.len()
+                + r.destroyed_sets.len()
+                + r.detached_filters.len()
+                + r.removed_pins.len(),
+            undeletable: undeletable(&r.undeletable_sets),
+            errors: r.errors,
+            duration: Duration::from_secs_f64(r.duration_ms.max(0.0) / 1000.0),
+        }
+    }
+}
+
+impl Backends for NodeBackends {
+    fn probe_ebpf(&self) -> Result<(), String> {
+        ebpf::probe()
+    }
+
+    fn build(&self, kind: DataplaneKind) -> Result<Box<dyn Dataplane>, DataplaneError> {
+        Ok(match kind {
+            DataplaneKind::Ebpf => Box::new(EbpfDataplane::new(EbpfConfig {
+                pin_root: self.bpf_root.clone(),
+                ..Default::default()
+            })?),
+            DataplaneKind::Iptables => Box::new(IptablesDataplane::new(IptablesConfig::default())?),
+        })
+    }
+
+    /// Azure NPM's state lives in iptables and ipsets, so it goes with the iptables
+    /// part of the reset, which only runs when iptables is not the dataplane in use.
+    fn cleanup(&self, what: &Cleanup) -> CleanupReport {
+        let options = ResetOptions {
+            iptables: what.dataplane == Some(DataplaneKind::Iptables),
+            ebpf: what.dataplane == Some(DataplaneKind::Ebpf),
+            bpf_root: self.bpf_root.clone(),
+            azure_npm: AzureNpm::IfPresent,
+            dry_run: false,
+        };
+        reset::reset(&options).into()
+    }
+
+    fn retry_sets(&self, names: &[String]) -> CleanupReport {
+        let started = std::time::Instant::now();
+        let outcome = reset::retry_undeletable(names);
+        CleanupReport {
+            removed: outcome.destroyed.len(),
+            undeletable: undeletable(&outcome.undeletable),
+            errors: outcome.errors,
+            duration: started.elapsed(),
+        }
+    }
+}

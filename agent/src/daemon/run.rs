@@ -1,0 +1,348 @@
+//! The run loop: source → engine → dataplane. Each batch of events goes through the
+//! engine; the dataplane then applies the difference between the desired state before and
+//! after the batch. A periodic resync repairs drift and retries pending cleanups.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::enforcer::{Backends, Enforcer, Outcome};
+use super::event::{Batch, Event, EventSource, ObjectError, SourceError};
+use super::metrics::Metrics;
+use super::select::{choice_from_labels, DataplaneChoice};
+use super::status::Status;
+use crate::model::{Kind, Object, ObjectRef};
+use crate::policy::Engine;
+
+pub struct RunOptions {
+    /// Used when this node carries no `weir.io/dataplane` label.
+    pub default_choice: DataplaneChoice,
+    /// This node's name; `None` in file mode with a single Node object (or none).
+    pub node_name: Option<String>,
+    pub status_file: Option<PathBuf>,
+    pub resync: Duration,
+}
+
+/// Shared with the health server.
+#[derive(Default)]
+pub struct Health {
+    ready: AtomicBool,
+}
+
+impl Health {
+    pub fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::Relaxed)
+    }
+}
+
+/// Notified after each status change: cluster mode publishes the node annotation and
+/// Events for the objects it refused.
+pub trait Publisher: Send {
+    fn publish(&mut self, status: &Status, refused: &BTreeMap<ObjectRef, String>);
+}
+
+pub struct Daemon<B: Backends> {
+    opts: RunOptions,
+    engine: Engine,
+    backends: Option<B>,
+    enforcer: Option<Enforcer<B>>,
+    metrics: Arc<Metrics>,
+    health: Arc<Health>,
+    publisher: Option<Box<dyn Publisher>>,
+    generation: Option<u64>,
+    /// The node label's choice; `None` falls back to the default.
+    node_choice: Option<DataplaneChoice>,
+    node_choice_error: Option<ObjectError>,
+    source_errors: Vec<ObjectError>,
+    /// Objects the engine refused, with the reason.
+    refused: BTreeMap<ObjectRef, String>,
+    /// Why the dataplane did not converge (start, apply or reconcile failed).
+    dataplane_error: Option<String>,
+    known: BTreeSet<ObjectRef>,
+    last_status: Option<Status>,
+}
+
+impl<B: Backends> Daemon<B> {
+    pub fn new(opts: RunOptions, backends: B, metrics: Arc<Metrics>, health: Arc<Health>) -> Self {
+        let engine = Engine::new(opts.node_name.clone());
+        Daemon {
+            opts,
+            engine,
+            backends: Some(backends),
+            enforcer: None,
+            metrics,
+            health,
+            publisher: None,
+            generation: None,
+            node_choice: None,
+            node_choice_error: None,
+            source_errors: Vec::new(),
+            refused: BTreeMap::new(),
+            dataplane_error: None,
+            known: BTreeSet::new(),
+            last_status: None,
+        }
+    }
+
+    pub fn with_publisher(mut self, p: Box<dyn Publisher>) -> Self {
+        self.publisher = Some(p);
+        self
+    }
+
+    pub fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
+    pub fn enforcer(&self) -> Option<&Enforcer<B>> {
+        self.enforcer.as_ref()
+    }
+
+    /// Runs until the source fails or a shutdown signal arrives.
+    pub async fn run<S: EventSource>(mut self, mut source: S) -> Result<(), SourceError> {
+        let mut resync = tokio::time::interval(self.opts.resync);
+        resync.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        resync.tick().await;
+        let mut terminate = tokio::signal::unix::signal(
+            tokio::signal::unix::SignalKind::terminate(),
+        )
+        .map_err(|e| SourceError::Io {
+            context: "install SIGTERM handler".into(),
+            source: e,
+        })?;
+        loop {
+            tokio::select! {
+                batch = source.next() => {
+                    let batch = batch?;
+                    tokio::task::block_in_place(|| self.handle(batch));
+                }
+                _ = resync.tick() => tokio::task::block_in_place(|| self.resync()),
+                _ = tokio::signal::ctrl_c() => break,
+                _ = terminate.recv() => break,
+            }
+        }
+        // The dataplane keeps enforcing after the agent exits: nothing is torn down here.
+        tracing::info!("shutting down; enforcement stays in place");
+        Ok(())
+    }
+
+    /// Applies one batch: events into the engine, then one dataplane update.
+    pub fn handle(&mut self, batch: Batch) {
+        let started = Instant::now();
+        let before = self.engine.desired().clone();
+        self.source_errors = batch.rejected;
+        if batch.generation.is_some() {
+            self.generation = batch.generation;
+        }
+        for event in batch.events {
+            self.feed(event);
+        }
+        let choice = self.node_choice.unwrap_or(self.opts.default_choice);
+        let desired = self.engine.desired();
+        match &mut self.enforcer {
+            None => self.start(choice),
+            Some(enforcer) => {
+                let outcome = enforcer.choose(choice, desired);
+                let result = if outcome.switched.is_some() {
+                    Ok(())
+                } else {
+                    let delta = before.diff(desired);
+                    if delta.is_empty() {
+                        Ok(())
+                    } else {
+                        enforcer.apply(&delta, desired)
+                    }
+                };
+                self.dataplane_error = result.err().map(|e| e.to_string());
+                self.account(&outcome);
+            }
+        }
+        self.metrics.observe_apply(started.elapsed().as_secs_f64());
+        self.report();
+    }
+
+    /// Periodic repair. Also retries a start that failed.
+    pub fn resync(&mut self) {
+        let choice = self.node_choice.unwrap_or(self.opts.default_choice);
+        match &mut self.enforcer {
+            None => self.start(choice),
+            Some(enforcer) => {
+                let desired = self.engine.desired();
+                let switched = enforcer.choose(choice, desired);
+                self.account(&switched);
+                match self
+                    .enforcer
+                    .as_mut()
+                    .map(|e| e.reconcile(self.engine.desired()))
+                {
+                    Some(Ok(outcome)) => {
+                        self.dataplane_error = None;
+                        self.account(&outcome);
+                    }
+                    Some(Err(e)) => self.dataplane_error = Some(e.to_string()),
+                    None => {}
+                }
+            }
+        }
+        self.report();
+    }
+
+    fn feed(&mut self, event: Event) {
+        let (key, result) = match event {
+            Event::Upsert(object) => {
+                let key = object.key();
+                if let Object::Node(node) = object.as_ref() {
+                    self.observe_node(node.metadata.name.as_deref(), node.metadata.labels.as_ref());
+                }
+                self.known.insert(key.clone());
+                (key, self.engine.upsert(*object).map(drop))
+            }
+            Event::Delete(key) => {
+                if key.kind == Kind::Node {
+                    self.observe_node(Some(&key.name), None);
+                }
+                self.known.remove(&key);
+                // A deleted object is no longer refused, whatever the engine says.
+                self.refused.remove(&key);
+                let result = self.engine.delete(&key).map(drop);
+                (key, result)
+            }
+        };
+        match result {
+            Ok(()) => {
+                self.refused.remove(&key);
+            }
+            Err(e) => {
+                tracing::warn!(object = %key, error = %e, "object refused; everything else stays enforced");
+                self.refused.insert(key, e.to_string());
+            }
+        }
+    }
+
+    fn is_this_node(&self, name: Option<&str>) -> bool {
+        match &self.opts.node_name {
+            Some(mine) => name == Some(mine.as_str()),
+            None => true,
+        }
+    }
+
+    fn observe_node(&mut self, name: Option<&str>, labels: Option<&BTreeMap<String, String>>) {
+        if !self.is_this_node(name) {
+            return;
+        }
+        self.node_choice_error = None;
+        self.node_choice = match choice_from_labels(labels) {
+            None => None,
+            Some(Ok(choice)) => Some(choice),
+            Some(Err(reason)) => {
+                self.node_choice_error = Some(ObjectError {
+                    object: format!("Node {}", name.unwrap_or_default()),
+                    reason: format!("{reason}; using {}", self.opts.default_choice),
+                });
+                None
+            }
+        };
+    }
+
+    fn start(&mut self, choice: DataplaneChoice) {
+        let Some(backends) = self.backends.take() else {
+            return;
+        };
+        match Enforcer::start(backends, choice, self.engine.desired()) {
+            Ok((enforcer, outcome)) => {
+                let e = enforcer.effective();
+                tracing::info!(dataplane = %e.kind, fallback_reason = e.fallback_reason.as_deref().unwrap_or(""),
+                    "dataplane converged");
+                self.enforcer = Some(enforcer);
+                self.dataplane_error = None;
+                self.account(&outcome);
+            }
+            Err((backends, e)) => {
+                tracing::error!(error = %e, "no dataplane could start; retrying at the next resync");
+                self.backends = Some(backends);
+                self.dataplane_error = Some(format!("start: {e}"));
+            }
+        }
+    }
+
+    fn account(&self, outcome: &Outcome) {
+        for report in &outcome.cleanups {
+            tracing::info!(
+                removed = report.removed,
+                undeletable = report.undeletable.len(),
+                duration_ms = report.duration.as_millis() as u64,
+                "cleanup done"
+            );
+            self.metrics.record_cleanup(report);
+        }
+        if let Some((from, to)) = outcome.switched {
+            tracing::info!(%from, %to, "dataplane switched");
+            self.metrics.record_switch();
+        }
+    }
+
+    fn status(&self) -> Status {
+        let mut errors = self.source_errors.clone();
+        errors.extend(self.refused.iter().map(|(object, reason)| ObjectError {
+            object: object.to_string(),
+            reason: reason.clone(),
+        }));
+        errors.extend(self.node_choice_error.clone());
+        if let Some(e) = &self.dataplane_error {
+            errors.push(ObjectError {
+                object: "dataplane".into(),
+                reason: e.clone(),
+            });
+        }
+        if let Some(enforcer) = &self.enforcer {
+            errors.extend(enforcer.failures().iter().map(|f| ObjectError {
+                object: f.object.clone(),
+                reason: f.reason.clone(),
+            }));
+            if let Some(e) = enforcer.switch_error() {
+                errors.push(ObjectError {
+                    object: "dataplane switch".into(),
+                    reason: e.to_string(),
+                });
+            }
+        }
+        let effective = self.enforcer.as_ref().map(|e| e.effective());
+        Status {
+            generation: self.generation.unwrap_or(0),
+            converged: self.enforcer.is_some() && self.dataplane_error.is_none(),
+            dataplane: effective.map(|e| e.kind),
+            fallback_reason: effective.and_then(|e| e.fallback_reason.clone()),
+            errors,
+        }
+    }
+
+    /// Metrics, readiness, the status file and the publisher, after every change.
+    fn report(&mut self) {
+        let status = self.status();
+        for kind in [Kind::Namespace, Kind::Pod, Kind::NetworkPolicy, Kind::Node] {
+            let n = self.known.iter().filter(|k| k.kind == kind).count();
+            self.metrics.set_objects(kind.name(), n);
+        }
+        self.metrics.set_object_errors(status.errors.len());
+        if let Some(enforcer) = &self.enforcer {
+            self.metrics.set_effective(enforcer.effective());
+            self.metrics.set_dataplane_status(&enforcer.status());
+        }
+        if status.converged {
+            self.health.ready.store(true, Ordering::Relaxed);
+        }
+        if self.last_status.as_ref() == Some(&status) {
+            return;
+        }
+        if let Some(path) = &self.opts.status_file {
+            if let Err(e) = status.write_atomically(path) {
+                tracing::error!(path = %path.display(), error = %e, "cannot write the status file");
+            }
+        }
+        if let Some(p) = &mut self.publisher {
+            p.publish(&status, &self.refused);
+        }
+        self.last_status = Some(status);
+    }
+}

@@ -1,0 +1,129 @@
+//! Which dataplane this node runs: the node label `weir.io/dataplane` (or the flag when
+//! the node has no label) asks for one; the kernel decides whether eBPF can be had.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+use crate::dataplane::DataplaneKind;
+
+/// The node label that selects the dataplane.
+pub const DATAPLANE_LABEL: &str = "weir.io/dataplane";
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum DataplaneChoice {
+    Ebpf,
+    Iptables,
+    /// eBPF when the kernel supports it, iptables otherwise.
+    #[default]
+    Auto,
+}
+
+impl fmt::Display for DataplaneChoice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            DataplaneChoice::Ebpf => "ebpf",
+            DataplaneChoice::Iptables => "iptables",
+            DataplaneChoice::Auto => "auto",
+        })
+    }
+}
+
+impl FromStr for DataplaneChoice {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "ebpf" => Ok(DataplaneChoice::Ebpf),
+            "iptables" => Ok(DataplaneChoice::Iptables),
+            "auto" => Ok(DataplaneChoice::Auto),
+            other => Err(format!(
+                "label {DATAPLANE_LABEL}={other:?} is not one of ebpf, iptables, auto"
+            )),
+        }
+    }
+}
+
+/// The choice a node's labels make, `None` when the label is absent.
+pub fn choice_from_labels(
+    labels: Option<&BTreeMap<String, String>>,
+) -> Option<Result<DataplaneChoice, String>> {
+    labels
+        .and_then(|l| l.get(DATAPLANE_LABEL))
+        .map(|v| v.parse())
+}
+
+/// The dataplane that runs, and why it is not the one asked for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Effective {
+    pub kind: DataplaneKind,
+    pub fallback_reason: Option<String>,
+}
+
+/// Resolves a choice against the kernel. An explicit `ebpf` on a kernel that cannot run
+/// the programs falls back to iptables as well: enforcing something beats enforcing nothing.
+pub fn resolve(
+    choice: DataplaneChoice,
+    probe_ebpf: impl FnOnce() -> Result<(), String>,
+) -> Effective {
+    match choice {
+        DataplaneChoice::Iptables => Effective {
+            kind: DataplaneKind::Iptables,
+            fallback_reason: None,
+        },
+        DataplaneChoice::Ebpf | DataplaneChoice::Auto => match probe_ebpf() {
+            Ok(()) => Effective {
+                kind: DataplaneKind::Ebpf,
+                fallback_reason: None,
+            },
+            Err(why) => Effective {
+                kind: DataplaneKind::Iptables,
+                fallback_reason: Some(format!("{choice}: eBPF unavailable: {why}")),
+            },
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn auto_prefers_ebpf_and_falls_back_with_the_reason() {
+        assert_eq!(
+            resolve(DataplaneChoice::Auto, || Ok(())).kind,
+            DataplaneKind::Ebpf
+        );
+        let e = resolve(DataplaneChoice::Auto, || Err("no BTF".into()));
+        assert_eq!(e.kind, DataplaneKind::Iptables);
+        assert!(e.fallback_reason.unwrap().contains("no BTF"));
+        let e = resolve(DataplaneChoice::Ebpf, || Err("no clsact".into()));
+        assert_eq!(e.kind, DataplaneKind::Iptables);
+        let e = resolve(DataplaneChoice::Iptables, || {
+            panic!("iptables needs no probe")
+        });
+        assert_eq!(
+            e,
+            Effective {
+                kind: DataplaneKind::Iptables,
+                fallback_reason: None
+            }
+        );
+    }
+
+    #[test]
+    fn labels_parse_and_bad_values_are_named() {
+        let mut l = BTreeMap::new();
+        assert!(choice_from_labels(Some(&l)).is_none());
+        l.insert(DATAPLANE_LABEL.to_string(), "iptables".to_string());
+        assert_eq!(
+            choice_from_labels(Some(&l)),
+            Some(Ok(DataplaneChoice::Iptables))
+        );
+        l.insert(DATAPLANE_LABEL.to_string(), "nft".to_string());
+        let err = choice_from_labels(Some(&l)).unwrap().unwrap_err();
+        assert!(err.contains("\"nft\"") && err.contains(DATAPLANE_LABEL));
+    }
+}

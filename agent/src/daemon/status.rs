@@ -1,0 +1,80 @@
+//! The status file of file mode: what the lab waits for. Written atomically (temporary
+//! file in the same directory, then rename), so a reader never sees half a document.
+
+use std::io::Write;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use super::event::ObjectError;
+use crate::dataplane::DataplaneKind;
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Status {
+    /// The manifest generation this status describes (0 when the source has none).
+    pub generation: u64,
+    /// The dataplane enforces the state of `generation` (less the objects in `errors`).
+    pub converged: bool,
+    pub dataplane: Option<DataplaneKind>,
+    /// Why the effective dataplane differs from the requested one, if it does.
+    pub fallback_reason: Option<String>,
+    pub errors: Vec<ObjectError>,
+}
+
+impl Status {
+    pub fn write_atomically(&self, path: &Path) -> std::io::Result<()> {
+        let dir = path
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or(Path::new("."));
+        let name = path.file_name().ok_or_else(|| {
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "status path has no file name",
+            )
+        })?;
+        let tmp = dir.join(format!(
+            ".{}.tmp-{}",
+            name.to_string_lossy(),
+            std::process::id()
+        ));
+        let mut f = std::fs::File::create(&tmp)?;
+        serde_json::to_writer_pretty(&mut f, self)?;
+        f.write_all(b"\n")?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_is_written_whole_in_the_agreed_shape() {
+        let dir = std::env::temp_dir().join(format!("weir-status-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("status.json");
+        let status = Status {
+            generation: 3,
+            converged: true,
+            dataplane: Some(DataplaneKind::Ebpf),
+            fallback_reason: None,
+            errors: vec![ObjectError {
+                object: "NetworkPolicy x/bad".into(),
+                reason: "spec.ingress[0]: bad".into(),
+            }],
+        };
+        status.write_atomically(&path).unwrap();
+        let v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        assert_eq!(v["generation"], 3);
+        assert_eq!(v["converged"], true);
+        assert_eq!(v["dataplane"], "ebpf");
+        assert!(v["fallback_reason"].is_null());
+        assert_eq!(v["errors"][0]["object"], "NetworkPolicy x/bad");
+        let leftovers: Vec<_> = std::fs::read_dir(&dir).unwrap().collect();
+        assert_eq!(leftovers.len(), 1, "no temporary file left behind");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

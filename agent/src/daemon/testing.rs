@@ -1,0 +1,87 @@
+//! Backends that record what they are asked instead of touching the kernel, for the
+//! run loop's ordering tests. The real dataplanes are exercised by the integration tests.
+
+use std::sync::{Arc, Mutex};
+
+use super::enforcer::{Backends, Cleanup, CleanupReport};
+use super::event::ObjectError;
+use crate::dataplane::{ApplyReport, Dataplane, DataplaneError, DataplaneKind, DataplaneStatus};
+use crate::policy::desired::{Delta, Desired};
+
+pub type Log = Arc<Mutex<Vec<String>>>;
+
+pub struct Recording {
+    kind: DataplaneKind,
+    log: Log,
+}
+
+impl Dataplane for Recording {
+    fn kind(&self) -> DataplaneKind {
+        self.kind
+    }
+    fn reconcile(&mut self, _: &Desired) -> Result<ApplyReport, DataplaneError> {
+        self.log
+            .lock()
+            .unwrap()
+            .push(format!("reconcile {}", self.kind));
+        Ok(ApplyReport::default())
+    }
+    fn apply(&mut self, _: &Delta, _: &Desired) -> Result<ApplyReport, DataplaneError> {
+        self.log
+            .lock()
+            .unwrap()
+            .push(format!("apply {}", self.kind));
+        Ok(ApplyReport::default())
+    }
+    fn status(&self) -> DataplaneStatus {
+        DataplaneStatus {
+            kind: Some(self.kind),
+            ..Default::default()
+        }
+    }
+}
+
+pub struct RecordingNode {
+    pub ebpf: Result<(), String>,
+    pub undeletable: Vec<&'static str>,
+    pub log: Log,
+}
+
+impl Backends for RecordingNode {
+    fn probe_ebpf(&self) -> Result<(), String> {
+        self.ebpf.clone()
+    }
+    fn build(&self, kind: DataplaneKind) -> Result<Box<dyn Dataplane>, DataplaneError> {
+        self.log.lock().unwrap().push(format!("build {kind}"));
+        Ok(Box::new(Recording {
+            kind,
+            log: self.log.clone(),
+        }))
+    }
+    fn cleanup(&self, what: &Cleanup) -> CleanupReport {
+        let target = what.dataplane.map(|k| k.to_string()).unwrap_or_default();
+        let npm = if what.azure_npm { "+npm" } else { "" };
+        self.log
+            .lock()
+            .unwrap()
+            .push(format!("cleanup {target}{npm}"));
+        CleanupReport {
+            undeletable: self
+                .undeletable
+                .iter()
+                .map(|s| ObjectError {
+                    object: s.to_string(),
+                    reason: "in use by a kernel component".into(),
+                })
+                .collect(),
+            ..Default::default()
+        }
+    }
+    fn retry_sets(&self, names: &[String]) -> CleanupReport {
+        self.log
+            .lock()
+            .unwrap()
+            .push(format!("retry {}", names.join(",")));
+        CleanupReport::default()
+    }
+}

@@ -1,0 +1,177 @@
+//! The run loop's ordering guarantees, with backends that record what they are asked.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::event::{Batch, Event};
+use super::metrics::Metrics;
+use super::run::{Daemon, Health, RunOptions};
+use super::select::DataplaneChoice;
+use super::status::Status;
+use super::testing::{Log, RecordingNode};
+use crate::dataplane::DataplaneKind;
+use crate::source::manifest::parse_str;
+
+struct World {
+    log: Log,
+    status: std::path::PathBuf,
+    health: Arc<Health>,
+    daemon: Daemon<RecordingNode>,
+}
+
+fn world(tag: &str, ebpf: Result<(), String>, undeletable: Vec<&'static str>) -> World {
+    let log: Log = Arc::default();
+    let dir = std::env::temp_dir().join(format!("weir-daemon-{tag}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let status = dir.join("status.json");
+    let health = Arc::new(Health::default());
+    let opts = RunOptions {
+        default_choice: DataplaneChoice::Auto,
+        node_name: None,
+        status_file: Some(status.clone()),
+        resync: Duration::from_secs(60),
+    };
+    let node = RecordingNode {
+        ebpf,
+        undeletable,
+        log: log.clone(),
+    };
+    let daemon = Daemon::new(opts, node, Arc::new(Metrics::new()), health.clone());
+    World {
+        log,
+        status,
+        health,
+        daemon,
+    }
+}
+
+impl World {
+    fn take_log(&self) -> Vec<String> {
+        std::mem::take(&mut *self.log.lock().unwrap())
+    }
+    fn status(&self) -> Status {
+        serde_json::from_str(&std::fs::read_to_string(&self.status).unwrap()).unwrap()
+    }
+}
+
+impl Drop for World {
+    fn drop(&mut self) {
+        if let Some(dir) = self.status.parent() {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+}
+
+fn node(label: Option<&str>) -> Event {
+    let labels = label
+        .map(|l| format!("  labels:\n    weir.io/dataplane: {l}\n"))
+        .unwrap_or_default();
+    let yaml = format!("apiVersion: v1\nkind: Node\nmetadata:\n  name: n1\n{labels}");
+    Event::Upsert(Box::new(parse_str(&yaml).unwrap().remove(0)))
+}
+
+fn batch(generation: u64, events: Vec<Event>) -> Batch {
+    Batch {
+        events,
+        rejected: Vec::new(),
+        generation: Some(generation),
+    }
+}
+
+#[test]
+fn start_converges_before_removing_leftovers_and_reports() {
+    let mut w = world("start", Ok(()), vec![]);
+    assert!(!w.health.is_ready());
+    w.daemon.handle(batch(1, vec![node(None)]));
+    assert_eq!(
+        w.take_log(),
+        ["build ebpf", "reconcile ebpf", "cleanup iptables+npm"]
+    );
+    let s = w.status();
+    assert_eq!(
+        (s.generation, s.converged, s.dataplane),
+        (1, true, Some(DataplaneKind::Ebpf))
+    );
+    assert!(w.health.is_ready());
+}
+
+#[test]
+fn fallback_reason_reaches_the_status() {
+    let mut w = world("fallback", Err("no BTF".into()), vec![]);
+    w.daemon.handle(batch(1, vec![]));
+    let s = w.status();
+    assert_eq!(s.dataplane, Some(DataplaneKind::Iptables));
+    assert!(s.fallback_reason.unwrap().contains("no BTF"));
+    assert_eq!(
+        w.take_log(),
+        ["build iptables", "reconcile iptables", "cleanup ebpf+npm"]
+    );
+}
+
+#[test]
+fn label_change_switches_make_before_break_and_back() {
+    let mut w = world("switch", Ok(()), vec![]);
+    w.daemon.handle(batch(1, vec![node(Some("ebpf"))]));
+    w.take_log();
+    w.daemon.handle(batch(2, vec![node(Some("iptables"))]));
+    assert_eq!(
+        w.take_log(),
+        ["build iptables", "reconcile iptables", "cleanup ebpf"]
+    );
+    assert_eq!(w.status().dataplane, Some(DataplaneKind::Iptables));
+    w.daemon.handle(batch(3, vec![node(Some("auto"))]));
+    assert_eq!(
+        w.take_log(),
+        ["build ebpf", "reconcile ebpf", "cleanup iptables"]
+    );
+    let s = w.status();
+    assert_eq!((s.generation, s.dataplane), (3, Some(DataplaneKind::Ebpf)));
+    // Same effective dataplane: nothing is rebuilt.
+    w.daemon.handle(batch(4, vec![node(Some("ebpf"))]));
+    assert!(w.take_log().is_empty());
+}
+
+#[test]
+fn a_bad_label_value_is_reported_and_the_default_applies() {
+    let mut w = world("badlabel", Ok(()), vec![]);
+    w.daemon.handle(batch(1, vec![node(Some("nftables"))]));
+    let s = w.status();
+    assert_eq!(s.dataplane, Some(DataplaneKind::Ebpf));
+    assert!(
+        s.errors
+            .iter()
+            .any(|e| e.object == "Node n1" && e.reason.contains("nftables")),
+        "{:?}",
+        s.errors
+    );
+}
+
+#[test]
+fn undeletable_sets_are_retried_at_resync() {
+    let mut w = world("retry", Ok(()), vec!["azure-npm-1", "azure-npm-2"]);
+    w.daemon.handle(batch(1, vec![]));
+    w.take_log();
+    w.daemon.resync();
+    assert_eq!(
+        w.take_log(),
+        ["reconcile ebpf", "retry azure-npm-1,azure-npm-2"]
+    );
+    w.daemon.resync();
+    assert_eq!(w.take_log(), ["reconcile ebpf"], "nothing left to retry");
+}
+
+#[test]
+fn a_refused_policy_is_reported_and_the_rest_applies() {
+    let mut w = world("refused", Ok(()), vec![]);
+    let bad = "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata:\n  name: bad\n  namespace: x\nspec:\n  podSelector: {}\n  policyTypes: [Sideways]\n";
+    let ns = "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: x\n";
+    let events = [ns, bad]
+        .iter()
+        .map(|y| Event::Upsert(Box::new(parse_str(y).unwrap().remove(0))))
+        .collect();
+    w.daemon.handle(batch(1, events));
+    let s = w.status();
+    assert!(s.converged);
+    assert_eq!(s.errors.len(), 1, "{:?}", s.errors);
+    assert_eq!(s.errors[0].object, "networkpolicy x/bad");
+}

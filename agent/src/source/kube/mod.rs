@@ -1,0 +1,177 @@
+//! The cluster source: kube-rs watchers on Pods, Namespaces, NetworkPolicies (all of
+//! them: peers resolve from every pod) and this node's Node object.
+//!
+//! The first batch is the complete initial state of all four kinds. A relist (after a
+//! 410 Gone, an API server restart or a watch that could not resume) is buffered until
+//! it is complete and then applied as one batch, with deletes for objects that vanished
+//! meanwhile, so the dataplane never sees a half-listed cluster. Watch errors are retried
+//! with backoff and logged; they never end the source.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use futures::stream::{BoxStream, SelectAll};
+use futures::{FutureExt, StreamExt};
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use kube::runtime::watcher::{self, watcher};
+use kube::runtime::WatchStreamExt;
+use kube::{Api, Client};
+
+use crate::daemon::event::{Batch, Event, EventSource, SourceError};
+use crate::model::{Kind, Object, ObjectRef};
+
+/// Events drained into one batch at most, so a flood still reaches the dataplane.
+const MAX_BATCH: usize = 5000;
+
+type Update = (Kind, Result<watcher::Event<Object>, watcher::Error>);
+
+fn watch<K>(
+    api: Api<K>,
+    config: watcher::Config,
+    kind: Kind,
+    wrap: fn(K) -> Object,
+) -> BoxStream<'static, Update>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
+    K::DynamicType: Default,
+{
+    watcher(api, config)
+        .default_backoff()
+        .map(move |r| (kind, r.map(|e| map_event(e, wrap))))
+        .boxed()
+}
+
+fn map_event<K>(e: watcher::Event<K>, wrap: fn(K) -> Object) -> watcher::Event<Object> {
+    match e {
+        watcher::Event::Apply(k) => watcher::Event::Apply(wrap(k)),
+        watcher::Event::Delete(k) => watcher::Event::Delete(wrap(k)),
+        watcher::Event::Init => watcher::Event::Init,
+        watcher::Event::InitApply(k) => watcher::Event::InitApply(wrap(k)),
+        watcher::Event::InitDone => watcher::Event::InitDone,
+    }
+}
+
+pub struct KubeSource {
+    streams: SelectAll<BoxStream<'static, Update>>,
+    /// Every object handed out and not deleted since, by kind (for relist deletes).
+    known: BTreeMap<Kind, BTreeSet<ObjectRef>>,
+    /// Objects of a relist in progress, by kind.
+    relisting: BTreeMap<Kind, Vec<Object>>,
+    synced: BTreeSet<Kind>,
+    first_sent: bool,
+    pending: Vec<Event>,
+}
+
+impl KubeSource {
+    pub fn new(client: Client, node_name: &str) -> Self {
+        let all = watcher::Config::default();
+        let this_node = watcher::Config::default().fields(&format!("metadata.name={node_name}"));
+        let streams = futures::stream::select_all([
+            watch(
+                Api::<Namespace>::all(client.clone()),
+                all.clone(),
+                Kind::Namespace,
+                Object::Namespace,
+            ),
+            watch(
+                Api::<Node>::all(client.clone()),
+                this_node,
+                Kind::Node,
+                Object::Node,
+            ),
+            watch(
+                Api::<Pod>::all(client.clone()),
+                all.clone(),
+                Kind::Pod,
+                Object::Pod,
+            ),
+            watch(
+                Api::<NetworkPolicy>::all(client),
+                all,
+                Kind::NetworkPolicy,
+                Object::NetworkPolicy,
+            ),
+        ]);
+        KubeSource {
+            streams,
+            known: BTreeMap::new(),
+            relisting: BTreeMap::new(),
+            synced: BTreeSet::new(),
+            first_sent: false,
+            pending: Vec::new(),
+        }
+    }
+
+    fn process(&mut self, (kind, update): Update) {
+        let event = match update {
+            Ok(e) => e,
+            Err(e) => {
+                tracing::warn!(kind = kind.name(), error = %e, "watch failed; retrying with backoff");
+                return;
+            }
+        };
+        let known = self.known.entry(kind).or_default();
+        match event {
+            watcher::Event::Apply(o) => {
+                known.insert(o.key());
+                self.pending.push(Event::Upsert(Box::new(o)));
+            }
+            watcher::Event::Delete(o) => {
+                let key = o.key();
+                known.remove(&key);
+                self.pending.push(Event::Delete(key));
+            }
+            watcher::Event::Init => {
+                tracing::info!(kind = kind.name(), "listing");
+                self.relisting.insert(kind, Vec::new());
+            }
+            watcher::Event::InitApply(o) => self.relisting.entry(kind).or_default().push(o),
+            watcher::Event::InitDone => {
+                let listed = self.relisting.remove(&kind).unwrap_or_default();
+                let seen: BTreeSet<ObjectRef> = listed.iter().map(Object::key).collect();
+                for gone in known.difference(&seen) {
+                    self.pending.push(Event::Delete(gone.clone()));
+                }
+                *known = seen;
+                tracing::info!(kind = kind.name(), objects = listed.len(), "listed");
+                self.pending
+                    .extend(listed.into_iter().map(|o| Event::Upsert(Box::new(o))));
+                self.synced.insert(kind);
+            }
+        }
+    }
+
+    fn ready(&self) -> bool {
+        // Until every kind is listed once, the state is incomplete: a pod without its
+        // policies would be enforced as unisolated.
+        self.synced.len() == 4 && (!self.first_sent || !self.pending.is_empty())
+    }
+}
+
+impl EventSource for KubeSource {
+    async fn next(&mut self) -> Result<Batch, SourceError> {
+        loop {
+            let update = self.streams.next().await.ok_or(SourceError::Closed)?;
+            self.process(update);
+            while self.pending.len() < MAX_BATCH {
+                match self.streams.next().now_or_never() {
+                    Some(Some(update)) => self.process(update),
+                    Some(None) => return Err(SourceError::Closed),
+                    None => break,
+                }
+            }
+            if self.ready() {
+                self.first_sent = true;
+                return Ok(Batch {
+                    events: std::mem::take(&mut self.pending),
+                    ..Default::default()
+                });
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod mock_api;
+#[cfg(test)]
+mod tests;
