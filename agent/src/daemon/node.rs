@@ -7,6 +7,7 @@ use std::time::Duration;
 use super::enforcer::{Backends, Cleanup, CleanupReport};
 use super::event::ObjectError;
 use crate::dataplane::ebpf::{self, EbpfConfig, EbpfDataplane};
+use crate::dataplane::iptables::{IptablesConfig, IptablesDataplane};
 use crate::dataplane::{Dataplane, DataplaneError, DataplaneKind};
 use crate::reset::{self, AzureNpm, ResetOptions, ResetReport, UndeletableSet};
 
@@ -54,12 +55,7 @@ impl Backends for NodeBackends {
                 pin_root: self.bpf_root.clone(),
                 ..Default::default()
             })?),
-            // Until the iptables dataplane lands on main (issue 5): reported, never silent.
-            DataplaneKind::Iptables => {
-                return Err(DataplaneError::Unsupported(
-                    "the iptables dataplane is not in this build yet".into(),
-                ))
-            }
+            DataplaneKind::Iptables => Box::new(IptablesDataplane::new(IptablesConfig::default())?),
         })
     }
 
