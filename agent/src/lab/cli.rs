@@ -148,8 +148,14 @@ fn probe_lab(dir: &LabDir, args: &ProbeArgs) -> anyhow::Result<()> {
     let state = dir.load()?;
     let pods: Vec<_> = state.pods.values().cloned().collect();
     let started = Instant::now();
-    let probes = probe::probe_all(&pods, args.family, Duration::from_millis(args.timeout_ms))
-        .context("weir lab probe")?;
+    let run = dir.next_probe_run()?;
+    let probes = probe::probe_all(
+        &pods,
+        args.family,
+        Duration::from_millis(args.timeout_ms),
+        run,
+    )
+    .context("weir lab probe")?;
     let dataplane = match state.with_agent {
         true => super::agent::current_dataplane(dir).unwrap_or(state.dataplane.to_string()),
         false => "none".to_string(),

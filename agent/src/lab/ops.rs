@@ -103,7 +103,12 @@ pub fn down(dir: &LabDir) -> Result<(), LabError> {
     for ns in &namespaces {
         netns::delete(ns)?;
     }
-    for file in [dir.state_file(), dir.objects_file(), dir.status_file()] {
+    for file in [
+        dir.state_file(),
+        dir.objects_file(),
+        dir.status_file(),
+        dir.dir.join("probe-runs"),
+    ] {
         match std::fs::remove_file(&file) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}

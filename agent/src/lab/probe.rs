@@ -37,17 +37,28 @@ pub struct Probe {
 }
 
 /// Probes every ordered pair of distinct pods; results are sorted by from, to, port, protocol.
+///
+/// `run` numbers this probe run within the lab: it picks the source ports, so that no
+/// probe reuses the 5-tuple of a recent one. A reused tuple would find the conntrack
+/// entry of an earlier, perhaps then allowed, flow and measure that instead of the policy.
 pub fn probe_all(
     pods: &[PodState],
     family: IpFamily,
     timeout: Duration,
+    run: u64,
 ) -> Result<Vec<Probe>, LabError> {
+    let all_targets: Vec<Vec<Target>> = pods
+        .iter()
+        .map(|src| targets_of(src, pods, family))
+        .collect();
+    let band = all_targets.iter().map(Vec::len).max().unwrap_or(0) as u64;
     let mut results = std::thread::scope(|s| {
         let handles: Vec<_> = pods
             .iter()
-            .map(|src| {
-                let targets = targets_of(src, pods, family);
-                s.spawn(move || probe_from(src, &targets, family, timeout))
+            .zip(&all_targets)
+            .map(|(src, targets)| {
+                let ports = source_ports(run, band, targets.len());
+                s.spawn(move || probe_from(src, targets, &ports, family, timeout))
             })
             .collect();
         handles
@@ -104,6 +115,7 @@ enum InFlight {
 fn probe_from(
     src: &PodState,
     targets: &[Target],
+    ports: &[u16],
     family: IpFamily,
     timeout: Duration,
 ) -> Result<Vec<Probe>, LabError> {
@@ -118,11 +130,10 @@ fn probe_from(
         .any(|t| t.protocol == Protocol::Sctp)
         .then(|| raw_sctp_socket(domain))
         .transpose()?;
-    let ports = random_ports(targets.len());
     let mut flights: Vec<InFlight> = targets
         .iter()
         .zip(ports)
-        .map(|(t, src_port)| start(t, domain, raw.as_ref(), src_port))
+        .map(|(t, src_port)| start(t, domain, raw.as_ref(), *src_port))
         .collect();
     let deadline = Instant::now() + timeout;
     while let Some(left) = deadline.checked_duration_since(Instant::now()) {
@@ -146,8 +157,8 @@ fn probe_from(
 
 fn start(t: &Target, domain: Domain, raw: Option<&Socket>, src_port: u16) -> InFlight {
     let sent = match t.protocol {
-        Protocol::Tcp => tcp_connect(domain, t.addr).map(InFlight::Socket),
-        Protocol::Udp => udp_send(domain, t.addr).map(InFlight::Socket),
+        Protocol::Tcp => tcp_connect(domain, src_port, t.addr).map(InFlight::Socket),
+        Protocol::Udp => udp_send(domain, src_port, t.addr).map(InFlight::Socket),
         Protocol::Sctp => {
             let raw = raw.expect("raw socket opened for SCTP targets");
             let tag = random_u32() | 1;
@@ -159,9 +170,21 @@ fn start(t: &Target, domain: Domain, raw: Option<&Socket>, src_port: u16) -> InF
     sent.unwrap_or(InFlight::Done(false))
 }
 
-fn tcp_connect(domain: Domain, addr: SocketAddr) -> std::io::Result<Socket> {
-    let s = Socket::new(domain, Type::STREAM, None)?;
+/// A socket on `src_port`, or on an ephemeral port when that one is taken.
+fn bound_socket(domain: Domain, ty: Type, src_port: u16) -> std::io::Result<Socket> {
+    let s = Socket::new(domain, ty, None)?;
     s.set_nonblocking(true)?;
+    let any: IpAddr = match domain {
+        Domain::IPV6 => std::net::Ipv6Addr::UNSPECIFIED.into(),
+        _ => std::net::Ipv4Addr::UNSPECIFIED.into(),
+    };
+    // Taken ports are rare (ephemeral range, rotated); the kernel then picks one.
+    let _ = s.bind(&SocketAddr::new(any, src_port).into());
+    Ok(s)
+}
+
+fn tcp_connect(domain: Domain, src_port: u16, addr: SocketAddr) -> std::io::Result<Socket> {
+    let s = bound_socket(domain, Type::STREAM, src_port)?;
     match s.connect(&addr.into()) {
         Ok(()) => Ok(s),
         Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => Ok(s),
@@ -169,9 +192,8 @@ fn tcp_connect(domain: Domain, addr: SocketAddr) -> std::io::Result<Socket> {
     }
 }
 
-fn udp_send(domain: Domain, addr: SocketAddr) -> std::io::Result<Socket> {
-    let s = Socket::new(domain, Type::DGRAM, None)?;
-    s.set_nonblocking(true)?;
+fn udp_send(domain: Domain, src_port: u16, addr: SocketAddr) -> std::io::Result<Socket> {
+    let s = bound_socket(domain, Type::DGRAM, src_port)?;
     s.connect(&addr.into())?;
     s.send(b"weir-lab-probe")?;
     Ok(s)
@@ -286,11 +308,14 @@ fn drain_init_acks(raw: &Socket, domain: Domain, flights: &mut [InFlight], targe
     }
 }
 
-/// Distinct source ports for the SCTP probes of one thread, from the ephemeral range.
-fn random_ports(n: usize) -> Vec<u16> {
-    let start = random_u32();
-    (0..n)
-        .map(|i| 32768 + ((start as usize + i) % 28000) as u16)
+/// Source ports of one source pod's probes in run `run`: run r uses the r-th band of
+/// `band` ports of the ephemeral range, so a tuple comes back only after the range has
+/// been cycled through (hundreds of runs for the 9-pod world).
+fn source_ports(run: u64, band: u64, n: usize) -> Vec<u16> {
+    const FIRST: u64 = 32768;
+    const SPAN: u64 = 28000;
+    (0..n as u64)
+        .map(|i| (FIRST + (run.wrapping_mul(band.max(1)) + i) % SPAN) as u16)
         .collect()
 }
 
@@ -313,5 +338,22 @@ mod protocol_name {
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Protocol, D::Error> {
         let name = String::deserialize(d)?;
         super::super::objects::parse_protocol(&name).map_err(serde::de::Error::custom)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn consecutive_runs_use_disjoint_source_ports() {
+        let a = source_ports(7, 48, 48);
+        let b = source_ports(8, 48, 48);
+        assert_eq!(a.len(), 48);
+        assert!(a.iter().all(|p| !b.contains(p)));
+        assert!(a.iter().chain(&b).all(|p| (32768..60768).contains(p)));
+        let mut distinct = a.clone();
+        distinct.dedup();
+        assert_eq!(distinct, a);
     }
 }

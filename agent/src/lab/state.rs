@@ -104,6 +104,18 @@ impl LabDir {
         format!("weirlab-{:08x}", hash as u32)
     }
 
+    /// Numbers probe runs (see [`super::probe::probe_all`]), under the lab's lock.
+    pub fn next_probe_run(&self) -> Result<u64, LabError> {
+        let _lock = self.lock()?;
+        let path = self.dir.join("probe-runs");
+        let last: u64 = std::fs::read_to_string(&path)
+            .ok()
+            .and_then(|t| t.trim().parse().ok())
+            .unwrap_or(0);
+        write_atomic(&path, (last + 1).to_string().as_bytes())?;
+        Ok(last + 1)
+    }
+
     pub fn exists(&self) -> bool {
         self.state_file().exists()
     }
