@@ -170,3 +170,17 @@ fn identical_peers_share_one_set_until_the_last_user_goes() {
     let delta = h.delete(&ObjectRef::new(Kind::NetworkPolicy, Some("x"), "two"));
     assert_eq!(delta.sets_removed.len(), 1);
 }
+
+#[test]
+fn a_named_port_to_any_peer_and_to_every_namespace_share_one_set() {
+    // Both select every pod: one definition, one set (found by the property test: two
+    // spellings of the same selection once collided on one id).
+    let mut h = Harness::new(None);
+    h.upsert(&world_yaml());
+    h.upsert(&policy("x", "any", "podSelector: {}\npolicyTypes: [Egress]\negress:\n- ports: [{port: serve-80-tcp}]"));
+    h.upsert(&policy("x", "all-ns", "podSelector: {}\npolicyTypes: [Egress]\negress:\n- to: [{namespaceSelector: {}}]\n  ports: [{port: serve-80-tcp}]"));
+    let definitions: Vec<&str> = h.engine.desired().sets.values().map(|s| s.definition.as_str()).collect();
+    assert_eq!(definitions, ["pods(namespaces={}; pods={}) port(serve-80-tcp/TCP=80)"]);
+    h.delete(&ObjectRef::new(Kind::NetworkPolicy, Some("x"), "any"));
+    assert_eq!(h.engine.desired().sets.len(), 1);
+}

@@ -104,7 +104,7 @@ fn expand_rule(
                 // the number each destination pod gives it.
                 PortMatch::Named(name) => {
                     let group = NamedPortGroup {
-                        base: peer.cloned(),
+                        base: peer.cloned().unwrap_or_else(PeerSpec::every_pod),
                         name: name.clone(),
                         protocol,
                     };
@@ -136,10 +136,10 @@ pub fn named_port_groups(policy: &PolicySpec) -> Vec<NamedPortGroup> {
             let PortMatch::Named(name) = &port.port else {
                 continue;
             };
-            let bases: Vec<Option<PeerSpec>> = if rule.peers.is_empty() {
-                vec![None]
+            let bases: Vec<PeerSpec> = if rule.peers.is_empty() {
+                vec![PeerSpec::every_pod()]
             } else {
-                rule.peers.iter().cloned().map(Some).collect()
+                rule.peers.clone()
             };
             groups.extend(bases.into_iter().map(|base| NamedPortGroup {
                 base,

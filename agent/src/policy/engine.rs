@@ -9,6 +9,7 @@ use super::change::Change;
 use super::compile::{compile_endpoint, named_port_groups};
 use super::error::PolicyError;
 use super::registry::SetRegistry;
+use super::selector::Selector;
 use super::sets::{pods_in_namespace_matching, SetDef};
 use super::spec::PolicySpec;
 use super::validate::parse_policy;
@@ -218,16 +219,21 @@ impl Engine {
     }
 
     fn apply_namespace(&mut self, name: &str, labels: Option<Labels>, change: &mut Change) {
+        let before = self.model.namespace_labels(name).into_owned();
         match labels {
             Some(labels) => self.model.upsert_namespace(name, labels),
             None => self.model.remove_namespace(name),
         };
         let model = &self.model;
-        // Namespace labels only matter to namespaceSelector peers: recompute those sets.
+        let after = model.namespace_labels(name);
+        // Namespace labels only matter to namespaceSelector peers whose verdict on this
+        // namespace changed: recompute those sets.
+        let affected =
+            |sel: Option<&Selector>| sel.is_some_and(|s| s.matches(&before) != s.matches(&after));
         for (id, def) in self
             .registry
             .live()
-            .filter(|(_, d)| d.uses_namespace_labels())
+            .filter(|(_, d)| affected(d.namespace_selector()))
         {
             let members = def.members(model);
             let current = self
@@ -245,7 +251,7 @@ impl Engine {
         }
         let changed = self
             .registry
-            .refresh_groups(model, |g| g.uses_namespace_labels());
+            .refresh_groups(model, |g| affected(g.namespace_selector()));
         let endpoints = self.endpoints_of(&changed);
         self.recompile(endpoints, change);
     }

@@ -54,6 +54,12 @@ impl SetRegistry {
 
     fn register(&mut self, def: SetDef) -> SetId {
         let id = self.interner.intern(&def.definition());
+        // Definitions are canonical: two different set definitions never render the same.
+        debug_assert!(
+            !self.entries.contains_key(&id),
+            "two set definitions render as {:?}",
+            def.definition()
+        );
         self.dirty.insert(id);
         match &def {
             SetDef::Peer(peer) => self.peer_ids.insert(peer.clone(), id),

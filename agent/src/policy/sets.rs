@@ -16,7 +16,7 @@ use crate::policy::desired::{Member, Protocol};
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum SetDef {
     Peer(PeerSpec),
-    /// The pods that `base` selects (every pod when `None`) on which the named port
+    /// The pods that the group's `base` selects on which the named port
     /// `name`/`protocol` is `number`. Egress named ports resolve per destination pod, so
     /// a peer is split by the number its pods give the name.
     NamedPort(NamedPortGroup, u16),
@@ -25,7 +25,9 @@ pub enum SetDef {
 /// An egress peer with a named port, before the split by resolved number.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct NamedPortGroup {
-    pub base: Option<PeerSpec>,
+    /// The peer; a rule without peers has every pod ([`PeerSpec::every_pod`]), so that
+    /// equal selections have equal definitions.
+    pub base: PeerSpec,
     pub name: String,
     pub protocol: Protocol,
 }
@@ -36,7 +38,7 @@ impl SetDef {
             SetDef::Peer(p) => p.definition(),
             SetDef::NamedPort(g, number) => format!(
                 "{} port({}/{}={number})",
-                g.base_definition(),
+                g.base.definition(),
                 g.name,
                 g.protocol
             ),
@@ -74,41 +76,29 @@ impl SetDef {
                 .chain(holes)
                 .collect()
             }
-            SetDef::Peer(peer) => candidates(model, Some(peer))
+            SetDef::Peer(peer) => candidates(model, peer)
                 .into_iter()
                 .flat_map(|pod| self.pod_members(model, pod))
                 .collect(),
-            SetDef::NamedPort(g, _) => candidates(model, g.base.as_ref())
+            SetDef::NamedPort(g, _) => candidates(model, &g.base)
                 .into_iter()
                 .flat_map(|pod| self.pod_members(model, pod))
                 .collect(),
         }
     }
 
-    /// Whether namespace labels decide membership.
-    pub fn uses_namespace_labels(&self) -> bool {
-        let base = match self {
-            SetDef::Peer(p) => Some(p),
-            SetDef::NamedPort(g, _) => g.base.as_ref(),
-        };
-        base.is_some_and(PeerSpec::uses_namespace_labels)
+    /// The namespace selector that decides membership, if namespace labels do.
+    pub fn namespace_selector(&self) -> Option<&Selector> {
+        match self {
+            SetDef::Peer(p) => p.namespace_selector(),
+            SetDef::NamedPort(g, _) => g.namespace_selector(),
+        }
     }
 }
 
 impl NamedPortGroup {
-    fn base_definition(&self) -> String {
-        match &self.base {
-            Some(p) => p.definition(),
-            None => "pods(namespaces={}; pods={})".to_owned(),
-        }
-    }
-
     fn pod_addresses(&self, model: &ClusterModel, pod: &PodInfo) -> Vec<IpAddr> {
-        match &self.base {
-            Some(p) => p.pod_addresses(model, pod),
-            None if pod.selectable() => pod.addresses().collect(),
-            None => Vec::new(),
-        }
+        self.base.pod_addresses(model, pod)
     }
 
     /// Whether `pod` is in the base and serves the named port.
@@ -119,21 +109,27 @@ impl NamedPortGroup {
 
     /// The numbers the name resolves to across the base's pods.
     pub fn numbers(&self, model: &ClusterModel) -> BTreeSet<u16> {
-        candidates(model, self.base.as_ref())
+        candidates(model, &self.base)
             .into_iter()
             .filter(|pod| !self.pod_addresses(model, pod).is_empty())
             .filter_map(|pod| pod.named_port(&self.name, self.protocol))
             .collect()
     }
 
-    pub fn uses_namespace_labels(&self) -> bool {
-        self.base
-            .as_ref()
-            .is_some_and(PeerSpec::uses_namespace_labels)
+    pub fn namespace_selector(&self) -> Option<&Selector> {
+        self.base.namespace_selector()
     }
 }
 
 impl PeerSpec {
+    /// Every (selectable) pod of every namespace.
+    pub fn every_pod() -> Self {
+        PeerSpec::Pods {
+            namespaces: NamespaceScope::Selected(Selector::default()),
+            pods: Selector::default(),
+        }
+    }
+
     /// Canonical text of what the peer selects, namespace scoping included.
     pub fn definition(&self) -> String {
         match self {
@@ -183,14 +179,14 @@ impl PeerSpec {
         }
     }
 
-    pub fn uses_namespace_labels(&self) -> bool {
-        matches!(
-            self,
+    pub fn namespace_selector(&self) -> Option<&Selector> {
+        match self {
             PeerSpec::Pods {
-                namespaces: NamespaceScope::Selected(_),
+                namespaces: NamespaceScope::Selected(sel),
                 ..
-            }
-        )
+            } => Some(sel),
+            _ => None,
+        }
     }
 }
 
@@ -201,24 +197,24 @@ fn host_member(addr: IpAddr) -> Member {
     }
 }
 
-/// Pods that may be selected by `peer` (every pod for `None`), narrowed through the
-/// model's indexes; callers still check each one.
-pub fn candidates<'m>(model: &'m ClusterModel, peer: Option<&PeerSpec>) -> Vec<&'m PodInfo> {
+/// Pods that may be selected by `peer`, narrowed through the model's indexes; callers
+/// still check each one.
+pub fn candidates<'m>(model: &'m ClusterModel, peer: &PeerSpec) -> Vec<&'m PodInfo> {
     match peer {
-        Some(PeerSpec::Pods {
+        PeerSpec::Pods {
             namespaces: NamespaceScope::Named(ns),
             pods,
-        }) => pods_in_namespace_matching(model, ns, pods),
-        Some(PeerSpec::Pods {
+        } => pods_in_namespace_matching(model, ns, pods),
+        PeerSpec::Pods {
             namespaces: NamespaceScope::Selected(sel),
             pods,
-        }) => model
+        } => model
             .namespace_names()
             .into_iter()
             .filter(|ns| sel.matches(&model.namespace_labels(ns)))
             .flat_map(|ns| pods_in_namespace_matching(model, ns, pods))
             .collect(),
-        Some(PeerSpec::Block { .. }) | None => model.pods().collect(),
+        PeerSpec::Block { .. } => model.pods().collect(),
     }
 }
 
