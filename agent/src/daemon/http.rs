@@ -81,3 +81,38 @@ pub async fn serve(
     });
     Ok(bound)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    async fn get(addr: SocketAddr, path: &str) -> String {
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let request = format!("GET {path} HTTP/1.1\r\nHost: weir\r\nConnection: close\r\n\r\n");
+        s.write_all(request.as_bytes()).await.unwrap();
+        let mut response = String::new();
+        s.read_to_string(&mut response).await.unwrap();
+        response
+    }
+
+    #[tokio::test]
+    async fn health_readiness_and_metrics_are_served() {
+        let metrics = Arc::new(Metrics::new());
+        let health = Arc::new(Health::default());
+        let addr = serve("127.0.0.1:0".parse().unwrap(), metrics, health.clone())
+            .await
+            .unwrap();
+        assert!(get(addr, "/healthz").await.starts_with("HTTP/1.1 200"));
+        assert!(get(addr, "/readyz").await.starts_with("HTTP/1.1 503"));
+        health.set_ready();
+        assert!(get(addr, "/readyz").await.starts_with("HTTP/1.1 200"));
+        let text = get(addr, "/metrics").await;
+        assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+        assert!(
+            text.contains("# TYPE weir_apply_duration_seconds histogram"),
+            "{text}"
+        );
+        assert!(get(addr, "/nope").await.starts_with("HTTP/1.1 404"));
+    }
+}

@@ -146,7 +146,11 @@ impl Metrics {
             "undeletable"
         };
         self.resets.get_or_create(&label("result", result)).inc();
-        self.undeletable_ipsets.set(report.undeletable.len() as i64);
+    }
+
+    /// Sets still waiting to be destroyed, over every cleanup so far.
+    pub fn set_undeletable_sets(&self, n: usize) {
+        self.undeletable_ipsets.set(n as i64);
     }
 
     pub fn record_switch(&self) {

@@ -35,6 +35,12 @@ impl Health {
     pub fn is_ready(&self) -> bool {
         self.ready.load(Ordering::Relaxed)
     }
+
+    /// Ready from the first full convergence on, for good: a later failure shows in the
+    /// status and metrics, while the pinned state keeps enforcing.
+    pub fn set_ready(&self) {
+        self.ready.store(true, Ordering::Relaxed);
+    }
 }
 
 /// Notified after each status change: cluster mode publishes the node annotation and
@@ -327,10 +333,12 @@ impl<B: Backends> Daemon<B> {
         self.metrics.set_object_errors(status.errors.len());
         if let Some(enforcer) = &self.enforcer {
             self.metrics.set_effective(enforcer.effective());
+            self.metrics
+                .set_undeletable_sets(enforcer.pending_sets().len());
             self.metrics.set_dataplane_status(&enforcer.status());
         }
         if status.converged {
-            self.health.ready.store(true, Ordering::Relaxed);
+            self.health.set_ready();
         }
         if self.last_status.as_ref() == Some(&status) {
             return;

@@ -16,6 +16,7 @@ struct World {
     log: Log,
     status: std::path::PathBuf,
     health: Arc<Health>,
+    metrics: Arc<Metrics>,
     daemon: Daemon<RecordingNode>,
 }
 
@@ -36,11 +37,13 @@ fn world(tag: &str, ebpf: Result<(), String>, undeletable: Vec<&'static str>) ->
         undeletable,
         log: log.clone(),
     };
-    let daemon = Daemon::new(opts, node, Arc::new(Metrics::new()), health.clone());
+    let metrics = Arc::new(Metrics::new());
+    let daemon = Daemon::new(opts, node, metrics.clone(), health.clone());
     World {
         log,
         status,
         health,
+        metrics,
         daemon,
     }
 }
