@@ -42,7 +42,9 @@ pub fn start(dir: &LabDir, state: &LabState) -> Result<(), LabError> {
         .arg("--dataplane")
         .arg(state.dataplane.to_string())
         .arg("--bpf-root")
-        .arg(&state.bpf_root);
+        .arg(&state.bpf_root)
+        // The lab waits for each change: notice it at once.
+        .args(["--poll-ms", "10"]);
     netns::spawn_detached(
         &state.node_netns,
         &mut command,
