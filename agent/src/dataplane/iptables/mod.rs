@@ -44,16 +44,23 @@ pub struct IptablesDataplane {
 }
 
 impl IptablesDataplane {
+    /// Picks the backend and checks that its tools run; writes nothing (the first
+    /// [`reconcile`](Dataplane::reconcile) does).
     pub fn new(config: IptablesConfig) -> Result<Self, DataplaneError> {
-        for tool in ["ipset", "iptables-restore", "ip6tables-restore"] {
-            if exec::run(tool, &["--version"], None).is_err() {
+        let backend = config.backend.unwrap_or_else(backend::detect);
+        let tools = Family::ALL
+            .iter()
+            .flat_map(|f| [backend.save_command(*f), backend.restore_command(*f)]);
+        for tool in std::iter::once("ipset").chain(tools) {
+            let works = exec::run(tool, &["--version"], None).is_ok_and(|out| out.success);
+            if !works {
                 return Err(DataplaneError::Unsupported(format!(
-                    "`{tool}` is not installed"
+                    "`{tool}` does not run (install the ipset and iptables packages)"
                 )));
             }
         }
         Ok(IptablesDataplane {
-            backend: config.backend.unwrap_or_else(backend::detect),
+            backend,
             names: ChainNames::default(),
             programmed: None,
         })
