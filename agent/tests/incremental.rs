@@ -177,10 +177,23 @@ fn a_named_port_to_any_peer_and_to_every_namespace_share_one_set() {
     // spellings of the same selection once collided on one id).
     let mut h = Harness::new(None);
     h.upsert(&world_yaml());
-    h.upsert(&policy("x", "any", "podSelector: {}\npolicyTypes: [Egress]\negress:\n- ports: [{port: serve-80-tcp}]"));
+    h.upsert(&policy(
+        "x",
+        "any",
+        "podSelector: {}\npolicyTypes: [Egress]\negress:\n- ports: [{port: serve-80-tcp}]",
+    ));
     h.upsert(&policy("x", "all-ns", "podSelector: {}\npolicyTypes: [Egress]\negress:\n- to: [{namespaceSelector: {}}]\n  ports: [{port: serve-80-tcp}]"));
-    let definitions: Vec<&str> = h.engine.desired().sets.values().map(|s| s.definition.as_str()).collect();
-    assert_eq!(definitions, ["pods(namespaces={}; pods={}) port(serve-80-tcp/TCP=80)"]);
+    let definitions: Vec<&str> = h
+        .engine
+        .desired()
+        .sets
+        .values()
+        .map(|s| s.definition.as_str())
+        .collect();
+    assert_eq!(
+        definitions,
+        ["pods(namespaces={}; pods={}) port(serve-80-tcp/TCP=80)"]
+    );
     h.delete(&ObjectRef::new(Kind::NetworkPolicy, Some("x"), "any"));
     assert_eq!(h.engine.desired().sets.len(), 1);
 }

@@ -154,11 +154,19 @@ fn undeletable_sets_are_retried_at_resync() {
     let mut w = world("retry", Ok(()), vec!["azure-npm-1", "azure-npm-2"]);
     w.daemon.handle(batch(1, vec![]));
     w.take_log();
+    assert!(w
+        .metrics
+        .encode()
+        .contains("weir_reset_undeletable_ipsets 2"));
     w.daemon.resync();
     assert_eq!(
         w.take_log(),
         ["reconcile ebpf", "retry azure-npm-1,azure-npm-2"]
     );
+    assert!(w
+        .metrics
+        .encode()
+        .contains("weir_reset_undeletable_ipsets 0"));
     w.daemon.resync();
     assert_eq!(w.take_log(), ["reconcile ebpf"], "nothing left to retry");
 }
