@@ -5,7 +5,7 @@
 //! distinct signatures, not with pods. An `except` member is just a longer prefix whose
 //! signature lacks the set.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
@@ -55,14 +55,17 @@ impl Prefix {
     }
 }
 
+/// A membership signature: the ids of the sets an address belongs to, ascending.
+pub type Signature = Vec<SetId>;
+
 /// Signature → identity id, stable across changes and restarts (persisted in records).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct IdentityTable {
-    pub by_id: BTreeMap<u32, BTreeSet<SetId>>,
+    pub by_id: BTreeMap<u32, Signature>,
 }
 
 /// What the kernel maps need: the trie, and for each set the identities containing it.
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct IdentityPlan {
     pub trie: BTreeMap<Prefix, u32>,
     pub identities_of_set: BTreeMap<SetId, Vec<u32>>,
@@ -70,9 +73,8 @@ pub struct IdentityPlan {
 
 /// For each prefix that appears in any set, the sets that contain it (per the longest
 /// member of each set that covers it; `except` wins a tie, as in [`AddressSet::contains`]).
-pub fn signatures<'a>(
-    sets: impl IntoIterator<Item = &'a AddressSet>,
-) -> BTreeMap<Prefix, BTreeSet<SetId>> {
+/// Sets must come in ascending id order (a `BTreeMap`'s values do).
+pub fn signatures<'a>(sets: impl IntoIterator<Item = &'a AddressSet>) -> Vec<(Prefix, Signature)> {
     let sets: Vec<&AddressSet> = sets.into_iter().collect();
     let prefixes: Vec<Prefix> = sets
         .iter()
@@ -80,35 +82,36 @@ pub fn signatures<'a>(
         .collect::<BTreeSet<_>>()
         .into_iter()
         .collect();
-    // (prefix index, set) → (length, except) of the longest covering member.
-    let mut best: BTreeMap<(usize, SetId), (u8, bool)> = BTreeMap::new();
+    let mut sigs: Vec<Signature> = vec![Vec::new(); prefixes.len()];
+    // Per set: prefix index → (length, except) of the longest covering member.
+    let mut best: HashMap<usize, (u8, bool)> = HashMap::new();
     for set in &sets {
+        best.clear();
         for m in &set.members {
             let mp = Prefix::from_net(&m.net);
+            let last = mp.last();
             let start = prefixes.partition_point(|p| p.addr < mp.addr);
             for (i, p) in prefixes.iter().enumerate().skip(start) {
-                if p.addr > mp.last() {
+                if p.addr > last {
                     break;
                 }
                 if p.len < mp.len {
                     continue;
                 }
                 let cand = (mp.len, m.except);
-                let e = best.entry((i, set.id)).or_insert(cand);
+                let e = best.entry(i).or_insert(cand);
                 if cand > *e {
                     *e = cand;
                 }
             }
         }
-    }
-    let mut out: BTreeMap<Prefix, BTreeSet<SetId>> =
-        prefixes.iter().map(|p| (*p, BTreeSet::new())).collect();
-    for ((i, set), (_, except)) in best {
-        if !except {
-            out.get_mut(&prefixes[i]).expect("indexed").insert(set);
+        for (i, (_, except)) in &best {
+            if !except {
+                sigs[*i].push(set.id);
+            }
         }
     }
-    out
+    prefixes.into_iter().zip(sigs).collect()
 }
 
 impl IdentityTable {
@@ -116,13 +119,12 @@ impl IdentityTable {
     /// the lowest free ids for new ones. Ids of signatures no longer used are released.
     pub fn plan<'a>(&mut self, sets: impl IntoIterator<Item = &'a AddressSet>) -> IdentityPlan {
         let sigs = signatures(sets);
-        let mut by_sig: BTreeMap<BTreeSet<SetId>, u32> = self
-            .by_id
-            .iter()
-            .map(|(id, sig)| (sig.clone(), *id))
+        let wanted: HashSet<&Signature> = sigs.iter().map(|(_, s)| s).collect();
+        let mut by_sig: HashMap<Signature, u32> = std::mem::take(&mut self.by_id)
+            .into_iter()
+            .filter(|(_, sig)| wanted.contains(sig))
+            .map(|(id, sig)| (sig, id))
             .collect();
-        let wanted: BTreeSet<&BTreeSet<SetId>> = sigs.values().filter(|s| !s.is_empty()).collect();
-        by_sig.retain(|sig, _| wanted.contains(sig));
         let mut used: BTreeSet<u32> = by_sig.values().copied().collect();
         let mut next = IDENTITY_FIRST_DYNAMIC;
         let mut plan = IdentityPlan::default();
@@ -141,7 +143,11 @@ impl IdentityTable {
             };
             plan.trie.insert(*prefix, id);
         }
-        self.by_id = by_sig.into_iter().map(|(sig, id)| (id, sig)).collect();
+        self.by_id = by_sig
+            .into_iter()
+            .filter(|(sig, _)| !sig.is_empty())
+            .map(|(sig, id)| (id, sig))
+            .collect();
         for (id, sig) in &self.by_id {
             for set in sig {
                 plan.identities_of_set.entry(*set).or_default().push(*id);
@@ -186,8 +192,8 @@ mod tests {
         let c = plan.trie[&prefix("10.1.0.5/32")];
         assert_ne!(a, c);
         assert_eq!(plan.trie[&prefix("10.1.0.0/16")], IDENTITY_WORLD);
-        assert_eq!(table.by_id[&a], BTreeSet::from([SetId(1), SetId(2)]));
-        assert_eq!(table.by_id[&c], BTreeSet::from([SetId(1)]));
+        assert_eq!(table.by_id[&a], vec![SetId(1), SetId(2)]);
+        assert_eq!(table.by_id[&c], vec![SetId(1)]);
         assert_eq!(plan.identities_of_set[&SetId(2)].len(), 2);
     }
 

@@ -42,7 +42,7 @@ use self::{
     records::{EndpointRecord, Records},
 };
 use super::{ApplyFailure, ApplyReport, Dataplane, DataplaneError, DataplaneKind, DataplaneStatus};
-use crate::policy::desired::{Delta, Desired, Endpoint, PodKey};
+use crate::policy::desired::{AddressSet, Delta, Desired, Endpoint, PodKey, SetId};
 
 pub struct EbpfDataplane {
     layout: PinLayout,
@@ -52,6 +52,9 @@ pub struct EbpfDataplane {
     mode: AttachMode,
     /// What the maps hold (read back at start, then kept in step with every write).
     kernel: KernelState,
+    /// The last identity plan and the sets it was made for: most changes leave the sets
+    /// alone, and planning is the costly part of an apply at scale.
+    identity_cache: Option<(BTreeMap<SetId, AddressSet>, identities::IdentityPlan)>,
     /// The node's addresses (exempt from policy); refreshed by every reconcile.
     host: Vec<identities::Prefix>,
     counts: (usize, usize, usize),
@@ -107,6 +110,7 @@ impl EbpfDataplane {
             mode: config.attach_mode.unwrap_or_else(attach::preferred_mode),
             kernel,
             host,
+            identity_cache: None,
             counts: (0, 0, 0),
         })
     }
@@ -219,7 +223,14 @@ impl EbpfDataplane {
 
     fn converge(&mut self, desired: &Desired) -> Result<ApplyReport, DataplaneError> {
         let mut failures = Vec::new();
-        let plan = self.records.identities.plan(desired.sets.values());
+        let plan = match &self.identity_cache {
+            Some((sets, plan)) if *sets == desired.sets => plan.clone(),
+            _ => {
+                let plan = self.records.identities.plan(desired.sets.values());
+                self.identity_cache = Some((desired.sets.clone(), plan.clone()));
+                plan
+            }
+        };
         let rule_ids = self.records.rules.plan(desired.endpoints.values());
         let placed = self.place_endpoints(desired, &mut failures);
 
