@@ -44,13 +44,13 @@ pub fn run() -> Result<()> {
     ]))?;
 
     step("unit tests");
-    let unit = cargo_test(&["--workspace", "--lib", "--bins"])?;
+    let unit = cargo_test(&["--workspace", "--no-fail-fast", "--lib", "--bins"])?;
 
     step("integration tests (real kernel)");
     check_kernel_prerequisites()?;
     // The integration tests drive the real binary.
     run_cmd(cargo().args(["build", "--package", "weir", "--bins"]))?;
-    let integration = cargo_test(&["--workspace", "--test", "*"])?;
+    let integration = cargo_test(&["--workspace", "--no-fail-fast", "--test", "*"])?;
 
     step("fuzz smoke");
     let fuzzed = fuzz_smoke()?;
