@@ -355,3 +355,61 @@ fn azure_npm_state_is_removed_when_found_without_the_flag() -> Result<()> {
     ensure!(report["azure_npm"] == Value::Bool(true), "{report}");
     Ok(())
 }
+
+/// A node with only the nft tools installed (no iptables-legacy): the legacy backend is
+/// skipped with a note, weir's nft state is removed, and reset succeeds.
+#[test]
+fn nft_only_node_without_legacy_tools_resets_cleanly() -> Result<()> {
+    let ns = NetNs::new("rstnft")?;
+    build(&ns, &WEIR, 0)?;
+    let bin_dir = std::env::temp_dir().join(format!("weir-test-nftonly-{}", std::process::id()));
+    std::fs::create_dir_all(&bin_dir)?;
+    let _cleanup = RemoveDir(bin_dir.clone());
+    for tool in [
+        "ipset",
+        "iptables-nft-save",
+        "ip6tables-nft-save",
+        "iptables-nft-restore",
+        "ip6tables-nft-restore",
+        "tc",
+        "ip",
+    ] {
+        let found = ["/usr/sbin", "/sbin", "/usr/bin", "/bin"]
+            .iter()
+            .map(|d| std::path::Path::new(d).join(tool))
+            .find(|p| p.exists())
+            .with_context(|| format!("prerequisite missing: {tool}"))?;
+        std::os::unix::fs::symlink(found, bin_dir.join(tool))?;
+    }
+    let bin = weir_bin::path()?;
+    let path = format!("PATH={}", bin_dir.display());
+    let out = ns.run(
+        "env",
+        &[
+            &path,
+            bin.to_str().context("binary path")?,
+            "reset",
+            "--output",
+            "json",
+        ],
+        None,
+    )?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    ensure!(out.status.success(), "reset failed: {stdout}");
+    let report: Value = serde_json::from_str(&stdout)?;
+    ensure!(
+        count(&report, "skipped") == 2,
+        "legacy v4 and v6 skipped: {report}"
+    );
+    ensure!(count(&report, "destroyed_sets") == DELETABLE, "{report}");
+    ensure!(owned_sets(&ns, &WEIR)?.is_empty(), "sets left");
+    Ok(())
+}
+
+struct RemoveDir(std::path::PathBuf);
+
+impl Drop for RemoveDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}

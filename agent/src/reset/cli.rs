@@ -29,7 +29,8 @@ use super::{reset, AzureNpm, ResetOptions};
 /// makes. Running reset twice is harmless, and it is safe while traffic flows.
 ///
 /// Exit status: 0 when everything removable was removed (undeletable sets included),
-/// 1 when a tool was missing or refused a write (listed as `error:`).
+/// 1 when a tool failed or refused a write (listed as `error:`). An iptables backend
+/// whose tools are not installed is skipped with a note.
 #[derive(clap::Args, Debug)]
 #[command(verbatim_doc_comment)]
 pub struct ResetArgs {

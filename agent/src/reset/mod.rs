@@ -118,15 +118,31 @@ pub fn retry_undeletable(names: &[String]) -> ipsets::SetsOutcome {
 
 type Rulesets = Vec<(Backend, Family, Vec<iptables_save::SavedTable>)>;
 
+/// Reads both families of both backends. A backend whose tools are not installed (an
+/// nft-only distribution has no iptables-legacy) holds nothing weir could have written:
+/// it is skipped with a note, not an error the agent would retry forever.
 fn read_rulesets(report: &mut ResetReport) -> Rulesets {
     let mut saves = Vec::new();
     for backend in Backend::ALL {
         for family in Family::ALL {
-            let parsed = backend
-                .save(family)
-                .map_err(|e| e.to_string())
-                .and_then(|text| iptables_save::parse(&text).map_err(|e| e.to_string()));
-            match parsed {
+            let text = match backend.save(family) {
+                Ok(text) => text,
+                Err(exec::ExecError::Spawn { program, source })
+                    if source.kind() == std::io::ErrorKind::NotFound =>
+                {
+                    report.skipped.push(format!(
+                        "{program} is not installed: {backend} {family} skipped"
+                    ));
+                    continue;
+                }
+                Err(e) => {
+                    report
+                        .errors
+                        .push(format!("reading {backend} {family} rules: {e}"));
+                    continue;
+                }
+            };
+            match iptables_save::parse(&text) {
                 Ok(tables) => saves.push((backend, family, tables)),
                 Err(e) => report
                     .errors

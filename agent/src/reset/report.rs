@@ -20,8 +20,10 @@ pub struct ResetReport {
     pub undeletable_sets: Vec<UndeletableSet>,
     pub detached_filters: Vec<String>,
     pub removed_pins: Vec<String>,
-    /// Failures other than undeletable sets (a tool missing, a restore refused).
+    /// Failures other than undeletable sets (a tool failing, a restore refused).
     pub errors: Vec<String>,
+    /// What was not looked at, and why (an iptables backend that is not installed).
+    pub skipped: Vec<String>,
     pub ipset_restore_runs: u32,
     pub iptables_restore_runs: u32,
     pub duration_ms: f64,
@@ -72,6 +74,9 @@ impl ResetReport {
         );
         for u in &self.undeletable_sets {
             let _ = writeln!(s, "  {}: {}", u.name, u.reason);
+        }
+        for note in &self.skipped {
+            let _ = writeln!(s, "skipped: {note}");
         }
         for e in &self.errors {
             let _ = writeln!(s, "error: {e}");
