@@ -6,7 +6,7 @@ use anyhow::bail;
 
 use super::{reset, AzureNpm, ResetOptions};
 
-/// Remove weir's dataplane state from this node (and Azure NPM's, when migrating).
+/// Remove weir's dataplane state from this node (and Azure NPM's, when migrating)
 ///
 /// In the current network namespace, in dependency order:
 ///   1. iptables: jumps into WEIR-* chains from chains weir does not own, then the WEIR-*
@@ -43,6 +43,7 @@ pub struct ResetArgs {
     /// Root of weir's BPF pins.
     #[arg(long, default_value = "/sys/fs/bpf/weir")]
     pub bpf_root: PathBuf,
+    /// Report format: text for people, json for tools.
     #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
     pub output: OutputFormat,
 }
