@@ -30,8 +30,9 @@ use anyhow::{bail, Result};
 use crate::cmd::{is_root, workspace_root};
 use agent::Dataplane;
 use report::Report;
+use report::Row;
 use scale::Scale;
-use trial::{Env, Plan};
+use trial::{Env, Setup};
 use world::World;
 
 fn notes() -> Vec<String> {
@@ -114,39 +115,63 @@ fn run_scenarios(env: &Env, report: &mut Report) {
     for &n in scale.policy_counts {
         let datapath = format!("datapath, {n} policies, {remote} remote pods");
         progress(&datapath);
+        let last = n == max;
+        let mut planned = vec![&datapath];
+        if last {
+            planned.extend([&convergence, &memory]);
+        }
+        let mut setups = Vec::new();
+        match Setup::baseline(&format!("none{n}")) {
+            Ok(s) => setups.push(s),
+            Err(e) => report.rows.push(Row::failed(
+                &datapath,
+                "none",
+                "all figures",
+                format!("{e:#}"),
+            )),
+        }
+        for dp in Dataplane::ALL {
+            let tag = format!("{}{n}", dp.as_str());
+            match Setup::enforcing(env, &tag, dp, World::new(n, remote)) {
+                Ok(s) => setups.push(s),
+                Err(e) => report.rows.extend(unavailable(&planned, dp, &e)),
+            }
+        }
+        let all: Vec<&Setup> = setups.iter().collect();
         report
             .rows
-            .extend(trial::baseline(env, &format!("none{n}"), &datapath));
-        for dp in Dataplane::ALL {
-            let plan = Plan {
-                datapath: Some(datapath.clone()),
-                convergence: (n == max).then(|| convergence.clone()),
-                memory: (n == max).then(|| memory.clone()),
-            };
-            let world = World::new(n, remote);
-            let tag = format!("{}{n}", dp.as_str());
-            report
-                .rows
-                .extend(trial::with_agent(env, &tag, dp, world, &plan));
-        }
+            .extend(trial::traffic_rows(&all, scale, &datapath));
         report.add_ratios(&datapath, "none");
+        if last {
+            for setup in setups.iter_mut().filter(|s| s.cold_start.is_some()) {
+                progress(&format!("{convergence}: {}", setup.label()));
+                report.rows.push(cold_start_row(&convergence, setup));
+                let rows = setup.convergence_rows(scale.changes, &convergence);
+                report
+                    .rows
+                    .extend(rows_or_failure(rows, &convergence, setup.label()));
+                let rows = setup.memory_rows(&memory);
+                report
+                    .rows
+                    .extend(rows_or_failure(rows, &memory, setup.label()));
+            }
+        }
     }
     let large = scale.large_remote_pods;
     let memory_large = format!("memory, {max} policies, {large} remote pods");
     progress(&memory_large);
     for dp in Dataplane::ALL {
-        let plan = Plan {
-            memory: Some(memory_large.clone()),
-            ..Plan::default()
-        };
         let tag = format!("{}{large}", dp.as_str());
-        report.rows.extend(trial::with_agent(
-            env,
-            &tag,
-            dp,
-            World::new(max, large),
-            &plan,
-        ));
+        match Setup::enforcing(env, &tag, dp, World::new(max, large)) {
+            Ok(setup) => {
+                report.rows.push(cold_start_row(&memory_large, &setup));
+                let rows = setup.memory_rows(&memory_large);
+                report
+                    .rows
+                    .extend(rows_or_failure(rows, &memory_large, dp.as_str()));
+            }
+            Err(e) => report.rows.extend(unavailable(&[&memory_large], dp, &e)),
+        }
     }
     for scenario in [&convergence, &memory, &memory_large] {
         report.add_ratios(scenario, Dataplane::Iptables.as_str());
@@ -154,6 +179,30 @@ fn run_scenarios(env: &Env, report: &mut Report) {
     let reset = reset::scenario(scale);
     progress(&reset);
     report.rows.extend(reset::rows(&env.weir, scale, &reset));
+}
+
+/// A dataplane that could not be started or did not enforce: one row per scenario.
+fn unavailable(scenarios: &[&String], dp: Dataplane, e: &anyhow::Error) -> Vec<Row> {
+    scenarios
+        .iter()
+        .map(|s| {
+            Row::failed(
+                s,
+                dp.as_str(),
+                "all figures",
+                format!("not available: {e:#}"),
+            )
+        })
+        .collect()
+}
+
+fn rows_or_failure(rows: Result<Vec<Row>>, scenario: &str, dp: &str) -> Vec<Row> {
+    rows.unwrap_or_else(|e| vec![Row::failed(scenario, dp, "measurement", format!("{e:#}"))])
+}
+
+fn cold_start_row(scenario: &str, setup: &Setup) -> Row {
+    let ms = setup.cold_start.unwrap_or_default().as_secs_f64() * 1e3;
+    Row::number(scenario, setup.label(), "cold start to converged", ms, "ms")
 }
 
 fn progress(scenario: &str) {

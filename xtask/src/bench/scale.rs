@@ -9,6 +9,8 @@ pub struct Scale {
     pub remote_pods: usize,
     /// The second memory world.
     pub large_remote_pods: usize,
+    /// Traffic is measured in this many interleaved rounds per setup, each with:
+    pub traffic_rounds: usize,
     pub throughput_seconds: u32,
     pub latency: Duration,
     /// Policy changes, and then pod label changes, each measured on their own.
@@ -27,6 +29,7 @@ impl Scale {
                 policy_counts: &[10],
                 remote_pods: 500,
                 large_remote_pods: 2_000,
+                traffic_rounds: 1,
                 throughput_seconds: 1,
                 latency: Duration::from_millis(500),
                 changes: 4,
@@ -40,8 +43,9 @@ impl Scale {
                 policy_counts: &[10, 100, 1_000],
                 remote_pods: 20_000,
                 large_remote_pods: 100_000,
-                throughput_seconds: 5,
-                latency: Duration::from_secs(3),
+                traffic_rounds: 4,
+                throughput_seconds: 2,
+                latency: Duration::from_secs(1),
                 changes: 50,
                 reset_sets: 5_000,
                 reset_undeletable: 1_000,

@@ -1,5 +1,7 @@
-//! One trial: a fresh bench node, optionally an agent enforcing a world on it, and the
-//! measurements taken while it runs. Everything the trial made is gone when it returns.
+//! Trials: bench nodes that exist side by side (no enforcement, eBPF, iptables), each with
+//! its servers and, for a dataplane, the agent enforcing a world. Traffic is measured in
+//! interleaved rounds across them, so that the noise of a shared machine falls on every
+//! setup alike. Everything a setup made is gone when it is dropped.
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -15,154 +17,164 @@ use super::{convergence, memory};
 
 pub struct Env {
     pub weir: PathBuf,
-    /// Where each trial keeps its manifests, status file and agent log.
+    /// Where each setup keeps its manifests, status file and agent log.
     pub run_dir: PathBuf,
     pub scale: Scale,
 }
 
-/// What to measure in a trial, by the scenario name the rows go under.
-#[derive(Default)]
-pub struct Plan {
-    pub datapath: Option<String>,
-    pub convergence: Option<String>,
-    pub memory: Option<String>,
+/// One bench node. Fields drop in order: the agent stops before its node goes away.
+pub struct Setup {
+    agent: Option<Agent>,
+    _servers: Servers,
+    topo: Topology,
+    world: World,
+    dataplane: Option<Dataplane>,
+    /// From starting the agent to its first full convergence.
+    pub cold_start: Option<Duration>,
 }
 
-impl Plan {
-    fn scenarios(&self) -> impl Iterator<Item = &String> {
-        [&self.datapath, &self.convergence, &self.memory]
-            .into_iter()
-            .flatten()
+impl Setup {
+    /// A bench node with no enforcement at all: the datapath reference.
+    pub fn baseline(tag: &str) -> Result<Self> {
+        let topo = Topology::create(tag)?;
+        let servers = Servers::start(&topo.server)?;
+        Ok(Setup {
+            agent: None,
+            _servers: servers,
+            topo,
+            world: World::new(0, 0),
+            dataplane: None,
+            cold_start: None,
+        })
+    }
+
+    /// A bench node whose agent has converged on `world` with `dataplane`, and whose probe
+    /// sees the world's verdicts.
+    pub fn enforcing(env: &Env, tag: &str, dataplane: Dataplane, world: World) -> Result<Self> {
+        let topo = Topology::create(tag)?;
+        let servers = Servers::start(&topo.server)?;
+        let dir = env.run_dir.join(tag);
+        let (mut agent, started) = Agent::start(&env.weir, &topo.node, &dir, dataplane, &world)?;
+        let converged = agent.wait_converged(env.scale.cold_start_timeout)?;
+        let setup = Setup {
+            agent: Some(agent),
+            _servers: servers,
+            topo,
+            world,
+            dataplane: Some(dataplane),
+            cold_start: Some(converged - started),
+        };
+        setup.check_enforced()?;
+        Ok(setup)
+    }
+
+    pub fn label(&self) -> &'static str {
+        self.dataplane.map_or("none", Dataplane::as_str)
+    }
+
+    /// The world closes the toggle port: make sure the dataplane really enforces before
+    /// measuring it.
+    fn check_enforced(&self) -> Result<()> {
+        let open = self
+            .topo
+            .client
+            .run(|| Ok(traffic::toggle_port_open(Duration::from_millis(200))))?;
+        if open != self.world.toggle_open() {
+            bail!(
+                "the agent reports convergence but the probe port is {}",
+                if open { "open" } else { "closed" }
+            );
+        }
+        Ok(())
+    }
+
+    pub fn convergence_rows(&mut self, changes: usize, scenario: &str) -> Result<Vec<Row>> {
+        let label = self.label();
+        let agent = self.agent.as_mut().expect("an enforcing setup");
+        convergence::changes(&self.topo, agent, &mut self.world, changes, scenario, label)
+    }
+
+    pub fn memory_rows(&self, scenario: &str) -> Result<Vec<Row>> {
+        let (Some(agent), Some(dp)) = (&self.agent, self.dataplane) else {
+            bail!("no agent runs without enforcement");
+        };
+        memory::rows(&self.topo, agent, scenario, dp)
     }
 }
 
-/// Traffic with no enforcement at all: the reference for the datapath figures.
-pub fn baseline(env: &Env, tag: &str, scenario: &str) -> Vec<Row> {
-    let result = (|| {
-        let topo = Topology::create(tag)?;
-        let _servers = Servers::start(&topo.server)?;
-        traffic_rows(env, &topo, scenario, "none")
-    })();
-    result.unwrap_or_else(|e| vec![Row::failed(scenario, "none", "traffic", format!("{e:#}"))])
+/// What the traffic rounds gathered for one setup.
+#[derive(Default)]
+struct Samples {
+    throughput: Vec<f64>,
+    rr: Vec<f64>,
+    crr: Vec<f64>,
+    elapsed_rr: f64,
+    elapsed_crr: f64,
+    error: Option<String>,
 }
 
-/// Starts `dataplane` cold on `world` and measures what `plan` asks for. A failure is a
-/// row per planned scenario naming it (for example a dataplane that is not available).
-pub fn with_agent(
-    env: &Env,
-    tag: &str,
-    dataplane: Dataplane,
-    world: World,
-    plan: &Plan,
-) -> Vec<Row> {
+/// Measures throughput and latency on every setup in `rounds` interleaved rounds (each
+/// round starts with a different setup) and returns their rows under `scenario`.
+pub fn traffic_rows(setups: &[&Setup], scale: &Scale, scenario: &str) -> Vec<Row> {
+    let rounds = scale.traffic_rounds;
+    let mut samples: Vec<Samples> = setups.iter().map(|_| Samples::default()).collect();
+    for round in 0..rounds {
+        for k in 0..setups.len() {
+            let i = (k + round) % setups.len();
+            if samples[i].error.is_none() {
+                if let Err(e) = one_round(setups[i], scale, &mut samples[i]) {
+                    samples[i].error = Some(format!("{e:#}"));
+                }
+            }
+        }
+    }
     let mut rows = Vec::new();
-    if let Err(e) = measure(env, tag, dataplane, world, plan, &mut rows) {
-        for scenario in plan.scenarios() {
-            rows.push(Row::failed(
+    for (setup, s) in setups.iter().zip(&mut samples) {
+        let dp = setup.label();
+        if let Some(e) = &s.error {
+            rows.push(Row::failed(scenario, dp, "traffic", e.clone()));
+            continue;
+        }
+        let gbps = s.throughput.iter().sum::<f64>() / s.throughput.len() as f64 / 1e9;
+        rows.push(Row::number(scenario, dp, "TCP throughput", gbps, "Gbit/s"));
+        for (name, rtts, elapsed) in [
+            ("RR", &mut s.rr, s.elapsed_rr),
+            ("CRR", &mut s.crr, s.elapsed_crr),
+        ] {
+            for p in [50.0, 99.0] {
+                let v = traffic::percentile(rtts, p);
+                rows.push(Row::number(
+                    scenario,
+                    dp,
+                    &format!("{name} latency p{p}"),
+                    v,
+                    "µs",
+                ));
+            }
+            let rate = rtts.len() as f64 / elapsed;
+            rows.push(Row::number(
                 scenario,
-                dataplane.as_str(),
-                "all figures",
-                format!("not available: {e:#}"),
+                dp,
+                &format!("{name} rate"),
+                rate,
+                "req/s",
             ));
         }
     }
     rows
 }
 
-fn measure(
-    env: &Env,
-    tag: &str,
-    dataplane: Dataplane,
-    mut world: World,
-    plan: &Plan,
-    rows: &mut Vec<Row>,
-) -> Result<()> {
-    let dp = dataplane.as_str();
-    let topo = Topology::create(tag)?;
-    let _servers = Servers::start(&topo.server)?;
-    let (mut agent, started) = Agent::start(
-        &env.weir,
-        &topo.node,
-        &env.run_dir.join(tag),
-        dataplane,
-        &world,
-    )?;
-    let converged = agent.wait_converged(env.scale.cold_start_timeout)?;
-    check_enforced(&topo, &world)?;
-    if let Some(scenario) = plan.convergence.as_ref().or(plan.memory.as_ref()) {
-        let ms = (converged - started).as_secs_f64() * 1e3;
-        rows.push(Row::number(
-            scenario,
-            dp,
-            "cold start to converged",
-            ms,
-            "ms",
-        ));
-    }
-    if let Some(scenario) = &plan.datapath {
-        rows.extend(traffic_rows(env, &topo, scenario, dp)?);
-    }
-    if let Some(scenario) = &plan.convergence {
-        rows.extend(convergence::changes(
-            &topo,
-            &mut agent,
-            &mut world,
-            env.scale.changes,
-            scenario,
-            dp,
-        )?);
-    }
-    if let Some(scenario) = &plan.memory {
-        rows.extend(memory::rows(&topo, &agent, scenario, dataplane)?);
-    }
-    Ok(())
-}
-
-/// The world closes the toggle port and opens the latency port: make sure the dataplane
-/// really enforces before measuring it.
-fn check_enforced(topo: &Topology, world: &World) -> Result<()> {
-    let open = topo
-        .client
-        .run(|| Ok(traffic::toggle_port_open(Duration::from_millis(200))))?;
-    if open != world.toggle_open() {
-        bail!(
-            "the agent reports convergence but the probe port is {}",
-            if open { "open" } else { "closed" }
-        );
-    }
-    Ok(())
-}
-
-fn traffic_rows(env: &Env, topo: &Topology, scenario: &str, dp: &str) -> Result<Vec<Row>> {
-    let bps = traffic::throughput(&topo.client, env.scale.throughput_seconds)?;
-    let mut rows = vec![Row::number(
-        scenario,
-        dp,
-        "TCP throughput",
-        bps / 1e9,
-        "Gbit/s",
-    )];
-    for (reconnect, name) in [(false, "RR"), (true, "CRR")] {
+fn one_round(setup: &Setup, scale: &Scale, s: &mut Samples) -> Result<()> {
+    let client = &setup.topo.client;
+    s.throughput
+        .push(traffic::throughput(client, scale.throughput_seconds)?);
+    for (reconnect, rtts, elapsed) in [
+        (false, &mut s.rr, &mut s.elapsed_rr),
+        (true, &mut s.crr, &mut s.elapsed_crr),
+    ] {
         let started = Instant::now();
-        let mut rtts = traffic::round_trips(&topo.client, env.scale.latency, reconnect)?;
-        let rate = rtts.len() as f64 / started.elapsed().as_secs_f64();
-        for p in [50.0, 99.0] {
-            let v = traffic::percentile(&mut rtts, p);
-            rows.push(Row::number(
-                scenario,
-                dp,
-                &format!("{name} latency p{p}"),
-                v,
-                "µs",
-            ));
-        }
-        rows.push(Row::number(
-            scenario,
-            dp,
-            &format!("{name} rate"),
-            rate,
-            "req/s",
-        ));
+        rtts.extend(traffic::round_trips(client, scale.latency, reconnect)?);
+        *elapsed += started.elapsed().as_secs_f64();
     }
-    Ok(rows)
+    Ok(())
 }
