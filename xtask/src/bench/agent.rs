@@ -2,6 +2,8 @@
 //! waited on through its status file, measured through /proc, stopped (and its BPF pins
 //! removed) when dropped.
 use std::fs::File;
+use std::io::{Read, Write};
+use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -12,6 +14,8 @@ use serde_json::Value;
 use super::netns::Netns;
 use super::world::{World, NODE_NAME};
 
+/// Where the agent serves /metrics, inside its node's namespace.
+const METRICS_ADDR: &str = "127.0.0.1:9402";
 /// How often the agent checks the manifest file (the bench's notes quote it).
 pub const POLL_MS: u64 = 10;
 
@@ -67,7 +71,7 @@ impl Agent {
             .arg("--status-file")
             .arg(dir.join("status.json"))
             .args(["--dataplane", dataplane.as_str(), "--node-name", NODE_NAME])
-            .args(["--poll-ms", &POLL_MS.to_string()])
+            .args(["--poll-ms", &POLL_MS.to_string(), "--listen", METRICS_ADDR])
             .arg("--bpf-root")
             .arg(&bpf_root)
             .stdin(Stdio::null())
@@ -147,6 +151,32 @@ impl Agent {
             );
         }
         Ok(())
+    }
+
+    /// The agent's own account of its work (`weir_apply_duration_seconds`: from an event
+    /// batch to the dataplane having applied it): (seconds in total, batches).
+    pub fn apply_totals(&self, node: &Netns) -> Result<(f64, f64)> {
+        let text = node.run(|| {
+            let mut conn = TcpStream::connect(METRICS_ADDR)
+                .with_context(|| format!("connecting to the agent's metrics at {METRICS_ADDR}"))?;
+            conn.set_read_timeout(Some(Duration::from_secs(5)))?;
+            conn.write_all(b"GET /metrics HTTP/1.1\r\nHost: bench\r\nConnection: close\r\n\r\n")?;
+            let mut text = String::new();
+            conn.read_to_string(&mut text).context("reading /metrics")?;
+            Ok(text)
+        })?;
+        let value = |name: &str| -> Result<f64> {
+            text.lines()
+                .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+                .with_context(|| format!("/metrics has no {name}"))?
+                .trim()
+                .parse()
+                .with_context(|| format!("/metrics: {name}"))
+        };
+        Ok((
+            value("weir_apply_duration_seconds_sum")?,
+            value("weir_apply_duration_seconds_count")?,
+        ))
     }
 
     /// Peak resident set size in bytes (VmHWM).

@@ -29,25 +29,29 @@ pub fn changes(
     scenario: &str,
     dp: &str,
 ) -> Result<Vec<Row>> {
+    let before = agent.apply_totals(&topo.node)?;
     let mut label = Vec::new();
     for i in 0..count {
         world.client_granted = !world.client_granted;
         label.push(one_change(topo, agent, world, i)?);
     }
+    let after_label = agent.apply_totals(&topo.node)?;
     world.client_granted = false;
     agent.update(world)?;
     agent.wait_converged(CHANGE_TIMEOUT)?;
     // create, update (away), update (back), delete, ...
     let cycle = [Toggle::Allow, Toggle::Moved, Toggle::Allow, Toggle::Absent];
+    let before_policy = agent.apply_totals(&topo.node)?;
     let mut policy = Vec::new();
     for i in 0..count {
         world.toggle = cycle[i % cycle.len()];
         policy.push(one_change(topo, agent, world, i)?);
     }
+    let after_policy = agent.apply_totals(&topo.node)?;
     let mut rows = Vec::new();
-    for (name, samples) in [
-        ("policy change", &mut policy),
-        ("pod label change", &mut label),
+    for (name, samples, (s0, n0), (s1, n1)) in [
+        ("policy change", &mut policy, before_policy, after_policy),
+        ("pod label change", &mut label, before, after_label),
     ] {
         for p in [50.0, 99.0] {
             let v = percentile(samples, p);
@@ -56,6 +60,17 @@ pub fn changes(
                 dp,
                 &format!("{name} p{p} (n={count})"),
                 v,
+                "ms",
+            ));
+        }
+        // The part the agent spends in engine and dataplane, without reading the file.
+        if n1 > n0 {
+            let mean = (s1 - s0) / (n1 - n0) * 1e3;
+            rows.push(Row::number(
+                scenario,
+                dp,
+                &format!("{name}: agent apply mean"),
+                mean,
                 "ms",
             ));
         }

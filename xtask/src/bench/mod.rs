@@ -206,7 +206,15 @@ fn cold_start_row(scenario: &str, setup: &Setup) -> Row {
 }
 
 fn progress(scenario: &str) {
-    println!("==> bench: {scenario}");
+    let now = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    println!(
+        "==> bench: {scenario} ({:02}:{:02}:{:02} UTC)",
+        now / 3600 % 24,
+        now / 60 % 60,
+        now % 60
+    );
 }
 
 fn kernel_release() -> String {
