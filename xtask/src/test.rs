@@ -55,6 +55,10 @@ pub fn run() -> Result<()> {
     step("fuzz smoke");
     let fuzzed = fuzz_smoke()?;
 
+    // The bench cannot rot: its quick run measures every scenario on the real kernel.
+    step("bench (quick)");
+    let bench = crate::bench::run(true);
+
     for (name, t) in [("unit", &unit), ("integration", &integration)] {
         if !t.failed.is_empty() {
             bail!("{name} tests failed: {}", t.failed.join(", "));
@@ -66,8 +70,9 @@ pub fn run() -> Result<()> {
             );
         }
     }
+    bench.context("the quick bench failed")?;
     println!(
-        "xtask test: PASS in {}s: fmt, clippy, {} unit tests, {} integration tests in {} ({}), fuzz smoke {}",
+        "xtask test: PASS in {}s: fmt, clippy, {} unit tests, {} integration tests in {} ({}), fuzz smoke {}, quick bench",
         started.elapsed().as_secs(),
         unit.passed,
         integration.passed,
