@@ -160,18 +160,28 @@ fn change(
     edit(&mut set);
     let pods = plan_pods(state, &mut set)?;
     set.validate()?;
-    for (key, pod) in &pods {
-        match state.pods.get(key) {
+    let mut created = Vec::new();
+    let grown = pods
+        .iter()
+        .try_for_each(|(key, pod)| match state.pods.get(key) {
             None => {
+                created.push(pod);
                 world::create_pod(&state.node_netns, pod)?;
-                start_listener(dir, pod)?;
+                start_listener(dir, pod)
             }
             Some(old) if old.ports != pod.ports => {
                 netns::stop_processes(&pod.netns)?;
-                start_listener(dir, pod)?;
+                start_listener(dir, pod)
             }
-            Some(_) => {}
+            Some(_) => Ok(()),
+        });
+    if let Err(e) = grown {
+        // Leave no half-built pod behind: the next apply would trip over it.
+        for pod in created {
+            let _ = netns::stop_processes(&pod.netns);
+            let _ = world::delete_pod(pod);
         }
+        return Err(e);
     }
     let removed: Vec<PodState> = state
         .pods
