@@ -13,7 +13,8 @@ pub struct Scale {
     pub traffic_rounds: usize,
     pub throughput_seconds: u32,
     pub latency: Duration,
-    /// Policy changes, and then pod label changes, each measured on their own.
+    /// Pod label changes, then as many policy changes, each kind measured on its own
+    /// (the full bench makes 50 changes in all).
     pub changes: usize,
     pub reset_sets: usize,
     pub reset_undeletable: usize,
@@ -46,7 +47,7 @@ impl Scale {
                 traffic_rounds: 4,
                 throughput_seconds: 2,
                 latency: Duration::from_secs(1),
-                changes: 50,
+                changes: 25,
                 reset_sets: 5_000,
                 reset_undeletable: 1_000,
                 reset_chains: 2_000,
