@@ -2,7 +2,21 @@
 //! to the dataplane-neutral [`desired`] model that both dataplanes enforce.
 //!
 //! [`validate`] mirrors the API server; [`Engine`] keeps the compiled state and returns
-//! a [`desired::Delta`] per event; [`verdict`] evaluates the compiled state.
+//! a [`desired::Delta`] per event; [`verdict()`] evaluates the compiled state.
+//!
+//! Decisions beyond the API text, shared by every dataplane:
+//! - A pod's traffic to itself is always allowed (it never leaves the pod's netns);
+//!   [`verdict()`] reports it as `to_self`.
+//! - Host-network pods are never selected: not as endpoints, not as pod peers, and their
+//!   container ports never resolve a named port. ipBlocks still match their (node) address.
+//! - Pods without an address, and pods that finished (Succeeded/Failed), are neither
+//!   endpoints nor peers.
+//! - Every namespace carries `kubernetes.io/metadata.name`, as the API server sets it,
+//!   also one known only from its pods.
+//! - A named port resolves by name and protocol: on the local pod for ingress, and per
+//!   destination pod for egress, where the peer's set is split by resolved number.
+//! - At start-up, feed all objects through [`Engine::load`] (one compile) rather than
+//!   one [`Engine::upsert`] each.
 
 mod change;
 mod compile;
