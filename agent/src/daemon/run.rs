@@ -97,14 +97,6 @@ impl<B: Backends> Daemon<B> {
         self
     }
 
-    pub fn engine(&self) -> &Engine {
-        &self.engine
-    }
-
-    pub fn enforcer(&self) -> Option<&Enforcer<B>> {
-        self.enforcer.as_ref()
-    }
-
     /// Runs until the source fails or a shutdown signal arrives.
     pub async fn run<S: EventSource>(mut self, mut source: S) -> Result<(), SourceError> {
         let mut resync = tokio::time::interval(self.opts.resync);
@@ -149,9 +141,14 @@ impl<B: Backends> Daemon<B> {
         match &mut self.enforcer {
             None => self.start(choice),
             Some(enforcer) => {
-                let outcome = enforcer.choose(choice, desired);
+                let mut outcome = enforcer.choose(choice, desired);
                 let result = if outcome.switched.is_some() {
                     Ok(())
+                } else if self.dataplane_error.is_some() {
+                    // An earlier change did not apply: converge on the whole state.
+                    enforcer
+                        .reconcile(desired)
+                        .map(|o| outcome.cleanups.extend(o.cleanups))
                 } else {
                     let delta = before.diff(desired);
                     if delta.is_empty() {
@@ -176,18 +173,14 @@ impl<B: Backends> Daemon<B> {
             Some(enforcer) => {
                 let desired = self.engine.desired();
                 let switched = enforcer.choose(choice, desired);
+                let repaired = enforcer.reconcile(desired);
                 self.account(&switched);
-                match self
-                    .enforcer
-                    .as_mut()
-                    .map(|e| e.reconcile(self.engine.desired()))
-                {
-                    Some(Ok(outcome)) => {
+                match repaired {
+                    Ok(outcome) => {
                         self.dataplane_error = None;
                         self.account(&outcome);
                     }
-                    Some(Err(e)) => self.dataplane_error = Some(e.to_string()),
-                    None => {}
+                    Err(e) => self.dataplane_error = Some(e.to_string()),
                 }
             }
         }

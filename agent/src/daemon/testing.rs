@@ -1,6 +1,7 @@
 //! Backends that record what they are asked instead of touching the kernel, for the
 //! run loop's ordering tests. The real dataplanes are exercised by the integration tests.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use super::enforcer::{Backends, Cleanup, CleanupReport};
@@ -13,6 +14,7 @@ pub type Log = Arc<Mutex<Vec<String>>>;
 pub struct Recording {
     kind: DataplaneKind,
     log: Log,
+    refuse_applies: Arc<AtomicBool>,
 }
 
 impl Dataplane for Recording {
@@ -31,6 +33,9 @@ impl Dataplane for Recording {
             .lock()
             .unwrap()
             .push(format!("apply {}", self.kind));
+        if self.refuse_applies.load(Ordering::Relaxed) {
+            return Err(DataplaneError::Other("refused by the test".into()));
+        }
         Ok(ApplyReport::default())
     }
     fn status(&self) -> DataplaneStatus {
@@ -45,6 +50,8 @@ pub struct RecordingNode {
     pub ebpf: Result<(), String>,
     pub undeletable: Vec<&'static str>,
     pub log: Log,
+    /// While set, every `apply` fails (a whole-operation dataplane error).
+    pub refuse_applies: Arc<AtomicBool>,
 }
 
 impl Backends for RecordingNode {
@@ -56,6 +63,7 @@ impl Backends for RecordingNode {
         Ok(Box::new(Recording {
             kind,
             log: self.log.clone(),
+            refuse_applies: self.refuse_applies.clone(),
         }))
     }
     fn cleanup(&self, what: &Cleanup) -> CleanupReport {

@@ -1,5 +1,6 @@
 //! The run loop's ordering guarantees, with backends that record what they are asked.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -17,6 +18,7 @@ struct World {
     status: std::path::PathBuf,
     health: Arc<Health>,
     metrics: Arc<Metrics>,
+    refuse_applies: Arc<AtomicBool>,
     daemon: Daemon<RecordingNode>,
 }
 
@@ -32,10 +34,12 @@ fn world(tag: &str, ebpf: Result<(), String>, undeletable: Vec<&'static str>) ->
         status_file: Some(status.clone()),
         resync: Duration::from_secs(60),
     };
+    let refuse_applies = Arc::new(AtomicBool::new(false));
     let node = RecordingNode {
         ebpf,
         undeletable,
         log: log.clone(),
+        refuse_applies: refuse_applies.clone(),
     };
     let metrics = Arc::new(Metrics::new());
     let daemon = Daemon::new(opts, node, metrics.clone(), health.clone());
@@ -44,6 +48,7 @@ fn world(tag: &str, ebpf: Result<(), String>, undeletable: Vec<&'static str>) ->
         status,
         health,
         metrics,
+        refuse_applies,
         daemon,
     }
 }
@@ -185,4 +190,34 @@ fn a_refused_policy_is_reported_and_the_rest_applies() {
     assert!(s.converged);
     assert_eq!(s.errors.len(), 1, "{:?}", s.errors);
     assert_eq!(s.errors[0].object, "networkpolicy x/bad");
+}
+
+#[test]
+fn a_failed_apply_is_reported_and_the_next_batch_converges_on_everything() {
+    let mut w = world("applyfail", Ok(()), vec![]);
+    w.daemon.handle(batch(1, vec![]));
+    w.take_log();
+    w.refuse_applies.store(true, Ordering::Relaxed);
+    let pod = "apiVersion: v1\nkind: Pod\nmetadata:\n  name: a\n  namespace: x\nstatus:\n  podIP: 10.0.0.1\n";
+    let event = Event::Upsert(Box::new(parse_str(pod).unwrap().remove(0)));
+    w.daemon.handle(batch(2, vec![event]));
+    assert_eq!(w.take_log(), ["apply ebpf"]);
+    let s = w.status();
+    assert!(!s.converged);
+    assert!(
+        s.errors
+            .iter()
+            .any(|e| e.object == "dataplane" && e.reason.contains("refused")),
+        "{:?}",
+        s.errors
+    );
+    w.refuse_applies.store(false, Ordering::Relaxed);
+    w.daemon.handle(batch(3, vec![]));
+    assert_eq!(
+        w.take_log(),
+        ["reconcile ebpf"],
+        "the missed change is not lost"
+    );
+    let s = w.status();
+    assert!(s.converged && s.errors.is_empty(), "{s:?}");
 }

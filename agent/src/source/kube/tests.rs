@@ -167,6 +167,7 @@ async fn cluster_mode_annotates_the_node_switches_and_reports_refused_policies()
         ebpf: Ok(()),
         undeletable: vec![],
         log: log.clone(),
+        refuse_applies: Arc::default(),
     };
     let opts = RunOptions {
         default_choice: DataplaneChoice::Auto,
