@@ -62,6 +62,12 @@ impl Backends for NodeBackends {
     /// Azure NPM's state lives in iptables and ipsets, so it goes with the iptables
     /// part of the reset, which only runs when iptables is not the dataplane in use.
     fn cleanup(&self, what: &Cleanup) -> CleanupReport {
+        if what.azure_npm && what.dataplane != Some(DataplaneKind::Iptables) {
+            tracing::warn!(
+                "iptables enforces: Azure NPM's chains and sets, if any, stay in place \
+                 (start on eBPF to migrate off NPM)"
+            );
+        }
         let options = ResetOptions {
             iptables: what.dataplane == Some(DataplaneKind::Iptables),
             ebpf: what.dataplane == Some(DataplaneKind::Ebpf),
