@@ -184,6 +184,9 @@ fn fuzz_smoke() -> Result<Vec<String>> {
                 .args([
                     "fuzz",
                     "run",
+                    // Unoptimized: the smoke run proves the harness builds and runs, and
+                    // an optimized sanitizer build of every dependency costs minutes.
+                    "--dev",
                     t,
                     "--",
                     &format!("-max_total_time={FUZZ_SMOKE_SECONDS}"),
