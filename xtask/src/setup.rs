@@ -23,6 +23,8 @@ const PACKAGES: &[&str] = &[
     "cargo-web",
     "libstd-rust-web-dev-bpf",
 ];
+/// Provides `kubectl` when the host has none (the deploy/ manifests test renders them).
+const KUBECTL_PACKAGE: &str = "kubernetes-client";
 const BPF_LINKER_VERSION: &str = "0.13.0";
 const CARGO_FUZZ_VERSION: &str = "0.13.1";
 /// The oldest rustc-web whose LLVM and prebuilt BPF core are known to work.
@@ -67,6 +69,10 @@ fn missing() -> Result<Vec<String>> {
             missing.push(llvm);
         }
     }
+    // Any kubectl renders deploy/ (`kubectl kustomize`); Debian's package is the fallback.
+    if output(Command::new("kubectl").args(["version", "--client"])).is_none() {
+        missing.push(KUBECTL_PACKAGE.to_string());
+    }
     if tool_version("bpf-linker").as_deref() != Some(BPF_LINKER_VERSION) {
         missing.push(format!("bpf-linker {BPF_LINKER_VERSION}"));
     }
@@ -101,6 +107,9 @@ fn install(missing: &[String]) -> Result<()> {
         }
         exec(Command::new("apt-get").args(["update", "-q"]))?;
         apt_install(PACKAGES.iter().copied())?;
+        if missing.iter().any(|m| m == KUBECTL_PACKAGE) {
+            apt_install([KUBECTL_PACKAGE])?;
+        }
         check_rustc_web()?;
         let major = rustc_web_llvm_major()
             .context("rustc-web is installed but /usr/bin/rustc -vV names no LLVM version")?;
