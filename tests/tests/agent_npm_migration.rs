@@ -90,14 +90,14 @@ struct Agent {
 }
 
 impl Agent {
-    fn start(netns: &str, dir: &Path, pins: &Path) -> Agent {
+    fn start(netns: &str, dir: &Path, pins: &Path, dataplane: &str) -> Agent {
         let ns = std::fs::File::open(format!("/var/run/netns/{netns}")).expect("open netns");
         let log = dir.join("agent.log");
         let mut cmd = Command::new(weir_bin::path().expect("weir binary"));
         cmd.args([
             "agent",
             "--dataplane",
-            "ebpf",
+            dataplane,
             "--resync-seconds",
             "1",
             "--poll-ms",
@@ -152,11 +152,21 @@ fn wait_for(what: &str, timeout: Duration, mut check: impl FnMut() -> bool, agen
 }
 
 #[test]
-fn agent_takes_over_from_azure_npm_and_retries_leaked_sets() {
+fn agent_on_ebpf_takes_over_from_azure_npm_and_retries_leaked_sets() {
+    takes_over_from_azure_npm("ebpf", "npme");
+}
+
+/// weir's own iptables chains and sets enforce while NPM's are removed around them.
+#[test]
+fn agent_on_iptables_takes_over_from_azure_npm_and_retries_leaked_sets() {
+    takes_over_from_azure_npm("iptables", "npmi");
+}
+
+fn takes_over_from_azure_npm(dataplane: &str, tag: &str) {
     weir_tests::require_root_and_tools();
-    let world = World::new("npm", &[("a", A), ("b", B)]);
-    let pins = PinRoot::new("npm");
-    let dir = std::env::temp_dir().join(format!("weir-agent-npm-{}", std::process::id()));
+    let world = World::new(tag, &[("a", A), ("b", B)]);
+    let pins = PinRoot::new(tag);
+    let dir = std::env::temp_dir().join(format!("weir-agent-{tag}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let _servers = [
         EchoServers::start(&world.pods[0].ns, &[80]),
@@ -177,7 +187,7 @@ fn agent_takes_over_from_azure_npm_and_retries_leaked_sets() {
     );
 
     std::fs::write(dir.join("objects.yaml"), MANIFEST).unwrap();
-    let agent = Agent::start(&world.node, &dir, &pins.0);
+    let agent = Agent::start(&world.node, &dir, &pins.0, dataplane);
     let status_file = dir.join("status.json");
     wait_for(
         "convergence",
@@ -192,7 +202,7 @@ fn agent_takes_over_from_azure_npm_and_retries_leaked_sets() {
     );
     let status: Value =
         serde_json::from_str(&std::fs::read_to_string(&status_file).unwrap()).unwrap();
-    assert_eq!(status["dataplane"], "ebpf");
+    assert_eq!(status["dataplane"], dataplane);
     assert_eq!(
         status["errors"],
         serde_json::json!([]),
@@ -204,6 +214,12 @@ fn agent_takes_over_from_azure_npm_and_retries_leaked_sets() {
     assert!(tcp_from(&ns_a, to_b, t), "NPM's drop rule is gone");
     let rules = sh(&world.node, "iptables-save");
     assert!(!rules.contains("AZURE-NPM"), "NPM chains left:\n{rules}");
+    if dataplane == "iptables" {
+        assert!(
+            rules.contains(":WEIR-FILTER"),
+            "weir's own chains must stay:\n{rules}"
+        );
+    }
     let sets = set_names(&world.node);
     for i in 0..4 {
         assert!(

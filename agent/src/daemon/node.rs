@@ -59,20 +59,18 @@ impl Backends for NodeBackends {
         })
     }
 
-    /// Azure NPM's state lives in iptables and ipsets, so it goes with the iptables
-    /// part of the reset, which only runs when iptables is not the dataplane in use.
+    /// Removes one dataplane's state and/or Azure NPM's. NPM's chains and sets go even
+    /// while weir's iptables dataplane enforces: reset then leaves weir's own alone.
     fn cleanup(&self, what: &Cleanup) -> CleanupReport {
-        if what.azure_npm && what.dataplane != Some(DataplaneKind::Iptables) {
-            tracing::warn!(
-                "iptables enforces: Azure NPM's chains and sets, if any, stay in place \
-                 (start on eBPF to migrate off NPM)"
-            );
-        }
         let options = ResetOptions {
             iptables: what.dataplane == Some(DataplaneKind::Iptables),
             ebpf: what.dataplane == Some(DataplaneKind::Ebpf),
             bpf_root: self.bpf_root.clone(),
-            azure_npm: AzureNpm::IfPresent,
+            azure_npm: if what.azure_npm {
+                AzureNpm::IfPresent
+            } else {
+                AzureNpm::Leave
+            },
             dry_run: false,
         };
         reset::reset(&options).into()

@@ -39,6 +39,8 @@ pub enum AzureNpm {
     IfPresent,
     /// Remove it: the node is migrating from Azure NPM.
     Migrate,
+    /// Leave it alone.
+    Leave,
 }
 
 #[derive(Clone, Debug)]
@@ -72,11 +74,17 @@ pub fn reset(options: &ResetOptions) -> ResetReport {
         dry_run: options.dry_run,
         ..Default::default()
     };
-    if options.iptables {
+    // Azure NPM's state is iptables state too, but it goes even when weir's own iptables
+    // dataplane is the one enforcing (then weir's chains and sets stay).
+    if options.iptables || options.azure_npm != AzureNpm::Leave {
         let saves = read_rulesets(&mut report);
         let owners = Owners {
-            azure_npm: options.azure_npm == AzureNpm::Migrate
-                || node_carries_azure_npm(&saves, &mut report),
+            weir: options.iptables,
+            azure_npm: match options.azure_npm {
+                AzureNpm::Migrate => true,
+                AzureNpm::IfPresent => node_carries_azure_npm(&saves, &mut report),
+                AzureNpm::Leave => false,
+            },
         };
         report.azure_npm = owners.azure_npm;
         remove_chains(&saves, &owners, options.dry_run, &mut report);

@@ -1,5 +1,5 @@
-//! Whose state reset removes: weir's own names always, Azure NPM's when migrating from
-//! it or when the node carries it.
+//! Whose state reset removes: weir's own names (unless weir's iptables dataplane is the
+//! one enforcing), Azure NPM's when migrating from it or when the node carries it.
 
 /// weir's chains (`WEIR-*`) and sets (`weir-*`).
 pub const WEIR_CHAIN_PREFIX: &str = "WEIR-";
@@ -12,17 +12,19 @@ pub const WEIR_PROGRAM_PREFIX: &str = "weir_";
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Owners {
+    pub weir: bool,
     pub azure_npm: bool,
 }
 
 impl Owners {
     pub fn owns_chain(&self, chain: &str) -> bool {
-        chain.starts_with(WEIR_CHAIN_PREFIX)
+        (self.weir && chain.starts_with(WEIR_CHAIN_PREFIX))
             || (self.azure_npm && chain.starts_with(NPM_CHAIN_PREFIX))
     }
 
     pub fn owns_set(&self, set: &str) -> bool {
-        set.starts_with(WEIR_SET_PREFIX) || (self.azure_npm && set.starts_with(NPM_SET_PREFIX))
+        (self.weir && set.starts_with(WEIR_SET_PREFIX))
+            || (self.azure_npm && set.starts_with(NPM_SET_PREFIX))
     }
 }
 
@@ -41,8 +43,22 @@ mod tests {
 
     #[test]
     fn npm_names_are_owned_only_when_asked() {
-        let weir_only = Owners { azure_npm: false };
-        let with_npm = Owners { azure_npm: true };
+        let weir_only = Owners {
+            weir: true,
+            azure_npm: false,
+        };
+        let with_npm = Owners {
+            weir: true,
+            azure_npm: true,
+        };
+        let npm_only = Owners {
+            weir: false,
+            azure_npm: true,
+        };
+        assert!(npm_only.owns_chain("AZURE-NPM-INGRESS"));
+        assert!(npm_only.owns_set("azure-npm-1"));
+        assert!(!npm_only.owns_chain("WEIR-FILTER"));
+        assert!(!npm_only.owns_set("weir-0123"));
         assert!(weir_only.owns_chain("WEIR-INGRESS"));
         assert!(!weir_only.owns_chain("AZURE-NPM-INGRESS"));
         assert!(with_npm.owns_chain("AZURE-NPM"));
