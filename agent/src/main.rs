@@ -35,7 +35,12 @@ fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Command::Version => {
-            println!("weir {}", env!("CARGO_PKG_VERSION"));
+            let (major, minor) = weir::dataplane::ebpf::MIN_KERNEL;
+            println!(
+                "weir {}\nembedded eBPF object: {} bytes, built for Linux {major}.{minor} or later",
+                env!("CARGO_PKG_VERSION"),
+                weir::dataplane::ebpf::EMBEDDED_OBJECT.len()
+            );
         }
         Command::Reset(args) => weir::reset::cli::run(args)?,
         Command::Explain(args) => weir::policy::explain_cli::run(args)?,

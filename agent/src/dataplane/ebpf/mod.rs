@@ -33,7 +33,8 @@ use weir_common::{map_names, EndpointInfo, EP_EGRESS_ISOLATED, EP_INGRESS_ISOLAT
 pub use attach::AttachMode;
 pub use config::{EbpfConfig, DEFAULT_PIN_ROOT};
 pub use events::{MonitorEvent, OutputFormat};
-pub use probe::probe;
+pub use loader::OBJECT as EMBEDDED_OBJECT;
+pub use probe::{probe, MIN_KERNEL};
 
 use self::{
     kernel_state::KernelState,
