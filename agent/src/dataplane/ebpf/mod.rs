@@ -419,6 +419,14 @@ impl Dataplane for EbpfDataplane {
                 ));
             }
         }
+        // Every drop is a default deny (no rule denies); the metrics export it by reason.
+        if let Some((_, packets, _)) = self
+            .counters()
+            .into_iter()
+            .find(|(n, _, _)| n == "default-deny")
+        {
+            details.push(("drops.default-deny".into(), packets.to_string()));
+        }
         DataplaneStatus {
             kind: Some(DataplaneKind::Ebpf),
             endpoints: self.counts.0,
