@@ -4,6 +4,7 @@ mod bench;
 mod build;
 mod cmd;
 mod demo;
+mod image;
 mod setup;
 mod test;
 
@@ -32,6 +33,12 @@ enum Command {
     /// The CI command: formatting, clippy (warnings are errors), unit tests, then the
     /// integration tests against the real kernel (root, bpffs, network namespaces).
     Test,
+    /// Build the release binary and the container image from deploy/Dockerfile (needs a
+    /// running docker or podman engine).
+    Image {
+        #[arg(long, default_value = concat!("weir:", env!("CARGO_PKG_VERSION")))]
+        tag: String,
+    },
     /// Run the lab on the default example: build a node from network namespaces, enforce
     /// its policies and print the reachability matrix.
     Demo {
@@ -54,6 +61,7 @@ fn main() {
         Command::Setup => setup::run(),
         Command::Build { release } => build::run(release),
         Command::Test => test::run(),
+        Command::Image { tag } => image::run(&tag),
         Command::Demo { dataplane } => demo::run(&dataplane),
         Command::Bench { quick } => bench::run(quick),
     };
