@@ -37,7 +37,9 @@ impl Default for EbpfConfig {
     fn default() -> Self {
         EbpfConfig {
             pin_root: PathBuf::from(DEFAULT_PIN_ROOT),
-            identity_entries: 65536,
+            // LPM tries are never preallocated: capacity costs nothing until used, and
+            // 100,000 remote pods need more than 65,536 prefixes.
+            identity_entries: 1 << 20,
             endpoint_entries: 4096,
             policy_entries: 65536,
             ct_entries: 262144,

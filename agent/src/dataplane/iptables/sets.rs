@@ -12,6 +12,10 @@ use crate::policy::desired::{AddressSet, Member, SetId};
 use super::backend::Family;
 use super::names::{set_name, staging_set_name};
 
+/// ipset's default maxelem (65,536) is reached by one namespace selector in a large
+/// cluster; the hash grows on demand, so a high cap costs nothing until it is used.
+const MAXELEM: u32 = 1 << 20;
+
 /// `hash:net` cannot hold a /0: such a block becomes its two /1 halves.
 fn split_zero(net: IpNet) -> Vec<IpNet> {
     match net {
@@ -73,8 +77,11 @@ pub fn replace_script(set: &AddressSet, out: &mut String) {
     for family in Family::ALL {
         let (name, staging) = (set_name(set.id, family), staging_set_name(set.id, family));
         let f = family.ipset_family();
-        let _ = writeln!(out, "create {name} hash:net family {f}");
-        let _ = writeln!(out, "create {staging} hash:net family {f}");
+        let _ = writeln!(out, "create {name} hash:net family {f} maxelem {MAXELEM}");
+        let _ = writeln!(
+            out,
+            "create {staging} hash:net family {f} maxelem {MAXELEM}"
+        );
         let _ = writeln!(out, "flush {staging}");
         for e in entries(&set.members, family) {
             let _ = writeln!(out, "add {staging} {}", e.render());
@@ -114,7 +121,7 @@ pub fn create_script(set: &AddressSet, out: &mut String) {
         let name = set_name(set.id, family);
         let _ = writeln!(
             out,
-            "create {name} hash:net family {}",
+            "create {name} hash:net family {} maxelem {MAXELEM}",
             family.ipset_family()
         );
         for e in entries(&set.members, family) {
