@@ -93,8 +93,19 @@ fn cargo_test(args: &[&str]) -> Result<Tally> {
         .arg("test")
         .args(args)
         .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
         .spawn()
         .context("cannot start cargo test")?;
+    // Cargo names each test binary ("Running tests/foo.rs ...") on stderr.
+    let stderr = child.stderr.take().expect("piped");
+    let binaries = std::thread::spawn(move || {
+        let mut found = Tally::default();
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            eprintln!("{line}");
+            tally_line(&mut found, &line);
+        }
+        found.binaries
+    });
     let mut tally = Tally::default();
     let stdout = child.stdout.take().expect("piped");
     for line in BufReader::new(stdout).lines() {
@@ -103,6 +114,7 @@ fn cargo_test(args: &[&str]) -> Result<Tally> {
         tally_line(&mut tally, &line);
     }
     let status = child.wait()?;
+    tally.binaries = binaries.join().unwrap_or_default();
     if !status.success() && tally.failed.is_empty() {
         bail!("cargo test {} failed ({status})", args.join(" "));
     }
