@@ -107,24 +107,35 @@ fn echo_forever(s: Socket) {
     }
 }
 
-fn answer_inits_forever(s: Socket, domain: Domain, served: &[u16]) {
+/// Reads one packet from a raw protocol-132 socket and parses its SCTP chunk (`None`
+/// when it is not one we understand). Raw IPv4 sockets deliver the IP header too.
+pub(super) fn recv_sctp_chunk(
+    s: &Socket,
+    domain: Domain,
+    flags: libc::c_int,
+) -> std::io::Result<(Option<sctp::Chunk>, socket2::SockAddr)> {
     let mut buf = [std::mem::MaybeUninit::<u8>::uninit(); 2048];
+    let (n, from) = s.recv_from_with_flags(&mut buf, flags)?;
+    // SAFETY: recv_from initialised the first n bytes.
+    let packet: Vec<u8> = buf[..n]
+        .iter()
+        .map(|b| unsafe { b.assume_init() })
+        .collect();
+    let payload = if domain == Domain::IPV4 {
+        sctp::strip_ipv4_header(&packet)
+    } else {
+        Some(packet.as_slice())
+    };
+    Ok((payload.and_then(sctp::parse), from))
+}
+
+fn answer_inits_forever(s: Socket, domain: Domain, served: &[u16]) {
     loop {
-        let Ok((n, from)) = s.recv_from(&mut buf) else {
+        let Ok((chunk, from)) = recv_sctp_chunk(&s, domain, 0) else {
             eprintln!("SCTP receive failed; listener stops");
             return;
         };
-        // SAFETY: recv_from initialised the first n bytes.
-        let packet: Vec<u8> = buf[..n]
-            .iter()
-            .map(|b| unsafe { b.assume_init() })
-            .collect();
-        let payload = if domain == Domain::IPV4 {
-            sctp::strip_ipv4_header(&packet)
-        } else {
-            Some(packet.as_slice())
-        };
-        let Some(init) = payload.and_then(sctp::parse) else {
+        let Some(init) = chunk else {
             continue;
         };
         if init.kind != ChunkKind::Init || !served.contains(&init.dst_port) {

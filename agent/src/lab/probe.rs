@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 use socket2::{Domain, Socket, Type};
 
-use super::listen::raw_sctp_socket;
+use super::listen::{raw_sctp_socket, recv_sctp_chunk};
 use super::netns;
 use super::sctp::{self, ChunkKind};
 use super::state::PodState;
@@ -279,24 +279,13 @@ fn drain_init_acks(raw: &Socket, domain: Domain, flights: &mut [InFlight], targe
             _ => None,
         })
         .collect();
-    let mut buf = [std::mem::MaybeUninit::<u8>::uninit(); 2048];
     loop {
-        let (n, from) = match raw.recv_from_with_flags(&mut buf, libc::MSG_DONTWAIT) {
+        let (chunk, from) = match recv_sctp_chunk(raw, domain, libc::MSG_DONTWAIT) {
             Ok(got) => got,
             Err(e) if e.kind() == ErrorKind::Interrupted => continue,
             Err(_) => return,
         };
-        // SAFETY: recv_from initialised the first n bytes.
-        let packet: Vec<u8> = buf[..n]
-            .iter()
-            .map(|b| unsafe { b.assume_init() })
-            .collect();
-        let payload = if domain == Domain::IPV4 {
-            sctp::strip_ipv4_header(&packet)
-        } else {
-            Some(packet.as_slice())
-        };
-        let (Some(chunk), Some(from)) = (payload.and_then(sctp::parse), from.as_socket()) else {
+        let (Some(chunk), Some(from)) = (chunk, from.as_socket()) else {
             continue;
         };
         if chunk.kind != ChunkKind::InitAck {
