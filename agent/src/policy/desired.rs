@@ -268,10 +268,11 @@ impl Desired {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn set(id: u64, nets: &[&str]) -> AddressSet {
+    /// A set from CIDR strings; a leading `!` marks an except.
+    pub(crate) fn set(id: u64, nets: &[&str]) -> AddressSet {
         AddressSet {
             id: SetId(id),
             definition: format!("test-{id}"),

@@ -160,21 +160,7 @@ impl IdentityTable {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::desired::Member;
-
-    fn set(id: u64, nets: &[&str]) -> AddressSet {
-        AddressSet {
-            id: SetId(id),
-            definition: format!("test-{id}"),
-            members: nets
-                .iter()
-                .map(|n| Member {
-                    net: n.trim_start_matches('!').parse().unwrap(),
-                    except: n.starts_with('!'),
-                })
-                .collect(),
-        }
-    }
+    use crate::policy::desired::tests::set;
 
     fn prefix(s: &str) -> Prefix {
         Prefix::from_net(&s.parse().unwrap())
