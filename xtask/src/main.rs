@@ -3,6 +3,7 @@
 mod bench;
 mod build;
 mod cmd;
+mod components;
 mod demo;
 mod image;
 mod setup;
@@ -22,8 +23,9 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Install what weir needs (Debian packages, bpf-linker, cargo-fuzz). Idempotent: only
-    /// what is missing is installed. Needs root and apt.
+    /// Install what weir needs (Debian packages, bpf-linker, cargo-fuzz, and kube-apiserver,
+    /// kube-proxy and etcd built with Go from the module proxy). Idempotent: only what is
+    /// missing is installed or built. Needs root, apt and Go.
     Setup,
     /// Build the eBPF object, then the agent that embeds it.
     Build {

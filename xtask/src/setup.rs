@@ -3,7 +3,8 @@
 //! - Debian's rustc-web/cargo-web (with a prebuilt core for bpfel-unknown-none in
 //!   libstd-rust-web-dev-bpf) build the kernel programs;
 //! - bpf-linker, built against the same LLVM major as that rustc (llvm-<N>-dev);
-//! - the tools the dataplanes and tests drive: ipset, iptables, iproute2, ping, conntrack, iperf3.
+//! - the tools the dataplanes and tests drive: ipset, iptables, iproute2, ping, conntrack, iperf3;
+//! - kube-apiserver, kube-proxy and etcd, built with Go from the module proxy (`components`).
 use std::path::PathBuf;
 use std::process::Command;
 
@@ -18,6 +19,8 @@ const PACKAGES: &[&str] = &[
     "iproute2",
     "iputils-ping",
     "conntrack",
+    // Keys for the loopback kube-apiserver (service account signing).
+    "openssl",
     "iperf3",
     "rustc-web",
     "cargo-web",
@@ -33,7 +36,11 @@ const MIN_RUSTC_WEB: (u32, u32) = (1, 96);
 pub fn run() -> Result<()> {
     let missing = missing()?;
     if missing.is_empty() {
-        println!("setup: everything is installed");
+        let dir = crate::components::ensure()?;
+        println!(
+            "setup: everything is installed (Kubernetes components in {})",
+            dir.display()
+        );
         return Ok(());
     }
     println!("setup: installing {}", missing.join(", "));
@@ -45,6 +52,7 @@ pub fn run() -> Result<()> {
             still.join(", ")
         );
     }
+    crate::components::ensure()?;
     println!("setup: done");
     Ok(())
 }
@@ -52,6 +60,7 @@ pub fn run() -> Result<()> {
 /// Runs setup when anything is missing; silent otherwise.
 pub fn ensure() -> Result<()> {
     if missing()?.is_empty() {
+        crate::components::ensure()?;
         return Ok(());
     }
     run()
