@@ -28,6 +28,9 @@ pub struct Batch {
     /// The source's version of the state after this batch (the manifest file's
     /// `# generation: N`), echoed in the status.
     pub generation: Option<u64>,
+    /// Cluster mode: the digest of every object applied so far at its resourceVersion
+    /// (`source::digest`), echoed in the status.
+    pub state_digest: Option<String>,
 }
 
 /// A source of cluster state: manifest files (lab) or the Kubernetes API (cluster mode).

@@ -58,6 +58,7 @@ pub struct Daemon<B: Backends> {
     health: Arc<Health>,
     publisher: Option<Box<dyn Publisher>>,
     generation: Option<u64>,
+    state_digest: Option<String>,
     /// The node label's choice; `None` falls back to the default.
     node_choice: Option<DataplaneChoice>,
     node_choice_error: Option<ObjectError>,
@@ -82,6 +83,7 @@ impl<B: Backends> Daemon<B> {
             health,
             publisher: None,
             generation: None,
+            state_digest: None,
             node_choice: None,
             node_choice_error: None,
             source_errors: Vec::new(),
@@ -132,6 +134,9 @@ impl<B: Backends> Daemon<B> {
         self.source_errors = batch.rejected;
         if batch.generation.is_some() {
             self.generation = batch.generation;
+        }
+        if batch.state_digest.is_some() {
+            self.state_digest = batch.state_digest;
         }
         for event in batch.events {
             self.feed(event);
@@ -313,6 +318,7 @@ impl<B: Backends> Daemon<B> {
             dataplane: effective.map(|e| e.kind),
             fallback_reason: effective.and_then(|e| e.fallback_reason.clone()),
             errors,
+            state_digest: self.state_digest.clone(),
         }
     }
 
@@ -342,7 +348,13 @@ impl<B: Backends> Daemon<B> {
             }
         }
         if let Some(p) = &mut self.publisher {
-            p.publish(&status, &self.refused);
+            // An unusable weir.io/dataplane label is reported on the Node, like a refused
+            // policy on the policy.
+            let mut refused = self.refused.clone();
+            if let (Some(e), Some(node)) = (&self.node_choice_error, &self.opts.node_name) {
+                refused.insert(ObjectRef::new(Kind::Node, None, node), e.reason.clone());
+            }
+            p.publish(&status, &refused);
         }
         self.last_status = Some(status);
     }

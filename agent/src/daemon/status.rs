@@ -19,6 +19,10 @@ pub struct Status {
     /// Why the effective dataplane differs from the requested one, if it does.
     pub fallback_reason: Option<String>,
     pub errors: Vec<ObjectError>,
+    /// Cluster mode: the digest of the objects (kind, name, resourceVersion) this status
+    /// describes (`source::digest`); the lab compares it with the API server's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state_digest: Option<String>,
 }
 
 impl Status {
@@ -64,6 +68,7 @@ mod tests {
                 object: "NetworkPolicy x/bad".into(),
                 reason: "spec.ingress[0]: bad".into(),
             }],
+            state_digest: None,
         };
         status.write_atomically(&path).unwrap();
         let v: serde_json::Value =

@@ -83,6 +83,7 @@ fn batch(generation: u64, events: Vec<Event>) -> Batch {
         events,
         rejected: Vec::new(),
         generation: Some(generation),
+        state_digest: None,
     }
 }
 

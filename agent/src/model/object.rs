@@ -104,7 +104,7 @@ impl Object {
         }
     }
 
-    fn metadata(&self) -> &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+    pub fn metadata(&self) -> &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
         match self {
             Object::Namespace(o) => &o.metadata,
             Object::Pod(o) => &o.metadata,

@@ -1,5 +1,6 @@
 //! Sources of cluster state: Kubernetes YAML manifests (lab, explain) and, in cluster
 //! mode, the API server.
+pub mod digest;
 pub mod file;
 pub mod kube;
 pub mod manifest;

@@ -19,6 +19,7 @@ use kube::{Api, Client};
 
 use crate::daemon::event::{Batch, Event, EventSource, SourceError};
 use crate::model::{Kind, Object, ObjectRef};
+use crate::source::digest::StateDigest;
 
 /// Events drained into one batch at most, so a flood still reaches the dataplane.
 const MAX_BATCH: usize = 5000;
@@ -53,8 +54,11 @@ fn map_event<K>(e: watcher::Event<K>, wrap: fn(K) -> Object) -> watcher::Event<O
 
 pub struct KubeSource {
     streams: SelectAll<BoxStream<'static, Update>>,
-    /// Every object handed out and not deleted since, by kind (for relist deletes).
-    known: BTreeMap<Kind, BTreeSet<ObjectRef>>,
+    /// Every object handed out and not deleted since, by kind (for relist deletes), with
+    /// its entry in `digest`.
+    known: BTreeMap<Kind, BTreeMap<ObjectRef, u64>>,
+    /// Of every object in `known`, at its resourceVersion.
+    digest: StateDigest,
     /// Objects of a relist in progress, by kind.
     relisting: BTreeMap<Kind, Vec<Object>>,
     synced: BTreeSet<Kind>,
@@ -95,6 +99,7 @@ impl KubeSource {
         KubeSource {
             streams,
             known: BTreeMap::new(),
+            digest: StateDigest::default(),
             relisting: BTreeMap::new(),
             synced: BTreeSet::new(),
             first_sent: false,
@@ -111,14 +116,22 @@ impl KubeSource {
             }
         };
         let known = self.known.entry(kind).or_default();
+        let digest = &mut self.digest;
         match event {
             watcher::Event::Apply(o) => {
-                known.insert(o.key());
+                let key = o.key();
+                let entry = digest_entry(&key, &o);
+                if let Some(old) = known.insert(key, entry) {
+                    digest.toggle(old);
+                }
+                digest.toggle(entry);
                 self.pending.push(Event::Upsert(Box::new(o)));
             }
             watcher::Event::Delete(o) => {
                 let key = o.key();
-                known.remove(&key);
+                if let Some(old) = known.remove(&key) {
+                    digest.toggle(old);
+                }
                 self.pending.push(Event::Delete(key));
             }
             watcher::Event::Init => {
@@ -128,9 +141,22 @@ impl KubeSource {
             watcher::Event::InitApply(o) => self.relisting.entry(kind).or_default().push(o),
             watcher::Event::InitDone => {
                 let listed = self.relisting.remove(&kind).unwrap_or_default();
-                let seen: BTreeSet<ObjectRef> = listed.iter().map(Object::key).collect();
-                for gone in known.difference(&seen) {
+                let seen: BTreeMap<ObjectRef, u64> = listed
+                    .iter()
+                    .map(|o| {
+                        let key = o.key();
+                        let entry = digest_entry(&key, o);
+                        (key, entry)
+                    })
+                    .collect();
+                for (gone, _) in known.iter().filter(|(k, _)| !seen.contains_key(*k)) {
                     self.pending.push(Event::Delete(gone.clone()));
+                }
+                for old in known.values() {
+                    digest.toggle(*old);
+                }
+                for new in seen.values() {
+                    digest.toggle(*new);
                 }
                 *known = seen;
                 tracing::info!(kind = kind.name(), objects = listed.len(), "listed");
@@ -164,11 +190,16 @@ impl EventSource for KubeSource {
                 self.first_sent = true;
                 return Ok(Batch {
                     events: std::mem::take(&mut self.pending),
+                    state_digest: Some(self.digest.to_string()),
                     ..Default::default()
                 });
             }
         }
     }
+}
+
+fn digest_entry(key: &ObjectRef, o: &Object) -> u64 {
+    StateDigest::entry(key, o.metadata().resource_version.as_deref().unwrap_or(""))
 }
 
 #[cfg(test)]
