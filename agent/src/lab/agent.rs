@@ -1,5 +1,6 @@
-//! The lab's agent: the real `weir agent` in file mode, inside the node namespace, and
-//! the wait for it to enforce a given generation of objects.yaml.
+//! The lab's agent: the real `weir agent` inside the node namespace, in file mode (reading
+//! objects.yaml) or, in server mode, in cluster mode against the lab's kube-apiserver with
+//! the DaemonSet's ServiceAccount; and the wait for it to enforce the lab's objects.
 
 use std::path::Path;
 use std::process::Command;
@@ -7,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use serde::Deserialize;
 
+use super::control_plane::{ControlPlane, Identity};
 use super::netns;
 use super::state::{LabDir, LabState};
 use super::LabError;
@@ -20,6 +22,9 @@ pub struct AgentStatus {
     pub fallback_reason: Option<String>,
     #[serde(default)]
     pub errors: Vec<StatusError>,
+    /// Cluster mode: the digest of the objects the agent applied.
+    #[serde(default)]
+    pub state_digest: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -28,30 +33,74 @@ pub struct StatusError {
     pub reason: String,
 }
 
-/// Starts the agent in the node namespace. It is entered with setns in the child, not
-/// with `ip netns exec`, which would remount /sys and hide the host's bpffs pins.
-pub fn start(dir: &LabDir, state: &LabState) -> Result<(), LabError> {
+/// Starts the agent in the node namespace and returns its pid. It is entered with setns
+/// in the child, not with `ip netns exec`, which would remount /sys and hide the host's
+/// bpffs pins.
+pub fn start(dir: &LabDir, state: &LabState) -> Result<u32, LabError> {
     let exe = std::env::current_exe().map_err(|e| LabError::io("locating the weir binary", e))?;
     let mut command = Command::new(exe);
     command
         .arg("agent")
-        .arg("--manifests")
-        .arg(dir.objects_file())
         .arg("--status-file")
         .arg(dir.status_file())
         .arg("--dataplane")
         .arg(state.dataplane.to_string())
         .arg("--bpf-root")
-        .arg(&state.bpf_root)
-        // The lab waits for each change: notice it at once.
-        .args(["--poll-ms", "10"]);
-    netns::spawn_detached(
+        .arg(&state.bpf_root);
+    match &state.api {
+        // As the DaemonSet runs it: NODE_NAME and the ServiceAccount's credentials.
+        Some(api) => {
+            command
+                .env(
+                    "KUBECONFIG",
+                    ControlPlane::new(dir.api_dir()).kubeconfig(Identity::Agent),
+                )
+                .env("NODE_NAME", &api.node_name)
+                .args(["--log-format", "text"]);
+        }
+        None => {
+            command
+                .arg("--manifests")
+                .arg(dir.objects_file())
+                // The lab waits for each change: notice it at once.
+                .args(["--poll-ms", "10"]);
+        }
+    }
+    let child = netns::spawn_detached(
         &state.node_netns,
         &mut command,
         &dir.agent_log(),
         netns::Stdout::Log,
     )?;
-    Ok(())
+    Ok(child.id())
+}
+
+/// Whether the agent enforces the lab's current objects: in file mode the status names
+/// the generation of objects.yaml; in server mode its digest equals the server's.
+fn caught_up(dir: &LabDir, state: &LabState, status: &AgentStatus) -> Result<bool, LabError> {
+    let Some(api) = &state.api else {
+        return Ok(status.generation >= state.generation);
+    };
+    let node = api.node_name.clone();
+    let server = ControlPlane::new(dir.api_dir())
+        .block_on(&state.node_netns, Identity::Admin, |client| async move {
+            super::api::server_digest(&client, &node).await
+        })
+        .map_err(|e| LabError::invalid("the lab's API server", e))?;
+    Ok(matches!(server, Ok(d) if status.state_digest.as_deref() == Some(d.as_str())))
+}
+
+/// Whether the agent process is alive (a zombie, not yet reaped by its parent, is not).
+fn agent_alive(state: &LabState) -> Result<bool, LabError> {
+    match state.agent_pid {
+        Some(pid) => Ok(
+            std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+                stat.rsplit_once(") ")
+                    .is_some_and(|(_, rest)| !rest.starts_with('Z'))
+            }),
+        ),
+        None => Ok(!netns::pids(&state.node_netns)?.is_empty()),
+    }
 }
 
 /// Waits until the agent reports `generation` or later, converged. Dataplane errors in
@@ -64,7 +113,7 @@ pub fn wait_for(
     let deadline = Instant::now() + timeout;
     loop {
         if let Some(status) = read_status(&dir.status_file())? {
-            if status.generation >= state.generation && status.converged {
+            if status.converged && caught_up(dir, state, &status)? {
                 if !status.errors.is_empty() {
                     let list: Vec<String> = status
                         .errors
@@ -80,7 +129,7 @@ pub fn wait_for(
                 return Ok(status);
             }
         }
-        if netns::pids(&state.node_netns)?.is_empty() {
+        if !agent_alive(state)? {
             return Err(LabError::Agent(format!(
                 "the agent is not running; last lines of {}:\n{}",
                 dir.agent_log().display(),
@@ -89,8 +138,13 @@ pub fn wait_for(
         }
         if Instant::now() > deadline {
             return Err(LabError::Agent(format!(
-                "generation {} not enforced after {timeout:?}; last lines of {}:\n{}",
+                "generation {} not enforced after {timeout:?}{}; last lines of {}:\n{}",
                 state.generation,
+                if state.api.is_some() {
+                    " (its applied state never matched the API server's)"
+                } else {
+                    ""
+                },
                 dir.agent_log().display(),
                 log_tail(&dir.agent_log())
             )));

@@ -37,10 +37,23 @@ pub struct UpArgs {
     /// Build the world without the agent: nothing is enforced (a baseline).
     #[arg(long, hide = true)]
     pub without_agent: bool,
+    /// Where the lab's objects live. file: objects.yaml in the state directory, read by the
+    /// agent in file mode. server: the real etcd and kube-apiserver of the pinned
+    /// Kubernetes release (built by `cargo xtask setup`) run in the node namespace; the lab
+    /// writes Namespaces, Pods (with status), NetworkPolicies and the Node there, and the
+    /// agent runs in cluster mode with deploy/'s ServiceAccount and RBAC, as the DaemonSet.
+    #[arg(long, value_enum, default_value_t = ApiMode::File)]
+    pub api: ApiMode,
     #[command(flatten)]
     pub wait: WaitArgs,
     #[arg(required = true)]
     pub manifests: Vec<PathBuf>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum ApiMode {
+    File,
+    Server,
 }
 
 #[derive(Args)]
@@ -48,6 +61,11 @@ pub struct WaitArgs {
     /// Seconds to wait for the agent to enforce a change.
     #[arg(long, default_value_t = 60)]
     pub timeout_secs: u64,
+    /// Write the change and return without waiting for the agent (apply and delete only;
+    /// for tests of an agent that is stopped or cut off from its API server). Applying the
+    /// same manifest again without it waits until the agent enforces everything.
+    #[arg(long)]
+    pub no_wait: bool,
 }
 
 #[derive(Args)]
@@ -97,6 +115,17 @@ pub enum LabCommand {
         #[command(flatten)]
         probe: ProbeArgs,
     },
+    /// Server mode: stop, start or compact the lab's control plane, to test the agent
+    /// against an API server that goes away, comes back or forgets history.
+    Api {
+        #[command(subcommand)]
+        action: ApiAction,
+    },
+    /// Signal or (re)start the lab's agent, to test restarts, crashes and freezes.
+    Agent {
+        #[command(subcommand)]
+        action: AgentAction,
+    },
     /// Serve the given PORT/PROTOCOL pairs (started by the lab inside each pod).
     #[command(hide = true)]
     Listen {
@@ -105,15 +134,57 @@ pub enum LabCommand {
     },
 }
 
+#[derive(Subcommand)]
+pub enum ApiAction {
+    /// Stop kube-apiserver (SIGTERM, then SIGKILL); etcd keeps its data.
+    Stop,
+    /// Start kube-apiserver again and wait until it is ready.
+    Start,
+    /// Advance etcd's revision and compact its history up to it, so that a watch resuming
+    /// from an older resourceVersion gets 410 Gone and must relist. Prints the revision.
+    Compact,
+}
+
+#[derive(Subcommand)]
+pub enum AgentAction {
+    /// Send a signal to the agent: term, kill, stop (freeze) or cont (thaw).
+    Signal {
+        #[arg(value_enum)]
+        signal: AgentSignal,
+    },
+    /// Start the agent again (after `signal kill` or `signal term`); returns at once.
+    /// The agent inherits this command's environment (WEIR_RESYNC_SECONDS, ...).
+    Start,
+}
+
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+pub enum AgentSignal {
+    Term,
+    Kill,
+    Stop,
+    Cont,
+}
+
+impl AgentSignal {
+    fn number(self) -> i32 {
+        match self {
+            AgentSignal::Term => libc::SIGTERM,
+            AgentSignal::Kill => libc::SIGKILL,
+            AgentSignal::Stop => libc::SIGSTOP,
+            AgentSignal::Cont => libc::SIGCONT,
+        }
+    }
+}
+
 pub fn run(args: LabArgs) -> anyhow::Result<()> {
     let dir = LabDir::new(&args.state_dir);
     match args.command {
         LabCommand::Up(up) => up_lab(&dir, &up),
         LabCommand::Apply { wait, manifests } => {
-            ops::apply(&dir, &manifests, wait.timeout()).context("weir lab apply")
+            ops::apply(&dir, &manifests, wait.wait()).context("weir lab apply")
         }
         LabCommand::Delete { wait, manifests } => {
-            ops::delete(&dir, &manifests, wait.timeout()).context("weir lab delete")
+            ops::delete(&dir, &manifests, wait.wait()).context("weir lab delete")
         }
         LabCommand::Probe(probe) => probe_lab(&dir, &probe),
         LabCommand::Pods { output } => print_pods(&dir, output),
@@ -123,6 +194,12 @@ pub fn run(args: LabArgs) -> anyhow::Result<()> {
             let down = ops::down(&dir).context("weir lab down");
             result.and(down)
         }
+        LabCommand::Api { action } => ops::api(&dir, &action).context("weir lab api"),
+        LabCommand::Agent { action } => match action {
+            AgentAction::Signal { signal } => ops::signal_agent(&dir, signal.number()),
+            AgentAction::Start => ops::restart_agent(&dir),
+        }
+        .context("weir lab agent"),
         LabCommand::Listen { ports } => super::listen::serve(&ports).context("weir lab listen"),
     }
 }
@@ -130,6 +207,10 @@ pub fn run(args: LabArgs) -> anyhow::Result<()> {
 impl WaitArgs {
     fn timeout(&self) -> Duration {
         Duration::from_secs(self.timeout_secs)
+    }
+    /// None: do not wait.
+    fn wait(&self) -> Option<Duration> {
+        (!self.no_wait).then(|| self.timeout())
     }
 }
 
@@ -140,6 +221,7 @@ fn up_lab(dir: &LabDir, up: &UpArgs) -> anyhow::Result<()> {
         ipv6_pool: up.ipv6_pool,
         without_agent: up.without_agent,
         timeout: up.wait.timeout(),
+        api_server: up.api == ApiMode::Server,
     };
     ops::up(dir, &opts, &up.manifests).context("weir lab up")
 }

@@ -4,9 +4,14 @@
 //! attaches to); each Pod is its own network namespace with a listener on its declared
 //! ports. The real agent runs in the node namespace, fed from `objects.yaml` in the lab's
 //! state directory, and the prober sends real TCP, UDP and SCTP traffic between pods.
+//! With `--api server` the lab runs the real etcd and kube-apiserver in the node namespace
+//! ([`control_plane`]), writes its objects there ([`api`]) and the agent runs in cluster
+//! mode with the DaemonSet's ServiceAccount and RBAC.
 pub mod addr;
 pub mod agent;
+pub mod api;
 pub mod cli;
+pub mod control_plane;
 pub mod error;
 pub mod listen;
 pub mod netns;

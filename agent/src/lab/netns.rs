@@ -178,3 +178,25 @@ pub fn stop_processes(netns: &str) -> Result<(), LabError> {
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
 }
+
+/// Stops one process: SIGTERM, then SIGKILL after `grace`; waits until it is gone (or a
+/// zombie). A pid that no longer exists is already stopped.
+pub fn stop_pid(pid: u32, grace: std::time::Duration) {
+    let gone = || {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .map(|stat| {
+                stat.rsplit_once(") ")
+                    .is_some_and(|(_, rest)| rest.starts_with('Z'))
+            })
+            .unwrap_or(true)
+    };
+    let deadline = std::time::Instant::now() + grace;
+    // SAFETY: kill only sends a signal to the given process id.
+    unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+    while !gone() {
+        if std::time::Instant::now() > deadline {
+            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}

@@ -61,6 +61,16 @@ impl ObjectSet {
         write_atomic(path, text.as_bytes())
     }
 
+    /// Server mode: the agent's Node must exist for its watch to list it.
+    pub fn ensure_node(&mut self, name: &str) {
+        let key = ObjectRef::new(Kind::Node, None, name);
+        self.objects.entry(key).or_insert_with(|| {
+            let mut node = k8s_openapi::api::core::v1::Node::default();
+            node.metadata.name = Some(name.to_string());
+            Object::Node(node)
+        });
+    }
+
     /// Creates or replaces an object, as `kubectl apply` would; a Namespace gets its
     /// name label and a Pod's namespace is created if it has no Namespace object yet.
     pub fn apply(&mut self, mut object: Object) {

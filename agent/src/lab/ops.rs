@@ -12,9 +12,10 @@ use std::time::Duration;
 use ipnet::{Ipv4Net, Ipv6Net};
 use k8s_openapi::api::core::v1::{Pod, PodIP, PodStatus};
 
+use super::control_plane::{ControlPlane, Identity, AGENT_GROUPS, AGENT_USER};
 use super::objects::{self, ObjectSet};
-use super::state::{LabDir, LabState, PodState, ServedPort};
-use super::{addr, agent, netns, world, LabError};
+use super::state::{ApiState, LabDir, LabState, PodState, ServedPort};
+use super::{addr, agent, api, netns, world, LabError};
 use crate::dataplane::DataplaneKind;
 use crate::model::Object;
 use crate::reset::ResetOptions;
@@ -27,7 +28,12 @@ pub struct UpOptions {
     pub without_agent: bool,
     /// How long to wait for the agent to enforce a change.
     pub timeout: Duration,
+    /// Server mode: objects go through the lab's own kube-apiserver.
+    pub api_server: bool,
 }
+
+/// The Node a server-mode lab's agent runs as when the manifests name none.
+pub const DEFAULT_NODE_NAME: &str = "lab-node";
 
 /// Builds the node, the pods and their listeners, starts the agent and waits until it
 /// enforces the manifests. On failure everything built so far is removed again.
@@ -48,11 +54,17 @@ pub fn up(dir: &LabDir, opts: &UpOptions, manifests: &[PathBuf]) -> Result<(), L
         ipv6_pool: opts.ipv6_pool,
         generation: 0,
         pods: BTreeMap::new(),
+        api: None,
+        agent_pid: None,
     };
     let built = world::create_node(&state.node_netns)
         .and_then(|()| dir.save(&state))
+        .and_then(|()| match opts.api_server {
+            true => start_control_plane(dir, &mut state, &incoming),
+            false => Ok(()),
+        })
         .and_then(|()| {
-            change(dir, &mut state, opts.timeout, true, |set| {
+            change(dir, &mut state, Some(opts.timeout), true, |set| {
                 incoming.into_iter().for_each(|o| set.apply(o))
             })
         });
@@ -66,8 +78,59 @@ pub fn up(dir: &LabDir, opts: &UpOptions, manifests: &[PathBuf]) -> Result<(), L
     Ok(())
 }
 
+/// Starts etcd and kube-apiserver in the node namespace and applies deploy/'s RBAC. The
+/// agent's Node is the manifests' first Node, or [`DEFAULT_NODE_NAME`].
+fn start_control_plane(
+    dir: &LabDir,
+    state: &mut LabState,
+    incoming: &[Object],
+) -> Result<(), LabError> {
+    let node_name = incoming
+        .iter()
+        .find_map(|o| match o {
+            Object::Node(n) => n.metadata.name.clone(),
+            _ => None,
+        })
+        .unwrap_or_else(|| DEFAULT_NODE_NAME.to_string());
+    let cp = ControlPlane::new(dir.api_dir());
+    let (etcd_pid, apiserver_pid) = cp.start(&state.node_netns)?;
+    state.api = Some(ApiState {
+        node_name,
+        etcd_pid,
+        apiserver_pid,
+    });
+    dir.save(state)?;
+    cp.block_on(&state.node_netns, Identity::Admin, |client| async move {
+        api::install_rbac(&client).await
+    })
+    .and_then(|r| r)
+    .map_err(|e| LabError::invalid("deploy/ RBAC on the lab's API server", e))?;
+    // The server's RBAC authorizer learns of the new binding from its own watch: start
+    // the agent only once its identity is allowed, so its first requests are not refused.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let allowed = cp.block_on(&state.node_netns, Identity::Admin, |client| async move {
+            api::can_list_pods(&client, AGENT_USER, AGENT_GROUPS).await
+        });
+        match allowed {
+            Ok(Ok(())) => return Ok(()),
+            Ok(Err(e)) | Err(e) if std::time::Instant::now() > deadline => {
+                return Err(LabError::invalid(
+                    "deploy/ RBAC on the lab's API server",
+                    format!("the agent's ServiceAccount still cannot list pods: {e}"),
+                ))
+            }
+            _ => std::thread::sleep(Duration::from_millis(100)),
+        }
+    }
+}
+
 /// Creates or updates objects, as `kubectl apply`.
-pub fn apply(dir: &LabDir, manifests: &[PathBuf], timeout: Duration) -> Result<(), LabError> {
+pub fn apply(
+    dir: &LabDir,
+    manifests: &[PathBuf],
+    timeout: Option<Duration>,
+) -> Result<(), LabError> {
     let _lock = dir.lock()?;
     let mut state = dir.load()?;
     let incoming = objects::load_files(manifests)?;
@@ -77,7 +140,11 @@ pub fn apply(dir: &LabDir, manifests: &[PathBuf], timeout: Duration) -> Result<(
 }
 
 /// Deletes the objects the manifests name, as `kubectl delete -f`.
-pub fn delete(dir: &LabDir, manifests: &[PathBuf], timeout: Duration) -> Result<(), LabError> {
+pub fn delete(
+    dir: &LabDir,
+    manifests: &[PathBuf],
+    timeout: Option<Duration>,
+) -> Result<(), LabError> {
     let _lock = dir.lock()?;
     let mut state = dir.load()?;
     let named = objects::load_files(manifests)?;
@@ -115,7 +182,68 @@ pub fn down(dir: &LabDir) -> Result<(), LabError> {
             Err(e) => return Err(LabError::io(format!("removing {}", file.display()), e)),
         }
     }
+    match std::fs::remove_dir_all(dir.api_dir()) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(LabError::io(
+            format!("removing {}", dir.api_dir().display()),
+            e,
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// How long kube-apiserver may drain its requests on SIGTERM before it is killed.
+const APISERVER_GRACE: Duration = Duration::from_secs(5);
+
+/// `weir lab api stop|start|compact`.
+pub fn api(dir: &LabDir, action: &super::cli::ApiAction) -> Result<(), LabError> {
+    use super::cli::ApiAction;
+    let _lock = dir.lock()?;
+    let mut state = dir.load()?;
+    let Some(api_state) = state.api.as_mut() else {
+        return Err(LabError::invalid(
+            "weir lab api",
+            "this lab reads a file (up without --api server): it has no API server",
+        ));
+    };
+    let cp = ControlPlane::new(dir.api_dir());
+    match action {
+        ApiAction::Stop => netns::stop_pid(api_state.apiserver_pid, APISERVER_GRACE),
+        ApiAction::Start => {
+            netns::stop_pid(api_state.apiserver_pid, APISERVER_GRACE);
+            api_state.apiserver_pid = cp.start_apiserver(&state.node_netns)?;
+            dir.save(&state)?;
+            cp.wait_ready(&state.node_netns, Duration::from_secs(90))?;
+        }
+        ApiAction::Compact => println!("{}", cp.compact_etcd(&state.node_netns)?),
+    }
     Ok(())
+}
+
+/// `weir lab agent signal SIGNAL`.
+pub fn signal_agent(dir: &LabDir, signal: i32) -> Result<(), LabError> {
+    let state = dir.load()?;
+    let pid = state
+        .agent_pid
+        .ok_or_else(|| LabError::Agent("this lab has no agent".into()))?;
+    // SAFETY: kill only sends a signal to the given process id.
+    if unsafe { libc::kill(pid as i32, signal) } != 0 {
+        return Err(LabError::io(
+            format!("signalling the agent (pid {pid})"),
+            std::io::Error::last_os_error(),
+        ));
+    }
+    Ok(())
+}
+
+/// `weir lab agent start`: a new agent process, after the old one was stopped.
+pub fn restart_agent(dir: &LabDir) -> Result<(), LabError> {
+    let _lock = dir.lock()?;
+    let mut state = dir.load()?;
+    if let Some(pid) = state.agent_pid {
+        netns::stop_pid(pid, Duration::from_secs(10));
+    }
+    state.agent_pid = Some(agent::start(dir, &state)?);
+    dir.save(&state)
 }
 
 /// Removes what the agent left on the node (chains, sets, TC filters, pins) with the
@@ -152,12 +280,16 @@ fn bpf_root(id: &str) -> PathBuf {
 fn change(
     dir: &LabDir,
     state: &mut LabState,
-    timeout: Duration,
+    timeout: Option<Duration>,
     start_agent: bool,
     edit: impl FnOnce(&mut ObjectSet),
 ) -> Result<(), LabError> {
-    let mut set = ObjectSet::load(&dir.objects_file())?;
+    let before = ObjectSet::load(&dir.objects_file())?;
+    let mut set = before.clone();
     edit(&mut set);
+    if let Some(api) = &state.api {
+        set.ensure_node(&api.node_name);
+    }
     let pods = plan_pods(state, &mut set)?;
     set.validate()?;
     let mut created = Vec::new();
@@ -193,11 +325,23 @@ fn change(
     state.pods = pods;
     set.save(&dir.objects_file(), state.generation)?;
     dir.save(state)?;
+    if let Some(api_state) = &state.api {
+        let node = api_state.node_name.clone();
+        ControlPlane::new(dir.api_dir())
+            .block_on(&state.node_netns, Identity::Admin, |client| async move {
+                api::sync(&client, &before, &set, &node).await
+            })
+            .and_then(|r| r)
+            .map_err(|e| LabError::invalid("writing to the lab's API server", e))?;
+    }
     if state.with_agent {
         if start_agent {
-            agent::start(dir, state)?;
+            state.agent_pid = Some(agent::start(dir, state)?);
+            dir.save(state)?;
         }
-        agent::wait_for(dir, state, timeout)?;
+        if let Some(timeout) = timeout {
+            agent::wait_for(dir, state, timeout)?;
+        }
     }
     for pod in removed {
         netns::stop_processes(&pod.netns)?;

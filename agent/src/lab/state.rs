@@ -59,6 +59,21 @@ pub struct LabState {
     pub generation: u64,
     /// Pods by `NAMESPACE/NAME`.
     pub pods: BTreeMap<String, PodState>,
+    /// Server mode: the lab's control plane. None: file mode.
+    #[serde(default)]
+    pub api: Option<ApiState>,
+    /// The agent's process, once started.
+    #[serde(default)]
+    pub agent_pid: Option<u32>,
+}
+
+/// The control plane of a lab in server mode (files in [`LabDir::api_dir`]).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ApiState {
+    /// The Node the agent runs as (`--node-name`); every lab Pod is scheduled on it.
+    pub node_name: String,
+    pub etcd_pid: u32,
+    pub apiserver_pid: u32,
 }
 
 /// The files of one lab directory.
@@ -80,6 +95,11 @@ impl LabDir {
     }
     pub fn status_file(&self) -> PathBuf {
         self.dir.join("status.json")
+    }
+    /// Server mode: etcd's data, kube-apiserver's certificates, tokens, kubeconfigs, logs
+    /// and the audit log.
+    pub fn api_dir(&self) -> PathBuf {
+        self.dir.join("api")
     }
     pub fn agent_log(&self) -> PathBuf {
         self.dir.join("agent.log")

@@ -1,0 +1,281 @@
+//! Server mode (`weir lab up --api server`): the lab's objects written to its own
+//! kube-apiserver (see [`super::control_plane`]) instead of only to `objects.yaml`, and the
+//! agent running in cluster mode as the DaemonSet would, with the DaemonSet's RBAC.
+//!
+//! Writes are server-side applies by the field manager `weir-lab` (so a label removed
+//! from a manifest is removed on the server, as with `kubectl apply --server-side`). What
+//! a kubelet, scheduler or controller-manager would do, the lab does: `spec.nodeName`,
+//! Pod status through the status subresource, a placeholder image for containers that
+//! name none, deletion with grace period 0 and namespace finalization.
+
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
+use kube::Client;
+use serde_json::json;
+
+use super::objects::ObjectSet;
+use crate::model::{Kind, Object, ObjectRef};
+use crate::source::digest::StateDigest;
+
+const MANAGER: &str = "weir-lab";
+/// Containers need an image on a real server; nothing pulls it here.
+const PLACEHOLDER_IMAGE: &str = "registry.k8s.io/pause:3.10";
+
+/// deploy/'s ServiceAccount, ClusterRole and ClusterRoleBinding: the agent's identity is
+/// bound by exactly what the DaemonSet ships.
+const RBAC: &[&str] = &[
+    include_str!("../../../deploy/serviceaccount.yaml"),
+    include_str!("../../../deploy/clusterrole.yaml"),
+    include_str!("../../../deploy/clusterrolebinding.yaml"),
+];
+
+fn apply_params() -> PatchParams {
+    PatchParams::apply(MANAGER).force()
+}
+
+/// Applies deploy/'s RBAC objects.
+pub async fn install_rbac(client: &Client) -> Result<(), String> {
+    for text in RBAC {
+        let object: DynamicObject =
+            serde_yaml::from_str(text).map_err(|e| format!("deploy/ RBAC manifest: {e}"))?;
+        let types = object
+            .types
+            .clone()
+            .ok_or("deploy/ RBAC manifest without apiVersion/kind")?;
+        let (group, version) = match types.api_version.split_once('/') {
+            Some((g, v)) => (g.to_string(), v.to_string()),
+            None => (String::new(), types.api_version.clone()),
+        };
+        let resource = ApiResource {
+            group,
+            version,
+            api_version: types.api_version.clone(),
+            kind: types.kind.clone(),
+            plural: format!("{}s", types.kind.to_lowercase()),
+        };
+        let name = object.metadata.name.clone().unwrap_or_default();
+        let api: Api<DynamicObject> = match &object.metadata.namespace {
+            Some(ns) => Api::namespaced_with(client.clone(), ns, &resource),
+            None => Api::all_with(client.clone(), &resource),
+        };
+        api.patch(&name, &apply_params(), &Patch::Apply(&object))
+            .await
+            .map_err(|e| format!("applying {} {name}: {e}", types.kind))?;
+    }
+    Ok(())
+}
+
+/// Whether the server's authorizer lets `user` (in `groups`) list pods, the agent's first
+/// request; asked as a SubjectAccessReview, so the answer is not itself a request of the
+/// agent's identity (the audit log holds only the agent's own).
+pub async fn can_list_pods(client: &Client, user: &str, groups: &[&str]) -> Result<(), String> {
+    use k8s_openapi::api::authorization::v1::{
+        ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
+    };
+    let review = SubjectAccessReview {
+        spec: SubjectAccessReviewSpec {
+            user: Some(user.to_string()),
+            groups: Some(groups.iter().map(|g| g.to_string()).collect()),
+            resource_attributes: Some(ResourceAttributes {
+                verb: Some("list".into()),
+                resource: Some("pods".into()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let answer = Api::<SubjectAccessReview>::all(client.clone())
+        .create(&Default::default(), &review)
+        .await
+        .map_err(|e| e.to_string())?;
+    match answer.status {
+        Some(s) if s.allowed => Ok(()),
+        other => Err(format!("not allowed: {other:?}")),
+    }
+}
+
+/// Makes the server hold exactly `after`: applies what is new or changed since `before`,
+/// deletes what is gone. Namespaces and the Node first, namespaces last when deleting.
+pub async fn sync(
+    client: &Client,
+    before: &ObjectSet,
+    after: &ObjectSet,
+    node_name: &str,
+) -> Result<(), String> {
+    let order = |o: &&Object| match o.kind() {
+        Kind::Namespace => 0,
+        Kind::Node => 1,
+        _ => 2,
+    };
+    let mut changed: Vec<&Object> = after
+        .objects
+        .iter()
+        .filter(|(key, o)| before.objects.get(*key) != Some(*o))
+        .map(|(_, o)| o)
+        .collect();
+    changed.sort_by_key(order);
+    for object in changed {
+        apply(client, object, node_name)
+            .await
+            .map_err(|e| format!("{}: {e}", object.key()))?;
+    }
+    let mut gone: Vec<&ObjectRef> = before
+        .objects
+        .keys()
+        .filter(|key| !after.objects.contains_key(*key))
+        .collect();
+    // Namespaces last: their objects go first.
+    gone.sort_by_key(|k| k.kind == Kind::Namespace);
+    for key in gone {
+        delete(client, key)
+            .await
+            .map_err(|e| format!("{key}: {e}"))?;
+    }
+    Ok(())
+}
+
+async fn apply(client: &Client, object: &Object, node_name: &str) -> Result<(), kube::Error> {
+    let pp = apply_params();
+    match object {
+        Object::Namespace(ns) => {
+            let api: Api<Namespace> = Api::all(client.clone());
+            api.patch(name(ns.metadata.name.as_ref()), &pp, &Patch::Apply(ns))
+                .await?;
+        }
+        Object::Node(node) => {
+            let api: Api<Node> = Api::all(client.clone());
+            api.patch(name(node.metadata.name.as_ref()), &pp, &Patch::Apply(node))
+                .await?;
+        }
+        Object::NetworkPolicy(np) => {
+            let api: Api<NetworkPolicy> = Api::namespaced(client.clone(), namespace(object));
+            api.patch(name(np.metadata.name.as_ref()), &pp, &Patch::Apply(np))
+                .await?;
+        }
+        Object::Pod(pod) => {
+            let api: Api<Pod> = Api::namespaced(client.clone(), namespace(object));
+            let mut spec_only = pod.clone();
+            let status = spec_only.status.take();
+            let spec = spec_only.spec.get_or_insert_with(Default::default);
+            spec.node_name = Some(node_name.to_string());
+            for c in &mut spec.containers {
+                c.image.get_or_insert_with(|| PLACEHOLDER_IMAGE.to_string());
+            }
+            let pod_name = name(pod.metadata.name.as_ref());
+            api.patch(pod_name, &pp, &Patch::Apply(&spec_only)).await?;
+            let status = json!({ "apiVersion": "v1", "kind": "Pod", "status": status });
+            api.patch_status(pod_name, &pp, &Patch::Apply(&status))
+                .await?;
+        }
+    }
+    Ok(())
+}
+
+async fn delete(client: &Client, key: &ObjectRef) -> Result<(), kube::Error> {
+    let now = DeleteParams {
+        grace_period_seconds: Some(0),
+        ..DeleteParams::default()
+    };
+    let ns = key.namespace.as_deref().unwrap_or("default");
+    let result = match key.kind {
+        Kind::Pod => Api::<Pod>::namespaced(client.clone(), ns)
+            .delete(&key.name, &now)
+            .await
+            .map(drop),
+        Kind::NetworkPolicy => Api::<NetworkPolicy>::namespaced(client.clone(), ns)
+            .delete(&key.name, &now)
+            .await
+            .map(drop),
+        Kind::Node => Api::<Node>::all(client.clone())
+            .delete(&key.name, &now)
+            .await
+            .map(drop),
+        Kind::Namespace => {
+            let api = Api::<Namespace>::all(client.clone());
+            api.delete(&key.name, &now).await.map(drop)?;
+            // No namespace controller: finalize it, or it stays Terminating for ever.
+            let finalize = json!({
+                "apiVersion": "v1", "kind": "Namespace",
+                "metadata": { "name": key.name },
+                "spec": { "finalizers": [] }
+            });
+            match api
+                .replace_subresource("finalize", &key.name, &Default::default(), &finalize)
+                .await
+            {
+                Ok(_) => Ok(()),
+                Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
+                Err(e) => Err(e),
+            }
+        }
+    };
+    match result {
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
+        other => other,
+    }
+}
+
+/// The digest of what the agent watches, listed from the server: every Namespace, Pod
+/// and NetworkPolicy, and the agent's own Node.
+pub async fn server_digest(client: &Client, node_name: &str) -> Result<String, kube::Error> {
+    let mut digest = StateDigest::default();
+    let lp = ListParams::default();
+    let mut add = |kind: Kind, namespace: Option<&str>, name: &str, rv: Option<&String>| {
+        let key = ObjectRef::new(kind, namespace, name);
+        digest.toggle(StateDigest::entry(
+            &key,
+            rv.map(String::as_str).unwrap_or(""),
+        ));
+    };
+    for o in Api::<Namespace>::all(client.clone()).list(&lp).await? {
+        add(
+            Kind::Namespace,
+            None,
+            name(o.metadata.name.as_ref()),
+            o.metadata.resource_version.as_ref(),
+        );
+    }
+    for o in Api::<Pod>::all(client.clone()).list(&lp).await? {
+        let m = &o.metadata;
+        add(
+            Kind::Pod,
+            m.namespace.as_deref(),
+            name(m.name.as_ref()),
+            m.resource_version.as_ref(),
+        );
+    }
+    for o in Api::<NetworkPolicy>::all(client.clone()).list(&lp).await? {
+        let m = &o.metadata;
+        add(
+            Kind::NetworkPolicy,
+            m.namespace.as_deref(),
+            name(m.name.as_ref()),
+            m.resource_version.as_ref(),
+        );
+    }
+    let this_node = ListParams::default().fields(&format!("metadata.name={node_name}"));
+    for o in Api::<Node>::all(client.clone()).list(&this_node).await? {
+        add(
+            Kind::Node,
+            None,
+            name(o.metadata.name.as_ref()),
+            o.metadata.resource_version.as_ref(),
+        );
+    }
+    Ok(digest.to_string())
+}
+
+fn name(n: Option<&String>) -> &str {
+    n.map(String::as_str).unwrap_or_default()
+}
+
+fn namespace(o: &Object) -> &str {
+    match o {
+        Object::Pod(p) => p.metadata.namespace.as_deref(),
+        Object::NetworkPolicy(p) => p.metadata.namespace.as_deref(),
+        _ => None,
+    }
+    .unwrap_or("default")
+}

@@ -1,0 +1,344 @@
+//! The lab's control plane: the real etcd and kube-apiserver of the pinned Kubernetes
+//! release (`deploy/kubernetes-version`, built by `cargo xtask setup`), run inside the lab's
+//! node namespace. Its loopback is the lab's own, so labs never collide on ports, and the
+//! agent reaches the server at 127.0.0.1 as a node's agent reaches its API server.
+//!
+//! The server authorizes with Node and RBAC and authenticates static tokens: an admin (the
+//! lab's writes), the DaemonSet's ServiceAccount identity (the agent, bound by deploy/'s
+//! RBAC and nothing else) and kube-proxy. An audit log records every request of the agent,
+//! so tests can show that its ClusterRole is enough and not more than enough.
+//!
+//! There is no controller-manager, scheduler or kubelet: the lab sets `spec.nodeName`,
+//! writes Pod status through the status subresource, deletes pods with grace period 0 and
+//! finalizes namespaces itself.
+
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::Client;
+
+use super::{netns, LabError};
+
+/// The release the components are built from (a `vX.Y.Z` line).
+pub fn kubernetes_version() -> &'static str {
+    include_str!("../../../deploy/kubernetes-version").trim()
+}
+
+/// Where `cargo xtask setup` caches the binaries: `$WEIR_COMPONENTS_DIR` (default
+/// `~/.cache/weir/components`) / `kubernetes-<version>`.
+pub fn components_dir() -> PathBuf {
+    let root = std::env::var_os("WEIR_COMPONENTS_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var("HOME").unwrap_or_else(|_| "/root".into()))
+                .join(".cache/weir/components")
+        });
+    root.join(format!("kubernetes-{}", kubernetes_version()))
+}
+
+pub const ETCD_CLIENT: &str = "127.0.0.1:2379";
+const ETCD_PEER: &str = "127.0.0.1:2380";
+pub const APISERVER_PORT: u16 = 6443;
+/// The ClusterIP range kube-apiserver allocates Service addresses from.
+pub const SERVICE_CIDR: &str = "10.96.0.0/16";
+
+/// Who talks to the server.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Identity {
+    /// system:masters: the lab's own writes.
+    Admin,
+    /// The DaemonSet's ServiceAccount, kube-system/weir: what `weir agent` runs as.
+    Agent,
+    /// system:kube-proxy, bound to system:node-proxier by the server's bootstrap policy.
+    KubeProxy,
+}
+
+impl Identity {
+    fn name(self) -> &'static str {
+        match self {
+            Identity::Admin => "admin",
+            Identity::Agent => "agent",
+            Identity::KubeProxy => "kube-proxy",
+        }
+    }
+}
+
+/// The user name the agent's token authenticates as (the ServiceAccount's), and its groups.
+pub const AGENT_USER: &str = "system:serviceaccount:kube-system:weir";
+pub const AGENT_GROUPS: &[&str] = &[
+    "system:serviceaccounts",
+    "system:serviceaccounts:kube-system",
+];
+
+/// The files of one control plane, under `dir`.
+#[derive(Clone, Debug)]
+pub struct ControlPlane {
+    pub dir: PathBuf,
+}
+
+impl ControlPlane {
+    pub fn new(dir: impl Into<PathBuf>) -> Self {
+        ControlPlane { dir: dir.into() }
+    }
+
+    pub fn kubeconfig(&self, who: Identity) -> PathBuf {
+        self.dir.join(format!("kubeconfig-{}", who.name()))
+    }
+    pub fn audit_log(&self) -> PathBuf {
+        self.dir.join("audit.log")
+    }
+    pub fn apiserver_log(&self) -> PathBuf {
+        self.dir.join("kube-apiserver.log")
+    }
+    fn etcd_log(&self) -> PathBuf {
+        self.dir.join("etcd.log")
+    }
+
+    /// Writes keys, tokens, kubeconfigs and the audit policy (once), then starts etcd and
+    /// kube-apiserver in `node` and waits until the server is ready. Returns their pids.
+    pub fn start(&self, node: &str) -> Result<(u32, u32), LabError> {
+        let bin = components_dir();
+        for b in ["etcd", "kube-apiserver"] {
+            if !bin.join(b).is_file() {
+                return Err(LabError::invalid(
+                    "weir lab --api server",
+                    format!(
+                        "{} not found: `cargo xtask setup` builds kube-apiserver, kube-proxy and etcd of Kubernetes {} into {} (or set WEIR_COMPONENTS_DIR)",
+                        bin.join(b).display(),
+                        kubernetes_version(),
+                        bin.display()
+                    ),
+                ));
+            }
+        }
+        self.prepare()?;
+        let etcd = self.start_etcd(node)?;
+        let apiserver = self.start_apiserver(node)?;
+        self.wait_ready(node, Duration::from_secs(90))?;
+        Ok((etcd, apiserver))
+    }
+
+    fn prepare(&self) -> Result<(), LabError> {
+        let io = |what: &str, e| LabError::io(format!("{what} in {}", self.dir.display()), e);
+        std::fs::create_dir_all(self.dir.join("certs")).map_err(|e| io("creating certs", e))?;
+        let key = self.dir.join("service-account.key");
+        if !key.exists() {
+            let out = Command::new("openssl")
+                .args(["genrsa", "-out"])
+                .arg(&key)
+                .arg("2048")
+                .output()
+                .map_err(|e| io("running openssl (apt-get install openssl)", e))?;
+            if !out.status.success() {
+                return Err(LabError::Command {
+                    command: "openssl genrsa".into(),
+                    stderr: String::from_utf8_lossy(&out.stderr).trim().into(),
+                });
+            }
+        }
+        let agent_groups = format!("\"{}\"", AGENT_GROUPS.join(","));
+        let tokens: [(Identity, &str, &str); 3] = [
+            (Identity::Admin, "admin", "\"system:masters\""),
+            (Identity::Agent, AGENT_USER, &agent_groups),
+            (Identity::KubeProxy, "system:kube-proxy", "\"\""),
+        ];
+        let mut csv = String::new();
+        for (who, user, groups) in tokens {
+            let token = format!("{}-{:016x}", who.name(), random_u64());
+            csv.push_str(&format!("{token},{user},{user},{groups}\n"));
+            let kubeconfig = format!(
+                "apiVersion: v1\nkind: Config\nclusters:\n- name: lab\n  cluster:\n    server: https://127.0.0.1:{APISERVER_PORT}\n    certificate-authority: {ca}\nusers:\n- name: {name}\n  user:\n    token: {token}\ncontexts:\n- name: lab\n  context:\n    cluster: lab\n    user: {name}\ncurrent-context: lab\n",
+                ca = self.dir.join("certs/apiserver.crt").display(),
+                name = who.name(),
+            );
+            std::fs::write(self.kubeconfig(who), kubeconfig).map_err(|e| io("writing", e))?;
+        }
+        std::fs::write(self.dir.join("tokens.csv"), csv).map_err(|e| io("writing", e))?;
+        // Every request of the agent's identity, at Metadata level: who, verb, resource,
+        // and the response code (a 403 is a missing permission).
+        let policy = format!(
+            "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\nrules:\n- level: Metadata\n  users: [\"{AGENT_USER}\"]\n- level: None\n"
+        );
+        std::fs::write(self.dir.join("audit-policy.yaml"), policy).map_err(|e| io("writing", e))
+    }
+
+    pub fn start_etcd(&self, node: &str) -> Result<u32, LabError> {
+        let mut etcd = Command::new(components_dir().join("etcd"));
+        etcd.arg(format!("--data-dir={}", self.dir.join("etcd").display()))
+            .arg("--name=lab")
+            .arg(format!("--listen-client-urls=http://{ETCD_CLIENT}"))
+            .arg(format!("--advertise-client-urls=http://{ETCD_CLIENT}"))
+            .arg(format!("--listen-peer-urls=http://{ETCD_PEER}"))
+            .arg(format!("--initial-advertise-peer-urls=http://{ETCD_PEER}"))
+            .arg(format!("--initial-cluster=lab=http://{ETCD_PEER}"))
+            // A lab is thrown away; fsync only slows it down.
+            .arg("--unsafe-no-fsync")
+            .arg("--log-level=warn");
+        let child = netns::spawn_detached(node, &mut etcd, &self.etcd_log(), netns::Stdout::Log)?;
+        Ok(child.id())
+    }
+
+    pub fn start_apiserver(&self, node: &str) -> Result<u32, LabError> {
+        let d = |f: &str| self.dir.join(f).display().to_string();
+        let mut api = Command::new(components_dir().join("kube-apiserver"));
+        api.arg(format!("--etcd-servers=http://{ETCD_CLIENT}"))
+            .args(["--bind-address=127.0.0.1", "--advertise-address=127.0.0.1"])
+            .arg(format!("--secure-port={APISERVER_PORT}"))
+            .arg(format!("--cert-dir={}", d("certs")))
+            .arg(format!(
+                "--service-account-key-file={}",
+                d("service-account.key")
+            ))
+            .arg(format!(
+                "--service-account-signing-key-file={}",
+                d("service-account.key")
+            ))
+            .arg("--service-account-issuer=https://kubernetes.default.svc")
+            .arg("--api-audiences=https://kubernetes.default.svc")
+            .arg("--authorization-mode=Node,RBAC")
+            .arg(format!("--token-auth-file={}", d("tokens.csv")))
+            .arg(format!("--service-cluster-ip-range={SERVICE_CIDR}"))
+            .arg("--allow-privileged=true")
+            // No controller-manager: nothing would create the default ServiceAccounts or
+            // reconcile the kubernetes Service's endpoints.
+            .arg("--endpoint-reconciler-type=none")
+            .arg("--disable-admission-plugins=ServiceAccount")
+            .arg(format!("--audit-policy-file={}", d("audit-policy.yaml")))
+            .arg(format!("--audit-log-path={}", d("audit.log")))
+            .arg("--audit-log-format=json")
+            .arg("--audit-log-mode=blocking")
+            .arg("--profiling=false")
+            .arg("--v=1");
+        let child =
+            netns::spawn_detached(node, &mut api, &self.apiserver_log(), netns::Stdout::Log)?;
+        Ok(child.id())
+    }
+
+    /// Waits until `/readyz` answers 200 to the admin.
+    pub fn wait_ready(&self, node: &str, timeout: Duration) -> Result<(), LabError> {
+        let deadline = Instant::now() + timeout;
+        let mut last = String::from("no answer yet");
+        while Instant::now() < deadline {
+            let answer = self.block_on(node, Identity::Admin, |client| async move {
+                let req = http::Request::get("/readyz")
+                    .body(Vec::new())
+                    .expect("request");
+                client.request_text(req).await.map_err(|e| e.to_string())
+            });
+            match answer {
+                Ok(Ok(text)) if text.trim() == "ok" => return Ok(()),
+                Ok(Ok(text)) => last = text,
+                Ok(Err(e)) | Err(e) => last = e,
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        Err(LabError::invalid(
+            "kube-apiserver",
+            format!(
+                "not ready after {timeout:?} ({last}); last lines of {}:\n{}\nlast lines of {}:\n{}",
+                self.apiserver_log().display(),
+                tail(&self.apiserver_log()),
+                self.etcd_log().display(),
+                tail(&self.etcd_log())
+            ),
+        ))
+    }
+
+    /// Runs `f` with a client of `who` on a thread inside `node` (whose loopback serves the
+    /// API). Errors of the setup (client, runtime) are strings naming what failed.
+    pub fn block_on<T, F, Fut>(&self, node: &str, who: Identity, f: F) -> Result<T, String>
+    where
+        T: Send,
+        F: FnOnce(Client) -> Fut + Send,
+        Fut: std::future::Future<Output = T>,
+    {
+        let path = self.kubeconfig(who);
+        netns::in_netns(node, move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(|e| format!("tokio runtime: {e}"))?;
+            rt.block_on(async move {
+                let client = client_from(&path).await?;
+                Ok(f(client).await)
+            })
+        })
+        .map_err(|e| e.to_string())?
+    }
+
+    /// Compacts etcd's history up to its current revision (through etcd's own HTTP
+    /// gateway), so that a watch resuming from an older resourceVersion gets 410 Gone.
+    pub fn compact_etcd(&self, node: &str) -> Result<u64, LabError> {
+        netns::in_netns(node, || {
+            let header = etcd_post("/v3/kv/range", r#"{"key":"AA=="}"#)?;
+            let revision: u64 = header["header"]["revision"]
+                .as_str()
+                .and_then(|r| r.parse().ok())
+                .ok_or_else(|| format!("etcd range answered no revision: {header}"))?;
+            etcd_post(
+                "/v3/kv/compaction",
+                &format!(r#"{{"revision":"{revision}","physical":true}}"#),
+            )?;
+            Ok::<u64, String>(revision)
+        })?
+        .map_err(|e| LabError::invalid("etcd compaction", e))
+    }
+}
+
+/// A kube client from a kubeconfig file.
+pub async fn client_from(path: &Path) -> Result<Client, String> {
+    let kubeconfig = Kubeconfig::read_from(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+        .await
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    Client::try_from(config).map_err(|e| format!("kube client: {e}"))
+}
+
+/// One JSON POST to etcd's gRPC gateway over plain HTTP/1.1 (the lab's etcd listens on
+/// loopback without TLS).
+fn etcd_post(path: &str, body: &str) -> Result<serde_json::Value, String> {
+    let mut stream = std::net::TcpStream::connect(ETCD_CLIENT).map_err(|e| format!("etcd: {e}"))?;
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .map_err(|e| e.to_string())?;
+    write!(
+        stream,
+        "POST {path} HTTP/1.1\r\nHost: {ETCD_CLIENT}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .map_err(|e| format!("etcd: {e}"))?;
+    let mut response = String::new();
+    stream
+        .read_to_string(&mut response)
+        .map_err(|e| format!("etcd: {e}"))?;
+    let (head, body) = response
+        .split_once("\r\n\r\n")
+        .ok_or_else(|| format!("etcd {path}: no HTTP body in {response:?}"))?;
+    if !head.starts_with("HTTP/1.1 200") {
+        return Err(format!("etcd {path}: {head} {body}"));
+    }
+    serde_json::from_str(body).map_err(|e| format!("etcd {path}: {e}: {body}"))
+}
+
+fn random_u64() -> u64 {
+    let mut bytes = [0u8; 8];
+    if std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut bytes))
+        .is_err()
+    {
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        return t.as_nanos() as u64 ^ u64::from(std::process::id());
+    }
+    u64::from_le_bytes(bytes)
+}
+
+fn tail(path: &Path) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(20)..].join("\n")
+}
