@@ -38,7 +38,14 @@ impl Lab {
     }
 
     pub fn weir_raw(&self, args: &[&str]) -> Result<Output> {
+        self.weir_env(args, &[])
+    }
+
+    /// `weir lab ARGS...` with extra environment variables (which an agent it starts
+    /// inherits).
+    pub fn weir_env(&self, args: &[&str], env: &[(&str, &str)]) -> Result<Output> {
         Command::new(crate::weir_bin::path()?)
+            .envs(env.iter().copied())
             .arg("lab")
             .arg("--state-dir")
             .arg(&self.dir)

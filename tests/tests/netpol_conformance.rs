@@ -1,7 +1,9 @@
-//! The upstream e2e NetworkPolicy scenarios through `weir lab`, on both dataplanes, against
-//! hand-written truth tables; and the differential check that both dataplanes give the
-//! same matrix for every step. One lab per dataplane is shared by all scenarios (policies
-//! are applied and deleted between them); the two labs run at once.
+//! The upstream e2e NetworkPolicy scenarios through `weir lab`, on both dataplanes, in both
+//! of the lab's modes (objects from a file; objects through the real kube-apiserver with
+//! the agent in cluster mode and the DaemonSet's RBAC), against hand-written truth tables;
+//! and the differential check that every dataplane and mode gives the same matrix for every
+//! step. One lab per (dataplane, mode) is shared by all scenarios (policies are applied and
+//! deleted between them); the labs run at once.
 
 use std::collections::BTreeMap;
 use std::sync::OnceLock;
@@ -27,12 +29,24 @@ struct SuiteRun {
     failures: Vec<String>,
 }
 
-fn run_suite(dataplane: &'static str) -> SuiteRun {
-    let lab = Lab::new(&format!("conf-{dataplane}"));
+/// (dataplane, lab mode `--api file|server`).
+type Setup = (&'static str, &'static str);
+
+fn run_suite((dataplane, api): Setup) -> SuiteRun {
+    let lab = Lab::new(&format!("conf-{dataplane}-{api}"));
     let world = netpol_world();
     let started = Instant::now();
-    lab.weir(&["up", "--dataplane", dataplane, world.to_str().unwrap()])
-        .unwrap_or_else(|e| panic!("{dataplane}: {e}"));
+    lab.weir(&[
+        "up",
+        "--dataplane",
+        dataplane,
+        "--api",
+        api,
+        world.to_str().unwrap(),
+    ])
+    .unwrap_or_else(|e| panic!("{dataplane} ({api}): {e}"));
+    let dataplane_named = dataplane;
+    let dataplane = format!("{dataplane} ({api})");
     eprintln!("{dataplane}: lab up in {:.1?}", started.elapsed());
     let pods: serde_json::Value =
         serde_json::from_str(&lab.weir(&["pods", "--output", "json"]).unwrap()).unwrap();
@@ -87,7 +101,10 @@ fn run_suite(dataplane: &'static str) -> SuiteRun {
             }
             match lab.probe(&[]) {
                 Ok((reported, matrix)) => {
-                    assert_eq!(reported, dataplane, "the agent enforces another dataplane");
+                    assert_eq!(
+                        reported, dataplane_named,
+                        "the agent enforces another dataplane"
+                    );
                     if let Err(diff) = compare(&matrix, step.expect) {
                         run.failures.push(format!("{dataplane}: {label}: {diff}"));
                     }
@@ -116,21 +133,27 @@ fn run_suite(dataplane: &'static str) -> SuiteRun {
     run
 }
 
-fn suite(dataplane: &'static str) -> &'static SuiteRun {
-    static EBPF: OnceLock<SuiteRun> = OnceLock::new();
-    static IPTABLES: OnceLock<SuiteRun> = OnceLock::new();
-    let cell = match dataplane {
-        "ebpf" => &EBPF,
-        _ => &IPTABLES,
-    };
-    cell.get_or_init(|| run_suite(dataplane))
+const SETUPS: [Setup; 4] = [
+    ("ebpf", "file"),
+    ("iptables", "file"),
+    ("ebpf", "server"),
+    ("iptables", "server"),
+];
+
+fn suite(setup: Setup) -> &'static SuiteRun {
+    static RUNS: [OnceLock<SuiteRun>; 4] = [const { OnceLock::new() }; 4];
+    let i = SETUPS
+        .iter()
+        .position(|s| *s == setup)
+        .expect("a known setup");
+    RUNS[i].get_or_init(|| run_suite(setup))
 }
 
-fn assert_conforms(dataplane: &'static str) {
-    let run = suite(dataplane);
+fn assert_conforms(setup: Setup) {
+    let run = suite(setup);
     assert!(
         !run.matrices.is_empty(),
-        "{dataplane}: no scenario was probed"
+        "{setup:?}: no scenario was probed"
     );
     assert!(
         run.failures.is_empty(),
@@ -142,32 +165,55 @@ fn assert_conforms(dataplane: &'static str) {
 
 #[test]
 fn ebpf_dataplane_passes_the_upstream_netpol_scenarios() {
-    assert_conforms("ebpf");
+    assert_conforms(("ebpf", "file"));
 }
 
 #[test]
 fn iptables_dataplane_passes_the_upstream_netpol_scenarios() {
-    assert_conforms("iptables");
+    assert_conforms(("iptables", "file"));
 }
 
 #[test]
-fn ebpf_and_iptables_give_the_same_matrices() {
-    let (ebpf, iptables) = std::thread::scope(|s| {
-        let e = s.spawn(|| suite("ebpf"));
-        let i = s.spawn(|| suite("iptables"));
-        (e.join().unwrap(), i.join().unwrap())
+fn ebpf_dataplane_passes_them_through_the_real_api_server() {
+    assert_conforms(("ebpf", "server"));
+}
+
+#[test]
+fn iptables_dataplane_passes_them_through_the_real_api_server() {
+    assert_conforms(("iptables", "server"));
+}
+
+#[test]
+fn every_dataplane_and_mode_gives_the_same_matrices() {
+    let runs: Vec<&SuiteRun> = std::thread::scope(|s| {
+        let handles: Vec<_> = SETUPS
+            .iter()
+            .map(|setup| s.spawn(move || suite(*setup)))
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
     });
+    for (setup, run) in SETUPS.iter().zip(&runs).skip(1) {
+        same_matrices(
+            &format!("{:?}", SETUPS[0]),
+            runs[0],
+            &format!("{setup:?}"),
+            run,
+        );
+    }
+}
+
+fn same_matrices(ebpf_name: &str, ebpf: &SuiteRun, iptables_name: &str, iptables: &SuiteRun) {
     assert!(!ebpf.matrices.is_empty() && !iptables.matrices.is_empty());
     let mut differences = Vec::new();
     for (step, e) in &ebpf.matrices {
         let Some(i) = iptables.matrices.get(step) else {
-            differences.push(format!("{step}: probed on ebpf only"));
+            differences.push(format!("{step}: probed on {ebpf_name} only"));
             continue;
         };
         for (probe, connected) in e {
             if i.get(probe) != Some(connected) {
                 differences.push(format!(
-                    "{step}: {} -> {} {}/{}: ebpf {connected}, iptables {:?}",
+                    "{step}: {} -> {} {}/{}: {ebpf_name} {connected}, {iptables_name} {:?}",
                     probe.0,
                     probe.1,
                     probe.2,
@@ -182,7 +228,7 @@ fn ebpf_and_iptables_give_the_same_matrices() {
         .keys()
         .filter(|s| !ebpf.matrices.contains_key(*s))
     {
-        differences.push(format!("{step}: probed on iptables only"));
+        differences.push(format!("{step}: probed on {iptables_name} only"));
     }
     assert!(differences.is_empty(), "{}", differences.join("\n"));
 }

@@ -38,8 +38,10 @@ impl KubePublisher {
                     continue;
                 };
                 let patch = serde_json::json!({ "metadata": { "annotations": values } });
+                // Through the status subresource: the agent needs no write on Nodes
+                // themselves (their spec, taints and labels), only on nodes/status.
                 while let Err(e) = nodes
-                    .patch(&node_name, &PatchParams::default(), &Patch::Merge(&patch))
+                    .patch_status(&node_name, &PatchParams::default(), &Patch::Merge(&patch))
                     .await
                 {
                     tracing::warn!(node = %node_name, error = %e, "annotating the node failed; retrying");

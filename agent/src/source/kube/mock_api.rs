@@ -1,6 +1,14 @@
 //! A small in-test Kubernetes API server: list and watch (chunked JSON lines) for the four
-//! resources the agent watches, bookmarks, 410 Gone, node PATCH and Event POST, and a
-//! restart that drops every connection. Only what the agent's requests need.
+//! resources the agent watches, bookmarks, node PATCH and Event POST. Only what the agent's
+//! requests need.
+//!
+//! Kept only for what the real kube-apiserver (tests/tests/cluster_mode.rs) cannot be made
+//! to do on demand: send a BOOKMARK now and end a watch at once (the real server bookmarks
+//! about once a minute and ends watches after minutes), and accept a NetworkPolicy that
+//! weir refuses (the real server's validation rejects what weir's does, so the refusal path
+//! and its Event can only be reached through a server of another version). Restarts,
+//! 410 Gone after compaction, relists, RBAC and the Node label are tested on the real
+//! server.
 
 use std::collections::{BTreeMap, HashMap};
 use std::convert::Infallible;
@@ -127,18 +135,6 @@ impl MockApi {
         Self::send(c, rv, &json!({ "type": kind, "object": object }));
     }
 
-    /// Removes the object without telling the watchers (a change they missed: only a
-    /// relist finds out).
-    pub fn delete_silently(&self, collection: &'static str, namespace: &str, name: &str) {
-        let mut s = self.state.lock().unwrap();
-        s.rv += 1;
-        s.collections
-            .entry(collection)
-            .or_default()
-            .items
-            .remove(&format!("{namespace}/{name}"));
-    }
-
     pub fn bookmark(&self, collection: &'static str) -> String {
         let mut s = self.state.lock().unwrap();
         s.rv += 1;
@@ -150,37 +146,10 @@ impl MockApi {
         mark
     }
 
-    /// Sends 410 Gone on the open watches and forgets history up to now.
-    pub fn expire(&self, collection: &'static str) {
-        let mut s = self.state.lock().unwrap();
-        s.oldest_rv = s.rv + 1;
-        let c = s.collections.entry(collection).or_default();
-        let line = Bytes::from(format!("{}\n", gone()));
-        c.watches.retain(|w| w.send(line.clone()).is_ok());
-    }
-
     /// Ends the open watches of a collection (as an API server does at its timeout).
     pub fn end_watches(&self, collection: &'static str) {
         let mut s = self.state.lock().unwrap();
         s.collections.entry(collection).or_default().watches.clear();
-    }
-
-    /// Drops every connection and refuses new ones for `down`, then serves again on the
-    /// same address with the same objects; history before the restart is gone.
-    pub async fn restart(&mut self, down: Duration) {
-        if let Some(server) = self.server.take() {
-            server.abort();
-        }
-        {
-            let mut s = self.state.lock().unwrap();
-            for c in s.collections.values_mut() {
-                c.watches.clear();
-            }
-            s.oldest_rv = s.rv + 1;
-        }
-        tokio::time::sleep(down).await;
-        let listener = TcpListener::bind(self.addr).await.unwrap();
-        self.server = Some(tokio::spawn(serve(listener, self.state.clone())));
     }
 
     pub fn watch_versions(&self, collection: &'static str) -> Vec<String> {

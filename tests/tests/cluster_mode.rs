@@ -1,0 +1,314 @@
+//! weir in cluster mode against the real kube-apiserver and etcd (`weir lab up --api
+//! server`), as the DaemonSet runs it: with deploy/'s ServiceAccount, ClusterRole and
+//! ClusterRoleBinding and nothing more, on both dataplanes, proven with real packets.
+//!
+//! - The RBAC is enough (no request of the agent is ever forbidden, in the server's own
+//!   audit log) and not more than enough (every verb on every resource the ClusterRole
+//!   grants is used in the run).
+//! - Watch semantics on the real server: an agent restart while objects change, an API
+//!   server restart during which enforcement stays as it was, a forced relist after etcd
+//!   compaction (410 Gone), and an agent started while the API server is down.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use weir_tests::lab::{manifest, Lab, Matrix};
+
+const AGENT_USER: &str = "system:serviceaccount:kube-system:weir";
+
+fn demo_world() -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/examples/demo.yaml")
+}
+
+/// Isolates prometheus, which the demo leaves open to everyone.
+const CLOSE_PROMETHEUS: &str = "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {name: closed, namespace: monitoring}\nspec:\n  podSelector: {matchLabels: {app: prometheus}}\n  policyTypes: [Ingress]\n";
+
+fn node(dataplane_label: &str) -> String {
+    format!("apiVersion: v1\nkind: Node\nmetadata:\n  name: lab-node\n  labels: {{weir.io/dataplane: {dataplane_label}}}\n")
+}
+
+/// Whether shop/web reaches prometheus:9090, the one verdict CLOSE_PROMETHEUS changes.
+fn web_reaches_prometheus(matrix: &Matrix) -> bool {
+    *matrix
+        .get(&(
+            "shop/web".to_string(),
+            "monitoring/prometheus".to_string(),
+            9090,
+            "TCP".to_string(),
+        ))
+        .expect("the matrix has shop/web -> monitoring/prometheus 9090/TCP")
+}
+
+fn up(tag: &str, dataplane: &str) -> Lab {
+    let lab = Lab::new(tag);
+    let started = Instant::now();
+    lab.weir(&[
+        "up",
+        "--api",
+        "server",
+        "--dataplane",
+        dataplane,
+        demo_world().to_str().unwrap(),
+    ])
+    .unwrap_or_else(|e| panic!("{dataplane}: lab up --api server: {e}"));
+    eprintln!(
+        "{dataplane}: lab up with its own etcd and kube-apiserver in {:.1?}",
+        started.elapsed()
+    );
+    lab
+}
+
+fn probe(lab: &Lab, dataplane: &str) -> Matrix {
+    let (reported, matrix) = lab.probe(&[]).expect("probe");
+    assert_eq!(reported, dataplane, "the agent enforces another dataplane");
+    matrix
+}
+
+/// Every request the agent's identity made, from the server's audit log: (group,
+/// resource[/subresource], verb, response code).
+fn agent_requests(lab: &Lab) -> Vec<(String, String, String, u64)> {
+    let log = lab.dir.join("api/audit.log");
+    let text = std::fs::read_to_string(&log)
+        .unwrap_or_else(|e| panic!("prerequisite missing: the audit log {}: {e}", log.display()));
+    text.lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|e| e["user"]["username"] == AGENT_USER)
+        .map(|e| {
+            let o = &e["objectRef"];
+            let mut resource = o["resource"].as_str().unwrap_or("").to_string();
+            if let Some(sub) = o["subresource"].as_str() {
+                resource = format!("{resource}/{sub}");
+            }
+            (
+                o["apiGroup"].as_str().unwrap_or("").to_string(),
+                resource,
+                e["verb"].as_str().unwrap_or("").to_string(),
+                e["responseStatus"]["code"].as_u64().unwrap_or(0),
+            )
+        })
+        .collect()
+}
+
+/// (group, resource, verb) for every rule of deploy/clusterrole.yaml.
+fn granted() -> BTreeSet<(String, String, String)> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/clusterrole.yaml");
+    let role: serde_yaml::Value =
+        serde_yaml::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let strings = |v: &serde_yaml::Value| -> Vec<String> {
+        v.as_sequence()
+            .into_iter()
+            .flatten()
+            .filter_map(|s| s.as_str().map(str::to_string))
+            .collect()
+    };
+    let mut out = BTreeSet::new();
+    for rule in role["rules"].as_sequence().expect("rules") {
+        for g in strings(&rule["apiGroups"]) {
+            for r in strings(&rule["resources"]) {
+                for v in strings(&rule["verbs"]) {
+                    out.insert((g.clone(), r.clone(), v));
+                }
+            }
+        }
+    }
+    out
+}
+
+fn wait_until(what: &str, timeout: Duration, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !done() {
+        assert!(Instant::now() < deadline, "{what}: not after {timeout:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn rbac_is_enough_and_every_grant_is_used(dataplane: &'static str) {
+    let lab = up(&format!("rbac-{dataplane}"), dataplane);
+    let closed = manifest(&lab, "closed.yaml", CLOSE_PROMETHEUS);
+    lab.weir(&["apply", closed.to_str().unwrap()]).unwrap();
+    assert!(!web_reaches_prometheus(&probe(&lab, dataplane)));
+    lab.weir(&["delete", closed.to_str().unwrap()]).unwrap();
+    assert!(web_reaches_prometheus(&probe(&lab, dataplane)));
+
+    // An unusable dataplane label is reported as an Event on the Node (create); the same
+    // again after a good label is the same Event again (patch of its series).
+    let bad = manifest(&lab, "bad-node.yaml", &node("bogus"));
+    let good = manifest(&lab, "good-node.yaml", &node(dataplane));
+    let events = |verb: &str| {
+        agent_requests(&lab)
+            .iter()
+            .filter(|(g, r, v, code)| {
+                g == "events.k8s.io" && r == "events" && v == verb && *code < 300
+            })
+            .count()
+    };
+    lab.weir(&["apply", "--no-wait", bad.to_str().unwrap()])
+        .unwrap();
+    wait_until(
+        "an Event for the bad label",
+        Duration::from_secs(30),
+        || events("create") > 0,
+    );
+    lab.weir(&["apply", good.to_str().unwrap()]).unwrap();
+    lab.weir(&["apply", "--no-wait", bad.to_str().unwrap()])
+        .unwrap();
+    wait_until(
+        "the Event's series patched",
+        Duration::from_secs(30),
+        || events("patch") > 0,
+    );
+    lab.weir(&["apply", good.to_str().unwrap()]).unwrap();
+    assert!(web_reaches_prometheus(&probe(&lab, dataplane)));
+
+    let requests = agent_requests(&lab);
+    assert!(
+        !requests.is_empty(),
+        "the audit log has no request of {AGENT_USER}"
+    );
+    let forbidden: Vec<_> = requests.iter().filter(|r| r.3 == 403).collect();
+    assert!(
+        forbidden.is_empty(),
+        "{dataplane}: deploy/clusterrole.yaml is not enough: forbidden {forbidden:?}"
+    );
+    let used: BTreeSet<(String, String, String)> = requests
+        .iter()
+        .map(|(g, r, v, _)| (g.clone(), r.clone(), v.clone()))
+        .collect();
+    let grants = granted();
+    eprintln!("{dataplane}: the ClusterRole grants, and each is used:");
+    for g in &grants {
+        eprintln!("  {:<16} {:<16} {}", g.0, g.1, g.2);
+    }
+    let unused: Vec<_> = grants.difference(&used).collect();
+    assert!(
+        unused.is_empty(),
+        "{dataplane}: deploy/clusterrole.yaml grants more than the agent uses: {unused:?} (used: {used:?})"
+    );
+    let ungranted: Vec<_> = used.difference(&grants).collect();
+    assert!(
+        ungranted.is_empty(),
+        "{dataplane}: requests outside the ClusterRole that were not forbidden: {ungranted:?}"
+    );
+}
+
+#[test]
+fn ebpf_the_daemonset_rbac_is_enough_and_every_grant_is_used() {
+    rbac_is_enough_and_every_grant_is_used("ebpf");
+}
+
+#[test]
+fn iptables_the_daemonset_rbac_is_enough_and_every_grant_is_used() {
+    rbac_is_enough_and_every_grant_is_used("iptables");
+}
+
+fn listings(lab: &Lab) -> usize {
+    std::fs::read_to_string(lab.dir.join("agent.log"))
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.contains("listing"))
+        .count()
+}
+
+fn watch_semantics(dataplane: &'static str) {
+    let lab = up(&format!("watch-{dataplane}"), dataplane);
+    let closed = manifest(&lab, "closed.yaml", CLOSE_PROMETHEUS);
+    let path = closed.to_str().unwrap();
+    let open = probe(&lab, dataplane);
+    assert!(web_reaches_prometheus(&open));
+
+    // 1. The agent killed while a policy is created: enforcement stays as it was until a
+    //    new agent lists the change.
+    lab.weir(&["agent", "signal", "kill"]).unwrap();
+    lab.weir(&["apply", "--no-wait", path]).unwrap();
+    assert_eq!(
+        probe(&lab, dataplane),
+        open,
+        "{dataplane}: changed with no agent"
+    );
+    lab.weir(&["agent", "start"]).unwrap();
+    lab.weir(&["apply", path]).unwrap();
+    let closed_matrix = probe(&lab, dataplane);
+    assert!(
+        !web_reaches_prometheus(&closed_matrix),
+        "{dataplane}: restarted agent"
+    );
+
+    // 2. The API server restarts: nothing changes on the node meanwhile, and the watches
+    //    resume (a deletion afterwards is enforced).
+    lab.weir(&["api", "stop"]).unwrap();
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(
+        probe(&lab, dataplane),
+        closed_matrix,
+        "{dataplane}: enforcement changed while the API server was down"
+    );
+    lab.weir(&["api", "start"]).unwrap();
+    lab.weir(&["delete", path]).unwrap();
+    assert_eq!(
+        probe(&lab, dataplane),
+        open,
+        "{dataplane}: after the API server restart"
+    );
+
+    // 3. 410 Gone: the agent frozen and cut off (its connections closed by a server
+    //    restart) while the policy is created; etcd compacted past the agent's
+    //    resourceVersion and the server restarted again, so the watches cannot resume:
+    //    only a relist shows the policy.
+    let before = listings(&lab);
+    lab.weir(&["agent", "signal", "stop"]).unwrap();
+    lab.weir(&["api", "stop"]).unwrap();
+    lab.weir(&["api", "start"]).unwrap();
+    lab.weir(&["apply", "--no-wait", path]).unwrap();
+    lab.weir(&["api", "stop"]).unwrap();
+    let revision = lab.weir(&["api", "compact"]).unwrap();
+    eprintln!(
+        "{dataplane}: etcd compacted at revision {}",
+        revision.trim()
+    );
+    lab.weir(&["api", "start"]).unwrap();
+    lab.weir(&["agent", "signal", "cont"]).unwrap();
+    wait_until(
+        &format!("{dataplane}: a relist after 410 Gone"),
+        Duration::from_secs(60),
+        || listings(&lab) > before,
+    );
+    lab.weir(&["apply", path]).unwrap();
+    assert_eq!(
+        probe(&lab, dataplane),
+        closed_matrix,
+        "{dataplane}: after 410"
+    );
+
+    // 4. An agent started while the API server is down, with a resync far shorter than
+    //    the outage: it changes nothing on the node until it has listed everything.
+    lab.weir(&["api", "stop"]).unwrap();
+    lab.weir(&["agent", "signal", "kill"]).unwrap();
+    let out = lab
+        .weir_env(&["agent", "start"], &[("WEIR_RESYNC_SECONDS", "1")])
+        .unwrap();
+    assert!(out.status.success(), "agent start: {out:?}");
+    std::thread::sleep(Duration::from_secs(5));
+    assert_eq!(
+        probe(&lab, dataplane),
+        closed_matrix,
+        "{dataplane}: an agent that could not reach its API server changed enforcement"
+    );
+    lab.weir(&["api", "start"]).unwrap();
+    lab.weir(&["delete", path]).unwrap();
+    assert_eq!(
+        probe(&lab, dataplane),
+        open,
+        "{dataplane}: after the late start"
+    );
+}
+
+#[test]
+fn ebpf_watch_semantics_on_the_real_api_server() {
+    watch_semantics("ebpf");
+}
+
+#[test]
+fn iptables_watch_semantics_on_the_real_api_server() {
+    watch_semantics("iptables");
+}
