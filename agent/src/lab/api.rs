@@ -8,8 +8,11 @@
 //! Pod status through the status subresource, a placeholder image for containers that
 //! name none, deletion with grace period 0 and namespace finalization.
 
+use std::collections::BTreeMap;
+
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
 use kube::Client;
 use serde_json::json;
@@ -98,12 +101,16 @@ pub async fn can_list_pods(client: &Client, user: &str, groups: &[&str]) -> Resu
 
 /// Makes the server hold exactly `after`: applies what is new or changed since `before`,
 /// deletes what is gone. Namespaces and the Node first, namespaces last when deleting.
+/// With `schedule_on`, every Pod is put on that node (the lab's pods all live on its one
+/// node); without, Pods keep their `spec.nodeName`. Returns each object written with its
+/// new resourceVersion (None: deleted).
 pub async fn sync(
     client: &Client,
     before: &ObjectSet,
     after: &ObjectSet,
-    node_name: &str,
-) -> Result<(), String> {
+    schedule_on: Option<&str>,
+) -> Result<Vec<(ObjectRef, Option<String>)>, String> {
+    let mut written = Vec::new();
     let order = |o: &&Object| match o.kind() {
         Kind::Namespace => 0,
         Kind::Node => 1,
@@ -117,9 +124,10 @@ pub async fn sync(
         .collect();
     changed.sort_by_key(order);
     for object in changed {
-        apply(client, object, node_name)
+        let version = apply(client, object, schedule_on)
             .await
             .map_err(|e| format!("{}: {e}", object.key()))?;
+        written.push((object.key(), version));
     }
     let mut gone: Vec<&ObjectRef> = before
         .objects
@@ -132,34 +140,45 @@ pub async fn sync(
         delete(client, key)
             .await
             .map_err(|e| format!("{key}: {e}"))?;
+        written.push((key.clone(), None));
     }
-    Ok(())
+    Ok(written)
 }
 
-async fn apply(client: &Client, object: &Object, node_name: &str) -> Result<(), kube::Error> {
+/// Server-side applies one object; returns its new resourceVersion.
+async fn apply(
+    client: &Client,
+    object: &Object,
+    schedule_on: Option<&str>,
+) -> Result<Option<String>, kube::Error> {
     let pp = apply_params();
-    match object {
+    let written = match object {
         Object::Namespace(ns) => {
             let api: Api<Namespace> = Api::all(client.clone());
             api.patch(name(ns.metadata.name.as_ref()), &pp, &Patch::Apply(ns))
-                .await?;
+                .await?
+                .metadata
         }
         Object::Node(node) => {
             let api: Api<Node> = Api::all(client.clone());
             api.patch(name(node.metadata.name.as_ref()), &pp, &Patch::Apply(node))
-                .await?;
+                .await?
+                .metadata
         }
         Object::NetworkPolicy(np) => {
             let api: Api<NetworkPolicy> = Api::namespaced(client.clone(), namespace(object));
             api.patch(name(np.metadata.name.as_ref()), &pp, &Patch::Apply(np))
-                .await?;
+                .await?
+                .metadata
         }
         Object::Pod(pod) => {
             let api: Api<Pod> = Api::namespaced(client.clone(), namespace(object));
             let mut spec_only = pod.clone();
             let status = spec_only.status.take();
             let spec = spec_only.spec.get_or_insert_with(Default::default);
-            spec.node_name = Some(node_name.to_string());
+            if let Some(node) = schedule_on {
+                spec.node_name = Some(node.to_string());
+            }
             for c in &mut spec.containers {
                 c.image.get_or_insert_with(|| PLACEHOLDER_IMAGE.to_string());
             }
@@ -167,10 +186,11 @@ async fn apply(client: &Client, object: &Object, node_name: &str) -> Result<(), 
             api.patch(pod_name, &pp, &Patch::Apply(&spec_only)).await?;
             let status = json!({ "apiVersion": "v1", "kind": "Pod", "status": status });
             api.patch_status(pod_name, &pp, &Patch::Apply(&status))
-                .await?;
+                .await?
+                .metadata
         }
-    }
-    Ok(())
+    };
+    Ok(written.resource_version)
 }
 
 async fn delete(client: &Client, key: &ObjectRef) -> Result<(), kube::Error> {
@@ -217,54 +237,60 @@ async fn delete(client: &Client, key: &ObjectRef) -> Result<(), kube::Error> {
     }
 }
 
-/// The digest of what the agent watches, listed from the server: every Namespace, Pod
-/// and NetworkPolicy, and the agent's own Node.
-pub async fn server_digest(client: &Client, node_name: &str) -> Result<String, kube::Error> {
-    let mut digest = StateDigest::default();
+/// The resourceVersion of everything the agent watches, listed from the server: every
+/// Namespace, Pod and NetworkPolicy, and the agent's own Node.
+pub async fn list_versions(
+    client: &Client,
+    node_name: &str,
+) -> Result<BTreeMap<ObjectRef, String>, kube::Error> {
+    let mut out = BTreeMap::new();
     let lp = ListParams::default();
-    let mut add = |kind: Kind, namespace: Option<&str>, name: &str, rv: Option<&String>| {
-        let key = ObjectRef::new(kind, namespace, name);
-        digest.toggle(StateDigest::entry(
-            &key,
-            rv.map(String::as_str).unwrap_or(""),
-        ));
+    let mut add = |kind: Kind, m: &ObjectMeta| {
+        let key = ObjectRef::new(kind, m.namespace.as_deref(), name(m.name.as_ref()));
+        out.insert(key, m.resource_version.clone().unwrap_or_default());
     };
     for o in Api::<Namespace>::all(client.clone()).list(&lp).await? {
-        add(
-            Kind::Namespace,
-            None,
-            name(o.metadata.name.as_ref()),
-            o.metadata.resource_version.as_ref(),
-        );
+        add(Kind::Namespace, &o.metadata);
     }
     for o in Api::<Pod>::all(client.clone()).list(&lp).await? {
-        let m = &o.metadata;
-        add(
-            Kind::Pod,
-            m.namespace.as_deref(),
-            name(m.name.as_ref()),
-            m.resource_version.as_ref(),
-        );
+        add(Kind::Pod, &o.metadata);
     }
     for o in Api::<NetworkPolicy>::all(client.clone()).list(&lp).await? {
-        let m = &o.metadata;
-        add(
-            Kind::NetworkPolicy,
-            m.namespace.as_deref(),
-            name(m.name.as_ref()),
-            m.resource_version.as_ref(),
-        );
+        add(Kind::NetworkPolicy, &o.metadata);
     }
+    out.extend(list_versions_of_node(client, node_name).await?);
+    Ok(out)
+}
+
+/// The agent's Node's resourceVersion (none if it does not exist).
+pub async fn list_versions_of_node(
+    client: &Client,
+    node_name: &str,
+) -> Result<BTreeMap<ObjectRef, String>, kube::Error> {
     let this_node = ListParams::default().fields(&format!("metadata.name={node_name}"));
-    for o in Api::<Node>::all(client.clone()).list(&this_node).await? {
-        add(
-            Kind::Node,
-            None,
-            name(o.metadata.name.as_ref()),
-            o.metadata.resource_version.as_ref(),
-        );
+    Ok(Api::<Node>::all(client.clone())
+        .list(&this_node)
+        .await?
+        .into_iter()
+        .map(|o| {
+            let key = ObjectRef::new(Kind::Node, None, name(o.metadata.name.as_ref()));
+            (key, o.metadata.resource_version.unwrap_or_default())
+        })
+        .collect())
+}
+
+/// The digest of `versions` (see [`crate::source::digest`]).
+pub fn digest(versions: &BTreeMap<ObjectRef, String>) -> String {
+    let mut digest = StateDigest::default();
+    for (key, rv) in versions {
+        digest.toggle(StateDigest::entry(key, rv));
     }
-    Ok(digest.to_string())
+    digest.to_string()
+}
+
+/// The digest of what the agent watches, listed from the server.
+pub async fn server_digest(client: &Client, node_name: &str) -> Result<String, kube::Error> {
+    Ok(digest(&list_versions(client, node_name).await?))
 }
 
 fn name(n: Option<&String>) -> &str {

@@ -126,6 +126,13 @@ pub enum LabCommand {
         #[command(subcommand)]
         action: AgentAction,
     },
+    /// A control plane outside a lab, in a namespace of the caller's (the bench's cluster
+    /// path drives it).
+    #[command(hide = true)]
+    Kube {
+        #[command(subcommand)]
+        action: KubeAction,
+    },
     /// Serve the given PORT/PROTOCOL pairs (started by the lab inside each pod).
     #[command(hide = true)]
     Listen {
@@ -143,6 +150,34 @@ pub enum ApiAction {
     /// Advance etcd's revision and compact its history up to it, so that a watch resuming
     /// from an older resourceVersion gets 410 Gone and must relist. Prints the revision.
     Compact,
+}
+
+#[derive(Subcommand)]
+pub enum KubeAction {
+    /// Start etcd and kube-apiserver inside NETNS with their files in DIR, apply deploy/'s
+    /// RBAC, and print their pids as JSON. The agent's kubeconfig is DIR/kubeconfig-agent.
+    Start {
+        #[arg(long)]
+        netns: String,
+        #[arg(long)]
+        dir: PathBuf,
+    },
+    /// Write FILE's objects to that server (only what differs from --previous), print
+    /// `written NS` (CLOCK_MONOTONIC nanoseconds just before the first write) once the last
+    /// write is acknowledged, then
+    /// `digest HEX`, the state digest the agent reports once it has applied them.
+    Apply {
+        #[arg(long)]
+        netns: String,
+        #[arg(long)]
+        dir: PathBuf,
+        /// The agent's Node (pods keep their own spec.nodeName).
+        #[arg(long)]
+        node: String,
+        #[arg(long)]
+        previous: Option<PathBuf>,
+        file: PathBuf,
+    },
 }
 
 #[derive(Subcommand)]
@@ -200,6 +235,17 @@ pub fn run(args: LabArgs) -> anyhow::Result<()> {
             AgentAction::Start => ops::restart_agent(&dir),
         }
         .context("weir lab agent"),
+        LabCommand::Kube { action } => match action {
+            KubeAction::Start { netns, dir } => ops::kube_start(&netns, &dir),
+            KubeAction::Apply {
+                netns,
+                dir,
+                node,
+                previous,
+                file,
+            } => ops::kube_apply(&netns, &dir, &node, previous.as_deref(), &file),
+        }
+        .context("weir lab kube"),
         LabCommand::Listen { ports } => super::listen::serve(&ports).context("weir lab listen"),
     }
 }

@@ -14,7 +14,7 @@ use k8s_openapi::api::core::v1::{Pod, PodIP, PodStatus};
 
 use super::control_plane::{ControlPlane, Identity, AGENT_GROUPS, AGENT_USER};
 use super::objects::{self, ObjectSet};
-use super::state::{ApiState, LabDir, LabState, PodState, ServedPort};
+use super::state::{write_atomic, ApiState, LabDir, LabState, PodState, ServedPort};
 use super::{addr, agent, api, netns, world, LabError};
 use crate::dataplane::DataplaneKind;
 use crate::model::Object;
@@ -100,16 +100,21 @@ fn start_control_plane(
         apiserver_pid,
     });
     dir.save(state)?;
-    cp.block_on(&state.node_netns, Identity::Admin, |client| async move {
+    install_rbac(&cp, &state.node_netns)
+}
+
+/// Applies deploy/'s RBAC and waits until the server's authorizer lets the agent's
+/// identity list pods (it learns of the new binding from its own watch), so that the
+/// agent's first requests are not refused.
+fn install_rbac(cp: &ControlPlane, node: &str) -> Result<(), LabError> {
+    cp.block_on(node, Identity::Admin, |client| async move {
         api::install_rbac(&client).await
     })
     .and_then(|r| r)
     .map_err(|e| LabError::invalid("deploy/ RBAC on the lab's API server", e))?;
-    // The server's RBAC authorizer learns of the new binding from its own watch: start
-    // the agent only once its identity is allowed, so its first requests are not refused.
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     loop {
-        let allowed = cp.block_on(&state.node_netns, Identity::Admin, |client| async move {
+        let allowed = cp.block_on(node, Identity::Admin, |client| async move {
             api::can_list_pods(&client, AGENT_USER, AGENT_GROUPS).await
         });
         match allowed {
@@ -123,6 +128,90 @@ fn start_control_plane(
             _ => std::thread::sleep(Duration::from_millis(100)),
         }
     }
+}
+
+/// `weir lab kube start`.
+pub fn kube_start(netns: &str, dir: &Path) -> Result<(), LabError> {
+    let cp = ControlPlane::new(dir);
+    let (etcd, apiserver) = cp.start(netns)?;
+    install_rbac(&cp, netns)?;
+    println!(
+        "{}",
+        serde_json::json!({ "etcd_pid": etcd, "apiserver_pid": apiserver })
+    );
+    Ok(())
+}
+
+/// `weir lab kube apply`: writes the difference, then computes the digest from the
+/// resourceVersions of what it wrote and a record of the rest (DIR/applied-versions.json),
+/// so that a change to one object of a large world does not list the whole world.
+pub fn kube_apply(
+    netns: &str,
+    dir: &Path,
+    node: &str,
+    previous: Option<&Path>,
+    file: &Path,
+) -> Result<(), LabError> {
+    let before = match previous {
+        Some(p) => ObjectSet::load(p)?,
+        None => ObjectSet::default(),
+    };
+    let after = ObjectSet::load(file)?;
+    let record = dir.join("applied-versions.json");
+    let known: Option<Vec<(crate::model::ObjectRef, String)>> = std::fs::read(&record)
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok());
+    let node = node.to_string();
+    let versions = ControlPlane::new(dir)
+        .block_on(netns, Identity::Admin, |client| async move {
+            // From before the first request: a change may take effect with its first write
+            // (a Pod's labels) before the last one (its status) is acknowledged.
+            let started = monotonic_ns();
+            let written = api::sync(&client, &before, &after, None).await?;
+            println!("written {started}");
+            use std::io::Write;
+            let _ = std::io::stdout().flush();
+            let mut versions: BTreeMap<_, _> = match known {
+                Some(k) => k.into_iter().collect(),
+                None => api::list_versions(&client, &node)
+                    .await
+                    .map_err(|e| e.to_string())?,
+            };
+            for (key, rv) in written {
+                match rv {
+                    Some(rv) => versions.insert(key, rv),
+                    None => versions.remove(&key),
+                };
+            }
+            // The agent annotates its Node itself: take the Node as the server has it.
+            let fresh = api::list_versions_of_node(&client, &node)
+                .await
+                .map_err(|e| e.to_string())?;
+            versions.retain(|k, _| k.kind != crate::model::Kind::Node);
+            versions.extend(fresh);
+            Ok::<_, String>(versions)
+        })
+        .and_then(|r| r)
+        .map_err(|e| LabError::invalid("weir lab kube apply", e))?;
+    println!("digest {}", api::digest(&versions));
+    let list: Vec<_> = versions.into_iter().collect();
+    write_atomic(
+        &record,
+        serde_json::to_string(&list)
+            .expect("versions serialize")
+            .as_bytes(),
+    )
+}
+
+/// CLOCK_MONOTONIC in nanoseconds: comparable across processes of one boot.
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes into the timespec we own.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 /// Creates or updates objects, as `kubectl apply`.
@@ -329,7 +418,9 @@ fn change(
         let node = api_state.node_name.clone();
         ControlPlane::new(dir.api_dir())
             .block_on(&state.node_netns, Identity::Admin, |client| async move {
-                api::sync(&client, &before, &set, &node).await
+                api::sync(&client, &before, &set, Some(&node))
+                    .await
+                    .map(drop)
             })
             .and_then(|r| r)
             .map_err(|e| LabError::invalid("writing to the lab's API server", e))?;
