@@ -1,11 +1,13 @@
-//! The real `weir agent` in file mode, inside the bench node's namespace: started cold,
-//! waited on through its status file, measured through /proc, stopped (and its BPF pins
-//! removed) when dropped.
+//! The real `weir agent` inside the bench node's namespace, in file mode (the world is a
+//! manifest file it polls) or cluster mode (the world is on the real kube-apiserver, which
+//! runs with etcd in the node's namespace, and the agent watches it with the DaemonSet's
+//! ServiceAccount): started cold, waited on through its status file, measured through
+//! /proc, stopped (with its control plane, and its BPF pins removed) when dropped.
 use std::fs::File;
-use std::io::{Read, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
@@ -36,12 +38,99 @@ impl Dataplane {
     }
 }
 
+/// Where the agent reads the world from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Source {
+    File,
+    Cluster,
+}
+
 pub struct Agent {
     child: Child,
     dir: PathBuf,
     bpf_root: PathBuf,
     dataplane: Dataplane,
     generation: u64,
+    /// Cluster mode: the control plane and the last write to it.
+    cluster: Option<Cluster>,
+}
+
+/// The bench node's control plane (`weir lab kube`), and what the agent must reach.
+struct Cluster {
+    weir: PathBuf,
+    netns: String,
+    pids: Vec<u32>,
+    /// The state digest the agent reports once it applied the last write.
+    expected: String,
+    /// The `weir lab kube apply` of the last change, until its digest is read.
+    writer: Option<(Child, BufReader<ChildStdout>)>,
+}
+
+impl Cluster {
+    fn api_dir(dir: &Path) -> PathBuf {
+        dir.join("api")
+    }
+
+    /// Starts `weir lab kube apply` of `file` (against `previous`) and returns once the
+    /// server acknowledged the last write, with the instant just before the first.
+    fn write(&mut self, dir: &Path, previous: Option<&Path>, file: &Path) -> Result<Instant> {
+        let mut command = Command::new(&self.weir);
+        command
+            .args([
+                "lab",
+                "kube",
+                "apply",
+                "--netns",
+                &self.netns,
+                "--node",
+                NODE_NAME,
+            ])
+            .arg("--dir")
+            .arg(Self::api_dir(dir));
+        if let Some(p) = previous {
+            command.arg("--previous").arg(p);
+        }
+        let mut child = command
+            .arg(file)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .spawn()
+            .context("starting weir lab kube apply")?;
+        let mut out = BufReader::new(child.stdout.take().expect("piped"));
+        let mut line = String::new();
+        out.read_line(&mut line)?;
+        let written_ns: u64 = line
+            .strip_prefix("written ")
+            .and_then(|n| n.trim().parse().ok())
+            .with_context(|| format!("weir lab kube apply failed ({:?})", child.wait()))?;
+        let ago = monotonic_ns().saturating_sub(written_ns);
+        self.writer = Some((child, out));
+        Ok(Instant::now() - Duration::from_nanos(ago))
+    }
+
+    /// The digest of the last write, once its writer has computed it.
+    fn expected(&mut self) -> Result<&str> {
+        if let Some((mut child, mut out)) = self.writer.take() {
+            let mut line = String::new();
+            out.read_line(&mut line)?;
+            let status = child.wait()?;
+            self.expected = line
+                .strip_prefix("digest ")
+                .map(|d| d.trim().to_string())
+                .with_context(|| format!("weir lab kube apply printed no digest ({status})"))?;
+        }
+        Ok(&self.expected)
+    }
+}
+
+fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes into the timespec we own.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 impl Agent {
@@ -53,10 +142,15 @@ impl Agent {
         dir: &Path,
         dataplane: Dataplane,
         world: &World,
+        source: Source,
     ) -> Result<(Self, Instant)> {
         let _ = std::fs::remove_dir_all(dir);
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         world.write(&dir.join("manifests.yaml"), 1)?;
+        let cluster = match source {
+            Source::File => None,
+            Source::Cluster => Some(start_cluster(weir, node, dir)?),
+        };
         let trial = dir.file_name().unwrap_or_default().to_string_lossy();
         let bpf_root = PathBuf::from(format!(
             "/sys/fs/bpf/weir-bench-{trial}-{}",
@@ -64,14 +158,24 @@ impl Agent {
         ));
         let log = File::create(dir.join("agent.log"))?;
         let mut command = Command::new(weir);
+        command.arg("agent");
+        match &cluster {
+            None => {
+                command
+                    .arg("--manifests")
+                    .arg(dir.join("manifests.yaml"))
+                    .args(["--poll-ms", &POLL_MS.to_string()]);
+            }
+            // As the DaemonSet: the ServiceAccount's kubeconfig, the node's name.
+            Some(_) => {
+                command.env("KUBECONFIG", Cluster::api_dir(dir).join("kubeconfig-agent"));
+            }
+        }
         command
-            .arg("agent")
-            .arg("--manifests")
-            .arg(dir.join("manifests.yaml"))
             .arg("--status-file")
             .arg(dir.join("status.json"))
             .args(["--dataplane", dataplane.as_str(), "--node-name", NODE_NAME])
-            .args(["--poll-ms", &POLL_MS.to_string(), "--listen", METRICS_ADDR])
+            .args(["--listen", METRICS_ADDR])
             .arg("--bpf-root")
             .arg(&bpf_root)
             .stdin(Stdio::null())
@@ -88,6 +192,7 @@ impl Agent {
             bpf_root,
             dataplane,
             generation: 1,
+            cluster,
         };
         Ok((agent, started))
     }
@@ -96,11 +201,28 @@ impl Agent {
         self.child.id()
     }
 
-    /// Writes the next generation of `world`; returns the instant it became visible.
+    /// Writes the next generation of `world`; returns the instant it became visible (the
+    /// file renamed into place), or, in cluster mode, the instant just before its first
+    /// write request to the API server.
     pub fn update(&mut self, world: &World) -> Result<Instant> {
         self.generation += 1;
-        world.write(&self.dir.join("manifests.yaml"), self.generation)?;
-        Ok(Instant::now())
+        let file = self.dir.join("manifests.yaml");
+        let Some(cluster) = &mut self.cluster else {
+            world.write(&file, self.generation)?;
+            return Ok(Instant::now());
+        };
+        let previous = self.dir.join("manifests.previous.yaml");
+        std::fs::rename(&file, &previous)?;
+        world.write(&file, self.generation)?;
+        cluster.write(&self.dir, Some(&previous), &file)
+    }
+
+    /// Whether `status` describes the latest write.
+    fn caught_up(&mut self, status: &Value) -> Result<bool> {
+        Ok(match &mut self.cluster {
+            None => status["generation"].as_u64() >= Some(self.generation),
+            Some(cluster) => status["state_digest"].as_str() == Some(cluster.expected()?),
+        })
     }
 
     /// Waits until the agent reports the latest generation converged on the requested
@@ -110,9 +232,7 @@ impl Agent {
         let path = self.dir.join("status.json");
         loop {
             if let Some(status) = read_status(&path)? {
-                if status["generation"].as_u64() >= Some(self.generation)
-                    && status["converged"] == true
-                {
+                if status["converged"] == true && self.caught_up(&status)? {
                     let now = Instant::now();
                     self.check_status(&status)?;
                     return Ok(now);
@@ -213,12 +333,48 @@ impl Drop for Agent {
         }
         let _ = self.child.kill();
         let _ = self.child.wait();
+        for pid in self.cluster.iter().flat_map(|c| &c.pids) {
+            // SAFETY: kill only sends a signal; the control plane is this agent's.
+            unsafe { libc::kill(*pid as i32, libc::SIGKILL) };
+        }
         if self.bpf_root.exists() {
             if let Err(e) = std::fs::remove_dir_all(&self.bpf_root) {
                 eprintln!("bench: cleanup: removing {}: {e}", self.bpf_root.display());
             }
         }
     }
+}
+
+/// Starts etcd and kube-apiserver in the node's namespace and writes the whole world
+/// there, before the agent starts: a cold start finds it on the server.
+fn start_cluster(weir: &Path, node: &Netns, dir: &Path) -> Result<Cluster> {
+    let out = Command::new(weir)
+        .args(["lab", "kube", "start", "--netns", node.name()])
+        .arg("--dir")
+        .arg(Cluster::api_dir(dir))
+        .stdin(Stdio::null())
+        .output()
+        .context("starting weir lab kube start")?;
+    if !out.status.success() {
+        bail!(
+            "weir lab kube start: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    let pids: Value = serde_json::from_slice(&out.stdout).context("weir lab kube start")?;
+    let mut cluster = Cluster {
+        weir: weir.to_path_buf(),
+        netns: node.name().to_string(),
+        pids: ["etcd_pid", "apiserver_pid"]
+            .iter()
+            .filter_map(|k| pids[k].as_u64().map(|p| p as u32))
+            .collect(),
+        expected: String::new(),
+        writer: None,
+    };
+    cluster.write(dir, None, &dir.join("manifests.yaml"))?;
+    cluster.expected()?;
+    Ok(cluster)
 }
 
 fn read_status(path: &Path) -> Result<Option<Value>> {

@@ -28,7 +28,7 @@ use std::time::{Instant, SystemTime};
 use anyhow::{bail, Result};
 
 use crate::cmd::{is_root, workspace_root};
-use agent::Dataplane;
+use agent::{Dataplane, Source};
 use report::Report;
 use report::Row;
 use scale::Scale;
@@ -38,8 +38,9 @@ use world::World;
 fn notes() -> Vec<String> {
     vec![
         "datapath: RR = 64-byte request/response on one TCP connection, CRR = a new connection per request; ratios are to no enforcement in the same run".into(),
-        format!("convergence: from the atomic write of the changed manifest file to the first probe connection that sees the new verdict; the agent polls the file every {ms} ms (--poll-ms {ms}), where a cluster agent gets watch events", ms = agent::POLL_MS),
-        "cold start: from starting `weir agent` to its status file reporting the world converged".into(),
+        "convergence and the first memory world: cluster mode, the agent watching the real kube-apiserver (etcd and kube-apiserver in the bench node's namespace) with the DaemonSet's ServiceAccount; a change is measured from just before its first write request (a server-side apply of the changed Pod or NetworkPolicy, or a delete) to the first probe connection that sees the new verdict".into(),
+        "cold start: from starting `weir agent` (the world already on the API server, or in its manifest file) to its status file reporting the world converged".into(),
+        format!("the second memory world (the largest) and the datapath worlds below the largest: file mode, the agent polling a manifest file every {} ms", agent::POLL_MS),
         "memory: VmHWM of the agent process; BPF map memory is the kernel's memlock for the maps the agent holds; ipset memory is `ipset list` 'Size in memory' of weir's sets; other ratios are to iptables".into(),
     ]
 }
@@ -130,9 +131,12 @@ fn run_scenarios(env: &Env, report: &mut Report) {
                 format!("{e:#}"),
             )),
         }
+        // The largest world's agents watch the real API server: their convergence, cold
+        // start and memory are the cluster path's.
+        let source = if last { Source::Cluster } else { Source::File };
         for dp in Dataplane::ALL {
             let tag = format!("{}{n}", dp.as_str());
-            match Setup::enforcing(env, &tag, dp, World::new(n, remote)) {
+            match Setup::enforcing(env, &tag, dp, World::new(n, remote), source) {
                 Ok(s) => setups.push(s),
                 Err(e) => report.rows.extend(unavailable(&planned, dp, &e)),
             }
@@ -162,7 +166,7 @@ fn run_scenarios(env: &Env, report: &mut Report) {
     progress(&memory_large);
     for dp in Dataplane::ALL {
         let tag = format!("{}{large}", dp.as_str());
-        match Setup::enforcing(env, &tag, dp, World::new(max, large)) {
+        match Setup::enforcing(env, &tag, dp, World::new(max, large), Source::File) {
             Ok(setup) => {
                 report.rows.push(cold_start_row(&memory_large, &setup));
                 let rows = setup.memory_rows(&memory_large);

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
 
-use super::agent::{Agent, Dataplane};
+use super::agent::{Agent, Dataplane, Source};
 use super::report::Row;
 use super::scale::Scale;
 use super::topology::Topology;
@@ -50,11 +50,18 @@ impl Setup {
 
     /// A bench node whose agent has converged on `world` with `dataplane`, and whose probe
     /// sees the world's verdicts.
-    pub fn enforcing(env: &Env, tag: &str, dataplane: Dataplane, world: World) -> Result<Self> {
+    pub fn enforcing(
+        env: &Env,
+        tag: &str,
+        dataplane: Dataplane,
+        world: World,
+        source: Source,
+    ) -> Result<Self> {
         let topo = Topology::create(tag)?;
         let servers = Servers::start(&topo.server)?;
         let dir = env.run_dir.join(tag);
-        let (mut agent, started) = Agent::start(&env.weir, &topo.node, &dir, dataplane, &world)?;
+        let (mut agent, started) =
+            Agent::start(&env.weir, &topo.node, &dir, dataplane, &world, source)?;
         let converged = agent.wait_converged(env.scale.cold_start_timeout)?;
         let setup = Setup {
             agent: Some(agent),
