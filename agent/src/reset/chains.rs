@@ -54,6 +54,24 @@ pub fn set_references(
     refs
 }
 
+/// (set, chain) for every set a rule of an owned chain uses.
+pub fn sets_used(tables: &[SavedTable], owned: &dyn Fn(&str) -> bool) -> Vec<(String, String)> {
+    let mut used = Vec::new();
+    for rule in tables
+        .iter()
+        .flat_map(|t| &t.rules)
+        .filter(|r| owned(&r.chain))
+    {
+        for set in &rule.sets {
+            let pair = (set.clone(), rule.chain.clone());
+            if !used.contains(&pair) {
+                used.push(pair);
+            }
+        }
+    }
+    used
+}
+
 /// The `iptables-restore --noflush` script for `removals`.
 pub fn script(removals: &[TableRemoval]) -> String {
     let mut s = String::new();
