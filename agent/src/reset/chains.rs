@@ -129,6 +129,16 @@ mod tests {
     }
 
     #[test]
+    fn sets_used_by_owned_chains_are_named_with_the_chain() {
+        let tables = parse(include_str!("testdata/iptables-nft-save.txt")).unwrap();
+        assert_eq!(
+            sets_used(&tables, &|c| c.starts_with("AZURE-NPM")),
+            [("weir-c".to_string(), "AZURE-NPM-INGRESS".to_string())]
+        );
+        assert!(sets_used(&tables, &|c| c.starts_with("WEIR-")).is_empty());
+    }
+
+    #[test]
     fn nothing_owned_means_no_script() {
         let tables = parse(include_str!("testdata/iptables-nft-save.txt")).unwrap();
         assert!(plan(&tables, &|c| c.starts_with("WEIR-")).is_empty());
