@@ -36,6 +36,21 @@ fn label(kind: Kind) -> &'static str {
     }
 }
 
+/// An error with its chain of causes (`client error (Connect): tcp connect error: ...`).
+fn with_causes(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        let next = c.to_string();
+        if !text.ends_with(&next) {
+            text.push_str(": ");
+            text.push_str(&next);
+        }
+        cause = c.source();
+    }
+    text
+}
+
 type Update = (Kind, Result<watcher::Event<Object>, watcher::Error>);
 
 fn watch<K>(
@@ -129,7 +144,7 @@ impl KubeSource {
             Err(e) => {
                 tracing::warn!(kind = kind.name(), error = %e, "watch failed; retrying with backoff");
                 if let Some(p) = &self.progress {
-                    p.error(format!("{}: {e}", label(kind)));
+                    p.error(format!("{}: {}", label(kind), with_causes(&e)));
                 }
                 return;
             }
