@@ -555,14 +555,14 @@ fn sets_of_the_old_maxelem_are_upgraded_in_place() {
             "inet"
         };
         script.push_str(&format!(
-            "create weir-old hash:net family {family} maxelem 65536\n"
+            "create old-size-tmp hash:net family {family} maxelem 65536\n"
         ));
         for line in in_node(&netns, "ipset", &["save", name]).lines() {
             if let Some(member) = line.strip_prefix(&format!("add {name} ")) {
-                script.push_str(&format!("add weir-old {member}\n"));
+                script.push_str(&format!("add old-size-tmp {member}\n"));
             }
         }
-        script.push_str(&format!("swap weir-old {name}\ndestroy weir-old\n"));
+        script.push_str(&format!("swap old-size-tmp {name}\ndestroy old-size-tmp\n"));
     }
     let out = Command::new("ip")
         .args(["netns", "exec", &netns, "ipset", "restore"])
