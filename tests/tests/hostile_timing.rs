@@ -8,7 +8,9 @@
 //! - another agent inserts a rule ahead of `WEIR-FILTER` in FORWARD: the next resync puts
 //!   the jump back in first place;
 //! - ipsets made by the previous release (maxelem 65,536) are upgraded in place;
-//! - a reset whose chain removal fails leaves the sets those chains use in place, full.
+//! - a reset whose chain removal fails leaves the sets those chains use in place, full;
+//! - an `ipset restore` that hangs: /healthz fails while the run loop is stuck, the command
+//!   is killed at its timeout and named in the status, and the agent recovers.
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -732,4 +734,157 @@ fn reset_leaves_sets_in_place_while_chains_using_them_stay() {
         (true, true),
         "no policy is enforced after reset"
     );
+}
+
+const WEDGE_MANIFEST: &str = r#"# generation: 1
+apiVersion: v1
+kind: Pod
+metadata: {name: a, namespace: default, labels: {app: a}}
+spec: {containers: [{name: c, image: i, ports: [{containerPort: 80}]}]}
+status: {podIP: 10.78.0.1, podIPs: [{ip: 10.78.0.1}]}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: b, namespace: default, labels: {app: b}}
+spec: {containers: [{name: c, image: i, ports: [{containerPort: 80}]}]}
+status: {podIP: 10.78.0.2, podIPs: [{ip: 10.78.0.2}]}
+---
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: b-from-a, namespace: default}
+spec:
+  podSelector: {matchLabels: {app: b}}
+  ingress: [{from: [{podSelector: {matchLabels: {app: a}}}]}]
+"#;
+
+struct TempDir(PathBuf);
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Waits until `check` holds, polling; panics with `what` and the agent's log after 20 s.
+fn wait_until(agent: &mut Agent, what: &str, mut check: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !check() {
+        agent.assert_running();
+        assert!(Instant::now() < deadline, "{what}:\n{}", agent.log());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// `ipset restore` hangs (a wedged kernel lock, as far as the agent can tell): while the
+/// run loop is stuck in it /healthz answers 503; at --command-timeout-seconds the command
+/// is killed (nothing of it is left running) and the status names it; the loop turns
+/// again, /healthz recovers, and the next resync converges once ipset answers again.
+#[test]
+fn a_hung_command_is_killed_and_healthz_tells_while_it_hangs() {
+    weir_tests::require_root_and_tools();
+    let ns = weir_tests::netns::NetNs::new("wedge").expect("node namespace");
+    let dir = TempDir(std::env::temp_dir().join(format!("weir-wedge-{}", std::process::id())));
+    let bin = dir.0.join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let real = Command::new("sh")
+        .args(["-c", "command -v ipset"])
+        .output()
+        .expect("sh");
+    let real = String::from_utf8_lossy(&real.stdout).trim().to_string();
+    assert!(!real.is_empty(), "prerequisite missing: ipset");
+    let flag = dir.0.join("wedge");
+    std::fs::write(&flag, "").unwrap();
+    // The real ipset, except that `restore` hangs while the flag file exists.
+    let shim = bin.join("ipset");
+    std::fs::write(
+        &shim,
+        format!(
+            "#!/bin/sh\nif [ \"$1\" = restore ] && [ -e {} ]; then exec sleep 60; fi\nexec {real} \"$@\"\n",
+            flag.display()
+        ),
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&shim, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let manifest = dir.0.join("objects.yaml");
+    std::fs::write(&manifest, WEDGE_MANIFEST).unwrap();
+    let status = dir.0.join("status.json");
+    let path = format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let listen = format!("127.0.0.1:{HEALTH_PORT}");
+    let bpf_root = format!("/sys/fs/bpf/weir-test-wedge-{}", std::process::id());
+    let mut agent = Agent::start(
+        &ns.name,
+        dir.0.join("agent.log"),
+        &[
+            "--dataplane",
+            "iptables",
+            "--bpf-root",
+            &bpf_root,
+            "--manifests",
+            manifest.to_str().unwrap(),
+            "--status-file",
+            status.to_str().unwrap(),
+            "--listen",
+            &listen,
+            "--resync-seconds",
+            "8",
+            "--liveness-seconds",
+            "2",
+            "--command-timeout-seconds",
+            "6",
+            "--log-format",
+            "text",
+        ],
+        &[("PATH", Path::new(&path))],
+    );
+    wait_for_server(&ns.name, &mut agent);
+
+    // Stuck in `ipset restore`: not live.
+    let mut stuck = String::new();
+    wait_until(
+        &mut agent,
+        "/healthz never failed while the loop was stuck",
+        || match get(&ns.name, "/healthz") {
+            Some((503, body)) => {
+                stuck = body;
+                true
+            }
+            _ => false,
+        },
+    );
+    assert!(stuck.contains("has not turned"), "{stuck}");
+
+    // Killed at the timeout, named in the status; the loop turns again.
+    let mut errors = String::new();
+    wait_until(&mut agent, "the timeout is not in the status", || {
+        errors = std::fs::read_to_string(&status).unwrap_or_default();
+        errors.contains("did not finish within 6s and was killed")
+    });
+    assert!(errors.contains("`ipset restore -exist`"), "{errors}");
+    let left: Vec<String> = weir::lab::netns::pids(&ns.name)
+        .expect("ip netns pids")
+        .into_iter()
+        .filter_map(|pid| std::fs::read_to_string(format!("/proc/{pid}/comm")).ok())
+        .filter(|comm| comm.trim() == "sleep")
+        .collect();
+    assert!(left.is_empty(), "the hung command was not killed: {left:?}");
+    wait_until(&mut agent, "/healthz did not recover", || {
+        get(&ns.name, "/healthz").is_some_and(|(code, _)| code == 200)
+    });
+    let (code, body) = get(&ns.name, "/readyz").expect("/readyz");
+    assert_eq!(code, 503, "{body}");
+    assert!(body.contains("ipset restore"), "{body}");
+
+    // ipset answers again: the next resync converges.
+    std::fs::remove_file(&flag).unwrap();
+    wait_until(&mut agent, "no convergence once ipset answered", || {
+        get(&ns.name, "/readyz").is_some_and(|(code, _)| code == 200)
+    });
+    let saved = in_node(&ns.name, "iptables-nft-save", &[])
+        + &in_node(&ns.name, "iptables-legacy-save", &[]);
+    assert!(saved.contains(":WEIR-FILTER"), "{saved}");
 }
