@@ -55,6 +55,17 @@ pub struct AgentArgs {
     #[arg(long, env = "WEIR_RESYNC_SECONDS", default_value_t = 60)]
     pub resync_seconds: u64,
 
+    /// Liveness bound, in seconds: /healthz answers 503 when the run loop has not turned
+    /// for this long (a dataplane write or the source wedged). Keep it above
+    /// --command-timeout-seconds.
+    #[arg(long, env = "WEIR_LIVENESS_SECONDS", default_value_t = 300)]
+    pub liveness_seconds: u64,
+
+    /// Every external command (ipset, iptables-restore, iptables-save, ip, tc) is killed
+    /// after this many seconds, and the call fails naming the command.
+    #[arg(long, env = "WEIR_COMMAND_TIMEOUT_SECONDS", default_value_t = 120)]
+    pub command_timeout_seconds: u64,
+
     /// File mode: how often the manifest file's metadata is checked, in milliseconds.
     #[arg(long, env = "WEIR_POLL_MS", default_value_t = 100)]
     pub poll_ms: u64,

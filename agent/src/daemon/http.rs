@@ -1,5 +1,7 @@
-//! The agent's HTTP endpoints: /metrics (Prometheus text), /healthz (the process
-//! serves), /readyz (the dataplane converged at least once).
+//! The agent's HTTP endpoints: /metrics (Prometheus text), /healthz (the run loop turned
+//! within `--liveness-seconds`), /readyz (the dataplane converged at least once; until
+//! then a 503 whose body says why: the source still listing, with its last error, or the
+//! dataplane's error).
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -17,19 +19,22 @@ use super::metrics::Metrics;
 use super::run::Health;
 
 fn respond(metrics: &Metrics, health: &Health, path: &str) -> Response<Full<Bytes>> {
+    let text = |result: Result<(), String>, ok: &str| match result {
+        Ok(()) => (StatusCode::OK, "text/plain", format!("{ok}\n")),
+        Err(reason) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "text/plain",
+            format!("{reason}\n"),
+        ),
+    };
     let (code, content_type, body) = match path {
         "/metrics" => (
             StatusCode::OK,
             "application/openmetrics-text; version=1.0.0; charset=utf-8",
             metrics.encode(),
         ),
-        "/healthz" => (StatusCode::OK, "text/plain", "ok\n".to_string()),
-        "/readyz" if health.is_ready() => (StatusCode::OK, "text/plain", "ready\n".to_string()),
-        "/readyz" => (
-            StatusCode::SERVICE_UNAVAILABLE,
-            "text/plain",
-            "not converged yet\n".to_string(),
-        ),
+        "/healthz" => text(health.liveness(), "ok"),
+        "/readyz" => text(health.readiness(), "ready"),
         _ => (
             StatusCode::NOT_FOUND,
             "text/plain",
@@ -104,7 +109,12 @@ mod tests {
             .await
             .unwrap();
         assert!(get(addr, "/healthz").await.starts_with("HTTP/1.1 200"));
-        assert!(get(addr, "/readyz").await.starts_with("HTTP/1.1 503"));
+        let not_ready = get(addr, "/readyz").await;
+        assert!(not_ready.starts_with("HTTP/1.1 503"), "{not_ready}");
+        assert!(
+            not_ready.contains("waiting for the first complete state"),
+            "{not_ready}"
+        );
         health.set_ready();
         assert!(get(addr, "/readyz").await.starts_with("HTTP/1.1 200"));
         let text = get(addr, "/metrics").await;

@@ -7,7 +7,8 @@
 //!                                            metrics, readiness
 //! ```
 //!
-//! Start-up: read the first full state, pick the dataplane (node label, else flag; `auto`
+//! Start-up: read the first full state (until then nothing on the node changes, whatever
+//! the resync timer says, and /readyz names what is missing), pick the dataplane (node label, else flag; `auto`
 //! probes the kernel), converge it, then remove the other dataplane's leftovers and Azure
 //! NPM's state (make before break), then serve events. The lab runs the same loop through
 //! `weir agent --manifests FILE --status-file FILE`.
@@ -59,7 +60,22 @@ pub fn main(args: AgentArgs, argv: &[String]) -> anyhow::Result<()> {
 
 async fn run_agent(args: AgentArgs) -> anyhow::Result<()> {
     let metrics = Arc::new(metrics::Metrics::new());
-    let health = Arc::new(Health::default());
+    crate::reset::exec::set_default_timeout(Duration::from_secs(
+        args.command_timeout_seconds.max(1),
+    ));
+    // What the first complete state needs: until the source has read all of it, nothing
+    // on the node is changed (see `Daemon::resync`).
+    let waiting = match &args.manifests {
+        Some(path) => vec![format!("the manifest file {}", path.display())],
+        None => crate::source::kube::KINDS
+            .iter()
+            .map(|k| k.to_string())
+            .collect(),
+    };
+    let health = Arc::new(Health::new(
+        Arc::new(event::SyncProgress::new(waiting)),
+        Duration::from_secs(args.liveness_seconds.max(1)),
+    ));
     if let Some(addr) = args.listen_addr() {
         let bound = http::serve(addr, metrics.clone(), health.clone())
             .await
@@ -93,7 +109,8 @@ async fn run_agent(args: AgentArgs) -> anyhow::Result<()> {
                 .await
                 .context("connect to the Kubernetes API (in-cluster config or KUBECONFIG)")?;
             tracing::info!(%node, "cluster mode");
-            let source = crate::source::kube::KubeSource::new(client.clone(), &node);
+            let source = crate::source::kube::KubeSource::new(client.clone(), &node)
+                .with_progress(health.sync().clone());
             let publisher = publish::KubePublisher::spawn(client, node);
             Daemon::new(opts, backends, metrics, health)
                 .with_publisher(Box::new(publisher))

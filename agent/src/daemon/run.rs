@@ -4,12 +4,12 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::enforcer::{Backends, Enforcer, Outcome};
-use super::event::{Batch, Event, EventSource, ObjectError, SourceError};
+use super::event::{Batch, Event, EventSource, ObjectError, SourceError, SyncProgress};
 use super::metrics::Metrics;
 use super::select::{choice_from_labels, DataplaneChoice};
 use super::status::Status;
@@ -25,13 +25,47 @@ pub struct RunOptions {
     pub resync: Duration,
 }
 
-/// Shared with the health server.
-#[derive(Default)]
+/// Shared with the health server: readiness (and why not) and liveness (the run loop's
+/// heartbeat).
 pub struct Health {
     ready: AtomicBool,
+    /// The source's first complete state; nothing is enforced or removed before it.
+    sync: Arc<SyncProgress>,
+    /// Why the dataplane has not converged yet, once the source is complete.
+    not_converged: Mutex<Option<String>>,
+    started: Instant,
+    /// When the run loop last turned, in milliseconds since `started`.
+    heartbeat_ms: AtomicU64,
+    /// `/healthz` fails when the run loop has not turned for this long.
+    stall_after: Duration,
+}
+
+/// The default liveness bound (`--liveness-seconds`).
+pub const DEFAULT_STALL: Duration = Duration::from_secs(300);
+
+impl Default for Health {
+    fn default() -> Self {
+        Health::new(Arc::new(SyncProgress::default()), DEFAULT_STALL)
+    }
 }
 
 impl Health {
+    pub fn new(sync: Arc<SyncProgress>, stall_after: Duration) -> Self {
+        Health {
+            ready: AtomicBool::new(false),
+            sync,
+            not_converged: Mutex::new(None),
+            started: Instant::now(),
+            heartbeat_ms: AtomicU64::new(0),
+            stall_after,
+        }
+    }
+
+    /// The source's progress towards its first complete state (sources report into it).
+    pub fn sync(&self) -> &Arc<SyncProgress> {
+        &self.sync
+    }
+
     pub fn is_ready(&self) -> bool {
         self.ready.load(Ordering::Relaxed)
     }
@@ -40,6 +74,59 @@ impl Health {
     /// status and metrics, while the pinned state keeps enforcing.
     pub fn set_ready(&self) {
         self.ready.store(true, Ordering::Relaxed);
+    }
+
+    /// `Ok` when ready, else why not: the source still listing (with its last error), or
+    /// the dataplane not converged (with its error).
+    pub fn readiness(&self) -> Result<(), String> {
+        if self.is_ready() {
+            return Ok(());
+        }
+        if let Some(reason) = self.sync.reason() {
+            return Err(reason);
+        }
+        let converging = self
+            .not_converged
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        Err(match converging {
+            Some(e) => format!("the dataplane has not converged: {e}"),
+            None => "the dataplane has not converged yet".to_string(),
+        })
+    }
+
+    fn set_not_converged(&self, reason: Option<String>) {
+        *self.not_converged.lock().unwrap_or_else(|e| e.into_inner()) = reason;
+    }
+
+    /// The run loop turned.
+    pub fn beat(&self) {
+        self.beat_at(Instant::now());
+    }
+
+    pub(crate) fn beat_at(&self, now: Instant) {
+        let ms = now.saturating_duration_since(self.started).as_millis() as u64;
+        self.heartbeat_ms.fetch_max(ms, Ordering::Relaxed);
+    }
+
+    /// `Ok` while the run loop turned within the bound; else how long it has been stuck.
+    pub fn liveness(&self) -> Result<(), String> {
+        self.liveness_at(Instant::now())
+    }
+
+    pub(crate) fn liveness_at(&self, now: Instant) -> Result<(), String> {
+        let last = self.started + Duration::from_millis(self.heartbeat_ms.load(Ordering::Relaxed));
+        let since = now.saturating_duration_since(last);
+        if since > self.stall_after {
+            return Err(format!(
+                "the run loop has not turned for {:.0}s (bound {}s, --liveness-seconds): \
+                 a dataplane write or the source is stuck",
+                since.as_secs_f64(),
+                self.stall_after.as_secs()
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -104,6 +191,9 @@ impl<B: Backends> Daemon<B> {
         let mut resync = tokio::time::interval(self.opts.resync);
         resync.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         resync.tick().await;
+        // The heartbeat: /healthz fails when this loop stops turning (a handler stuck).
+        let mut heartbeat = tokio::time::interval(Duration::from_secs(1));
+        heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut terminate = tokio::signal::unix::signal(
             tokio::signal::unix::SignalKind::terminate(),
         )
@@ -118,9 +208,11 @@ impl<B: Backends> Daemon<B> {
                     tokio::task::block_in_place(|| self.handle(batch));
                 }
                 _ = resync.tick() => tokio::task::block_in_place(|| self.resync()),
+                _ = heartbeat.tick() => {}
                 _ = tokio::signal::ctrl_c() => break,
                 _ = terminate.recv() => break,
             }
+            self.health.beat();
         }
         // The dataplane keeps enforcing after the agent exits: nothing is torn down here.
         tracing::info!("shutting down; enforcement stays in place");
@@ -130,6 +222,9 @@ impl<B: Backends> Daemon<B> {
     /// Applies one batch: events into the engine, then one dataplane update.
     pub fn handle(&mut self, batch: Batch) {
         let started = Instant::now();
+        // The first batch is the source's complete state: only from now on may the node
+        // be changed.
+        self.health.sync().complete();
         let before = self.engine.desired().clone();
         self.source_errors = batch.rejected;
         if batch.generation.is_some() {
@@ -170,8 +265,16 @@ impl<B: Backends> Daemon<B> {
         self.report();
     }
 
-    /// Periodic repair. Also retries a start that failed.
+    /// Periodic repair. Also retries a start that failed. Before the source's first
+    /// complete state it does nothing: an empty or partial state would remove what the
+    /// previous run (pins, chains) or Azure NPM still enforce.
     pub fn resync(&mut self) {
+        if !self.health.sync().is_complete() {
+            if let Some(reason) = self.health.sync().reason() {
+                tracing::warn!(%reason, "not starting the dataplane yet");
+            }
+            return;
+        }
         let choice = self.node_choice.unwrap_or(self.opts.default_choice);
         match &mut self.enforcer {
             None => self.start(choice),
@@ -338,6 +441,8 @@ impl<B: Backends> Daemon<B> {
         }
         if status.converged {
             self.health.set_ready();
+        } else {
+            self.health.set_not_converged(self.dataplane_error.clone());
         }
         if self.last_status.as_ref() == Some(&status) {
             return;

@@ -222,3 +222,69 @@ fn a_failed_apply_is_reported_and_the_next_batch_converges_on_everything() {
     let s = w.status();
     assert!(s.converged && s.errors.is_empty(), "{s:?}");
 }
+
+#[test]
+fn resync_before_the_first_complete_state_touches_nothing() {
+    let mut w = world("unsynced", Ok(()), vec![]);
+    w.health.sync().error("pods: connection refused");
+    for _ in 0..3 {
+        w.daemon.resync();
+    }
+    assert!(
+        w.take_log().is_empty(),
+        "the dataplane was built or cleaned before the first complete state"
+    );
+    assert!(
+        !w.status.exists(),
+        "a status was published before the first sync"
+    );
+    let reason = w.health.readiness().unwrap_err();
+    assert!(
+        reason.contains("waiting for the first complete"),
+        "{reason}"
+    );
+    assert!(reason.contains("connection refused"), "{reason}");
+
+    w.daemon.handle(batch(1, vec![]));
+    assert_eq!(
+        w.take_log(),
+        ["build ebpf", "reconcile ebpf", "cleanup iptables+npm"]
+    );
+    assert!(w.health.readiness().is_ok());
+    w.daemon.resync();
+    assert_eq!(w.take_log(), ["reconcile ebpf"]);
+}
+
+#[test]
+fn readiness_names_the_kinds_still_listing_then_the_dataplane_error() {
+    use super::event::SyncProgress;
+    let progress = Arc::new(SyncProgress::new(
+        ["pods", "namespaces", "networkpolicies", "node"].map(String::from),
+    ));
+    let health = Health::new(progress.clone(), Duration::from_secs(5));
+    progress.done("namespaces");
+    let reason = health.readiness().unwrap_err();
+    assert!(
+        reason.contains("list of pods, networkpolicies, node;"),
+        "{reason}"
+    );
+    progress.complete();
+    assert_eq!(
+        health.readiness().unwrap_err(),
+        "the dataplane has not converged yet"
+    );
+}
+
+#[test]
+fn liveness_fails_when_the_loop_stops_turning() {
+    use std::time::Instant;
+    let health = Health::new(Arc::default(), Duration::from_secs(5));
+    let t0 = Instant::now();
+    health.beat_at(t0);
+    assert!(health.liveness_at(t0 + Duration::from_secs(4)).is_ok());
+    let stuck = health.liveness_at(t0 + Duration::from_secs(6)).unwrap_err();
+    assert!(stuck.contains("has not turned"), "{stuck}");
+    // The loop turns again: live again.
+    health.beat_at(t0 + Duration::from_secs(6));
+    assert!(health.liveness_at(t0 + Duration::from_secs(7)).is_ok());
+}

@@ -9,17 +9,23 @@ use super::LabError;
 
 /// Runs `ip ARGS...` and returns its stdout; a non-zero exit is an error quoting stderr.
 pub fn ip(args: &[&str]) -> Result<String, LabError> {
-    let output = Command::new("ip")
-        .args(args)
-        .output()
-        .map_err(|e| LabError::io("running `ip` (is iproute2 installed?)", e))?;
-    if !output.status.success() {
+    use crate::reset::exec::{self, ExecError};
+    let output = exec::run("ip", args, None).map_err(|e| match e {
+        ExecError::Spawn { source, .. } => {
+            LabError::io("running `ip` (is iproute2 installed?)", source)
+        }
+        other => LabError::Command {
+            command: format!("ip {}", args.join(" ")),
+            stderr: other.to_string(),
+        },
+    })?;
+    if !output.success {
         return Err(LabError::Command {
             command: format!("ip {}", args.join(" ")),
-            stderr: String::from_utf8_lossy(&output.stderr).trim().to_string(),
+            stderr: output.stderr.trim().to_string(),
         });
     }
-    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+    Ok(output.stdout)
 }
 
 /// Runs `f` on a thread that entered the namespace (and so do the processes it starts).

@@ -54,6 +54,24 @@ pub fn set_references(
     refs
 }
 
+/// (set, chain) for every set a rule of an owned chain uses.
+pub fn sets_used(tables: &[SavedTable], owned: &dyn Fn(&str) -> bool) -> Vec<(String, String)> {
+    let mut used = Vec::new();
+    for rule in tables
+        .iter()
+        .flat_map(|t| &t.rules)
+        .filter(|r| owned(&r.chain))
+    {
+        for set in &rule.sets {
+            let pair = (set.clone(), rule.chain.clone());
+            if !used.contains(&pair) {
+                used.push(pair);
+            }
+        }
+    }
+    used
+}
+
 /// The `iptables-restore --noflush` script for `removals`.
 pub fn script(removals: &[TableRemoval]) -> String {
     let mut s = String::new();
@@ -108,6 +126,16 @@ mod tests {
              -X AZURE-NPM\n-X AZURE-NPM-INGRESS\n\
              COMMIT\n"
         );
+    }
+
+    #[test]
+    fn sets_used_by_owned_chains_are_named_with_the_chain() {
+        let tables = parse(include_str!("testdata/iptables-nft-save.txt")).unwrap();
+        assert_eq!(
+            sets_used(&tables, &|c| c.starts_with("AZURE-NPM")),
+            [("weir-c".to_string(), "AZURE-NPM-INGRESS".to_string())]
+        );
+        assert!(sets_used(&tables, &|c| c.starts_with("WEIR-")).is_empty());
     }
 
     #[test]

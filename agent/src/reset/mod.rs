@@ -77,7 +77,7 @@ pub fn reset(options: &ResetOptions) -> ResetReport {
     // Azure NPM's state is iptables state too, but it goes even when weir's own iptables
     // dataplane is the one enforcing (then weir's chains and sets stay).
     if options.iptables || options.azure_npm != AzureNpm::Leave {
-        let saves = read_rulesets(&mut report);
+        let (saves, unreadable) = read_rulesets(&mut report);
         let owners = Owners {
             weir: options.iptables,
             azure_npm: match options.azure_npm {
@@ -87,8 +87,25 @@ pub fn reset(options: &ResetOptions) -> ResetReport {
             },
         };
         report.azure_npm = owners.azure_npm;
-        remove_chains(&saves, &owners, options.dry_run, &mut report);
-        let owns_set = |s: &str| owners.owns_set(s);
+        let mut kept = remove_chains(&saves, &owners, options.dry_run, &mut report);
+        if unreadable && !options.dry_run {
+            keep_referenced_sets(&owners, &mut kept, &mut report);
+        }
+        // A set an owned chain still uses stays as it is, full: flushing it would make
+        // that chain drop what it allows until the retry removes the chain.
+        let keep_all = kept.contains_key(KEEP_ALL);
+        let owns_set = |s: &str| owners.owns_set(s) && !keep_all && !kept.contains_key(s);
+        report.kept_sets = kept
+            .iter()
+            .filter(|(set, _)| owners.owns_set(set))
+            .map(|(set, chains)| UndeletableSet {
+                name: set.clone(),
+                reason: format!(
+                    "still used by {}, which could not be removed; left in place unflushed",
+                    chains.join(", ")
+                ),
+            })
+            .collect();
         let outcome = if options.dry_run {
             let owns_chain = |c: &str| owners.owns_chain(c);
             let mut released = BTreeMap::new();
@@ -124,13 +141,18 @@ pub fn retry_undeletable(names: &[String]) -> ipsets::SetsOutcome {
     ipsets::remove(&|s| names.iter().any(|n| n == s))
 }
 
+/// In the kept sets: no set is known to be free of references; none is touched.
+const KEEP_ALL: &str = "*";
+
 type Rulesets = Vec<(Backend, Family, Vec<iptables_save::SavedTable>)>;
 
 /// Reads both families of both backends. A backend whose tools are not installed (an
 /// nft-only distribution has no iptables-legacy) holds nothing weir could have written:
-/// it is skipped with a note, not an error the agent would retry forever.
-fn read_rulesets(report: &mut ResetReport) -> Rulesets {
+/// it is skipped with a note, not an error the agent would retry forever. The flag says
+/// whether some installed backend's rules could not be read (its chains may be there).
+fn read_rulesets(report: &mut ResetReport) -> (Rulesets, bool) {
     let mut saves = Vec::new();
+    let mut unreadable = false;
     for backend in Backend::ALL {
         for family in Family::ALL {
             let text = match backend.save(family) {
@@ -147,18 +169,52 @@ fn read_rulesets(report: &mut ResetReport) -> Rulesets {
                     report
                         .errors
                         .push(format!("reading {backend} {family} rules: {e}"));
+                    unreadable = true;
                     continue;
                 }
             };
             match iptables_save::parse(&text) {
                 Ok(tables) => saves.push((backend, family, tables)),
-                Err(e) => report
-                    .errors
-                    .push(format!("reading {backend} {family} rules: {e}")),
+                Err(e) => {
+                    unreadable = true;
+                    report
+                        .errors
+                        .push(format!("reading {backend} {family} rules: {e}"));
+                }
             }
         }
     }
-    saves
+    (saves, unreadable)
+}
+
+/// When some rules could not be read (an `iptables-nft-save` that cannot translate a
+/// foreign nft rule), the owned chains in them may still use any owned set: every owned
+/// set the kernel counts a reference on stays, unflushed, until a retry can read them.
+fn keep_referenced_sets(
+    owners: &Owners,
+    kept: &mut BTreeMap<String, Vec<String>>,
+    report: &mut ResetReport,
+) {
+    let listed = exec::run_ok("ipset", &["list", "-t"], None)
+        .map_err(|e| e.to_string())
+        .and_then(|text| ipset_list::parse(&text).map_err(|e| e.to_string()));
+    match listed {
+        Ok(sets) => {
+            for set in sets
+                .iter()
+                .filter(|s| owners.owns_set(&s.name) && s.references > 0)
+            {
+                kept.entry(set.name.clone())
+                    .or_default()
+                    .push("rules that could not be read".to_string());
+            }
+        }
+        Err(e) => {
+            // Nothing is known: no set is touched.
+            report.errors.push(format!("listing ipsets: {e}"));
+            kept.insert(KEEP_ALL.to_string(), Vec::new());
+        }
+    }
 }
 
 fn node_carries_azure_npm(saves: &Rulesets, report: &mut ResetReport) -> bool {
@@ -175,7 +231,15 @@ fn node_carries_azure_npm(saves: &Rulesets, report: &mut ResetReport) -> bool {
     owners::carries_azure_npm(chains.map(String::as_str), set_names.lines())
 }
 
-fn remove_chains(saves: &Rulesets, owners: &Owners, dry_run: bool, report: &mut ResetReport) {
+/// Removes owned chains per (backend, family). Returns the sets that owned chains still
+/// present after a failed removal use, with those chains (`<backend> <family> <chain>`).
+fn remove_chains(
+    saves: &Rulesets,
+    owners: &Owners,
+    dry_run: bool,
+    report: &mut ResetReport,
+) -> BTreeMap<String, Vec<String>> {
+    let mut kept: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for (backend, family, tables) in saves {
         let removals = chains::plan(tables, &|c| owners.owns_chain(c));
         if removals.is_empty() {
@@ -189,11 +253,28 @@ fn remove_chains(saves: &Rulesets, owners: &Owners, dry_run: bool, report: &mut 
         report.iptables_restore_runs += 1;
         match backend.restore(*family, &chains::script(&removals)) {
             Ok(()) => report.removed_iptables.extend(described),
-            Err(e) => report
-                .errors
-                .push(format!("removing {backend} {family} chains: {e}")),
+            Err(e) => {
+                report
+                    .errors
+                    .push(format!("removing {backend} {family} chains: {e}"));
+                // What is still there: read it again; when that fails too, assume all of
+                // it (tables commit one by one, so part may be gone).
+                let now = backend
+                    .save(*family)
+                    .ok()
+                    .and_then(|text| iptables_save::parse(&text).ok());
+                let still = now.as_deref().unwrap_or(tables);
+                for (set, chain) in chains::sets_used(still, &|c| owners.owns_chain(c)) {
+                    let users = kept.entry(set).or_default();
+                    let name = format!("{backend} {family} {chain}");
+                    if !users.contains(&name) {
+                        users.push(name);
+                    }
+                }
+            }
         }
     }
+    kept
 }
 
 fn remove_tc_filters(dry_run: bool, report: &mut ResetReport) {

@@ -18,6 +18,11 @@ pub struct ResetReport {
     pub destroyed_sets: Vec<String>,
     /// Flushed but still present: referenced by something weir does not control.
     pub undeletable_sets: Vec<UndeletableSet>,
+    /// Left in place and not even flushed: an owned chain that uses the set could not be
+    /// removed, and an empty set would make that chain drop what it allows. Retried with
+    /// the chains (the failure is in `errors`).
+    #[serde(default)]
+    pub kept_sets: Vec<UndeletableSet>,
     pub detached_filters: Vec<String>,
     pub removed_pins: Vec<String>,
     /// Failures other than undeletable sets (a tool failing, a restore refused).
@@ -73,6 +78,16 @@ impl ResetReport {
             self.undeletable_sets.len()
         );
         for u in &self.undeletable_sets {
+            let _ = writeln!(s, "  {}: {}", u.name, u.reason);
+        }
+        if !self.kept_sets.is_empty() {
+            let _ = writeln!(
+                s,
+                "{} ipset(s) left untouched because chains using them are still there:",
+                self.kept_sets.len()
+            );
+        }
+        for u in &self.kept_sets {
             let _ = writeln!(s, "  {}: {}", u.name, u.reason);
         }
         for note in &self.skipped {

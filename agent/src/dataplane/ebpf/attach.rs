@@ -4,7 +4,7 @@
 //! Interfaces are found as the route to the pod's address in the current network
 //! namespace (`ip -j route get`).
 
-use std::{net::IpAddr, process::Command};
+use std::net::IpAddr;
 
 use aya::{
     programs::{
@@ -53,18 +53,10 @@ struct RouteGet {
 
 /// The interface that routes `addr` in this network namespace, with its index.
 pub fn interface_for(addr: IpAddr) -> Result<(String, u32), String> {
-    let out = Command::new("ip")
-        .args(["-j", "route", "get", &addr.to_string()])
-        .output()
-        .map_err(|e| format!("run `ip route get {addr}`: {e}"))?;
-    if !out.status.success() {
-        return Err(format!(
-            "`ip route get {addr}` failed: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        ));
-    }
-    let routes: Vec<RouteGet> = serde_json::from_slice(&out.stdout)
-        .map_err(|e| format!("parse `ip -j route get {addr}`: {e}"))?;
+    let out = crate::reset::exec::run_ok("ip", &["-j", "route", "get", &addr.to_string()], None)
+        .map_err(|e| e.to_string())?;
+    let routes: Vec<RouteGet> =
+        serde_json::from_str(&out).map_err(|e| format!("parse `ip -j route get {addr}`: {e}"))?;
     let dev = routes
         .into_iter()
         .find_map(|r| r.dev)

@@ -3,7 +3,7 @@
 //! as with an iptables dataplane that filters forwarded traffic only. They go into the
 //! IDENTITY trie as /32 or /128 entries with the reserved host identity.
 
-use std::{net::IpAddr, process::Command};
+use std::net::IpAddr;
 
 use serde::Deserialize;
 
@@ -22,18 +22,10 @@ struct AddrInfo {
 
 /// Addresses of this network namespace (`ip -j addr show`), as host prefixes.
 pub fn node_prefixes() -> Result<Vec<Prefix>, String> {
-    let out = Command::new("ip")
-        .args(["-j", "addr", "show"])
-        .output()
-        .map_err(|e| format!("run `ip addr show`: {e}"))?;
-    if !out.status.success() {
-        return Err(format!(
-            "`ip addr show` failed: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        ));
-    }
+    let out = crate::reset::exec::run_ok("ip", &["-j", "addr", "show"], None)
+        .map_err(|e| e.to_string())?;
     let links: Vec<Link> =
-        serde_json::from_slice(&out.stdout).map_err(|e| format!("parse `ip -j addr show`: {e}"))?;
+        serde_json::from_str(&out).map_err(|e| format!("parse `ip -j addr show`: {e}"))?;
     Ok(links
         .iter()
         .flat_map(|l| l.addr_info.iter().filter_map(|a| a.local))

@@ -83,11 +83,18 @@ impl IptablesDataplane {
         };
         self.programmed = None;
         let desired = with_missing_sets(desired, report);
+        // Sizes of the sets in the kernel: those an earlier release made are upgraded.
+        let existing = if full {
+            let listed = exec::run_ok("ipset", &["list", "-t"], None).map_err(other)?;
+            sets::maxelems(&listed)
+        } else {
+            Default::default()
+        };
 
         let (mut adds, mut dels) = (String::new(), String::new());
         for (id, set) in &desired.sets {
             match old.sets.get(id) {
-                _ if full => sets::replace_script(set, &mut adds),
+                _ if full => sets::replace_script(set, &existing, &mut adds),
                 None => sets::create_script(set, &mut adds),
                 Some(before) => {
                     sets::member_delta(*id, &before.members, &set.members, &mut adds, &mut dels)

@@ -2,7 +2,7 @@
 //! `nomatch` entries (hash:net matches the most specific prefix first, so an except
 //! carves its hole out of the covering block). Scripts for `ipset restore -exist`.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write;
 
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
@@ -14,7 +14,30 @@ use super::names::{set_name, staging_set_name};
 
 /// ipset's default maxelem (65,536) is reached by one namespace selector in a large
 /// cluster; the hash grows on demand, so a high cap costs nothing until it is used.
-const MAXELEM: u32 = 1 << 20;
+pub const MAXELEM: u32 = 1 << 20;
+
+/// `maxelem` of each set in `ipset list -t` output (headers only). A set whose maxelem
+/// differs from [`MAXELEM`] (made by an earlier release, at 65,536) makes `create -exist`
+/// fail, which would stop every later write: such sets are upgraded by a swap instead.
+pub fn maxelems(list_terse: &str) -> BTreeMap<String, u32> {
+    let mut out = BTreeMap::new();
+    let mut name: Option<&str> = None;
+    for line in list_terse.lines() {
+        if let Some(n) = line.strip_prefix("Name: ") {
+            name = Some(n.trim());
+        } else if let (Some(header), Some(n)) = (line.strip_prefix("Header: "), name) {
+            let words: Vec<&str> = header.split_whitespace().collect();
+            let maxelem = words
+                .windows(2)
+                .find(|w| w[0] == "maxelem")
+                .and_then(|w| w[1].parse().ok());
+            if let Some(m) = maxelem {
+                out.insert(n.to_string(), m);
+            }
+        }
+    }
+    out
+}
 
 /// `hash:net` cannot hold a /0: such a block becomes its two /1 halves.
 fn split_zero(net: IpNet) -> Vec<IpNet> {
@@ -72,12 +95,22 @@ pub fn entries<'a>(
 }
 
 /// Creates both families' sets of `set` (if absent) and replaces their contents
-/// atomically: fill a staging set, swap it in, destroy it.
-pub fn replace_script(set: &AddressSet, out: &mut String) {
+/// atomically: fill a staging set, swap it in, destroy it. `existing` is the kernel's
+/// sets with their maxelem: a set of another size is not created again (that fails) but
+/// upgraded by the same swap, which replaces it with the staging set made at
+/// [`MAXELEM`], under the same name and references, without a gap.
+pub fn replace_script(set: &AddressSet, existing: &BTreeMap<String, u32>, out: &mut String) {
     for family in Family::ALL {
         let (name, staging) = (set_name(set.id, family), staging_set_name(set.id, family));
         let f = family.ipset_family();
-        let _ = writeln!(out, "create {name} hash:net family {f} maxelem {MAXELEM}");
+        let other_size = |n: &str| existing.get(n).is_some_and(|m| *m != MAXELEM);
+        if !other_size(&name) {
+            let _ = writeln!(out, "create {name} hash:net family {f} maxelem {MAXELEM}");
+        }
+        if other_size(&staging) {
+            // A staging set left by an interrupted run of an earlier release.
+            let _ = writeln!(out, "destroy {staging}");
+        }
         let _ = writeln!(
             out,
             "create {staging} hash:net family {f} maxelem {MAXELEM}"
@@ -155,6 +188,34 @@ mod tests {
         assert!(entries(&members, Family::V6).is_empty());
         let v6 = entries(&[member("::/0", false)], Family::V6);
         assert_eq!(v6.len(), 2);
+    }
+
+    #[test]
+    fn sets_of_another_maxelem_are_swapped_not_created() {
+        let listed = "Name: weir-0000000000000001-4\nType: hash:net\nRevision: 7\n\
+                      Header: family inet hashsize 1024 maxelem 65536 bucketsize 12 initval 0x1\n\
+                      Size in memory: 456\nReferences: 1\nNumber of entries: 0\n\n\
+                      Name: weir-0000000000000001-6\nType: hash:net\nRevision: 7\n\
+                      Header: family inet6 hashsize 1024 maxelem 1048576 bucketsize 12\n";
+        let existing = maxelems(listed);
+        assert_eq!(existing["weir-0000000000000001-4"], 65536);
+        assert_eq!(existing["weir-0000000000000001-6"], MAXELEM);
+        let set = AddressSet {
+            id: SetId(1),
+            definition: "x".into(),
+            members: BTreeSet::from([member("10.0.0.1/32", false)]),
+        };
+        let mut script = String::new();
+        replace_script(&set, &existing, &mut script);
+        assert!(
+            !script.contains("create weir-0000000000000001-4 "),
+            "{script}"
+        );
+        assert!(
+            script.contains("create weir-0000000000000001-6 "),
+            "{script}"
+        );
+        assert!(script.contains("swap "), "{script}");
     }
 
     #[test]

@@ -82,20 +82,23 @@ fn full(
         let _ = writeln!(out, "-X {chain}");
     }
     for hook in HOOKS {
-        let jumps: Vec<_> = filter
+        let rules: Vec<_> = filter
             .into_iter()
             .flat_map(|t| &t.rules)
-            .filter(|r| r.chain == hook && r.target.as_deref() == Some(DISPATCH_CHAIN))
+            .filter(|r| r.chain == hook)
             .collect();
-        match jumps.split_first() {
-            None => {
-                let _ = writeln!(out, "-I {hook} 1 -j {DISPATCH_CHAIN}");
-            }
-            Some((_, extra)) => {
-                for r in extra {
-                    let _ = writeln!(out, "-D {hook} {}", r.spec);
-                }
-            }
+        let is_jump = |r: &iptables_save::SavedRule| r.target.as_deref() == Some(DISPATCH_CHAIN);
+        let jumps: Vec<_> = rules.iter().copied().filter(|r| is_jump(r)).collect();
+        let first = rules.first().is_some_and(|r| is_jump(r));
+        // The jump must be the hook's first rule: kube-proxy or another agent inserting
+        // ahead of it (an ACCEPT) would bypass every policy. Re-asserted at each resync,
+        // in the same atomic commit: delete every jump but a first one, then insert.
+        let keep = usize::from(first);
+        for r in &jumps[keep..] {
+            let _ = writeln!(out, "-D {hook} {}", r.spec);
+        }
+        if !first {
+            let _ = writeln!(out, "-I {hook} 1 -j {DISPATCH_CHAIN}");
         }
     }
     Ok(())
@@ -195,6 +198,39 @@ mod tests {
         assert!(s.contains("-F WEIR-I-dead\n") && s.contains("-X WEIR-I-dead\n"));
         assert!(s.contains("-A WEIR-FILTER -d 10.0.0.1/32 -j WEIR-I-"));
         assert!(s.ends_with("COMMIT\n"));
+    }
+
+    #[test]
+    fn a_rule_inserted_ahead_of_the_jump_puts_the_jump_back_first() {
+        let saved = "*filter\n:FORWARD ACCEPT [0:0]\n:WEIR-FILTER - [0:0]\n\
+                     -A FORWARD -j ACCEPT\n-A FORWARD -j WEIR-FILTER\nCOMMIT\n";
+        let mut names = ChainNames::default();
+        let s = script(
+            &mut names,
+            &Desired::default(),
+            &Desired::default(),
+            Family::V4,
+            Some(saved),
+        )
+        .unwrap()
+        .unwrap();
+        assert!(
+            s.contains("-D FORWARD -j WEIR-FILTER\n-I FORWARD 1 -j WEIR-FILTER\n"),
+            "{s}"
+        );
+        // Already first: nothing moves.
+        let first = "*filter\n:FORWARD ACCEPT [0:0]\n-A FORWARD -j WEIR-FILTER\n\
+                     -A FORWARD -j ACCEPT\nCOMMIT\n";
+        let s = script(
+            &mut names,
+            &Desired::default(),
+            &Desired::default(),
+            Family::V4,
+            Some(first),
+        )
+        .unwrap()
+        .unwrap();
+        assert!(!s.contains("FORWARD"), "{s}");
     }
 
     #[test]

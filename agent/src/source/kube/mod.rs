@@ -8,6 +8,7 @@
 //! with backoff and logged; they never end the source.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use futures::stream::{BoxStream, SelectAll};
 use futures::{FutureExt, StreamExt};
@@ -17,12 +18,39 @@ use kube::runtime::watcher::{self, watcher};
 use kube::runtime::WatchStreamExt;
 use kube::{Api, Client};
 
-use crate::daemon::event::{Batch, Event, EventSource, SourceError};
+use crate::daemon::event::{Batch, Event, EventSource, SourceError, SyncProgress};
 use crate::model::{Kind, Object, ObjectRef};
 use crate::source::digest::StateDigest;
 
 /// Events drained into one batch at most, so a flood still reaches the dataplane.
 const MAX_BATCH: usize = 5000;
+
+/// What the first complete state needs, as `/readyz` names it.
+pub const KINDS: [&str; 4] = ["pods", "namespaces", "networkpolicies", "node"];
+
+fn label(kind: Kind) -> &'static str {
+    match kind {
+        Kind::Pod => KINDS[0],
+        Kind::Namespace => KINDS[1],
+        Kind::NetworkPolicy => KINDS[2],
+        Kind::Node => KINDS[3],
+    }
+}
+
+/// An error with its chain of causes (`client error (Connect): tcp connect error: ...`).
+fn with_causes(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        let next = c.to_string();
+        if !text.ends_with(&next) {
+            text.push_str(": ");
+            text.push_str(&next);
+        }
+        cause = c.source();
+    }
+    text
+}
 
 type Update = (Kind, Result<watcher::Event<Object>, watcher::Error>);
 
@@ -64,6 +92,7 @@ pub struct KubeSource {
     synced: BTreeSet<Kind>,
     first_sent: bool,
     pending: Vec<Event>,
+    progress: Option<Arc<SyncProgress>>,
 }
 
 impl KubeSource {
@@ -104,7 +133,14 @@ impl KubeSource {
             synced: BTreeSet::new(),
             first_sent: false,
             pending: Vec::new(),
+            progress: None,
         }
+    }
+
+    /// Reports each kind's first complete list, and watch errors, into `progress`.
+    pub fn with_progress(mut self, progress: Arc<SyncProgress>) -> Self {
+        self.progress = Some(progress);
+        self
     }
 
     fn process(&mut self, (kind, update): Update) {
@@ -112,6 +148,9 @@ impl KubeSource {
             Ok(e) => e,
             Err(e) => {
                 tracing::warn!(kind = kind.name(), error = %e, "watch failed; retrying with backoff");
+                if let Some(p) = &self.progress {
+                    p.error(format!("{}: {}", label(kind), with_causes(&e)));
+                }
                 return;
             }
         };
@@ -163,6 +202,9 @@ impl KubeSource {
                 self.pending
                     .extend(listed.into_iter().map(|o| Event::Upsert(Box::new(o))));
                 self.synced.insert(kind);
+                if let Some(p) = &self.progress {
+                    p.done(label(kind));
+                }
             }
         }
     }
