@@ -4,8 +4,8 @@
 //! agent reaches the server at 127.0.0.1 as a node's agent reaches its API server.
 //!
 //! The server authorizes with Node and RBAC and authenticates static tokens: an admin (the
-//! lab's writes), the DaemonSet's ServiceAccount identity (the agent, bound by deploy/'s
-//! RBAC and nothing else) and kube-proxy. An audit log records every request of the agent,
+//! lab's writes) and the DaemonSet's ServiceAccount identity (the agent, bound by deploy/'s
+//! RBAC and nothing else). An audit log records every request of the agent,
 //! so tests can show that its ClusterRole is enough and not more than enough.
 //!
 //! There is no controller-manager, scheduler or kubelet: the lab sets `spec.nodeName`,
@@ -52,8 +52,6 @@ pub enum Identity {
     Admin,
     /// The DaemonSet's ServiceAccount, kube-system/weir: what `weir agent` runs as.
     Agent,
-    /// system:kube-proxy, bound to system:node-proxier by the server's bootstrap policy.
-    KubeProxy,
 }
 
 impl Identity {
@@ -61,7 +59,6 @@ impl Identity {
         match self {
             Identity::Admin => "admin",
             Identity::Agent => "agent",
-            Identity::KubeProxy => "kube-proxy",
         }
     }
 }
@@ -140,10 +137,9 @@ impl ControlPlane {
             }
         }
         let agent_groups = format!("\"{}\"", AGENT_GROUPS.join(","));
-        let tokens: [(Identity, &str, &str); 3] = [
+        let tokens: [(Identity, &str, &str); 2] = [
             (Identity::Admin, "admin", "\"system:masters\""),
             (Identity::Agent, AGENT_USER, &agent_groups),
-            (Identity::KubeProxy, "system:kube-proxy", "\"\""),
         ];
         let mut csv = String::new();
         for (who, user, groups) in tokens {
