@@ -80,6 +80,33 @@ pub fn ifindex(name: &str) -> Option<u32> {
     (i != 0).then_some(i)
 }
 
+/// The name of interface `ifindex`, if it exists.
+pub fn ifname(ifindex: u32) -> Option<String> {
+    let mut buf = [0 as libc::c_char; libc::IF_NAMESIZE];
+    // SAFETY: buf has IF_NAMESIZE bytes, as if_indextoname requires.
+    let p = unsafe { libc::if_indextoname(ifindex, buf.as_mut_ptr()) };
+    if p.is_null() {
+        return None;
+    }
+    // SAFETY: on success buf holds a NUL-terminated name.
+    let name = unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) };
+    Some(name.to_string_lossy().into_owned())
+}
+
+/// Interfaces that have a pinned TCX link under the pin root.
+pub fn pinned_link_ifindexes(layout: &PinLayout) -> std::collections::BTreeSet<u32> {
+    std::fs::read_dir(layout.links())
+        .into_iter()
+        .flatten()
+        .filter_map(Result::ok)
+        .filter_map(|e| {
+            let name = e.file_name();
+            let (ifindex, _) = name.to_str()?.split_once('-')?;
+            ifindex.parse().ok()
+        })
+        .collect()
+}
+
 fn hooks(progs: &mut Programs) -> [(&mut SchedClassifier, TcAttachType, &'static str); 2] {
     [
         (&mut progs.from_pod, TcAttachType::Ingress, "ingress"),

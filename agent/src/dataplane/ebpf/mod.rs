@@ -20,6 +20,7 @@ mod host;
 mod identities;
 mod kernel_state;
 mod loader;
+mod migrate;
 pub mod monitor;
 mod pins;
 mod policy_map;
@@ -34,6 +35,7 @@ pub use attach::AttachMode;
 pub use config::{EbpfConfig, DEFAULT_PIN_ROOT};
 pub use events::{MonitorEvent, OutputFormat};
 pub use loader::OBJECT as EMBEDDED_OBJECT;
+pub use migrate::{expected as expected_map_shapes, Shape as MapShape};
 pub use probe::{probe, MIN_KERNEL};
 
 use self::{
@@ -59,6 +61,14 @@ pub struct EbpfDataplane {
     /// The node's addresses (exempt from policy); refreshed by every reconcile.
     host: Vec<identities::Prefix>,
     counts: (usize, usize, usize),
+    /// Pinned maps of another shape being replaced: the new programs (on the new maps)
+    /// are swapped in after the first converge has filled those maps.
+    migration: Option<migrate::Migration>,
+}
+
+/// The shape of the map pinned as `name` under `pin_root`, if there is one.
+pub fn pinned_map_shape(pin_root: &std::path::Path, name: &str) -> Option<MapShape> {
+    MapShape::of_pin(&PinLayout::new(pin_root).map(name)).ok()
 }
 
 impl EbpfDataplane {
@@ -66,16 +76,29 @@ impl EbpfDataplane {
     /// detaches anything: what is attached keeps enforcing until [`Dataplane::reconcile`].
     pub fn new(config: EbpfConfig) -> Result<Self, DataplaneError> {
         let layout = PinLayout::new(&config.pin_root);
-        let fresh = loader::ensure_loaded(&layout, &config)?;
-        let mut maps = Maps::open(&layout)?;
+        layout.prepare()?;
+        let migration = migrate::Migration::prepare(&layout, &config)?;
+        let fresh = match &migration {
+            Some(_) => false,
+            None => loader::ensure_loaded(&layout, &config)?,
+        };
+        let mut maps = Maps::open(|name| match &migration {
+            Some(m) => m.map_path(&layout, name),
+            None => layout.map(name),
+        })?;
         let mut records = records::load(&maps.records).unwrap_or_default();
         let fingerprint = loader::fingerprint(&config);
-        let upgrade = !fresh && records.fingerprint.as_deref() != Some(fingerprint.as_str());
+        let upgrade = migration.is_none()
+            && !fresh
+            && records.fingerprint.as_deref() != Some(fingerprint.as_str());
         if upgrade {
             tracing::info!("pinned eBPF programs differ from this build or settings: replacing");
             loader::load_and_pin(&layout, &config)?;
         }
-        let mut programs = loader::open_programs(&layout)?;
+        let mut programs = match &migration {
+            Some(m) => loader::open_programs_in(&m.progs_dir())?,
+            None => loader::open_programs(&layout)?,
+        };
         if upgrade {
             for (pod, r) in &records.endpoints {
                 let a = &r.attachment;
@@ -97,6 +120,7 @@ impl EbpfDataplane {
         }
         let kernel = KernelState::read(&maps);
         let host = host::node_prefixes().map_err(DataplaneError::Other)?;
+        let mode = config.attach_mode.unwrap_or_else(attach::preferred_mode);
         tracing::info!(
             pin_root = %layout.root.display(),
             endpoints = records.endpoints.len(),
@@ -108,12 +132,71 @@ impl EbpfDataplane {
             programs,
             maps,
             records,
-            mode: config.attach_mode.unwrap_or_else(attach::preferred_mode),
+            mode,
             kernel,
             host,
             identity_cache: None,
             counts: (0, 0, 0),
+            migration,
         })
+    }
+
+    /// Ends a migration once the new maps hold the desired state: the new programs go
+    /// onto every attached hook (atomically each), then the staging pins replace the old.
+    fn finish_migration(&mut self, failures: &mut Vec<ApplyFailure>) {
+        if self.migration.is_none() {
+            return;
+        }
+        // Swap only onto complete maps: a write that failed (a full map) would turn into
+        // a gap the old programs do not have.
+        if let Some(f) = failures.iter().find(|f| f.object.starts_with("map ")) {
+            tracing::warn!(
+                "map migration waits: the new maps are incomplete ({}: {})",
+                f.object,
+                f.reason
+            );
+            return;
+        }
+        let Some(migration) = self.migration.take() else {
+            return;
+        };
+        let mut hooks: BTreeMap<u32, (String, AttachMode)> = BTreeMap::new();
+        for r in self.records.endpoints.values() {
+            let a = &r.attachment;
+            hooks.insert(a.ifindex, (a.ifname.clone(), a.mode));
+        }
+        // Every pinned TCX link, ours by construction, whoever attached it.
+        for ifindex in attach::pinned_link_ifindexes(&self.layout) {
+            if let Some(name) = attach::ifname(ifindex) {
+                hooks.entry(ifindex).or_insert((name, AttachMode::Tcx));
+            }
+        }
+        let mut swapped = true;
+        let programs = &mut self.programs;
+        for (ifindex, (ifname, mode)) in &hooks {
+            if attach::ifindex(ifname) != Some(*ifindex) {
+                continue; // gone: nothing left to enforce there
+            }
+            if let Err(e) = attach::attach(programs, &self.layout, ifname, *ifindex, *mode, true) {
+                swapped = false;
+                failures.push(ApplyFailure {
+                    object: format!("interface {ifname}"),
+                    reason: format!(
+                        "new program not swapped in (the old one keeps enforcing): {e}"
+                    ),
+                });
+            }
+        }
+        if !swapped {
+            self.migration = Some(migration);
+            return;
+        }
+        if let Err(e) = migration.commit(&self.layout) {
+            failures.push(ApplyFailure {
+                object: "pinned maps".into(),
+                reason: format!("migration not committed (retried at the next start): {e}"),
+            });
+        }
     }
 
     /// Kernel ids of the two programs (stable across policy changes and restarts).
@@ -353,6 +436,7 @@ impl EbpfDataplane {
         self.kernel.delete_endpoint(&mut self.maps, &target, errors);
         self.kernel
             .delete_policy(&mut self.maps, &target, name_policy, errors);
+        self.finish_migration(&mut failures);
         if let Err(e) = records::store(&mut self.maps.records, &self.records) {
             failures.push(ApplyFailure {
                 object: format!("map {}", map_names::RECORDS),
