@@ -44,7 +44,14 @@ fn policy(first: u16, last: u16) -> Desired {
 }
 
 fn start(world: &World, backend: Option<Backend>) -> NodeDataplane {
-    NodeDataplane::start(&world.node, IptablesConfig { backend }).expect("start dataplane")
+    NodeDataplane::start(
+        &world.node,
+        IptablesConfig {
+            backend,
+            ..Default::default()
+        },
+    )
+    .expect("start dataplane")
 }
 
 fn allowed_denied_and_replies(backend: Backend, tag: &str) {

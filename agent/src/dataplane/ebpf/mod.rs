@@ -11,7 +11,10 @@
 //! An attached interface without an ENDPOINT entry passes traffic: it can only be a
 //! leftover filter on an interface we no longer manage (the agent writes the entry before
 //! attaching and detaches before deleting it), and blocking it could cut off an unrelated
-//! interface that reused the index.
+//! interface that reused the index. A pod interface that appears before its endpoint is
+//! programmed gets a pending entry instead (both directions isolated, no rules: see
+//! `newpods`), which the endpoint's real entry replaces. Pinned maps whose shape differs
+//! from this build's are migrated, never reused (see `migrate`).
 
 mod attach;
 mod config;
@@ -22,12 +25,16 @@ mod kernel_state;
 mod loader;
 mod migrate;
 pub mod monitor;
+mod newpods;
 mod pins;
 mod policy_map;
 mod probe;
 mod records;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    sync::{Arc, Mutex},
+};
 
 use weir_common::{map_names, EndpointInfo, EP_EGRESS_ISOLATED, EP_INGRESS_ISOLATED};
 
@@ -36,6 +43,7 @@ pub use config::{EbpfConfig, DEFAULT_PIN_ROOT};
 pub use events::{MonitorEvent, OutputFormat};
 pub use loader::OBJECT as EMBEDDED_OBJECT;
 pub use migrate::{expected as expected_map_shapes, Shape as MapShape};
+pub use newpods::PENDING_ENDPOINT_ID;
 pub use probe::{probe, MIN_KERNEL};
 
 use self::{
@@ -49,7 +57,8 @@ use crate::policy::desired::{AddressSet, Delta, Desired, Endpoint, PodKey, SetId
 
 pub struct EbpfDataplane {
     layout: PinLayout,
-    programs: Programs,
+    /// Shared with the new-pod link watch, which attaches them too.
+    programs: Arc<Mutex<Programs>>,
     maps: Maps,
     records: Records,
     mode: AttachMode,
@@ -64,6 +73,9 @@ pub struct EbpfDataplane {
     /// Pinned maps of another shape being replaced: the new programs (on the new maps)
     /// are swapped in after the first converge has filled those maps.
     migration: Option<migrate::Migration>,
+    /// New pod interfaces isolated until programmed (`None`: switched off).
+    isolator: Option<Arc<newpods::Isolator>>,
+    _link_watch: Option<newpods::LinkWatch>,
 }
 
 /// The shape of the map pinned as `name` under `pin_root`, if there is one.
@@ -121,6 +133,35 @@ impl EbpfDataplane {
         let kernel = KernelState::read(&maps);
         let host = host::node_prefixes().map_err(DataplaneError::Other)?;
         let mode = config.attach_mode.unwrap_or_else(attach::preferred_mode);
+        let programs = Arc::new(Mutex::new(programs));
+        let (isolator, link_watch) = if config.new_pods.enabled() {
+            config.new_pods.validate().map_err(DataplaneError::Other)?;
+            let endpoint_pin = match &migration {
+                Some(m) => m.map_path(&layout, map_names::ENDPOINT),
+                None => layout.map(map_names::ENDPOINT),
+            };
+            let endpoint = aya::maps::MapData::from_pin(&endpoint_pin)
+                .map_err(|e| e.to_string())
+                .and_then(|d| {
+                    aya::maps::HashMap::try_from(aya::maps::Map::HashMap(d))
+                        .map_err(|e| e.to_string())
+                })
+                .map_err(|e| DataplaneError::Other(format!("map {}: {e}", map_names::ENDPOINT)))?;
+            let isolator = Arc::new(newpods::Isolator {
+                layout: layout.clone(),
+                mode,
+                filter: config.new_pods.clone(),
+                programs: programs.clone(),
+                endpoint: Mutex::new(endpoint),
+            });
+            let watch = newpods::watch(isolator.clone()).map_err(|source| DataplaneError::Io {
+                context: "watch links for new pod interfaces".into(),
+                source,
+            })?;
+            (Some(isolator), Some(watch))
+        } else {
+            (None, None)
+        };
         tracing::info!(
             pin_root = %layout.root.display(),
             endpoints = records.endpoints.len(),
@@ -138,6 +179,8 @@ impl EbpfDataplane {
             identity_cache: None,
             counts: (0, 0, 0),
             migration,
+            isolator,
+            _link_watch: link_watch,
         })
     }
 
@@ -165,19 +208,29 @@ impl EbpfDataplane {
             let a = &r.attachment;
             hooks.insert(a.ifindex, (a.ifname.clone(), a.mode));
         }
-        // Every pinned TCX link, ours by construction, whoever attached it.
+        // Every pinned TCX link, ours by construction, whoever attached it; and the
+        // interfaces isolated as new pods (netlink filters have no pins).
         for ifindex in attach::pinned_link_ifindexes(&self.layout) {
             if let Some(name) = attach::ifname(ifindex) {
                 hooks.entry(ifindex).or_insert((name, AttachMode::Tcx));
             }
         }
+        for (ifindex, info) in KernelState::read(&self.maps).endpoint {
+            if info.endpoint_id == newpods::PENDING_ENDPOINT_ID {
+                if let Some(name) = attach::ifname(ifindex) {
+                    hooks.entry(ifindex).or_insert((name, self.mode));
+                }
+            }
+        }
         let mut swapped = true;
-        let programs = &mut self.programs;
+        let mut programs = self.programs.lock().unwrap_or_else(|e| e.into_inner());
         for (ifindex, (ifname, mode)) in &hooks {
             if attach::ifindex(ifname) != Some(*ifindex) {
                 continue; // gone: nothing left to enforce there
             }
-            if let Err(e) = attach::attach(programs, &self.layout, ifname, *ifindex, *mode, true) {
+            if let Err(e) =
+                attach::attach(&mut programs, &self.layout, ifname, *ifindex, *mode, true)
+            {
                 swapped = false;
                 failures.push(ApplyFailure {
                     object: format!("interface {ifname}"),
@@ -187,6 +240,7 @@ impl EbpfDataplane {
                 });
             }
         }
+        drop(programs);
         if !swapped {
             self.migration = Some(migration);
             return;
@@ -206,7 +260,8 @@ impl EbpfDataplane {
                 .map(|i| i.id())
                 .map_err(|e| DataplaneError::Other(format!("program info: {e}")))
         };
-        Ok([id(&self.programs.from_pod)?, id(&self.programs.to_pod)?])
+        let programs = self.programs.lock().unwrap_or_else(|e| e.into_inner());
+        Ok([id(&programs.from_pod)?, id(&programs.to_pod)?])
     }
 
     /// Packets and bytes admitted per rule (summed over CPUs), and the reserved slots
@@ -352,6 +407,25 @@ impl EbpfDataplane {
             );
         }
 
+        // Interfaces isolated as new pods stay isolated until an endpoint is placed there;
+        // those that are gone (or no longer match the settings) are released below.
+        let mut released = Vec::new();
+        for (ifindex, info) in &self.kernel.endpoint {
+            if info.endpoint_id != newpods::PENDING_ENDPOINT_ID
+                || target.endpoint.contains_key(ifindex)
+            {
+                continue;
+            }
+            let keep = self.isolator.as_ref().is_some_and(|i| {
+                attach::ifname(*ifindex).is_some_and(|name| i.filter.applies_to(&name))
+            });
+            if keep {
+                target.endpoint.insert(*ifindex, *info);
+            } else {
+                released.push(*ifindex);
+            }
+        }
+
         let errors = &mut failures;
         let name_policy = |e: &policy_map::PolicyEntry| {
             let id = e.1.endpoint_id;
@@ -384,7 +458,7 @@ impl EbpfDataplane {
                 self.records.endpoints[pod].attachment.clone()
             } else {
                 match attach::attach(
-                    &mut self.programs,
+                    &mut self.programs.lock().unwrap_or_else(|e| e.into_inner()),
                     &self.layout,
                     ifname,
                     *ifindex,
@@ -434,6 +508,30 @@ impl EbpfDataplane {
         self.records.endpoints = attached;
 
         self.kernel.delete_endpoint(&mut self.maps, &target, errors);
+        for ifindex in released {
+            if !self.kernel.endpoint.contains_key(&ifindex) {
+                newpods::release_pins(&self.layout, ifindex);
+                if let Some(name) = attach::ifname(ifindex) {
+                    // Still there but no longer a pod interface by the settings.
+                    let _ = attach::detach(
+                        &self.layout,
+                        &attach::Attachment {
+                            ifname: name,
+                            ifindex,
+                            mode: self.mode,
+                        },
+                    );
+                }
+            }
+        }
+        if let Some(isolator) = &self.isolator {
+            for (ifname, reason) in isolator.scan() {
+                errors.push(ApplyFailure {
+                    object: format!("interface {ifname}"),
+                    reason: format!("new pod interface not isolated: {reason}"),
+                });
+            }
+        }
         self.kernel
             .delete_policy(&mut self.maps, &target, name_policy, errors);
         self.finish_migration(&mut failures);

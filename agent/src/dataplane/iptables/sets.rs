@@ -14,7 +14,7 @@ use super::names::{set_name, staging_set_name};
 
 /// ipset's default maxelem (65,536) is reached by one namespace selector in a large
 /// cluster; the hash grows on demand, so a high cap costs nothing until it is used.
-const MAXELEM: u32 = 1 << 20;
+pub const MAXELEM: u32 = 1 << 20;
 
 /// `hash:net` cannot hold a /0: such a block becomes its two /1 halves.
 fn split_zero(net: IpNet) -> Vec<IpNet> {
