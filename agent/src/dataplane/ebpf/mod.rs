@@ -425,6 +425,23 @@ impl EbpfDataplane {
                 released.push(*ifindex);
             }
         }
+        // A pod interface whose endpoint goes while the interface stays (the pod left the
+        // desired state, or moved): it turns pending in place, attachment kept, so it is
+        // never open in between.
+        let mut turned_pending = BTreeSet::new();
+        if let Some(isolator) = &self.isolator {
+            for r in self.records.endpoints.values() {
+                let a = &r.attachment;
+                if target.endpoint.contains_key(&a.ifindex)
+                    || attach::ifindex(&a.ifname) != Some(a.ifindex)
+                    || !isolator.filter.applies_to(&a.ifname)
+                {
+                    continue;
+                }
+                target.endpoint.insert(a.ifindex, newpods::PENDING);
+                turned_pending.insert(a.ifindex);
+            }
+        }
 
         let errors = &mut failures;
         let name_policy = |e: &policy_map::PolicyEntry| {
@@ -496,6 +513,9 @@ impl EbpfDataplane {
             .map(|(pod, r)| (pod.clone(), r.clone()))
             .collect();
         for (pod, record) in stale {
+            if turned_pending.contains(&record.attachment.ifindex) {
+                continue;
+            }
             if let Err(e) = attach::detach(&self.layout, &record.attachment) {
                 errors.push(ApplyFailure {
                     object: pod.clone(),

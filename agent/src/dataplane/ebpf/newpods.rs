@@ -89,15 +89,23 @@ impl Isolator {
                 Err(e) => return Err(format!("pending ENDPOINT entry: {e}")),
             }
         }
-        attach::attach(
+        // A link just unpinned is released by the kernel a moment later (deferred work):
+        // until then the hook refuses the same program again.
+        let mut tries = 0;
+        while let Err(e) = attach::attach(
             &mut programs,
             &self.layout,
             ifname,
             ifindex,
             self.mode,
             false,
-        )
-        .map_err(|e| e.to_string())?;
+        ) {
+            tries += 1;
+            if tries == 5 {
+                return Err(e.to_string());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
         tracing::info!(
             interface = ifname,
             ifindex,
