@@ -19,7 +19,7 @@ use std::{
 
 use weir::{
     dataplane::{
-        ebpf::{expected_map_shapes, pinned_map_shape, EbpfConfig, EbpfDataplane},
+        ebpf::{expected_map_shapes, pinned_map_shape, AttachMode, EbpfConfig, EbpfDataplane},
         iptables::IptablesConfig,
         new_pods::NewPodIsolation,
         Dataplane,
@@ -212,11 +212,22 @@ impl Drop for FastProbe {
 /// never open or close a flow while it swaps.
 #[test]
 fn ebpf_upgrade_from_pins_of_other_sizes_migrates_them_without_a_gap() {
+    upgrade_from_other_sizes("hl1", AttachMode::Tcx);
+}
+
+/// The same through netlink clsact filters (kernels 5.10 to 6.5).
+#[test]
+fn ebpf_netlink_upgrade_from_pins_of_other_sizes_migrates_them_without_a_gap() {
+    upgrade_from_other_sizes("hl5", AttachMode::Netlink);
+}
+
+fn upgrade_from_other_sizes(tag: &str, mode: AttachMode) {
     require_root_and_tools();
-    let world = World::new("hl1", &[("a", A), ("b", B)]);
-    let root = PinRoot::new("hl1");
+    let world = World::new(tag, &[("a", A), ("b", B)]);
+    let root = PinRoot::new(tag);
     let _servers = EchoServers::start(&world.pod("b").ns, &[80, 81]);
     let previous = EbpfConfig {
+        attach_mode: Some(mode),
         identity_entries: 1024,
         endpoint_entries: 64,
         policy_entries: 2048,
@@ -240,7 +251,10 @@ fn ebpf_upgrade_from_pins_of_other_sizes_migrates_them_without_a_gap() {
     );
     let fast = FastProbe::start(&world.pod("a").ns);
     std::thread::sleep(Duration::from_millis(600));
-    let config = EbpfConfig::with_pin_root(root.0.clone());
+    let config = EbpfConfig {
+        attach_mode: Some(mode),
+        ..EbpfConfig::with_pin_root(root.0.clone())
+    };
     let before = fast.rounds();
     let (new_dp, took) = start_ebpf(&world.node, config.clone(), upgrade_state());
     let rounds = fast.rounds() - before;
@@ -570,6 +584,7 @@ impl Window {
 const N: Ipv4Addr = Ipv4Addr::new(10, 213, 0, 9);
 const EXEMPT: Ipv4Addr = Ipv4Addr::new(10, 213, 0, 10);
 const OTHER: Ipv4Addr = Ipv4Addr::new(10, 213, 0, 11);
+const LATE: Ipv4Addr = Ipv4Addr::new(10, 213, 0, 12);
 
 fn known_state(extra: &[(&str, Ipv4Addr)]) -> Desired {
     let mut eps = vec![
@@ -618,36 +633,51 @@ fn host_network_reaches(world: &World, to: Ipv4Addr) -> bool {
 
 #[test]
 fn ebpf_new_pod_is_isolated_from_its_first_packet() {
+    ebpf_new_pod("hl3", AttachMode::Tcx);
+}
+
+/// The same through netlink clsact filters (kernels 5.10 to 6.5).
+#[test]
+fn ebpf_netlink_new_pod_is_isolated_from_its_first_packet() {
+    ebpf_new_pod("hl6", AttachMode::Netlink);
+}
+
+fn ebpf_new_pod(tag: &str, mode: AttachMode) {
     require_root_and_tools();
-    let world = World::new("hl3", &[("a", A), ("b", B)]);
-    let root = PinRoot::new("hl3");
+    let world = World::new(tag, &[("a", A), ("b", B)]);
+    let root = PinRoot::new(tag);
     let _servers = EchoServers::start(&world.pod("a").ns, &[80]);
     let config = EbpfConfig {
         new_pods: isolation(),
+        attach_mode: Some(mode),
         ..EbpfConfig::with_pin_root(root.0.clone())
     };
-    let (dp, _) = start_ebpf(&world.node, config, known_state(&[]));
+    let (dp, _) = start_ebpf(&world.node, config.clone(), known_state(&[]));
 
-    // Times the isolation: when the interface is first seen, when both link pins exist.
-    let (links, node) = (root.0.join("links"), world.node.clone());
+    // Times the isolation: new pod interfaces get netlink filters (on both attach
+    // modes); `tc filter show` on both hooks, polled, gives an upper bound.
+    let node = world.node.clone();
     let isolated_at = std::thread::spawn(move || {
         enter(&node);
         let deadline = Instant::now() + Duration::from_secs(5);
         let mut appeared = None;
+        let filtered = |hook: &str| {
+            std::process::Command::new("tc")
+                .args(["filter", "show", "dev", "lxcnew0", hook])
+                .output()
+                .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("weir_"))
+        };
         while Instant::now() < deadline {
-            if let Some(i) = ifindex("lxcnew0") {
+            if ifindex("lxcnew0").is_some() {
                 let appeared = *appeared.get_or_insert_with(Instant::now);
-                if links.join(format!("{i}-ingress")).exists()
-                    && links.join(format!("{i}-egress")).exists()
-                {
+                if filtered("ingress") && filtered("egress") {
                     return Some((appeared, Instant::now()));
                 }
             }
-            std::thread::sleep(Duration::from_micros(20));
         }
         None
     });
-    let pod = NewPod::create("hl3", "lxcnew0");
+    let pod = NewPod::create(tag, "lxcnew0");
     let _n_servers = EchoServers::start(&pod.ns, &[80]);
     let dp = Mutex::new(Some(dp));
     let node_reached_pending = Mutex::new(None);
@@ -662,12 +692,12 @@ fn ebpf_new_pod_is_isolated_from_its_first_packet() {
         .unwrap()
         .expect("new pod interface never isolated");
     eprintln!(
-        "ebpf new pod: interface seen {:?} after `ip link add` started, both hooks isolated \
-         {:?} after it was seen",
+        "ebpf ({mode:?}) new pod: interface seen {:?} after `ip link add` started, both hooks \
+         filtered at most {:?} after it was seen (tc polled)",
         appeared.saturating_duration_since(window.plugged),
         isolated.saturating_duration_since(appeared),
     );
-    window.check("ebpf");
+    window.check(&format!("ebpf ({mode:?})"));
     assert_eq!(
         *node_reached_pending.lock().unwrap(),
         Some(true),
@@ -677,8 +707,41 @@ fn ebpf_new_pod_is_isolated_from_its_first_packet() {
         host_network_reaches(&world, A),
         "the node (hostNetwork) must reach a known pod"
     );
-    check_untouched(&world, "hl3");
+    check_untouched(&world, tag);
+    if mode == AttachMode::Tcx {
+        let hooks = run_in(&world.node, || {
+            let out = std::process::Command::new("tc")
+                .args(["filter", "show", "dev", "lxcnew0", "ingress"])
+                .output()
+                .expect("prerequisite missing: tc (iproute2)");
+            String::from_utf8_lossy(&out.stdout).into_owned()
+        });
+        assert!(
+            !hooks.contains("weir_"),
+            "the new-pod filter stayed after the TCX link took over: {hooks}"
+        );
+    }
+
+    // An interface that appears while the agent is down is open until the agent is back
+    // (nothing watches), and isolated by its first converge.
     drop(dp);
+    let late = NewPod::create(tag, "lxclate0");
+    let _late_servers = EchoServers::start(&late.ns, &[80]);
+    late.plug(&world.node, "lxclate0", LATE);
+    let (_dp, _) = start_ebpf(&world.node, config, known_state(&[("x/n", N)]));
+    let to_a = SocketAddr::from((A, 80));
+    let to_late = SocketAddr::from((LATE, 80));
+    assert!(
+        !run_in(&late.ns, move || udp_echo(to_a, Duration::from_millis(300))),
+        "an interface that appeared while the agent was down was not isolated by its start"
+    );
+    assert!(
+        !run_in(&world.pod("a").ns, move || udp_echo(
+            to_late,
+            Duration::from_millis(300)
+        )),
+        "an interface that appeared while the agent was down was not isolated by its start"
+    );
 }
 
 #[test]
@@ -735,5 +798,16 @@ fn iptables_new_pod_is_isolated_from_its_first_packet() {
             Duration::from_millis(500)
         )),
         "a programmed pod must stay reachable after a full reconcile"
+    );
+
+    // The rules stay while the agent is down: an interface appearing then is isolated.
+    drop(dp);
+    let late = NewPod::create("hl4", "lxclate0");
+    let _late_servers = EchoServers::start(&late.ns, &[80]);
+    late.plug(&world.node, "lxclate0", LATE);
+    let to_a = SocketAddr::from((A, 80));
+    assert!(
+        !run_in(&late.ns, move || udp_echo(to_a, Duration::from_millis(300))),
+        "an interface that appeared while the agent was down passed"
     );
 }

@@ -212,6 +212,21 @@ pub fn tcx_program_ids(a: &Attachment) -> Result<[Vec<u32>; 2], DataplaneError> 
     Ok([query(TcAttachType::Ingress)?, query(TcAttachType::Egress)?])
 }
 
+/// Removes our netlink filters from an interface, if it has any (tolerant: a hook without
+/// one is skipped).
+pub fn remove_netlink_filters(ifname: &str, ifindex_: u32) {
+    if ifindex(ifname) != Some(ifindex_) {
+        return;
+    }
+    for attach_type in [TcAttachType::Ingress, TcAttachType::Egress] {
+        if let Ok(link) =
+            SchedClassifierLink::attached(ifname, attach_type, NL_PRIORITY, NL_HANDLE, None)
+        {
+            let _ = link.detach();
+        }
+    }
+}
+
 /// Detaches both programs; an interface that is gone already counts as detached.
 pub fn detach(layout: &PinLayout, a: &Attachment) -> Result<(), DataplaneError> {
     for (attach_type, hook) in [

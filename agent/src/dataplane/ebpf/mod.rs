@@ -149,7 +149,6 @@ impl EbpfDataplane {
                 .map_err(|e| DataplaneError::Other(format!("map {}: {e}", map_names::ENDPOINT)))?;
             let isolator = Arc::new(newpods::Isolator {
                 layout: layout.clone(),
-                mode,
                 filter: config.new_pods.clone(),
                 programs: programs.clone(),
                 endpoint: Mutex::new(endpoint),
@@ -217,8 +216,9 @@ impl EbpfDataplane {
         }
         for (ifindex, info) in KernelState::read(&self.maps).endpoint {
             if info.endpoint_id == newpods::PENDING_ENDPOINT_ID {
+                // Pending without a TCX pin: isolated by a netlink filter.
                 if let Some(name) = attach::ifname(ifindex) {
-                    hooks.entry(ifindex).or_insert((name, self.mode));
+                    hooks.entry(ifindex).or_insert((name, AttachMode::Netlink));
                 }
             }
         }
@@ -482,7 +482,13 @@ impl EbpfDataplane {
                     self.mode,
                     false,
                 ) {
-                    Ok(a) => a,
+                    Ok(a) => {
+                        if a.mode == AttachMode::Tcx {
+                            // Its TCX link decides now: the new-pod filter can go.
+                            attach::remove_netlink_filters(ifname, *ifindex);
+                        }
+                        a
+                    }
                     Err(e) => {
                         errors.push(ApplyFailure {
                             object: pod.clone(),
@@ -533,14 +539,7 @@ impl EbpfDataplane {
                 newpods::release_pins(&self.layout, ifindex);
                 if let Some(name) = attach::ifname(ifindex) {
                     // Still there but no longer a pod interface by the settings.
-                    let _ = attach::detach(
-                        &self.layout,
-                        &attach::Attachment {
-                            ifname: name,
-                            ifindex,
-                            mode: self.mode,
-                        },
-                    );
+                    attach::remove_netlink_filters(&name, ifindex);
                 }
             }
         }
