@@ -58,6 +58,15 @@ fn upgrade_state() -> Desired {
     )
 }
 
+/// The state the upgraded agent is given: b no longer admits UDP 82 (a policy change
+/// while the agent was being upgraded).
+fn upgraded_state() -> Desired {
+    let mut d = upgrade_state();
+    let b = d.endpoints.get_mut("x/b").unwrap();
+    b.ingress.rules.retain(|r| r.origin.rule_index != 2);
+    d
+}
+
 /// Runs `f` with a dataplane (made from `config`) inside the node namespace, and hands
 /// the dataplane back (it keeps enforcing, and its link watch keeps running, while held).
 fn start_ebpf(
@@ -256,7 +265,7 @@ fn upgrade_from_other_sizes(tag: &str, mode: AttachMode) {
         ..EbpfConfig::with_pin_root(root.0.clone())
     };
     let before = fast.rounds();
-    let (new_dp, took) = start_ebpf(&world.node, config.clone(), upgrade_state());
+    let (new_dp, took) = start_ebpf(&world.node, config.clone(), upgraded_state());
     let rounds = fast.rounds() - before;
     std::thread::sleep(Duration::from_millis(600));
     probe.finish();
@@ -280,7 +289,19 @@ fn upgrade_from_other_sizes(tag: &str, mode: AttachMode) {
     let ids = new_dp.program_ids().unwrap();
     drop(new_dp);
     // Shapes now match: the next start adopts, it does not migrate again.
-    let (again, _) = start_ebpf(&world.node, config, upgrade_state());
+    // The rule removed during the upgrade stays removed (copies never bring back what
+    // the converge deleted).
+    let to_b = SocketAddr::from((B, 82));
+    run_in(&world.pod("a").ns, move || {
+        let s = UdpSocket::bind("0.0.0.0:0").unwrap();
+        s.send_to(b"new", to_b).unwrap();
+    });
+    let mut buf = [0u8; 16];
+    assert!(
+        flow.b.recv_from(&mut buf).is_err(),
+        "a->b:82 passed: a rule removed during the upgrade came back"
+    );
+    let (again, _) = start_ebpf(&world.node, config, upgraded_state());
     assert_eq!(
         again.program_ids().unwrap(),
         ids,

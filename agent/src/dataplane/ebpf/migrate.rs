@@ -226,17 +226,20 @@ impl Migration {
             old,
             copied: BTreeMap::new(),
         };
-        migration.copy(layout, 0);
+        migration.copy(layout, 0, false);
         Ok(Some(migration))
     }
 
     /// Copies every copyable old map into its new one; `flags` is BPF_ANY or BPF_NOEXIST.
-    fn copy(&mut self, layout: &PinLayout, flags: u64) {
+    /// With `kernel_written_only`, only maps the programs write (the connection table,
+    /// rate state, ...): the agent's own maps hold the desired state by then, and a copy
+    /// would bring back entries the converge removed.
+    fn copy(&mut self, layout: &PinLayout, flags: u64, kernel_written_only: bool) {
         for m in &self.mismatches {
             let Some(old) = self.old.get(&m.name) else {
                 continue;
             };
-            if !m.copyable() {
+            if !m.copyable() || (kernel_written_only && AGENT_WRITTEN.contains(&m.name.as_str())) {
                 continue;
             }
             let new = match MapData::from_pin(self.map_path(layout, &m.name)) {
@@ -258,10 +261,16 @@ impl Migration {
         }
     }
 
+    /// Just before the swap: brings the programs' own maps (connection table) up to date
+    /// with what the old programs did since the migration began.
+    pub fn refresh(&mut self, layout: &PinLayout) {
+        self.copy(layout, 0, true);
+    }
+
     /// After the new programs are on every hook: copies entries the old programs created
-    /// meanwhile, then renames the staging pins over the old ones.
+    /// meanwhile (without overwriting), then renames the staging pins over the old ones.
     pub fn commit(mut self, layout: &PinLayout) -> Result<(), DataplaneError> {
-        self.copy(layout, BPF_NOEXIST);
+        self.copy(layout, BPF_NOEXIST, true);
         let rename = |from: PathBuf, to: PathBuf| {
             std::fs::rename(&from, &to).map_err(|source| DataplaneError::Io {
                 context: format!("rename {} to {}", from.display(), to.display()),
@@ -303,6 +312,15 @@ const RECOMPUTED: [&str; 3] = [
     weir_common::map_names::IDENTITY,
     weir_common::map_names::ENDPOINT,
     weir_common::map_names::POLICY,
+];
+
+/// Maps only the agent writes (the programs read them, or never touch them).
+const AGENT_WRITTEN: [&str; 5] = [
+    weir_common::map_names::IDENTITY,
+    weir_common::map_names::ENDPOINT,
+    weir_common::map_names::POLICY,
+    weir_common::map_names::RECORDS,
+    weir_common::map_names::SETTINGS,
 ];
 
 // bpf(2) commands and map types used here (stable kernel ABI).

@@ -199,9 +199,10 @@ impl EbpfDataplane {
             );
             return;
         }
-        let Some(migration) = self.migration.take() else {
+        let Some(mut migration) = self.migration.take() else {
             return;
         };
+        migration.refresh(&self.layout);
         let mut hooks: BTreeMap<u32, (String, AttachMode)> = BTreeMap::new();
         for r in self.records.endpoints.values() {
             let a = &r.attachment;
