@@ -705,6 +705,17 @@ fn ebpf_new_pod(tag: &str, mode: AttachMode) {
     let window = new_pod_window(&world, &pod, "lxcnew0", || {
         *node_reached_pending.lock().unwrap() = Some(host_network_reaches(&world, N));
         let d = dp.lock().unwrap().take().unwrap();
+        let pending = d
+            .status()
+            .details
+            .into_iter()
+            .find(|(k, _)| k == "pod_interfaces_not_programmed")
+            .map(|(_, v)| v);
+        assert_eq!(
+            pending.as_deref(),
+            Some("1"),
+            "status must count the new pod"
+        );
         let d = reconcile_ebpf(&world.node, d, known_state(&[("x/n", N)]));
         *dp.lock().unwrap() = Some(d);
     });

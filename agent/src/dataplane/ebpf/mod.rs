@@ -606,6 +606,23 @@ impl Dataplane for EbpfDataplane {
                 format!("{:?}", self.mode).to_lowercase(),
             ),
         ];
+        if self.isolator.is_some() {
+            let pending = self
+                .maps
+                .endpoint
+                .iter()
+                .filter_map(Result::ok)
+                .filter(|(_, info)| info.endpoint_id == newpods::PENDING_ENDPOINT_ID)
+                .count();
+            details.push(("pod_interfaces_not_programmed".into(), pending.to_string()));
+        }
+        if let Some(m) = &self.migration {
+            let names: Vec<&str> = m.mismatches.iter().map(|m| m.name.as_str()).collect();
+            details.push((
+                "map_migration_pending".into(),
+                format!("{} (swapped in after the next converge)", names.join(",")),
+            ));
+        }
         for (name, used) in [
             (map_names::IDENTITY, self.kernel.identity.len()),
             (map_names::ENDPOINT, self.kernel.endpoint.len()),
