@@ -322,7 +322,14 @@ fn weir_monitor_streams_rate_limited_drop_events_as_json() {
     let dp = std::thread::spawn(move || {
         enter(&node);
         let mut dp = EbpfDataplane::new(config).expect("load dataplane");
-        let state = desired(vec![], vec![endpoint("x/b", B, Some(vec![]), None)]);
+        // a is known (not isolated): an unknown pod interface would be isolated itself.
+        let state = desired(
+            vec![],
+            vec![
+                endpoint("x/a", A, None, None),
+                endpoint("x/b", B, Some(vec![]), None),
+            ],
+        );
         let report = dp.reconcile(&state).expect("reconcile");
         assert!(report.failures.is_empty(), "{:?}", report.failures);
         dp

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use weir::dataplane::iptables::backend::Backend;
 use weir::dataplane::iptables::IptablesConfig;
+use weir::dataplane::new_pods::NewPodIsolation;
 use weir::policy::desired::{AddressSet, Desired, Member, Peer, Ports, Protocol, Rule, SetId};
 use weir_tests::desired::{addr_set, desired, endpoint, pod_set, port_rule, tcp_rule};
 use weir_tests::node_dataplane::NodeDataplane;
@@ -44,7 +45,16 @@ fn policy(first: u16, last: u16) -> Desired {
 }
 
 fn start(world: &World, backend: Option<Backend>) -> NodeDataplane {
-    NodeDataplane::start(&world.node, IptablesConfig { backend }).expect("start dataplane")
+    NodeDataplane::start(
+        &world.node,
+        IptablesConfig {
+            backend,
+            // These tests leave some pods out of the desired state as pods nobody
+            // selects; new-pod isolation (which would isolate them) has its own tests.
+            new_pods: NewPodIsolation::off(),
+        },
+    )
+    .expect("start dataplane")
 }
 
 fn allowed_denied_and_replies(backend: Backend, tag: &str) {

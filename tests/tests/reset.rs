@@ -231,12 +231,16 @@ fn dataplane_enforces_after_reset(world: &World, leftover: &BTreeSet<String>) ->
     let _servers = EchoServers::start(&world.pod("b").ns, &[80, 81]);
     let state = desired(
         vec![pod_set(1, &[A])],
-        vec![endpoint(
-            "x/b",
-            B,
-            Some(vec![tcp_rule(Peer::Set(SetId(1)), 80, 80, "x/allow-a", 0)]),
-            None,
-        )],
+        vec![
+            // a is a known pod (not isolated): unknown pod interfaces are isolated.
+            endpoint("x/a", A, None, None),
+            endpoint(
+                "x/b",
+                B,
+                Some(vec![tcp_rule(Peer::Set(SetId(1)), 80, 80, "x/allow-a", 0)]),
+                None,
+            ),
+        ],
     );
     let mut dp = NodeDataplane::start(&world.node, IptablesConfig::default())?;
     let report = dp.reconcile(&state)?;

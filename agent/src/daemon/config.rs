@@ -78,6 +78,44 @@ pub struct AgentArgs {
     #[arg(long, env = "WEIR_LOG_FORMAT", value_enum)]
     pub log_format: Option<LogFormat>,
 
+    /// Isolate a pod interface from its first packet: traffic from and to an interface
+    /// named with a --pod-interface-prefixes prefix is dropped in both directions until
+    /// the pod's endpoint is programmed (on both dataplanes). hostNetwork pods have no pod
+    /// interface and are never affected. `false` leaves a new pod open until then.
+    #[arg(
+        long,
+        env = "WEIR_ISOLATE_NEW_PODS",
+        default_value_t = true,
+        action = clap::ArgAction::Set,
+        value_name = "BOOL"
+    )]
+    pub isolate_new_pods: bool,
+
+    /// Host-side interface name prefixes that mark a pod interface, comma-separated:
+    /// Cilium and `weir lab` `lxc`, Calico `cali`, AWS VPC CNI `eni`, Azure CNI `azv`.
+    /// Bridge CNIs (flannel, kindnet) name theirs `veth`: add it on such nodes (it is not a
+    /// default because Docker's interfaces use it too).
+    #[arg(
+        long,
+        env = "WEIR_POD_INTERFACE_PREFIXES",
+        value_name = "PREFIX,...",
+        value_delimiter = ',',
+        default_value = "lxc,cali,eni,azv"
+    )]
+    pub pod_interface_prefixes: Vec<String>,
+
+    /// Pod interfaces never isolated before their endpoint is programmed, comma-separated:
+    /// exact names, or prefixes written `NAME*`. For bootstrap pods that must talk before
+    /// the agent can learn them (for example CoreDNS while the agent cannot reach the API
+    /// server yet). Policies still apply to them once they are programmed.
+    #[arg(
+        long,
+        env = "WEIR_NEW_POD_EXEMPT_INTERFACES",
+        value_name = "NAME[*],...",
+        value_delimiter = ','
+    )]
+    pub new_pod_exempt_interfaces: Vec<String>,
+
     /// Optional YAML file whose keys are these flags' long names (`resync-seconds: 30`).
     #[arg(long, env = "WEIR_CONFIG", value_name = "FILE")]
     pub config: Option<PathBuf>,
@@ -104,6 +142,23 @@ impl AgentArgs {
             None if self.is_file_mode() => None,
             // A constant that parses.
             None => CLUSTER_LISTEN.parse().ok(),
+        }
+    }
+
+    /// What --isolate-new-pods, --pod-interface-prefixes and --new-pod-exempt-interfaces say.
+    pub fn new_pods(&self) -> crate::dataplane::new_pods::NewPodIsolation {
+        if !self.isolate_new_pods {
+            return crate::dataplane::new_pods::NewPodIsolation::off();
+        }
+        let list = |v: &[String]| {
+            v.iter()
+                .map(|s| s.trim().to_string())
+                .filter(|s| !s.is_empty())
+                .collect()
+        };
+        crate::dataplane::new_pods::NewPodIsolation {
+            prefixes: list(&self.pod_interface_prefixes),
+            exempt: list(&self.new_pod_exempt_interfaces),
         }
     }
 

@@ -88,7 +88,7 @@ async fn run_agent(args: AgentArgs) -> anyhow::Result<()> {
         status_file: args.status_file.clone(),
         resync: Duration::from_secs(args.resync_seconds.max(1)),
     };
-    let backends = node::NodeBackends::new(args.bpf_root.clone());
+    let backends = node::NodeBackends::new(args.bpf_root.clone()).with_new_pods(args.new_pods());
     match &args.manifests {
         Some(path) => {
             tracing::info!(manifests = %path.display(), "file mode");

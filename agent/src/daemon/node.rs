@@ -8,16 +8,27 @@ use super::enforcer::{Backends, Cleanup, CleanupReport};
 use super::event::ObjectError;
 use crate::dataplane::ebpf::{self, EbpfConfig, EbpfDataplane};
 use crate::dataplane::iptables::{IptablesConfig, IptablesDataplane};
+use crate::dataplane::new_pods::NewPodIsolation;
 use crate::dataplane::{Dataplane, DataplaneError, DataplaneKind};
 use crate::reset::{self, AzureNpm, ResetOptions, ResetReport, UndeletableSet};
 
 pub struct NodeBackends {
     bpf_root: PathBuf,
+    new_pods: NewPodIsolation,
 }
 
 impl NodeBackends {
     pub fn new(bpf_root: PathBuf) -> Self {
-        NodeBackends { bpf_root }
+        NodeBackends {
+            bpf_root,
+            new_pods: NewPodIsolation::default(),
+        }
+    }
+
+    /// How pod interfaces are isolated before their endpoint is programmed.
+    pub fn with_new_pods(mut self, new_pods: NewPodIsolation) -> Self {
+        self.new_pods = new_pods;
+        self
     }
 }
 
@@ -53,9 +64,13 @@ impl Backends for NodeBackends {
         Ok(match kind {
             DataplaneKind::Ebpf => Box::new(EbpfDataplane::new(EbpfConfig {
                 pin_root: self.bpf_root.clone(),
+                new_pods: self.new_pods.clone(),
                 ..Default::default()
             })?),
-            DataplaneKind::Iptables => Box::new(IptablesDataplane::new(IptablesConfig::default())?),
+            DataplaneKind::Iptables => Box::new(IptablesDataplane::new(IptablesConfig {
+                new_pods: self.new_pods.clone(),
+                ..Default::default()
+            })?),
         })
     }
 

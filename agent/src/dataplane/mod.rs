@@ -7,6 +7,7 @@ pub mod ebpf;
 use serde::{Deserialize, Serialize};
 
 pub mod iptables;
+pub mod new_pods;
 
 use crate::policy::desired::{Delta, Desired};
 

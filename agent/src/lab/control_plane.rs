@@ -123,18 +123,14 @@ impl ControlPlane {
         std::fs::create_dir_all(self.dir.join("certs")).map_err(|e| io("creating certs", e))?;
         let key = self.dir.join("service-account.key");
         if !key.exists() {
-            let out = Command::new("openssl")
-                .args(["genrsa", "-out"])
-                .arg(&key)
-                .arg("2048")
-                .output()
-                .map_err(|e| io("running openssl (apt-get install openssl)", e))?;
-            if !out.status.success() {
-                return Err(LabError::Command {
-                    command: "openssl genrsa".into(),
-                    stderr: String::from_utf8_lossy(&out.stderr).trim().into(),
-                });
-            }
+            let path = key.display().to_string();
+            crate::reset::exec::run_ok("openssl", &["genrsa", "-out", &path, "2048"], None)
+                .map_err(|e| {
+                    LabError::invalid(
+                        "the service account key",
+                        format!("{e} (openssl is installed by `cargo xtask setup`)"),
+                    )
+                })?;
         }
         let agent_groups = format!("\"{}\"", AGENT_GROUPS.join(","));
         let tokens: [(Identity, &str, &str); 2] = [

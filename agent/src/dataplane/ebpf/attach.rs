@@ -72,6 +72,33 @@ pub fn ifindex(name: &str) -> Option<u32> {
     (i != 0).then_some(i)
 }
 
+/// The name of interface `ifindex`, if it exists.
+pub fn ifname(ifindex: u32) -> Option<String> {
+    let mut buf = [0 as libc::c_char; libc::IF_NAMESIZE];
+    // SAFETY: buf has IF_NAMESIZE bytes, as if_indextoname requires.
+    let p = unsafe { libc::if_indextoname(ifindex, buf.as_mut_ptr()) };
+    if p.is_null() {
+        return None;
+    }
+    // SAFETY: on success buf holds a NUL-terminated name.
+    let name = unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) };
+    Some(name.to_string_lossy().into_owned())
+}
+
+/// Interfaces that have a pinned TCX link under the pin root.
+pub fn pinned_link_ifindexes(layout: &PinLayout) -> std::collections::BTreeSet<u32> {
+    std::fs::read_dir(layout.links())
+        .into_iter()
+        .flatten()
+        .filter_map(Result::ok)
+        .filter_map(|e| {
+            let name = e.file_name();
+            let (ifindex, _) = name.to_str()?.split_once('-')?;
+            ifindex.parse().ok()
+        })
+        .collect()
+}
+
 fn hooks(progs: &mut Programs) -> [(&mut SchedClassifier, TcAttachType, &'static str); 2] {
     [
         (&mut progs.from_pod, TcAttachType::Ingress, "ingress"),
@@ -175,6 +202,21 @@ pub fn tcx_program_ids(a: &Attachment) -> Result<[Vec<u32>; 2], DataplaneError> 
             .map_err(|e| fail("TCX query", &a.ifname, e))
     };
     Ok([query(TcAttachType::Ingress)?, query(TcAttachType::Egress)?])
+}
+
+/// Removes our netlink filters from an interface, if it has any (tolerant: a hook without
+/// one is skipped).
+pub fn remove_netlink_filters(ifname: &str, ifindex_: u32) {
+    if ifindex(ifname) != Some(ifindex_) {
+        return;
+    }
+    for attach_type in [TcAttachType::Ingress, TcAttachType::Egress] {
+        if let Ok(link) =
+            SchedClassifierLink::attached(ifname, attach_type, NL_PRIORITY, NL_HANDLE, None)
+        {
+            let _ = link.detach();
+        }
+    }
 }
 
 /// Detaches both programs; an interface that is gone already counts as detached.

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 
 use super::attach::AttachMode;
+use crate::dataplane::new_pods::NewPodIsolation;
 
 pub const DEFAULT_PIN_ROOT: &str = "/sys/fs/bpf/weir";
 
@@ -31,6 +32,9 @@ pub struct EbpfConfig {
     pub kernel_debug_log: bool,
     /// How to attach: `None` picks TCX where the kernel has it (6.6+), else netlink.
     pub attach_mode: Option<AttachMode>,
+    /// Pod interfaces isolated from their first packet until their endpoint is programmed.
+    #[serde(default)]
+    pub new_pods: NewPodIsolation,
 }
 
 impl Default for EbpfConfig {
@@ -48,6 +52,7 @@ impl Default for EbpfConfig {
             events_per_sec: 1000,
             kernel_debug_log: false,
             attach_mode: None,
+            new_pods: NewPodIsolation::default(),
         }
     }
 }

@@ -1,6 +1,8 @@
 //! Loading the embedded object once and pinning it; every later start adopts the pins,
 //! so maps keep their contents and programs keep their ids across agent restarts.
 
+use std::path::{Path, PathBuf};
+
 use aya::{
     maps::{HashMap, LpmTrie, Map, MapData, PerCpuArray},
     programs::SchedClassifier,
@@ -44,8 +46,13 @@ pub fn ensure_loaded(layout: &PinLayout, config: &EbpfConfig) -> Result<bool, Da
 }
 
 pub fn open_programs(layout: &PinLayout) -> Result<Programs, DataplaneError> {
+    open_programs_in(&layout.progs())
+}
+
+/// The programs pinned in `dir` (the pin root's, or a migration's staging directory).
+pub fn open_programs_in(dir: &Path) -> Result<Programs, DataplaneError> {
     let open = |name: &str| {
-        SchedClassifier::from_pin(layout.prog(name))
+        SchedClassifier::from_pin(dir.join(name))
             .map_err(|e| err(format!("open pinned program {name}"))(e.to_string()))
     };
     Ok(Programs {
@@ -71,18 +78,41 @@ pub fn fingerprint(config: &EbpfConfig) -> String {
     format!("{hash:016x}")
 }
 
+/// The configured max_entries of the maps whose size the configuration sets.
+pub fn max_entries(config: &EbpfConfig) -> [(&'static str, u32); 6] {
+    [
+        (map_names::IDENTITY, config.identity_entries),
+        (map_names::ENDPOINT, config.endpoint_entries),
+        (map_names::POLICY, config.policy_entries),
+        (map_names::CT, config.ct_entries),
+        (map_names::COUNTERS, config.counter_entries),
+        (map_names::EVENTS, config.events_bytes),
+    ]
+}
+
 /// Loads the object and (re)pins its programs; maps are reused by name.
 pub fn load_and_pin(layout: &PinLayout, config: &EbpfConfig) -> Result<(), DataplaneError> {
+    load_and_pin_into(layout, config, &[], &layout.progs())
+}
+
+/// Loads the object with the maps named in `map_pins` at those pins (created there when
+/// absent) and the others reused by name under the pin root; pins the programs in `progs`.
+pub fn load_and_pin_into(
+    layout: &PinLayout,
+    config: &EbpfConfig,
+    map_pins: &[(String, PathBuf)],
+    progs: &Path,
+) -> Result<(), DataplaneError> {
     let level = log_level(config);
     let mut loader = EbpfLoader::new();
+    loader.default_map_pin_directory(layout.maps());
+    for (name, size) in max_entries(config) {
+        loader.map_max_entries(name, size);
+    }
+    for (name, path) in map_pins {
+        loader.map_pin_path(name.as_str(), path.as_path());
+    }
     loader
-        .default_map_pin_directory(layout.maps())
-        .map_max_entries(map_names::IDENTITY, config.identity_entries)
-        .map_max_entries(map_names::ENDPOINT, config.endpoint_entries)
-        .map_max_entries(map_names::POLICY, config.policy_entries)
-        .map_max_entries(map_names::CT, config.ct_entries)
-        .map_max_entries(map_names::COUNTERS, config.counter_entries)
-        .map_max_entries(map_names::EVENTS, config.events_bytes)
         .override_global("EVENT_RATE_PER_SEC", &config.events_per_sec, true)
         .override_global("AYA_LOG_LEVEL", &level, true);
     let mut ebpf = loader
@@ -96,7 +126,7 @@ pub fn load_and_pin(layout: &PinLayout, config: &EbpfConfig) -> Result<(), Datap
             .map_err(|e| err(format!("program {name}"))(format!("{e}")))?;
         prog.load()
             .map_err(|e| err(format!("verifier rejected {name}"))(verifier_message(&e)))?;
-        let pin = layout.prog(name);
+        let pin = progs.join(name);
         let _ = std::fs::remove_file(&pin);
         prog.pin(&pin)
             .map_err(|e| err(format!("pin {name} at {}", pin.display()))(e.to_string()))?;
@@ -154,29 +184,29 @@ fn verifier_message(e: &aya::programs::ProgramError) -> String {
     }
 }
 
-fn open_map(layout: &PinLayout, name: &str) -> Result<Map, DataplaneError> {
-    let path = layout.map(name);
-    let data = MapData::from_pin(&path)
+fn open_map(path: &Path, name: &str) -> Result<Map, DataplaneError> {
+    let data = MapData::from_pin(path)
         .map_err(|e| err(format!("open pinned map {}", path.display()))(e.to_string()))?;
     Map::from_map_data(data).map_err(|e| err(format!("map {name}"))(e.to_string()))
 }
 
 macro_rules! typed {
-    ($layout:expr, $name:expr) => {
-        open_map($layout, $name)?
+    ($path:expr, $name:expr) => {
+        open_map(&$path($name), $name)?
             .try_into()
             .map_err(|e: aya::maps::MapError| err(format!("map {}", $name))(e.to_string()))?
     };
 }
 
 impl Maps {
-    pub fn open(layout: &PinLayout) -> Result<Maps, DataplaneError> {
+    /// Opens the maps, each at the pin `path` gives for its name.
+    pub fn open(path: impl Fn(&str) -> PathBuf) -> Result<Maps, DataplaneError> {
         Ok(Maps {
-            identity: typed!(layout, map_names::IDENTITY),
-            endpoint: typed!(layout, map_names::ENDPOINT),
-            policy: typed!(layout, map_names::POLICY),
-            counters: typed!(layout, map_names::COUNTERS),
-            records: typed!(layout, map_names::RECORDS),
+            identity: typed!(path, map_names::IDENTITY),
+            endpoint: typed!(path, map_names::ENDPOINT),
+            policy: typed!(path, map_names::POLICY),
+            counters: typed!(path, map_names::COUNTERS),
+            records: typed!(path, map_names::RECORDS),
         })
     }
 }

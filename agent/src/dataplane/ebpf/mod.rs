@@ -11,7 +11,10 @@
 //! An attached interface without an ENDPOINT entry passes traffic: it can only be a
 //! leftover filter on an interface we no longer manage (the agent writes the entry before
 //! attaching and detaches before deleting it), and blocking it could cut off an unrelated
-//! interface that reused the index.
+//! interface that reused the index. A pod interface that appears before its endpoint is
+//! programmed gets a pending entry instead (both directions isolated, no rules: see
+//! `newpods`), which the endpoint's real entry replaces. Pinned maps whose shape differs
+//! from this build's are migrated, never reused (see `migrate`).
 
 mod attach;
 mod config;
@@ -20,13 +23,18 @@ mod host;
 mod identities;
 mod kernel_state;
 mod loader;
+mod migrate;
 pub mod monitor;
+mod newpods;
 mod pins;
 mod policy_map;
 mod probe;
 mod records;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    sync::{Arc, Mutex},
+};
 
 use weir_common::{map_names, EndpointInfo, EP_EGRESS_ISOLATED, EP_INGRESS_ISOLATED};
 
@@ -34,6 +42,8 @@ pub use attach::AttachMode;
 pub use config::{EbpfConfig, DEFAULT_PIN_ROOT};
 pub use events::{MonitorEvent, OutputFormat};
 pub use loader::OBJECT as EMBEDDED_OBJECT;
+pub use migrate::{expected as expected_map_shapes, Shape as MapShape};
+pub use newpods::PENDING_ENDPOINT_ID;
 pub use probe::{probe, MIN_KERNEL};
 
 use self::{
@@ -47,7 +57,8 @@ use crate::policy::desired::{AddressSet, Delta, Desired, Endpoint, PodKey, SetId
 
 pub struct EbpfDataplane {
     layout: PinLayout,
-    programs: Programs,
+    /// Shared with the new-pod link watch, which attaches them too.
+    programs: Arc<Mutex<Programs>>,
     maps: Maps,
     records: Records,
     mode: AttachMode,
@@ -59,6 +70,17 @@ pub struct EbpfDataplane {
     /// The node's addresses (exempt from policy); refreshed by every reconcile.
     host: Vec<identities::Prefix>,
     counts: (usize, usize, usize),
+    /// Pinned maps of another shape being replaced: the new programs (on the new maps)
+    /// are swapped in after the first converge has filled those maps.
+    migration: Option<migrate::Migration>,
+    /// New pod interfaces isolated until programmed (`None`: switched off).
+    isolator: Option<Arc<newpods::Isolator>>,
+    _link_watch: Option<newpods::LinkWatch>,
+}
+
+/// The shape of the map pinned as `name` under `pin_root`, if there is one.
+pub fn pinned_map_shape(pin_root: &std::path::Path, name: &str) -> Option<MapShape> {
+    MapShape::of_pin(&PinLayout::new(pin_root).map(name)).ok()
 }
 
 impl EbpfDataplane {
@@ -66,16 +88,29 @@ impl EbpfDataplane {
     /// detaches anything: what is attached keeps enforcing until [`Dataplane::reconcile`].
     pub fn new(config: EbpfConfig) -> Result<Self, DataplaneError> {
         let layout = PinLayout::new(&config.pin_root);
-        let fresh = loader::ensure_loaded(&layout, &config)?;
-        let mut maps = Maps::open(&layout)?;
+        layout.prepare()?;
+        let migration = migrate::Migration::prepare(&layout, &config)?;
+        let fresh = match &migration {
+            Some(_) => false,
+            None => loader::ensure_loaded(&layout, &config)?,
+        };
+        let mut maps = Maps::open(|name| match &migration {
+            Some(m) => m.map_path(&layout, name),
+            None => layout.map(name),
+        })?;
         let mut records = records::load(&maps.records).unwrap_or_default();
         let fingerprint = loader::fingerprint(&config);
-        let upgrade = !fresh && records.fingerprint.as_deref() != Some(fingerprint.as_str());
+        let upgrade = migration.is_none()
+            && !fresh
+            && records.fingerprint.as_deref() != Some(fingerprint.as_str());
         if upgrade {
             tracing::info!("pinned eBPF programs differ from this build or settings: replacing");
             loader::load_and_pin(&layout, &config)?;
         }
-        let mut programs = loader::open_programs(&layout)?;
+        let mut programs = match &migration {
+            Some(m) => loader::open_programs_in(&m.progs_dir())?,
+            None => loader::open_programs(&layout)?,
+        };
         if upgrade {
             for (pod, r) in &records.endpoints {
                 let a = &r.attachment;
@@ -97,6 +132,35 @@ impl EbpfDataplane {
         }
         let kernel = KernelState::read(&maps);
         let host = host::node_prefixes().map_err(DataplaneError::Other)?;
+        let mode = config.attach_mode.unwrap_or_else(attach::preferred_mode);
+        let programs = Arc::new(Mutex::new(programs));
+        let (isolator, link_watch) = if config.new_pods.enabled() {
+            config.new_pods.validate().map_err(DataplaneError::Other)?;
+            let endpoint_pin = match &migration {
+                Some(m) => m.map_path(&layout, map_names::ENDPOINT),
+                None => layout.map(map_names::ENDPOINT),
+            };
+            let endpoint = aya::maps::MapData::from_pin(&endpoint_pin)
+                .map_err(|e| e.to_string())
+                .and_then(|d| {
+                    aya::maps::HashMap::try_from(aya::maps::Map::HashMap(d))
+                        .map_err(|e| e.to_string())
+                })
+                .map_err(|e| DataplaneError::Other(format!("map {}: {e}", map_names::ENDPOINT)))?;
+            let isolator = Arc::new(newpods::Isolator {
+                layout: layout.clone(),
+                filter: config.new_pods.clone(),
+                programs: programs.clone(),
+                endpoint: Mutex::new(endpoint),
+            });
+            let watch = newpods::watch(isolator.clone()).map_err(|source| DataplaneError::Io {
+                context: "watch links for new pod interfaces".into(),
+                source,
+            })?;
+            (Some(isolator), Some(watch))
+        } else {
+            (None, None)
+        };
         tracing::info!(
             pin_root = %layout.root.display(),
             endpoints = records.endpoints.len(),
@@ -108,12 +172,86 @@ impl EbpfDataplane {
             programs,
             maps,
             records,
-            mode: config.attach_mode.unwrap_or_else(attach::preferred_mode),
+            mode,
             kernel,
             host,
             identity_cache: None,
             counts: (0, 0, 0),
+            migration,
+            isolator,
+            _link_watch: link_watch,
         })
+    }
+
+    /// Ends a migration once the new maps hold the desired state: the new programs go
+    /// onto every attached hook (atomically each), then the staging pins replace the old.
+    fn finish_migration(&mut self, failures: &mut Vec<ApplyFailure>) {
+        if self.migration.is_none() {
+            return;
+        }
+        // Swap only onto complete maps: a write that failed (a full map) would turn into
+        // a gap the old programs do not have.
+        if let Some(f) = failures.iter().find(|f| f.object.starts_with("map ")) {
+            tracing::warn!(
+                "map migration waits: the new maps are incomplete ({}: {})",
+                f.object,
+                f.reason
+            );
+            return;
+        }
+        let Some(mut migration) = self.migration.take() else {
+            return;
+        };
+        migration.refresh(&self.layout);
+        let mut hooks: BTreeMap<u32, (String, AttachMode)> = BTreeMap::new();
+        for r in self.records.endpoints.values() {
+            let a = &r.attachment;
+            hooks.insert(a.ifindex, (a.ifname.clone(), a.mode));
+        }
+        // Every pinned TCX link, ours by construction, whoever attached it; and the
+        // interfaces isolated as new pods (netlink filters have no pins).
+        for ifindex in attach::pinned_link_ifindexes(&self.layout) {
+            if let Some(name) = attach::ifname(ifindex) {
+                hooks.entry(ifindex).or_insert((name, AttachMode::Tcx));
+            }
+        }
+        for (ifindex, info) in KernelState::read(&self.maps).endpoint {
+            if info.endpoint_id == newpods::PENDING_ENDPOINT_ID {
+                // Pending without a TCX pin: isolated by a netlink filter.
+                if let Some(name) = attach::ifname(ifindex) {
+                    hooks.entry(ifindex).or_insert((name, AttachMode::Netlink));
+                }
+            }
+        }
+        let mut swapped = true;
+        let mut programs = self.programs.lock().unwrap_or_else(|e| e.into_inner());
+        for (ifindex, (ifname, mode)) in &hooks {
+            if attach::ifindex(ifname) != Some(*ifindex) {
+                continue; // gone: nothing left to enforce there
+            }
+            if let Err(e) =
+                attach::attach(&mut programs, &self.layout, ifname, *ifindex, *mode, true)
+            {
+                swapped = false;
+                failures.push(ApplyFailure {
+                    object: format!("interface {ifname}"),
+                    reason: format!(
+                        "new program not swapped in (the old one keeps enforcing): {e}"
+                    ),
+                });
+            }
+        }
+        drop(programs);
+        if !swapped {
+            self.migration = Some(migration);
+            return;
+        }
+        if let Err(e) = migration.commit(&self.layout) {
+            failures.push(ApplyFailure {
+                object: "pinned maps".into(),
+                reason: format!("migration not committed (retried at the next start): {e}"),
+            });
+        }
     }
 
     /// Kernel ids of the two programs (stable across policy changes and restarts).
@@ -123,7 +261,8 @@ impl EbpfDataplane {
                 .map(|i| i.id())
                 .map_err(|e| DataplaneError::Other(format!("program info: {e}")))
         };
-        Ok([id(&self.programs.from_pod)?, id(&self.programs.to_pod)?])
+        let programs = self.programs.lock().unwrap_or_else(|e| e.into_inner());
+        Ok([id(&programs.from_pod)?, id(&programs.to_pod)?])
     }
 
     /// Packets and bytes admitted per rule (summed over CPUs), and the reserved slots
@@ -269,6 +408,42 @@ impl EbpfDataplane {
             );
         }
 
+        // Interfaces isolated as new pods stay isolated until an endpoint is placed there;
+        // those that are gone (or no longer match the settings) are released below.
+        let mut released = Vec::new();
+        for (ifindex, info) in &self.kernel.endpoint {
+            if info.endpoint_id != newpods::PENDING_ENDPOINT_ID
+                || target.endpoint.contains_key(ifindex)
+            {
+                continue;
+            }
+            let keep = self.isolator.as_ref().is_some_and(|i| {
+                attach::ifname(*ifindex).is_some_and(|name| i.filter.applies_to(&name))
+            });
+            if keep {
+                target.endpoint.insert(*ifindex, *info);
+            } else {
+                released.push(*ifindex);
+            }
+        }
+        // A pod interface whose endpoint goes while the interface stays (the pod left the
+        // desired state, or moved): it turns pending in place, attachment kept, so it is
+        // never open in between.
+        let mut turned_pending = BTreeSet::new();
+        if let Some(isolator) = &self.isolator {
+            for r in self.records.endpoints.values() {
+                let a = &r.attachment;
+                if target.endpoint.contains_key(&a.ifindex)
+                    || attach::ifindex(&a.ifname) != Some(a.ifindex)
+                    || !isolator.filter.applies_to(&a.ifname)
+                {
+                    continue;
+                }
+                target.endpoint.insert(a.ifindex, newpods::PENDING);
+                turned_pending.insert(a.ifindex);
+            }
+        }
+
         let errors = &mut failures;
         let name_policy = |e: &policy_map::PolicyEntry| {
             let id = e.1.endpoint_id;
@@ -301,14 +476,20 @@ impl EbpfDataplane {
                 self.records.endpoints[pod].attachment.clone()
             } else {
                 match attach::attach(
-                    &mut self.programs,
+                    &mut self.programs.lock().unwrap_or_else(|e| e.into_inner()),
                     &self.layout,
                     ifname,
                     *ifindex,
                     self.mode,
                     false,
                 ) {
-                    Ok(a) => a,
+                    Ok(a) => {
+                        if a.mode == AttachMode::Tcx {
+                            // Its TCX link decides now: the new-pod filter can go.
+                            attach::remove_netlink_filters(ifname, *ifindex);
+                        }
+                        a
+                    }
                     Err(e) => {
                         errors.push(ApplyFailure {
                             object: pod.clone(),
@@ -339,6 +520,9 @@ impl EbpfDataplane {
             .map(|(pod, r)| (pod.clone(), r.clone()))
             .collect();
         for (pod, record) in stale {
+            if turned_pending.contains(&record.attachment.ifindex) {
+                continue;
+            }
             if let Err(e) = attach::detach(&self.layout, &record.attachment) {
                 errors.push(ApplyFailure {
                     object: pod.clone(),
@@ -351,8 +535,26 @@ impl EbpfDataplane {
         self.records.endpoints = attached;
 
         self.kernel.delete_endpoint(&mut self.maps, &target, errors);
+        for ifindex in released {
+            if !self.kernel.endpoint.contains_key(&ifindex) {
+                newpods::release_pins(&self.layout, ifindex);
+                if let Some(name) = attach::ifname(ifindex) {
+                    // Still there but no longer a pod interface by the settings.
+                    attach::remove_netlink_filters(&name, ifindex);
+                }
+            }
+        }
+        if let Some(isolator) = &self.isolator {
+            for (ifname, reason) in isolator.scan() {
+                errors.push(ApplyFailure {
+                    object: format!("interface {ifname}"),
+                    reason: format!("new pod interface not isolated: {reason}"),
+                });
+            }
+        }
         self.kernel
             .delete_policy(&mut self.maps, &target, name_policy, errors);
+        self.finish_migration(&mut failures);
         if let Err(e) = records::store(&mut self.maps.records, &self.records) {
             failures.push(ApplyFailure {
                 object: format!("map {}", map_names::RECORDS),
@@ -404,6 +606,23 @@ impl Dataplane for EbpfDataplane {
                 format!("{:?}", self.mode).to_lowercase(),
             ),
         ];
+        if self.isolator.is_some() {
+            let pending = self
+                .maps
+                .endpoint
+                .iter()
+                .filter_map(Result::ok)
+                .filter(|(_, info)| info.endpoint_id == newpods::PENDING_ENDPOINT_ID)
+                .count();
+            details.push(("pod_interfaces_not_programmed".into(), pending.to_string()));
+        }
+        if let Some(m) = &self.migration {
+            let names: Vec<&str> = m.mismatches.iter().map(|m| m.name.as_str()).collect();
+            details.push((
+                "map_migration_pending".into(),
+                format!("{} (swapped in after the next converge)", names.join(",")),
+            ));
+        }
         for (name, used) in [
             (map_names::IDENTITY, self.kernel.identity.len()),
             (map_names::ENDPOINT, self.kernel.endpoint.len()),

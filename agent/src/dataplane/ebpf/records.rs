@@ -35,6 +35,9 @@ pub struct Records {
 
 impl Records {
     pub fn endpoint_name(&self, id: u32) -> Option<&str> {
+        if id == super::newpods::PENDING_ENDPOINT_ID {
+            return Some("(pod interface not programmed yet)");
+        }
         self.endpoints
             .iter()
             .find(|(_, r)| r.id == id)

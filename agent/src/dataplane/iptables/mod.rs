@@ -19,7 +19,9 @@ pub mod sets;
 mod tables;
 
 use std::collections::BTreeSet;
+use std::fmt::Write;
 
+use crate::dataplane::new_pods::NewPodIsolation;
 use crate::dataplane::{
     ApplyFailure, ApplyReport, Dataplane, DataplaneError, DataplaneKind, DataplaneStatus,
 };
@@ -33,10 +35,13 @@ use names::ChainNames;
 pub struct IptablesConfig {
     /// `None`: detect it as kube-proxy's iptables-wrapper does.
     pub backend: Option<Backend>,
+    /// Pod interfaces isolated until their endpoint is programmed.
+    pub new_pods: NewPodIsolation,
 }
 
 pub struct IptablesDataplane {
     backend: Backend,
+    new_pods: NewPodIsolation,
     names: ChainNames,
     /// What the kernel holds, as last written; `None` before the first reconcile and
     /// after a failed write.
@@ -48,6 +53,7 @@ impl IptablesDataplane {
     /// [`reconcile`](Dataplane::reconcile) does).
     pub fn new(config: IptablesConfig) -> Result<Self, DataplaneError> {
         let backend = config.backend.unwrap_or_else(backend::detect);
+        config.new_pods.validate().map_err(DataplaneError::Other)?;
         let tools = Family::ALL
             .iter()
             .flat_map(|f| [backend.save_command(*f), backend.restore_command(*f)]);
@@ -61,6 +67,7 @@ impl IptablesDataplane {
         }
         Ok(IptablesDataplane {
             backend,
+            new_pods: config.new_pods,
             names: ChainNames::default(),
             programmed: None,
         })
@@ -82,7 +89,8 @@ impl IptablesDataplane {
             self.programmed.take().unwrap_or_default()
         };
         self.programmed = None;
-        let desired = with_missing_sets(desired, report);
+        let mut desired = with_missing_sets(desired, report);
+        let known = self.new_pods.enabled().then(|| known_endpoints(&desired));
         // Sizes of the sets in the kernel: those an earlier release made are upgraded.
         let existing = if full {
             let listed = exec::run_ok("ipset", &["list", "-t"], None).map_err(other)?;
@@ -101,6 +109,19 @@ impl IptablesDataplane {
                 }
             }
         }
+        if let Some(k) = &known {
+            // Exists (empty when new) before a rule names it; members come after the rules,
+            // so a pod counts as programmed only once its chains are in place.
+            for family in Family::ALL {
+                let _ = writeln!(
+                    adds,
+                    "create {} hash:net family {} maxelem {}",
+                    names::set_name(k.id, family),
+                    family.ipset_family(),
+                    sets::MAXELEM
+                );
+            }
+        }
         run_ipset(&adds)?;
 
         for family in Family::ALL {
@@ -109,8 +130,15 @@ impl IptablesDataplane {
             } else {
                 None
             };
-            let script = tables::script(&mut self.names, &old, &desired, family, saved.as_deref())
-                .map_err(|e| DataplaneError::Other(format!("{family} rules: {e}")))?;
+            let script = tables::script(
+                &mut self.names,
+                &old,
+                &desired,
+                family,
+                saved.as_deref(),
+                &self.new_pods,
+            )
+            .map_err(|e| DataplaneError::Other(format!("{family} rules: {e}")))?;
             if let Some(script) = script {
                 self.backend.restore(family, &script).map_err(|e| {
                     DataplaneError::Other(format!("{} {family} restore: {e}", self.backend))
@@ -118,6 +146,25 @@ impl IptablesDataplane {
             }
         }
 
+        if let Some(k) = known {
+            let mut script = String::new();
+            match old.sets.get(&k.id) {
+                Some(before) if !full => {
+                    let mut removed = String::new();
+                    sets::member_delta(
+                        k.id,
+                        &before.members,
+                        &k.members,
+                        &mut script,
+                        &mut removed,
+                    );
+                    script.push_str(&removed);
+                }
+                _ => sets::replace_script(&k, &existing, &mut script),
+            }
+            run_ipset(&script)?;
+            desired.sets.insert(k.id, k);
+        }
         run_ipset(&dels)?;
         let stale: BTreeSet<String> = if full {
             stale_kernel_sets(&desired)?
@@ -230,6 +277,25 @@ fn with_missing_sets(desired: &Desired, report: &mut ApplyReport) -> Desired {
         }
     }
     fixed
+}
+
+/// The addresses of every endpoint the desired state programs.
+fn known_endpoints(desired: &Desired) -> AddressSet {
+    let members = desired
+        .endpoints
+        .values()
+        .flat_map(|ep| {
+            let v4 = ep.ipv4.map(|a| ipnet::IpNet::from(std::net::IpAddr::V4(a)));
+            let v6 = ep.ipv6.map(|a| ipnet::IpNet::from(std::net::IpAddr::V6(a)));
+            v4.into_iter().chain(v6)
+        })
+        .map(|net| crate::policy::desired::Member { net, except: false })
+        .collect();
+    AddressSet {
+        id: names::KNOWN_ENDPOINTS_SET,
+        definition: "programmed endpoints".into(),
+        members,
+    }
 }
 
 fn empty_set(id: SetId) -> AddressSet {

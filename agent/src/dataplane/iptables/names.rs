@@ -20,6 +20,13 @@ pub const DISPATCH_CHAIN: &str = "WEIR-FILTER";
 /// specifies and as the eBPF dataplane does.
 pub const HOOKS: [&str; 1] = ["FORWARD"];
 
+/// Where traffic from and to pod interfaces not programmed yet goes (see
+/// [`crate::dataplane::new_pods`]).
+pub const NEW_FROM_POD_CHAIN: &str = "WEIR-NEW-FROM-POD";
+pub const NEW_TO_POD_CHAIN: &str = "WEIR-NEW-TO-POD";
+/// The set of the programmed endpoints' addresses (a reserved id: set ids are hashes).
+pub const KNOWN_ENDPOINTS_SET: SetId = SetId(0);
+
 /// `weir-<16 hex>-4` / `-6`: one kernel set per family for each address set.
 pub fn set_name(id: SetId, family: Family) -> String {
     format!("{WEIR_SET_PREFIX}{id}-{}", family_digit(family))

@@ -12,8 +12,12 @@ use crate::reset::iptables_save::{self, SaveParseError};
 use crate::reset::owners::WEIR_CHAIN_PREFIX;
 
 use super::backend::Family;
-use super::names::{endpoint_chain, ChainNames, DISPATCH_CHAIN, HOOKS};
+use super::names::{
+    endpoint_chain, set_name, ChainNames, DISPATCH_CHAIN, HOOKS, KNOWN_ENDPOINTS_SET,
+    NEW_FROM_POD_CHAIN, NEW_TO_POD_CHAIN,
+};
 use super::rules::{dispatch_rules, endpoint_rules};
+use crate::dataplane::new_pods::NewPodIsolation;
 
 const DIRECTIONS: [Direction; 2] = [Direction::Ingress, Direction::Egress];
 
@@ -28,10 +32,11 @@ pub fn script(
     new: &Desired,
     family: Family,
     saved: Option<&str>,
+    new_pods: &NewPodIsolation,
 ) -> Result<Option<String>, SaveParseError> {
     let mut body = String::new();
     match saved {
-        Some(saved) => full(names, new, family, saved, &mut body)?,
+        Some(saved) => full(names, new, family, saved, new_pods, &mut body)?,
         None => delta(names, old, new, family, &mut body),
     }
     if body.is_empty() {
@@ -47,11 +52,40 @@ fn write_chain(out: &mut String, chain: &str, rules: &[String]) {
     }
 }
 
+/// The catch-all for pod interfaces whose endpoint is not programmed: traffic in from or
+/// out to an interface with a pod-interface prefix, whose pod-side address is none of the
+/// programmed endpoints' (the [`KNOWN_ENDPOINTS_SET`]), goes to a chain that RETURNs for
+/// exempt interfaces and DROPs the rest. It does not depend on the order of the dispatch
+/// rules: it only matches unknown addresses, they only known ones.
+fn new_pod_rules(new_pods: &NewPodIsolation, family: Family, out: &mut String) -> Vec<String> {
+    let known = set_name(KNOWN_ENDPOINTS_SET, family);
+    let mut dispatch = Vec::new();
+    for prefix in &new_pods.prefixes {
+        dispatch.push(format!(
+            "-i {prefix}+ -m set ! --match-set {known} src -j {NEW_FROM_POD_CHAIN}"
+        ));
+        dispatch.push(format!(
+            "-o {prefix}+ -m set ! --match-set {known} dst -j {NEW_TO_POD_CHAIN}"
+        ));
+    }
+    let exempt = new_pods.exempt_iptables();
+    for (chain, side) in [(NEW_FROM_POD_CHAIN, "-i"), (NEW_TO_POD_CHAIN, "-o")] {
+        let mut rules: Vec<String> = exempt
+            .iter()
+            .map(|e| format!("{side} {e} -m comment --comment \"exempt new pod\" -j RETURN"))
+            .collect();
+        rules.push("-m comment --comment \"pod interface not programmed yet\" -j DROP".to_string());
+        write_chain(out, chain, &rules);
+    }
+    dispatch
+}
+
 fn full(
     names: &mut ChainNames,
     new: &Desired,
     family: Family,
     saved: &str,
+    new_pods: &NewPodIsolation,
     out: &mut String,
 ) -> Result<(), SaveParseError> {
     let tables = iptables_save::parse(saved)?;
@@ -68,6 +102,11 @@ fn full(
             }
         }
         dispatch.extend(dispatch_rules(ep, hash, family));
+    }
+    if new_pods.enabled() {
+        dispatch.extend(new_pod_rules(new_pods, family, out));
+        wanted.insert(NEW_FROM_POD_CHAIN.to_string());
+        wanted.insert(NEW_TO_POD_CHAIN.to_string());
     }
     write_chain(out, DISPATCH_CHAIN, &dispatch);
     let existing = filter.map(|t| t.chains.as_slice()).unwrap_or_default();
@@ -190,6 +229,7 @@ mod tests {
             &new,
             Family::V4,
             Some(saved),
+            &NewPodIsolation::off(),
         )
         .unwrap()
         .unwrap();
@@ -211,6 +251,7 @@ mod tests {
             &Desired::default(),
             Family::V4,
             Some(saved),
+            &NewPodIsolation::off(),
         )
         .unwrap()
         .unwrap();
@@ -227,6 +268,7 @@ mod tests {
             &Desired::default(),
             Family::V4,
             Some(first),
+            &NewPodIsolation::off(),
         )
         .unwrap()
         .unwrap();
@@ -238,14 +280,29 @@ mod tests {
         let mut names = ChainNames::default();
         let old = desired(&[("x/a", "10.0.0.1", true), ("x/b", "10.0.0.2", true)]);
         assert_eq!(
-            script(&mut names, &old, &old, Family::V4, None).unwrap(),
+            script(
+                &mut names,
+                &old,
+                &old,
+                Family::V4,
+                None,
+                &NewPodIsolation::off()
+            )
+            .unwrap(),
             None
         );
         // b stops being isolated: its dispatch rule and chain go, a is untouched.
         let new = desired(&[("x/a", "10.0.0.1", true), ("x/b", "10.0.0.2", false)]);
-        let s = script(&mut names, &old, &new, Family::V4, None)
-            .unwrap()
-            .unwrap();
+        let s = script(
+            &mut names,
+            &old,
+            &new,
+            Family::V4,
+            None,
+            &NewPodIsolation::off(),
+        )
+        .unwrap()
+        .unwrap();
         let b_chain = endpoint_chain(names.hash_for("x/b"), Direction::Ingress);
         assert_eq!(
             s,
