@@ -3,6 +3,10 @@
 //!
 //! Limits: IPv6 extension headers are not walked (the next-header value is taken as the
 //! protocol, with port 0), and non-first IPv4 fragments have no ports (port 0).
+//!
+//! VLAN-tagged frames (802.1Q, 802.1ad, the old 0x9100) are reported as [`Frame::Tagged`]
+//! and never parsed further: a tag the kernel has already taken off shows up in
+//! `skb->vlan_present` instead, which the caller checks.
 
 use aya_ebpf::{cty::c_void, helpers::bpf_skb_load_bytes, programs::TcContext};
 use weir_common::CtKey;
@@ -16,6 +20,9 @@ pub const IPPROTO_ICMPV6: u8 = 58;
 const ETH_HLEN: usize = 14;
 const ETH_P_IP: u16 = 0x0800;
 const ETH_P_IPV6: u16 = 0x86dd;
+const ETH_P_8021Q: u16 = 0x8100;
+const ETH_P_8021AD: u16 = 0x88a8;
+const ETH_P_QINQ_OLD: u16 = 0x9100;
 
 /// The flow a packet belongs to, as the conntrack table and the events see it.
 #[derive(Clone, Copy)]
@@ -31,38 +38,60 @@ pub struct Tuple {
 }
 
 impl Tuple {
+    /// Writes the conntrack key of this tuple (or of its reverse) as seen by the hook of
+    /// `endpoint_id` in `direction` into `k` (scratch map memory: no stack copy).
     #[inline(always)]
-    pub fn key(&self) -> CtKey {
-        CtKey {
-            saddr: self.saddr,
-            daddr: self.daddr,
-            sport: self.sport,
-            dport: self.dport,
-            protocol: self.protocol,
-            _pad: [0; 3],
+    pub fn write_key(&self, k: &mut CtKey, endpoint_id: u32, direction: u8, reversed: bool) {
+        k.endpoint_id = endpoint_id;
+        k.direction = direction;
+        k.protocol = self.protocol;
+        k._pad = [0; 2];
+        if reversed {
+            k.saddr = self.daddr;
+            k.daddr = self.saddr;
+            k.sport = self.dport;
+            k.dport = self.sport;
+        } else {
+            k.saddr = self.saddr;
+            k.daddr = self.daddr;
+            k.sport = self.sport;
+            k.dport = self.dport;
         }
     }
 
     #[inline(always)]
-    pub fn reversed(&self) -> Tuple {
-        Tuple {
-            saddr: self.daddr,
-            daddr: self.saddr,
-            sport: self.dport,
-            dport: self.sport,
-            ..*self
-        }
+    pub fn clear(&mut self) {
+        self.saddr = [0; 16];
+        self.daddr = [0; 16];
+        self.sport = 0;
+        self.dport = 0;
+        self.policy_port = 0;
+        self.protocol = 0;
+        self.family = 0;
     }
 }
 
 pub struct Packet {
     pub tuple: Tuple,
+    /// IPv6 hop limit (0 for IPv4): neighbour discovery is only trusted at 255.
+    pub hop_limit: u8,
     pub is_icmp_error: bool,
     /// For an ICMP error: the packet it reports on (as that packet was sent).
     pub icmp_error_of: Tuple,
     /// ICMPv6 router/neighbor solicitation/advertisement and redirect: always allowed,
     /// since IPv6 cannot work without them.
     pub neighbor_discovery: bool,
+    /// Conntrack key scratch (44 bytes the BPF stack need not hold).
+    pub key: CtKey,
+}
+
+/// What kind of frame [`parse`] saw.
+pub enum Frame {
+    Ip,
+    /// ARP and everything else that is neither IP nor tagged: outside NetworkPolicy.
+    NotIp,
+    /// A VLAN tag still in the frame (QinQ's inner tag, or a tag not offloaded).
+    Tagged,
 }
 
 enum Icmp {
@@ -71,16 +100,25 @@ enum Icmp {
     NeighborDiscovery,
 }
 
-/// Fills `pkt`; `Ok(false)` for non-IP frames, `Err` for truncated IP packets.
+/// Fills `pkt` for IP frames; `Err` for truncated IP packets (and frames shorter than an
+/// Ethernet header). The tuple is cleared for anything that is not IP.
 #[inline(always)]
-pub fn parse(ctx: &TcContext, pkt: &mut Packet) -> Result<bool, ()> {
+pub fn parse(ctx: &TcContext, pkt: &mut Packet) -> Result<Frame, ()> {
+    pkt.tuple.clear();
+    pkt.is_icmp_error = false;
+    pkt.neighbor_discovery = false;
+    pkt.hop_limit = 0;
     let ethertype = u16::from_be(ctx.load::<u16>(12).map_err(|_| ())?);
     let family = match ethertype {
         ETH_P_IP => 4,
         ETH_P_IPV6 => 6,
-        _ => return Ok(false),
+        ETH_P_8021Q | ETH_P_8021AD | ETH_P_QINQ_OLD => return Ok(Frame::Tagged),
+        _ => return Ok(Frame::NotIp),
     };
     let l4 = parse_l3(ctx, ETH_HLEN, family, &mut pkt.tuple)?;
+    if family == 6 {
+        pkt.hop_limit = ctx.load(ETH_HLEN + 7).map_err(|_| ())?;
+    }
     let icmp = parse_l4(ctx, &mut pkt.tuple, l4)?;
     pkt.neighbor_discovery = matches!(icmp, Icmp::NeighborDiscovery);
     pkt.is_icmp_error = matches!(icmp, Icmp::Error);
@@ -90,7 +128,7 @@ pub fn parse(ctx: &TcContext, pkt: &mut Packet) -> Result<bool, ()> {
         // Only the first 8 bytes of the inner L4 header are guaranteed: enough for ports.
         parse_l4(ctx, &mut pkt.icmp_error_of, inner_l4)?;
     }
-    Ok(true)
+    Ok(Frame::Ip)
 }
 
 /// Fills `t` (ports zero) and returns the offset of the L4 header; usize::MAX means
@@ -184,6 +222,35 @@ fn load_addr(ctx: &TcContext, off: usize, dst: &mut [u8; 16]) -> Result<(), ()> 
     } else {
         Err(())
     }
+}
+
+/// Whether two 16-byte addresses are equal (two 64-bit compares: no memcmp in BPF).
+#[inline(always)]
+pub fn same_addr(a: &[u8; 16], b: &[u8; 16]) -> bool {
+    let (a, b) = (a.as_ptr() as *const u64, b.as_ptr() as *const u64);
+    // SAFETY: both point to 16 readable bytes.
+    unsafe {
+        core::ptr::read_unaligned(a) == core::ptr::read_unaligned(b)
+            && core::ptr::read_unaligned(a.add(1)) == core::ptr::read_unaligned(b.add(1))
+    }
+}
+
+/// fe80::/10.
+#[inline(always)]
+pub fn is_link_local(a: &[u8; 16]) -> bool {
+    a[0] == 0xfe && a[1] & 0xc0 == 0x80
+}
+
+/// `::`, the source of duplicate address detection.
+#[inline(always)]
+pub fn is_unspecified(a: &[u8; 16]) -> bool {
+    same_addr(a, &[0; 16])
+}
+
+/// ff02::/16 (and other link-scope multicast: ffX2::/16).
+#[inline(always)]
+pub fn is_link_multicast(a: &[u8; 16]) -> bool {
+    a[0] == 0xff && a[1] & 0x0f == 0x02
 }
 
 #[inline(always)]

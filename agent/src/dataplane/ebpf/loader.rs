@@ -57,10 +57,12 @@ pub fn open_programs(layout: &PinLayout) -> Result<Programs, DataplaneError> {
 /// What the pinned programs are: the object and the settings baked into its rodata.
 /// A different fingerprint at start-up (an upgraded agent, new settings) means reload.
 pub fn fingerprint(config: &EbpfConfig) -> String {
-    let parts: [&[u8]; 3] = [
+    let parts: [&[u8]; 5] = [
         OBJECT,
         &config.events_per_sec.to_le_bytes(),
         &[log_level(config)],
+        &config.ct_new_per_sec.to_le_bytes(),
+        &config.ct_new_burst.to_le_bytes(),
     ];
     let hash = parts
         .iter()
@@ -81,9 +83,17 @@ pub fn load_and_pin(layout: &PinLayout, config: &EbpfConfig) -> Result<(), Datap
         .map_max_entries(map_names::ENDPOINT, config.endpoint_entries)
         .map_max_entries(map_names::POLICY, config.policy_entries)
         .map_max_entries(map_names::CT, config.ct_entries)
+        .map_max_entries(map_names::CT_OVERFLOW, config.ct_overflow_entries)
+        // Indexed by endpoint id, which is at most the number of endpoints.
+        .map_max_entries(
+            map_names::CT_BUDGET,
+            config.endpoint_entries.saturating_add(1),
+        )
         .map_max_entries(map_names::COUNTERS, config.counter_entries)
         .map_max_entries(map_names::EVENTS, config.events_bytes)
         .override_global("EVENT_RATE_PER_SEC", &config.events_per_sec, true)
+        .override_global("CT_NEW_PER_SEC", &config.ct_new_per_sec, true)
+        .override_global("CT_NEW_BURST", &config.ct_new_burst, true)
         .override_global("AYA_LOG_LEVEL", &level, true);
     let mut ebpf = loader
         .load(OBJECT)
