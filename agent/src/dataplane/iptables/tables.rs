@@ -14,6 +14,7 @@ use crate::reset::owners::WEIR_CHAIN_PREFIX;
 use super::backend::Family;
 use super::names::{endpoint_chain, ChainNames, DISPATCH_CHAIN, HOOKS};
 use super::rules::{dispatch_rules, endpoint_rules};
+use super::spoof::SPOOF_CHAIN;
 
 const DIRECTIONS: [Direction; 2] = [Direction::Ingress, Direction::Egress];
 
@@ -21,18 +22,26 @@ const DIRECTIONS: [Direction; 2] = [Direction::Ingress, Direction::Egress];
 const CONNTRACK_RULE: &str = "-m conntrack --ctstate ESTABLISHED,RELATED -j RETURN";
 
 /// `saved` (the backend's current `iptables-save` for `family`) asks for a full
-/// rewrite; without it, only the difference from `old` is written. `None`: nothing to do.
+/// rewrite; without it, only the difference from `old` is written. `spoof`: the
+/// anti-spoofing rules, when they changed (always given for a full rewrite). `None`:
+/// nothing to do.
 pub fn script(
     names: &mut ChainNames,
     old: &Desired,
     new: &Desired,
     family: Family,
     saved: Option<&str>,
+    spoof: Option<&[String]>,
 ) -> Result<Option<String>, SaveParseError> {
     let mut body = String::new();
     match saved {
-        Some(saved) => full(names, new, family, saved, &mut body)?,
-        None => delta(names, old, new, family, &mut body),
+        Some(saved) => full(names, new, family, saved, spoof.unwrap_or(&[]), &mut body)?,
+        None => {
+            if let Some(rules) = spoof {
+                write_chain(&mut body, SPOOF_CHAIN, rules);
+            }
+            delta(names, old, new, family, &mut body)
+        }
     }
     if body.is_empty() {
         return Ok(None);
@@ -52,12 +61,15 @@ fn full(
     new: &Desired,
     family: Family,
     saved: &str,
+    spoof: &[String],
     out: &mut String,
 ) -> Result<(), SaveParseError> {
     let tables = iptables_save::parse(saved)?;
     let filter = tables.iter().find(|t| t.name == "filter");
-    let mut wanted = BTreeSet::from([DISPATCH_CHAIN.to_string()]);
-    let mut dispatch = vec![CONNTRACK_RULE.to_string()];
+    let mut wanted = BTreeSet::from([DISPATCH_CHAIN.to_string(), SPOOF_CHAIN.to_string()]);
+    // Anti-spoofing before anything else, the conntrack shortcut included.
+    write_chain(out, SPOOF_CHAIN, spoof);
+    let mut dispatch = vec![format!("-j {SPOOF_CHAIN}"), CONNTRACK_RULE.to_string()];
     for ep in new.endpoints.values() {
         let hash = names.hash_for(&ep.pod);
         for d in DIRECTIONS {
@@ -187,6 +199,7 @@ mod tests {
             &new,
             Family::V4,
             Some(saved),
+            None,
         )
         .unwrap()
         .unwrap();
@@ -194,6 +207,11 @@ mod tests {
         assert_eq!(s.matches("-D FORWARD -j WEIR-FILTER").count(), 1);
         assert!(s.contains("-F WEIR-I-dead\n") && s.contains("-X WEIR-I-dead\n"));
         assert!(s.contains("-A WEIR-FILTER -d 10.0.0.1/32 -j WEIR-I-"));
+        // Anti-spoofing comes first, before the conntrack shortcut.
+        let spoof = s.find("-A WEIR-FILTER -j WEIR-SPOOF").unwrap();
+        let ct = s.find("-A WEIR-FILTER -m conntrack").unwrap();
+        assert!(spoof < ct, "{s}");
+        assert!(s.contains(":WEIR-SPOOF - [0:0]\n"));
         assert!(s.ends_with("COMMIT\n"));
     }
 
@@ -202,12 +220,12 @@ mod tests {
         let mut names = ChainNames::default();
         let old = desired(&[("x/a", "10.0.0.1", true), ("x/b", "10.0.0.2", true)]);
         assert_eq!(
-            script(&mut names, &old, &old, Family::V4, None).unwrap(),
+            script(&mut names, &old, &old, Family::V4, None, None).unwrap(),
             None
         );
         // b stops being isolated: its dispatch rule and chain go, a is untouched.
         let new = desired(&[("x/a", "10.0.0.1", true), ("x/b", "10.0.0.2", false)]);
-        let s = script(&mut names, &old, &new, Family::V4, None)
+        let s = script(&mut names, &old, &new, Family::V4, None, None)
             .unwrap()
             .unwrap();
         let b_chain = endpoint_chain(names.hash_for("x/b"), Direction::Ingress);
