@@ -1,6 +1,7 @@
 //! The hostile pod, with real frames in a `weir lab`, on both dataplanes (issue 13):
 //! spoofed sources, the conntrack-forgery attack, VLAN/QinQ-tagged frames, forged ICMP
-//! errors and a conntrack flood against another pod's long-lived flow. Both dataplanes
+//! errors, fragmented datagrams and IPv6 extension headers, and a conntrack flood against
+//! another pod's long-lived flow. Both dataplanes
 //! run the same manifest and must give the same outcome for every case, which is also
 //! the expected one. The attacking pod sends hand-made Ethernet frames out of its own
 //! `eth0` with an AF_PACKET socket (any pod with CAP_NET_RAW can); arrival is judged by a
@@ -78,6 +79,39 @@ spec:
   containers:
   - name: c
     ports: [{containerPort: 9998, protocol: TCP}]
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: resolver, namespace: red, labels: {app: resolver}}
+spec:
+  containers:
+  - name: c
+    ports: [{containerPort: 5353, protocol: UDP}]
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: stub, namespace: red, labels: {app: stub}}
+spec:
+  containers:
+  - name: c
+    ports: [{containerPort: 7002, protocol: TCP}]
+---
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: resolver-allow-stub, namespace: red}
+spec:
+  podSelector: {matchLabels: {app: resolver}}
+  policyTypes: [Ingress]
+  ingress:
+  - from: [{podSelector: {matchLabels: {app: stub}}}]
+    ports: [{port: 6000, protocol: UDP}]
+---
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: stub-deny-ingress, namespace: red}
+spec:
+  podSelector: {matchLabels: {app: stub}}
+  policyTypes: [Ingress]
 ---
 apiVersion: networking.k8s.io/v1
 kind: NetworkPolicy
@@ -505,6 +539,90 @@ fn ct_flood(w: &World, out: &mut Outcomes) {
     );
 }
 
+/// Issue 13 item 4: red/resolver allows UDP 6000 from red/stub, whose own ingress is
+/// default deny. A 4,000-byte datagram (fragmented on the 1,500-byte path) must arrive
+/// whole, and so must its 4,000-byte echo (a large answer, as EDNS DNS sends), over IPv4
+/// and IPv6; and an IPv6 datagram behind a destination-options or hop-by-hop header must
+/// be judged as the UDP it carries.
+fn fragments(w: &World, out: &mut Outcomes) {
+    let resolver_ns = w.pod("resolver").netns.clone();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sizes = std::sync::Arc::new(Mutex::new(Vec::<usize>::new()));
+    let (stop2, sizes2) = (stop.clone(), sizes.clone());
+    let (tx, rx) = std::sync::mpsc::channel();
+    let server = std::thread::spawn(move || {
+        enter(&resolver_ns);
+        let s = std::net::UdpSocket::bind("[::]:6000").expect("bind resolver:6000");
+        s.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
+        tx.send(()).unwrap();
+        let mut buf = vec![0u8; 65536];
+        while !stop2.load(std::sync::atomic::Ordering::SeqCst) {
+            if let Ok((n, from)) = s.recv_from(&mut buf) {
+                sizes2.lock().unwrap().push(n);
+                let _ = s.send_to(&buf[..n], from);
+            }
+        }
+    });
+    rx.recv().unwrap();
+    let payload: Vec<u8> = (0..4000u32).map(|i| (i % 251) as u8).collect();
+    for v6 in [false, true] {
+        let target = SocketAddr::new(v(w.pod("resolver"), v6), 6000);
+        let stub_ns = w.pod("stub").netns.clone();
+        let sent = payload.clone();
+        sizes.lock().unwrap().clear();
+        let echoed = std::thread::spawn(move || {
+            enter(&stub_ns);
+            let bind = if v6 { "[::]:0" } else { "0.0.0.0:0" };
+            let s = std::net::UdpSocket::bind(bind).unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+            s.send_to(&sent, target).unwrap();
+            let mut buf = vec![0u8; 65536];
+            matches!(s.recv_from(&mut buf), Ok((n, _)) if buf[..n] == sent[..])
+        })
+        .join()
+        .unwrap();
+        let arrived = sizes.lock().unwrap().contains(&4000);
+        out.insert(
+            format!(
+                "{} fragments: 4000-byte UDP stub → resolver:6000 arrives whole",
+                fam(v6)
+            ),
+            arrived,
+        );
+        out.insert(
+            format!(
+                "{} fragments: its 4000-byte echo reaches stub (default-deny ingress)",
+                fam(v6)
+            ),
+            echoed,
+        );
+    }
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    server.join().unwrap();
+
+    let (IpAddr::V6(stub6), IpAddr::V6(resolver6)) = (w.pod("stub").v6, w.pod("resolver").v6)
+    else {
+        unreachable!()
+    };
+    for (name, next_header) in [("destination options", 60u8), ("hop-by-hop", 0u8)] {
+        let marker = format!("weir-exthdr-{next_header}");
+        let seg = raw::udp(
+            SocketAddr::new(IpAddr::V6(stub6), 33001),
+            SocketAddr::new(IpAddr::V6(resolver6), 6000),
+            marker.as_bytes(),
+        );
+        // Next header UDP, length 0 (8 octets), one PadN option of 4 bytes.
+        let mut l4 = vec![raw::IPPROTO_UDP, 0, 1, 4, 0, 0, 0, 0];
+        l4.extend_from_slice(&seg);
+        let packet = raw::ipv6(stub6, resolver6, next_header, 64, &l4);
+        let got = w.reaches("stub", "resolver", &[], &packet, marker.as_bytes());
+        out.insert(
+            format!("v6 extension header: UDP stub → resolver:6000 behind {name}"),
+            got,
+        );
+    }
+}
+
 fn expected() -> Outcomes {
     let mut e = Outcomes::new();
     for f in ["v4", "v6"] {
@@ -551,6 +669,22 @@ fn expected() -> Outcomes {
         "v4 tagged: tagger → web QinQ (802.1ad + 802.1Q)".into(),
         false,
     );
+    for f in ["v4", "v6"] {
+        e.insert(
+            format!("{f} fragments: 4000-byte UDP stub → resolver:6000 arrives whole"),
+            true,
+        );
+        e.insert(
+            format!("{f} fragments: its 4000-byte echo reaches stub (default-deny ingress)"),
+            true,
+        );
+    }
+    for h in ["destination options", "hop-by-hop"] {
+        e.insert(
+            format!("v6 extension header: UDP stub → resolver:6000 behind {h}"),
+            true,
+        );
+    }
     e.insert(
         "v4 ct flood: server speaks first before the flood".into(),
         true,
@@ -574,6 +708,7 @@ fn run(dataplane: &str) {
     forgery(&w, &mut out);
     tagged(&w, &mut out);
     icmp_errors(&w, &mut out);
+    fragments(&w, &mut out);
     // Last: on iptables the flood fills the node's conntrack table for a while.
     ct_flood(&w, &mut out);
 

@@ -16,6 +16,8 @@ pub mod map_names {
     pub const CT_OVERFLOW: &str = "WEIR_CT_OVERFLOW";
     /// Per-endpoint token buckets for new WEIR_CT entries, indexed by endpoint id.
     pub const CT_BUDGET: &str = "WEIR_CT_BUDGET";
+    /// Ports of allowed first fragments, for the later fragments of the same datagram.
+    pub const FRAG: &str = "WEIR_FRAG";
     pub const COUNTERS: &str = "WEIR_COUNTERS";
     pub const EVENTS: &str = "WEIR_EVENTS";
     pub const RATE: &str = "WEIR_RATE";
@@ -60,6 +62,8 @@ pub const COUNTER_MALFORMED: u32 = 8;
 pub const COUNTER_CT_OVERFLOW: u32 = 9;
 /// Allows: neighbour discovery that stays on the pod's link (hop limit 255, link scope).
 pub const COUNTER_NEIGHBOR_DISCOVERY: u32 = 10;
+/// Later fragments whose ports came from their datagram's allowed first fragment.
+pub const COUNTER_FRAGMENT_FOLLOWED: u32 = 11;
 pub const RULE_ID_FIRST: u32 = 16;
 
 /// One chunk of the agent's serialized records (bpffs holds no regular files, so the
@@ -158,6 +162,33 @@ pub struct CtValue {
     pub _pad: u32,
 }
 
+/// FRAG key: a fragmented datagram as one endpoint's hook saw it (IP identification:
+/// IPv4's 16 bits, or the IPv6 fragment header's 32).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct FragKey {
+    pub endpoint_id: u32,
+    pub saddr: [u8; 16],
+    pub daddr: [u8; 16],
+    pub id: u32,
+    pub protocol: u8,
+    /// [`DIR_INGRESS`] or [`DIR_EGRESS`].
+    pub direction: u8,
+    pub _pad: [u8; 2],
+}
+
+/// FRAG value: the ports of the datagram's first fragment, which the full verdict allowed.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FragValue {
+    /// bpf_ktime_get_ns of the first fragment.
+    pub first_seen_ns: u64,
+    pub sport: u16,
+    pub dport: u16,
+    pub policy_port: u16,
+    pub _pad: u16,
+}
+
 /// Per-CPU COUNTERS value.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -223,6 +254,8 @@ const _: () = {
     assert!(core::mem::size_of::<EndpointInfo>() == 40);
     assert!(core::mem::size_of::<CtKey>() == 44);
     assert!(core::mem::size_of::<CtValue>() == 16);
+    assert!(core::mem::size_of::<FragKey>() == 44);
+    assert!(core::mem::size_of::<FragValue>() == 16);
     assert!(core::mem::size_of::<RateState>() == 16);
     assert!(core::mem::size_of::<PolicyKey>() == 12);
     assert!(core::mem::size_of::<VerdictEvent>() == 72);
@@ -236,6 +269,8 @@ mod pod_impls {
     unsafe impl aya::Pod for super::PolicyKey {}
     unsafe impl aya::Pod for super::CtKey {}
     unsafe impl aya::Pod for super::CtValue {}
+    unsafe impl aya::Pod for super::FragKey {}
+    unsafe impl aya::Pod for super::FragValue {}
     unsafe impl aya::Pod for super::Counter {}
     unsafe impl aya::Pod for super::RateState {}
     unsafe impl aya::Pod for super::VerdictEvent {}

@@ -51,6 +51,8 @@ const NS_PER_SEC: u64 = 1_000_000_000;
 const CT_REFRESH_NS: u64 = NS_PER_SEC;
 const CT_TIMEOUT_TCP_NS: u64 = 3600 * NS_PER_SEC;
 const CT_TIMEOUT_OTHER_NS: u64 = 120 * NS_PER_SEC;
+/// How long the later fragments of a datagram may follow its first (Linux's ipfrag_time).
+const FRAG_TIMEOUT_NS: u64 = 30 * NS_PER_SEC;
 
 // Sizes here are defaults; the agent sets them from its configuration at load time.
 #[map]
@@ -63,6 +65,10 @@ static WEIR_POLICY: LpmTrie<PolicyKey, u32> = LpmTrie::pinned(65536, 0);
 static WEIR_CT: LruHashMap<CtKey, CtValue> = LruHashMap::pinned(262144, 0);
 #[map]
 static WEIR_CT_OVERFLOW: LruHashMap<CtKey, CtValue> = LruHashMap::pinned(65536, 0);
+/// Ports of allowed first fragments, keyed by endpoint, direction, addresses, protocol
+/// and IP id, so later fragments follow the verdict of their datagram.
+#[map]
+static WEIR_FRAG: LruHashMap<FragKey, FragValue> = LruHashMap::pinned(16384, 0);
 /// One token bucket per endpoint id (ids are small: the agent hands out the lowest free).
 #[map]
 static WEIR_CT_BUDGET: Array<RateState> = Array::pinned(4097, 0);
@@ -157,6 +163,24 @@ fn decide(ctx: &TcContext, direction: u8) -> i32 {
         direction,
         identity: 0,
     };
+    let rc = judge(ctx, direction, &ep, isolated, pkt, &mut v, now);
+    if rc == TC_ACT_OK && pkt.frag.kind == packet::FRAG_FIRST {
+        frag_record(pkt, ep.endpoint_id, direction, now);
+    }
+    rc
+}
+
+/// The verdict on one frame (see the module documentation for the order).
+#[inline(always)]
+fn judge(
+    ctx: &TcContext,
+    direction: u8,
+    ep: &EndpointInfo,
+    isolated: bool,
+    pkt: &mut Packet,
+    v: &mut Verdict,
+    now: u64,
+) -> i32 {
     let from_pod = direction == DIR_EGRESS;
     let parsed = packet::parse(ctx, pkt);
     if from_pod {
@@ -179,7 +203,7 @@ fn decide(ctx: &TcContext, direction: u8) -> i32 {
             return if isolated { TC_ACT_SHOT } else { TC_ACT_OK };
         }
     }
-    if from_pod && !source_ok(&ep, &pkt.tuple) {
+    if from_pod && !source_ok(ep, &pkt.tuple) {
         return v.drop(ctx, &pkt.tuple, COUNTER_SPOOFED, REASON_SPOOFED, now);
     }
     if link_scoped_nd(pkt) {
@@ -187,6 +211,9 @@ fn decide(ctx: &TcContext, direction: u8) -> i32 {
         return TC_ACT_OK;
     }
     let id = ep.endpoint_id;
+    if pkt.frag.kind == packet::FRAG_LATER && frag_follow(pkt, id, direction, now) {
+        count(ctx, COUNTER_FRAGMENT_FOLLOWED);
+    }
     if pkt.is_icmp_error {
         // The packet it reports on went the other way through this endpoint's hooks: its
         // reverse is a packet in this direction.
@@ -221,10 +248,10 @@ fn decide(ctx: &TcContext, direction: u8) -> i32 {
     }
     let mut rule = 0;
     if identity != IDENTITY_WORLD {
-        rule = policy_lookup(&ep, identity, direction, &pkt.tuple);
+        rule = policy_lookup(ep, identity, direction, &pkt.tuple);
     }
     if rule == 0 {
-        rule = policy_lookup(&ep, IDENTITY_ANY, direction, &pkt.tuple);
+        rule = policy_lookup(ep, IDENTITY_ANY, direction, &pkt.tuple);
     }
     if rule != 0 {
         ct_track(ctx, &mut pkt.key, id, direction, &pkt.tuple, rule, now);
@@ -235,7 +262,7 @@ fn decide(ctx: &TcContext, direction: u8) -> i32 {
     debug!(
         ctx,
         "weir drop ifindex={} direction={} protocol={} dport={} identity={}",
-        ifindex,
+        v.ifindex,
         direction,
         pkt.tuple.protocol,
         pkt.tuple.dport,
@@ -417,6 +444,52 @@ fn ct_lookup(
         return Seen::Reply;
     }
     Seen::No
+}
+
+#[inline(always)]
+fn frag_key(pkt: &mut Packet, endpoint_id: u32, direction: u8) {
+    let k = &mut pkt.frag_key;
+    k.endpoint_id = endpoint_id;
+    k.saddr = pkt.tuple.saddr;
+    k.daddr = pkt.tuple.daddr;
+    k.id = pkt.frag.id;
+    k.protocol = pkt.tuple.protocol;
+    k.direction = direction;
+    k._pad = [0; 2];
+}
+
+/// Remembers the ports of an allowed first fragment for the datagram's later fragments.
+#[inline(always)]
+fn frag_record(pkt: &mut Packet, endpoint_id: u32, direction: u8, now: u64) {
+    frag_key(pkt, endpoint_id, direction);
+    let value = FragValue {
+        first_seen_ns: now,
+        sport: pkt.tuple.sport,
+        dport: pkt.tuple.dport,
+        policy_port: pkt.tuple.policy_port,
+        _pad: 0,
+    };
+    let _ = WEIR_FRAG.insert(&pkt.frag_key, &value, 0);
+}
+
+/// Gives a later fragment the ports of its datagram's first fragment, if this hook
+/// allowed that one recently; it is then judged as its flow (normally: established).
+/// Without a record it keeps port 0 and is judged as such (dropped where isolated,
+/// unless a rule allows every port of its protocol).
+#[inline(always)]
+fn frag_follow(pkt: &mut Packet, endpoint_id: u32, direction: u8, now: u64) -> bool {
+    frag_key(pkt, endpoint_id, direction);
+    let Some(r) = WEIR_FRAG.get_ptr(&pkt.frag_key) else {
+        return false;
+    };
+    let r = unsafe { &*r };
+    if now.saturating_sub(r.first_seen_ns) >= FRAG_TIMEOUT_NS {
+        return false;
+    }
+    pkt.tuple.sport = r.sport;
+    pkt.tuple.dport = r.dport;
+    pkt.tuple.policy_port = r.policy_port;
+    true
 }
 
 /// Takes one token of the endpoint's budget of new WEIR_CT entries. The bucket is shared

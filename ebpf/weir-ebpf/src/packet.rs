@@ -1,15 +1,17 @@
 //! Header parsing with bpf_skb_load_bytes (bounds are the helper's, which keeps the
 //! verifier simple on old kernels). IPv4 addresses become IPv4-mapped IPv6.
 //!
-//! Limits: IPv6 extension headers are not walked (the next-header value is taken as the
-//! protocol, with port 0), and non-first IPv4 fragments have no ports (port 0).
+//! IPv6 extension headers (hop-by-hop, routing, fragment, destination options, AH) are
+//! walked, at most [`MAX_EXT_HEADERS`] of them; a packet with more is unreadable. IPv4
+//! and IPv6 fragments are reported in [`Packet::frag`]: non-first fragments have no ports
+//! here; the caller restores them from the first fragment's record.
 //!
 //! VLAN-tagged frames (802.1Q, 802.1ad, the old 0x9100) are reported as [`Frame::Tagged`]
 //! and never parsed further: a tag the kernel has already taken off shows up in
 //! `skb->vlan_present` instead, which the caller checks.
 
 use aya_ebpf::{cty::c_void, helpers::bpf_skb_load_bytes, programs::TcContext};
-use weir_common::CtKey;
+use weir_common::{CtKey, FragKey};
 
 pub const IPPROTO_ICMP: u8 = 1;
 pub const IPPROTO_TCP: u8 = 6;
@@ -18,6 +20,22 @@ pub const IPPROTO_SCTP: u8 = 132;
 pub const IPPROTO_ICMPV6: u8 = 58;
 
 const ETH_HLEN: usize = 14;
+/// Extension headers walked before the upper-layer header.
+pub const MAX_EXT_HEADERS: usize = 6;
+
+/// [`Frag::kind`]: not a fragment.
+pub const FRAG_NONE: u8 = 0;
+/// The first fragment (offset 0, more to come): it has the L4 header.
+pub const FRAG_FIRST: u8 = 1;
+/// A later fragment: no L4 header.
+pub const FRAG_LATER: u8 = 2;
+
+/// Fragmentation of a packet: kind and IP identification (IPv6: the fragment header's).
+#[derive(Clone, Copy)]
+pub struct Frag {
+    pub kind: u8,
+    pub id: u32,
+}
 const ETH_P_IP: u16 = 0x0800;
 const ETH_P_IPV6: u16 = 0x86dd;
 const ETH_P_8021Q: u16 = 0x8100;
@@ -83,6 +101,11 @@ pub struct Packet {
     pub neighbor_discovery: bool,
     /// Conntrack key scratch (44 bytes the BPF stack need not hold).
     pub key: CtKey,
+    pub frag: Frag,
+    /// Fragmentation of the packet inside an ICMP error (not used).
+    pub inner_frag: Frag,
+    /// Fragment-record key scratch.
+    pub frag_key: FragKey,
 }
 
 /// What kind of frame [`parse`] saw.
@@ -108,6 +131,10 @@ pub fn parse(ctx: &TcContext, pkt: &mut Packet) -> Result<Frame, ()> {
     pkt.is_icmp_error = false;
     pkt.neighbor_discovery = false;
     pkt.hop_limit = 0;
+    pkt.frag = Frag {
+        kind: FRAG_NONE,
+        id: 0,
+    };
     let ethertype = u16::from_be(ctx.load::<u16>(12).map_err(|_| ())?);
     let family = match ethertype {
         ETH_P_IP => 4,
@@ -115,7 +142,7 @@ pub fn parse(ctx: &TcContext, pkt: &mut Packet) -> Result<Frame, ()> {
         ETH_P_8021Q | ETH_P_8021AD | ETH_P_QINQ_OLD => return Ok(Frame::Tagged),
         _ => return Ok(Frame::NotIp),
     };
-    let l4 = parse_l3(ctx, ETH_HLEN, family, &mut pkt.tuple)?;
+    let l4 = parse_l3(ctx, ETH_HLEN, family, &mut pkt.tuple, &mut pkt.frag)?;
     if family == 6 {
         pkt.hop_limit = ctx.load(ETH_HLEN + 7).map_err(|_| ())?;
     }
@@ -124,41 +151,99 @@ pub fn parse(ctx: &TcContext, pkt: &mut Packet) -> Result<Frame, ()> {
     pkt.is_icmp_error = matches!(icmp, Icmp::Error);
     if pkt.is_icmp_error {
         // The offending packet follows the 8-byte ICMP header.
-        let inner_l4 = parse_l3(ctx, l4 + 8, family, &mut pkt.icmp_error_of)?;
+        let inner_l4 = parse_l3(
+            ctx,
+            l4 + 8,
+            family,
+            &mut pkt.icmp_error_of,
+            &mut pkt.inner_frag,
+        )?;
         // Only the first 8 bytes of the inner L4 header are guaranteed: enough for ports.
         parse_l4(ctx, &mut pkt.icmp_error_of, inner_l4)?;
     }
     Ok(Frame::Ip)
 }
 
-/// Fills `t` (ports zero) and returns the offset of the L4 header; usize::MAX means
-/// "no L4 header" (a non-first fragment).
+/// Fills `t` (ports zero) and `frag`, and returns the offset of the L4 header;
+/// usize::MAX means "no L4 header" (a non-first fragment).
 #[inline(always)]
-fn parse_l3(ctx: &TcContext, off: usize, family: u8, t: &mut Tuple) -> Result<usize, ()> {
+fn parse_l3(
+    ctx: &TcContext,
+    off: usize,
+    family: u8,
+    t: &mut Tuple,
+    frag: &mut Frag,
+) -> Result<usize, ()> {
     t.sport = 0;
     t.dport = 0;
     t.policy_port = 0;
     t.family = family;
+    frag.kind = FRAG_NONE;
+    frag.id = 0;
     if family == 4 {
         let vihl: u8 = ctx.load(off).map_err(|_| ())?;
-        let frag = u16::from_be(ctx.load::<u16>(off + 6).map_err(|_| ())?);
+        let id = u16::from_be(ctx.load::<u16>(off + 4).map_err(|_| ())?);
+        let flags_offset = u16::from_be(ctx.load::<u16>(off + 6).map_err(|_| ())?);
         t.protocol = ctx.load(off + 9).map_err(|_| ())?;
         let s: [u8; 4] = ctx.load(off + 12).map_err(|_| ())?;
         let d: [u8; 4] = ctx.load(off + 16).map_err(|_| ())?;
         t.saddr = mapped(s);
         t.daddr = mapped(d);
-        let l4 = if frag & 0x1fff != 0 {
-            usize::MAX
-        } else {
-            off + ((vihl & 0x0f) as usize) * 4
-        };
-        Ok(l4)
-    } else {
-        t.protocol = ctx.load(off + 6).map_err(|_| ())?;
-        load_addr(ctx, off + 8, &mut t.saddr)?;
-        load_addr(ctx, off + 24, &mut t.daddr)?;
-        Ok(off + 40)
+        let more = flags_offset & 0x2000 != 0;
+        let offset = flags_offset & 0x1fff;
+        if offset != 0 {
+            frag.kind = FRAG_LATER;
+            frag.id = u32::from(id);
+            return Ok(usize::MAX);
+        }
+        if more {
+            frag.kind = FRAG_FIRST;
+            frag.id = u32::from(id);
+        }
+        return Ok(off + ((vihl & 0x0f) as usize) * 4);
     }
+    load_addr(ctx, off + 8, &mut t.saddr)?;
+    load_addr(ctx, off + 24, &mut t.daddr)?;
+    let mut next: u8 = ctx.load(off + 6).map_err(|_| ())?;
+    let mut l4 = off + 40;
+    for _ in 0..MAX_EXT_HEADERS {
+        match next {
+            // Hop-by-hop, routing, destination options: length in 8-octet units, not
+            // counting the first 8.
+            0 | 43 | 60 => {
+                let len: u8 = ctx.load(l4 + 1).map_err(|_| ())?;
+                next = ctx.load(l4).map_err(|_| ())?;
+                l4 += (len as usize + 1) * 8;
+            }
+            // Fragment: 8 octets; offset in the top 13 bits of bytes 2-3, then the id.
+            44 => {
+                let offset = u16::from_be(ctx.load::<u16>(l4 + 2).map_err(|_| ())?) & 0xfff8;
+                frag.id = u32::from_be(ctx.load::<u32>(l4 + 4).map_err(|_| ())?);
+                frag.kind = if offset != 0 { FRAG_LATER } else { FRAG_FIRST };
+                next = ctx.load(l4).map_err(|_| ())?;
+                l4 += 8;
+            }
+            // Authentication header: length in 4-octet units, not counting the first 2.
+            51 => {
+                let len: u8 = ctx.load(l4 + 1).map_err(|_| ())?;
+                next = ctx.load(l4).map_err(|_| ())?;
+                l4 += (len as usize + 2) * 4;
+            }
+            _ => break,
+        }
+        if frag.kind == FRAG_LATER {
+            break;
+        }
+    }
+    if matches!(next, 0 | 43 | 44 | 51 | 60) && frag.kind != FRAG_LATER {
+        // More extension headers than we walk: unreadable.
+        return Err(());
+    }
+    t.protocol = next;
+    if frag.kind == FRAG_LATER {
+        return Ok(usize::MAX);
+    }
+    Ok(l4)
 }
 
 #[inline(always)]

@@ -27,6 +27,8 @@ pub struct EbpfConfig {
     pub ct_new_per_sec: u64,
     /// How many new main-table entries an endpoint may add at once.
     pub ct_new_burst: u64,
+    /// Entries of the fragment LRU (fragmented datagrams in flight, for 30 s at most).
+    pub frag_entries: u32,
     /// COUNTERS slots, hence the highest rule id + 1.
     pub counter_entries: u32,
     /// Bytes of the EVENTS ring buffer (a power of two, a multiple of the page size).
@@ -53,6 +55,7 @@ impl Default for EbpfConfig {
             ct_overflow_entries: 65536,
             ct_new_per_sec: 100,
             ct_new_burst: 2000,
+            frag_entries: 16384,
             counter_entries: 16384,
             events_bytes: 1 << 20,
             events_per_sec: 1000,

@@ -84,6 +84,7 @@ pub fn load_and_pin(layout: &PinLayout, config: &EbpfConfig) -> Result<(), Datap
         .map_max_entries(map_names::POLICY, config.policy_entries)
         .map_max_entries(map_names::CT, config.ct_entries)
         .map_max_entries(map_names::CT_OVERFLOW, config.ct_overflow_entries)
+        .map_max_entries(map_names::FRAG, config.frag_entries)
         // Indexed by endpoint id, which is at most the number of endpoints.
         .map_max_entries(
             map_names::CT_BUDGET,
