@@ -19,6 +19,19 @@ use weir_tests::lab::{manifest, Lab};
 use weir_tests::pods::{enter, ip};
 use weir_tests::raw::{self, Sniffer};
 
+/// Deleted in the middle of [`policy_change`] (also in [`MANIFEST`]).
+const API_ALLOW_CLI: &str = r#"
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: api-allow-cli, namespace: red}
+spec:
+  podSelector: {matchLabels: {app: api}}
+  policyTypes: [Ingress]
+  ingress:
+  - from: [{podSelector: {matchLabels: {app: cli}}}]
+    ports: [{port: 7200, protocol: TCP}]
+"#;
+
 const MANIFEST: &str = r#"
 apiVersion: v1
 kind: Namespace
@@ -96,6 +109,31 @@ spec:
   - name: c
     ports: [{containerPort: 7002, protocol: TCP}]
 ---
+apiVersion: v1
+kind: Pod
+metadata: {name: api, namespace: red, labels: {app: api}}
+spec:
+  containers:
+  - name: c
+    ports: [{containerPort: 8443, protocol: TCP}]
+---
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: api-deny-ingress, namespace: red}
+spec:
+  podSelector: {matchLabels: {app: api}}
+  policyTypes: [Ingress]
+---
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: api-allow-cli, namespace: red}
+spec:
+  podSelector: {matchLabels: {app: api}}
+  policyTypes: [Ingress]
+  ingress:
+  - from: [{podSelector: {matchLabels: {app: cli}}}]
+    ports: [{port: 7200, protocol: TCP}]
+---
 apiVersion: networking.k8s.io/v1
 kind: NetworkPolicy
 metadata: {name: resolver-allow-stub, namespace: red}
@@ -154,7 +192,7 @@ struct PodInfo {
 
 struct World {
     /// Torn down (`weir lab down`) when the world is dropped.
-    _lab: Lab,
+    lab: Lab,
     node: String,
     bpf_root: String,
     pods: BTreeMap<String, PodInfo>,
@@ -187,7 +225,7 @@ impl World {
         World {
             node: state["node_netns"].as_str().unwrap().to_string(),
             bpf_root: state["bpf_root"].as_str().unwrap().to_string(),
-            _lab: lab,
+            lab,
             pods,
         }
     }
@@ -623,6 +661,71 @@ fn fragments(w: &World, out: &mut Outcomes) {
     }
 }
 
+/// What established flows do when a policy stops allowing them: red/api (ingress
+/// isolated) allows TCP 7200 from red/cli; cli holds a connection; the allowing policy
+/// is deleted. On both dataplanes the established connection keeps working (iptables
+/// accepts ESTABLISHED first; eBPF passes packets of a flow its CT holds, either way) and
+/// a new connection is refused at once.
+fn policy_change(w: &World, out: &mut Outcomes) {
+    let api = w.pod("api").v4;
+    let api_ns = w.pod("api").netns.clone();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let server = std::thread::spawn(move || {
+        enter(&api_ns);
+        let l = TcpListener::bind(("0.0.0.0", 7200)).expect("bind api:7200");
+        tx.send(()).unwrap();
+        let (mut c, _) = l.accept().expect("accept");
+        // Never wait forever for the client's FIN (a dataplane could drop it).
+        c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut buf = [0u8; 64];
+        while let Ok(n) = c.read(&mut buf) {
+            if n == 0 || c.write_all(&buf[..n]).is_err() {
+                break;
+            }
+        }
+        // Held until here: a refused new connection must not be the backlog's fault.
+        drop(l);
+    });
+    rx.recv().unwrap();
+    let mut conn = raw::tcp_connect_from(
+        &w.pod("cli").netns,
+        42000,
+        SocketAddr::new(api, 7200),
+        CONNECT_TIMEOUT,
+    )
+    .expect("cli → api:7200 must connect while api-allow-cli allows it");
+    conn.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut echo = |msg: &[u8]| -> bool {
+        let mut buf = vec![0u8; msg.len()];
+        conn.write_all(msg).is_ok() && conn.read_exact(&mut buf).is_ok() && buf == msg
+    };
+    out.insert(
+        "v4 policy change: established flow before the allowing policy is deleted".into(),
+        echo(b"ping-1"),
+    );
+    let file = manifest(&w.lab, "api-allow-cli.yaml", API_ALLOW_CLI);
+    w.lab
+        .weir(&["delete", file.to_str().unwrap()])
+        .expect("deleting api-allow-cli");
+    out.insert(
+        "v4 policy change: established flow after the allowing policy is deleted".into(),
+        echo(b"ping-2"),
+    );
+    let fresh = raw::tcp_connect_from(
+        &w.pod("cli").netns,
+        42001,
+        SocketAddr::new(api, 7200),
+        CONNECT_TIMEOUT,
+    )
+    .is_some();
+    out.insert(
+        "v4 policy change: new flow after the allowing policy is deleted".into(),
+        fresh,
+    );
+    drop(conn);
+    server.join().expect("api server");
+}
+
 fn expected() -> Outcomes {
     let mut e = Outcomes::new();
     for f in ["v4", "v6"] {
@@ -679,6 +782,19 @@ fn expected() -> Outcomes {
             true,
         );
     }
+    for (case, through) in [
+        (
+            "established flow before the allowing policy is deleted",
+            true,
+        ),
+        (
+            "established flow after the allowing policy is deleted",
+            true,
+        ),
+        ("new flow after the allowing policy is deleted", false),
+    ] {
+        e.insert(format!("v4 policy change: {case}"), through);
+    }
     for h in ["destination options", "hop-by-hop"] {
         e.insert(
             format!("v6 extension header: UDP stub → resolver:6000 behind {h}"),
@@ -709,6 +825,7 @@ fn run(dataplane: &str) {
     tagged(&w, &mut out);
     icmp_errors(&w, &mut out);
     fragments(&w, &mut out);
+    policy_change(&w, &mut out);
     // Last: on iptables the flood fills the node's conntrack table for a while.
     ct_flood(&w, &mut out);
 

@@ -137,7 +137,8 @@ impl EbpfDataplane {
     }
 
     /// Packets and bytes admitted per rule (summed over CPUs), and the reserved slots
-    /// (default-deny drops, replies, non-isolated traffic, suppressed events).
+    /// (drops by reason, replies and established flows, non-isolated traffic, flows in the
+    /// overflow table, followed fragments, suppressed events).
     pub fn counters(&self) -> Vec<(String, u64, u64)> {
         let mut out = Vec::new();
         let mut read = |name: String, index: u32| {
@@ -162,6 +163,7 @@ impl EbpfDataplane {
                 weir_common::COUNTER_NEIGHBOR_DISCOVERY,
                 "neighbor-discovery",
             ),
+            (weir_common::COUNTER_FRAGMENT_FOLLOWED, "fragment-followed"),
             (weir_common::COUNTER_EVENTS_SUPPRESSED, "events-suppressed"),
         ] {
             read(name.to_string(), index);
