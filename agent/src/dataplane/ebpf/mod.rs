@@ -470,3 +470,36 @@ impl Dataplane for EbpfDataplane {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::desired::DirectionPolicy;
+
+    #[test]
+    fn endpoint_record_carries_the_addresses_it_may_send_from() {
+        let mut ep = Endpoint {
+            pod: "x/a".into(),
+            ipv4: Some("10.244.0.7".parse().unwrap()),
+            ipv6: None,
+            ingress: DirectionPolicy::default(),
+            egress: DirectionPolicy::default(),
+        };
+        let info = endpoint_info(3, EP_INGRESS_ISOLATED, &ep);
+        assert_eq!(info.endpoint_id, 3);
+        assert_eq!(info.flags, EP_INGRESS_ISOLATED | EP_HAS_IPV4);
+        // IPv4-mapped, as the programs store every address.
+        assert_eq!(
+            info.ipv4,
+            [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 10, 244, 0, 7]
+        );
+        assert_eq!(info.ipv6, [0; 16], "no IPv6 address: IPv6 is all spoofed");
+        ep.ipv6 = Some("fd00::7".parse().unwrap());
+        let info = endpoint_info(3, 0, &ep);
+        assert_eq!(info.flags, EP_HAS_IPV4 | EP_HAS_IPV6);
+        assert_eq!(
+            info.ipv6,
+            "fd00::7".parse::<std::net::Ipv6Addr>().unwrap().octets()
+        );
+    }
+}
