@@ -9,6 +9,8 @@ pub mod node_dataplane;
 pub mod pods;
 /// Socket probes run inside a namespace (a thread that setns()es).
 pub mod probe;
+/// Hand-made frames (AF_PACKET), a sniffer, TCP from a chosen port: the hostile pod.
+pub mod raw;
 pub mod weir_bin;
 
 /// Fails (never skips) when a prerequisite is missing, naming it.

@@ -4,6 +4,12 @@
 //!
 //! Addresses are 16 bytes everywhere: IPv4 is stored IPv4-mapped (`::ffff:a.b.c.d`), so
 //! one LPM trie and one conntrack table serve both families.
+//!
+//! Layout changes in the hostile-packets release (issue 13), for versioned pins: the
+//! WEIR_ENDPOINT value [`EndpointInfo`] grew from 8 to 40 bytes (the pod's addresses), the
+//! WEIR_CT key [`CtKey`] from 40 to 44 bytes (endpoint id and direction); new maps
+//! WEIR_CT_OVERFLOW ([`CtKey`] → [`CtValue`]), WEIR_CT_BUDGET (array of [`RateState`]) and
+//! WEIR_FRAG ([`FragKey`] → [`FragValue`]). Pins of the previous release do not match.
 #![no_std]
 
 /// Map names, as declared by the kernel programs and pinned under `<root>/maps/`.
@@ -12,6 +18,12 @@ pub mod map_names {
     pub const ENDPOINT: &str = "WEIR_ENDPOINT";
     pub const POLICY: &str = "WEIR_POLICY";
     pub const CT: &str = "WEIR_CT";
+    /// Flows of endpoints over their new-flow budget (see [`super::CtBudget`]).
+    pub const CT_OVERFLOW: &str = "WEIR_CT_OVERFLOW";
+    /// Per-endpoint token buckets for new WEIR_CT entries, indexed by endpoint id.
+    pub const CT_BUDGET: &str = "WEIR_CT_BUDGET";
+    /// Ports of allowed first fragments, for the later fragments of the same datagram.
+    pub const FRAG: &str = "WEIR_FRAG";
     pub const COUNTERS: &str = "WEIR_COUNTERS";
     pub const EVENTS: &str = "WEIR_EVENTS";
     pub const RATE: &str = "WEIR_RATE";
@@ -46,6 +58,18 @@ pub const COUNTER_NOT_ISOLATED: u32 = 2;
 pub const COUNTER_EVENTS_SUPPRESSED: u32 = 3;
 pub const COUNTER_ICMP_ERROR: u32 = 4;
 pub const COUNTER_HOST: u32 = 5;
+/// Drops: a packet from a pod whose source address is not one of the pod's.
+pub const COUNTER_SPOOFED: u32 = 6;
+/// Drops: a VLAN- or QinQ-tagged frame from a pod.
+pub const COUNTER_TAGGED: u32 = 7;
+/// Drops: an IP packet from a pod too short to read its addresses.
+pub const COUNTER_MALFORMED: u32 = 8;
+/// New flows tracked in WEIR_CT_OVERFLOW because their endpoint was over its budget.
+pub const COUNTER_CT_OVERFLOW: u32 = 9;
+/// Allows: neighbour discovery that stays on the pod's link (hop limit 255, link scope).
+pub const COUNTER_NEIGHBOR_DISCOVERY: u32 = 10;
+/// Later fragments whose ports came from their datagram's allowed first fragment.
+pub const COUNTER_FRAGMENT_FOLLOWED: u32 = 11;
 pub const RULE_ID_FIRST: u32 = 16;
 
 /// One chunk of the agent's serialized records (bpffs holds no regular files, so the
@@ -68,14 +92,25 @@ pub struct IdentityKey {
 /// ENDPOINT flags.
 pub const EP_INGRESS_ISOLATED: u32 = 1;
 pub const EP_EGRESS_ISOLATED: u32 = 2;
+/// `ipv4` holds the pod's IPv4 address (else every IPv4 packet from the pod is spoofed).
+pub const EP_HAS_IPV4: u32 = 4;
+/// `ipv6` holds the pod's IPv6 address.
+pub const EP_HAS_IPV6: u32 = 8;
 
 /// Per-interface endpoint record, keyed by the pod's host-side ifindex (u32).
+///
+/// Layout changed in the hostile-packets release: 8 → 40 bytes (the pod's addresses, for
+/// anti-spoofing). Pins of the previous release do not match.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct EndpointInfo {
     pub endpoint_id: u32,
-    /// [`EP_INGRESS_ISOLATED`] | [`EP_EGRESS_ISOLATED`].
+    /// [`EP_INGRESS_ISOLATED`] | [`EP_EGRESS_ISOLATED`] | [`EP_HAS_IPV4`] | [`EP_HAS_IPV6`].
     pub flags: u32,
+    /// The pod's IPv4 address, IPv4-mapped (valid with [`EP_HAS_IPV4`]).
+    pub ipv4: [u8; 16],
+    /// The pod's IPv6 address (valid with [`EP_HAS_IPV6`]).
+    pub ipv6: [u8; 16],
 }
 
 pub const DIR_INGRESS: u8 = 0;
@@ -101,17 +136,26 @@ pub const POLICY_PREFIX_ANY_PROTOCOL: u32 = 72;
 pub const POLICY_PREFIX_ANY_PORT: u32 = 80;
 pub const POLICY_PREFIX_FULL: u32 = 96;
 
-/// Conntrack key: the tuple as first seen (the initiator's direction).
-/// ICMP echo uses the identifier as `sport` for requests and as `dport` for replies.
+/// Conntrack key: the endpoint and direction whose full verdict admitted the flow, and
+/// the tuple as first seen there (the initiator's direction). An entry made at one
+/// endpoint's hook is only ever consulted at that endpoint's hooks, so no pod can make
+/// state for another. ICMP echo uses the identifier as `sport` for requests and as
+/// `dport` for replies.
+///
+/// Layout changed in the hostile-packets release: 40 → 44 bytes (endpoint id and
+/// direction added). Pins of the previous release do not match.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct CtKey {
+    pub endpoint_id: u32,
     pub saddr: [u8; 16],
     pub daddr: [u8; 16],
     pub sport: u16,
     pub dport: u16,
     pub protocol: u8,
-    pub _pad: [u8; 3],
+    /// [`DIR_INGRESS`] or [`DIR_EGRESS`]: the hook that admitted the first packet.
+    pub direction: u8,
+    pub _pad: [u8; 2],
 }
 
 #[repr(C)]
@@ -124,6 +168,33 @@ pub struct CtValue {
     pub _pad: u32,
 }
 
+/// FRAG key: a fragmented datagram as one endpoint's hook saw it (IP identification:
+/// IPv4's 16 bits, or the IPv6 fragment header's 32).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct FragKey {
+    pub endpoint_id: u32,
+    pub saddr: [u8; 16],
+    pub daddr: [u8; 16],
+    pub id: u32,
+    pub protocol: u8,
+    /// [`DIR_INGRESS`] or [`DIR_EGRESS`].
+    pub direction: u8,
+    pub _pad: [u8; 2],
+}
+
+/// FRAG value: the ports of the datagram's first fragment, which the full verdict allowed.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FragValue {
+    /// bpf_ktime_get_ns of the first fragment.
+    pub first_seen_ns: u64,
+    pub sport: u16,
+    pub dport: u16,
+    pub policy_port: u16,
+    pub _pad: u16,
+}
+
 /// Per-CPU COUNTERS value.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -132,7 +203,8 @@ pub struct Counter {
     pub bytes: u64,
 }
 
-/// Per-CPU token bucket for events (RATE map, one slot).
+/// Per-CPU token bucket for events (RATE map, one slot); also the per-endpoint budget of
+/// new WEIR_CT entries (CT_BUDGET map, one slot per endpoint id, shared by all CPUs).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RateState {
@@ -149,6 +221,14 @@ pub const REASON_REPLY: u8 = 3;
 pub const REASON_NOT_ISOLATED: u8 = 4;
 pub const REASON_ICMP_ERROR: u8 = 5;
 pub const REASON_HOST: u8 = 6;
+/// Dropped: the source address is not one of the sending pod's.
+pub const REASON_SPOOFED: u8 = 7;
+/// Dropped: a VLAN/QinQ-tagged frame from a pod.
+pub const REASON_TAGGED: u8 = 8;
+/// Allowed: a later packet of a flow this endpoint's hook admitted (same direction).
+pub const REASON_ESTABLISHED: u8 = 9;
+/// Dropped: an IP packet from a pod whose header cannot be read.
+pub const REASON_MALFORMED: u8 = 10;
 
 /// One verdict sent to user space through EVENTS.
 #[repr(C)]
@@ -175,6 +255,18 @@ pub struct VerdictEvent {
     pub packet_len: u32,
 }
 
+// The layouts above cross the kernel/user boundary: no implicit padding, sizes fixed.
+const _: () = {
+    assert!(core::mem::size_of::<EndpointInfo>() == 40);
+    assert!(core::mem::size_of::<CtKey>() == 44);
+    assert!(core::mem::size_of::<CtValue>() == 16);
+    assert!(core::mem::size_of::<FragKey>() == 44);
+    assert!(core::mem::size_of::<FragValue>() == 16);
+    assert!(core::mem::size_of::<RateState>() == 16);
+    assert!(core::mem::size_of::<PolicyKey>() == 12);
+    assert!(core::mem::size_of::<VerdictEvent>() == 72);
+};
+
 #[cfg(feature = "user")]
 mod pod_impls {
     // SAFETY: all plain-old-data, #[repr(C)], every bit pattern valid, no implicit padding.
@@ -183,6 +275,8 @@ mod pod_impls {
     unsafe impl aya::Pod for super::PolicyKey {}
     unsafe impl aya::Pod for super::CtKey {}
     unsafe impl aya::Pod for super::CtValue {}
+    unsafe impl aya::Pod for super::FragKey {}
+    unsafe impl aya::Pod for super::FragValue {}
     unsafe impl aya::Pod for super::Counter {}
     unsafe impl aya::Pod for super::RateState {}
     unsafe impl aya::Pod for super::VerdictEvent {}

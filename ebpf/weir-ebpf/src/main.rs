@@ -1,9 +1,21 @@
 //! weir's TC classifiers. One program per direction on a pod's host-side interface:
 //! `weir_from_pod` (TC ingress, the pod's egress policy) and `weir_to_pod` (TC egress, the
 //! pod's ingress policy). Every decision comes from maps the agent fills:
-//! ENDPOINT (is this interface a pod, is the direction isolated), CT (replies and ICMP
-//! errors of tracked flows), IDENTITY (peer address → identity) and POLICY (endpoint,
-//! identity, direction, protocol, port → allowing rule).
+//! ENDPOINT (is this interface a pod, its addresses, is the direction isolated), CT
+//! (packets of flows this endpoint admitted), IDENTITY (peer address → identity) and
+//! POLICY (endpoint, identity, direction, protocol, port → allowing rule).
+//!
+//! Order of judgement, from the pod: tagged frames dropped; then the source address must
+//! be one of the pod's (link-local and `::` only towards link scope) or the packet is
+//! dropped, before anything else looks at it. Then, both ways: link-scoped neighbour
+//! discovery passes; ICMP errors about a flow of this endpoint pass; packets of a flow this
+//! endpoint's hooks admitted pass (either way); the rest is judged by policy, and only
+//! what that full verdict allows creates a CT entry, keyed to this endpoint and direction.
+//!
+//! CT entries go to WEIR_CT while the endpoint has budget (a token bucket of
+//! CT_NEW_PER_SEC new entries per second, CT_NEW_BURST deep, per endpoint), otherwise to
+//! WEIR_CT_OVERFLOW: one pod's flood of new flows churns the overflow table, not the flows
+//! of other pods in WEIR_CT (see ARCHITECTURE.md for the bound).
 //!
 //! Built for Linux 5.10: helpers used are map lookup/update/delete, skb_load_bytes,
 //! ktime_get_ns, ringbuf_output/reserve/submit (5.8) and, only when the agent enables
@@ -21,18 +33,26 @@ use aya_ebpf::{
     programs::TcContext,
 };
 use aya_log_ebpf::debug;
-use packet::Tuple;
+use packet::{Frame, Packet, Tuple};
 use weir_common::*;
 
 /// Rodata, set by the loader: verdict events per second and CPU (also the burst).
 #[unsafe(no_mangle)]
 static EVENT_RATE_PER_SEC: u64 = 1000;
+/// Rodata, set by the loader: new WEIR_CT entries per second and endpoint.
+#[unsafe(no_mangle)]
+static CT_NEW_PER_SEC: u64 = 100;
+/// Rodata, set by the loader: how many new WEIR_CT entries an endpoint may make at once.
+#[unsafe(no_mangle)]
+static CT_NEW_BURST: u64 = 2000;
 
 const NS_PER_SEC: u64 = 1_000_000_000;
 /// An entry is refreshed at most once a second per direction, to keep map writes rare.
 const CT_REFRESH_NS: u64 = NS_PER_SEC;
 const CT_TIMEOUT_TCP_NS: u64 = 3600 * NS_PER_SEC;
 const CT_TIMEOUT_OTHER_NS: u64 = 120 * NS_PER_SEC;
+/// How long the later fragments of a datagram may follow its first (Linux's ipfrag_time).
+const FRAG_TIMEOUT_NS: u64 = 30 * NS_PER_SEC;
 
 // Sizes here are defaults; the agent sets them from its configuration at load time.
 #[map]
@@ -43,6 +63,15 @@ static WEIR_ENDPOINT: HashMap<u32, EndpointInfo> = HashMap::pinned(4096, 0);
 static WEIR_POLICY: LpmTrie<PolicyKey, u32> = LpmTrie::pinned(65536, 0);
 #[map]
 static WEIR_CT: LruHashMap<CtKey, CtValue> = LruHashMap::pinned(262144, 0);
+#[map]
+static WEIR_CT_OVERFLOW: LruHashMap<CtKey, CtValue> = LruHashMap::pinned(65536, 0);
+/// Ports of allowed first fragments, keyed by endpoint, direction, addresses, protocol
+/// and IP id, so later fragments follow the verdict of their datagram.
+#[map]
+static WEIR_FRAG: LruHashMap<FragKey, FragValue> = LruHashMap::pinned(16384, 0);
+/// One token bucket per endpoint id (ids are small: the agent hands out the lowest free).
+#[map]
+static WEIR_CT_BUDGET: Array<RateState> = Array::pinned(4097, 0);
 #[map]
 static WEIR_COUNTERS: PerCpuArray<Counter> = PerCpuArray::pinned(16384, 0);
 #[map]
@@ -71,6 +100,43 @@ pub fn weir_to_pod(ctx: TcContext) -> i32 {
 }
 
 #[inline(always)]
+fn opposite(direction: u8) -> u8 {
+    if direction == DIR_INGRESS {
+        DIR_EGRESS
+    } else {
+        DIR_INGRESS
+    }
+}
+
+/// Whether the pod may send with this source address: its own address of that family;
+/// a link-local or unspecified IPv6 source only towards link scope (neighbour
+/// discovery, MLD, duplicate address detection), which the node never forwards.
+#[inline(always)]
+fn source_ok(ep: &EndpointInfo, t: &Tuple) -> bool {
+    if t.family == 4 {
+        return ep.flags & EP_HAS_IPV4 != 0 && packet::same_addr(&t.saddr, &ep.ipv4);
+    }
+    if ep.flags & EP_HAS_IPV6 != 0 && packet::same_addr(&t.saddr, &ep.ipv6) {
+        return true;
+    }
+    (packet::is_link_local(&t.saddr) || packet::is_unspecified(&t.saddr))
+        && (packet::is_link_local(&t.daddr) || packet::is_link_multicast(&t.daddr))
+}
+
+/// Neighbour discovery that cannot have crossed the node: hop limit 255 (a forwarded
+/// packet has less) and a link-local or unspecified source, or a link-scope destination.
+#[inline(always)]
+fn link_scoped_nd(pkt: &Packet) -> bool {
+    let t = &pkt.tuple;
+    pkt.neighbor_discovery
+        && pkt.hop_limit == 255
+        && (packet::is_link_local(&t.saddr)
+            || packet::is_unspecified(&t.saddr)
+            || packet::is_link_local(&t.daddr)
+            || packet::is_link_multicast(&t.daddr))
+}
+
+#[inline(always)]
 fn decide(ctx: &TcContext, direction: u8) -> i32 {
     let ifindex = unsafe { (*ctx.skb.skb).ifindex };
     // No ENDPOINT entry: not (or no longer) a pod we enforce for. The agent writes the
@@ -87,18 +153,9 @@ fn decide(ctx: &TcContext, direction: u8) -> i32 {
         }
         != 0;
     let Some(pkt) = SCRATCH.get_ptr_mut(0) else {
-        return TC_ACT_OK;
+        return TC_ACT_SHOT;
     };
     let pkt = unsafe { &mut *pkt };
-    match packet::parse(ctx, pkt) {
-        Ok(true) => {}
-        // Not IP (ARP, ...): outside NetworkPolicy.
-        Ok(false) => return TC_ACT_OK,
-        Err(()) => return if isolated { TC_ACT_SHOT } else { TC_ACT_OK },
-    }
-    if pkt.neighbor_discovery {
-        return TC_ACT_OK;
-    }
     let now = unsafe { bpf_ktime_get_ns() };
     let mut v = Verdict {
         ifindex,
@@ -106,18 +163,73 @@ fn decide(ctx: &TcContext, direction: u8) -> i32 {
         direction,
         identity: 0,
     };
+    let rc = judge(ctx, direction, &ep, isolated, pkt, &mut v, now);
+    if rc == TC_ACT_OK && pkt.frag.kind == packet::FRAG_FIRST {
+        frag_record(pkt, ep.endpoint_id, direction, now);
+    }
+    rc
+}
+
+/// The verdict on one frame (see the module documentation for the order).
+#[inline(always)]
+fn judge(
+    ctx: &TcContext,
+    direction: u8,
+    ep: &EndpointInfo,
+    isolated: bool,
+    pkt: &mut Packet,
+    v: &mut Verdict,
+    now: u64,
+) -> i32 {
+    let from_pod = direction == DIR_EGRESS;
+    let parsed = packet::parse(ctx, pkt);
+    if from_pod {
+        // A tag the kernel took off before TC shows only in the skb's metadata.
+        let offloaded_tag = unsafe { (*ctx.skb.skb).vlan_present } != 0;
+        if offloaded_tag || matches!(parsed, Ok(Frame::Tagged)) {
+            return v.drop(ctx, &pkt.tuple, COUNTER_TAGGED, REASON_TAGGED, now);
+        }
+    }
+    match parsed {
+        Ok(Frame::Ip) => {}
+        // Not IP (ARP, ...): outside NetworkPolicy. Tagged frames to a pod come from the
+        // node itself.
+        Ok(Frame::NotIp) | Ok(Frame::Tagged) => return TC_ACT_OK,
+        Err(()) => {
+            if from_pod {
+                // Its source cannot be checked.
+                return v.drop(ctx, &pkt.tuple, COUNTER_MALFORMED, REASON_MALFORMED, now);
+            }
+            return if isolated { TC_ACT_SHOT } else { TC_ACT_OK };
+        }
+    }
+    if from_pod && !source_ok(ep, &pkt.tuple) {
+        return v.drop(ctx, &pkt.tuple, COUNTER_SPOOFED, REASON_SPOOFED, now);
+    }
+    if link_scoped_nd(pkt) {
+        count(ctx, COUNTER_NEIGHBOR_DISCOVERY);
+        return TC_ACT_OK;
+    }
+    let id = ep.endpoint_id;
+    if pkt.frag.kind == packet::FRAG_LATER && frag_follow(pkt, id, direction, now) {
+        count(ctx, COUNTER_FRAGMENT_FOLLOWED);
+    }
     if pkt.is_icmp_error {
-        let inner = &pkt.icmp_error_of;
-        if ct_alive(&inner.key(), now).is_some() || ct_alive(&inner.reversed().key(), now).is_some()
-        {
+        // The packet it reports on went the other way through this endpoint's hooks: its
+        // reverse is a packet in this direction.
+        if ct_lookup(&mut pkt.key, id, direction, &pkt.icmp_error_of, true, now) != Seen::No {
             return v.allow(ctx, &pkt.tuple, COUNTER_ICMP_ERROR, REASON_ICMP_ERROR);
         }
     }
-    if ct_reply(&pkt.tuple, now) {
-        return v.allow(ctx, &pkt.tuple, COUNTER_REPLY, REASON_REPLY);
+    match ct_lookup(&mut pkt.key, id, direction, &pkt.tuple, false, now) {
+        Seen::Forward => {
+            return v.allow(ctx, &pkt.tuple, COUNTER_REPLY, REASON_ESTABLISHED);
+        }
+        Seen::Reply => return v.allow(ctx, &pkt.tuple, COUNTER_REPLY, REASON_REPLY),
+        Seen::No => {}
     }
     if !isolated {
-        ct_track(&pkt.tuple, 0, now);
+        ct_track(ctx, &mut pkt.key, id, direction, &pkt.tuple, 0, now);
         return v.allow(ctx, &pkt.tuple, COUNTER_NOT_ISOLATED, REASON_NOT_ISOLATED);
     }
     let peer = if direction == DIR_INGRESS {
@@ -131,18 +243,18 @@ fn decide(ctx: &TcContext, direction: u8) -> i32 {
         .unwrap_or(IDENTITY_WORLD);
     v.identity = identity;
     if identity == IDENTITY_HOST {
-        ct_track(&pkt.tuple, 0, now);
+        ct_track(ctx, &mut pkt.key, id, direction, &pkt.tuple, 0, now);
         return v.allow(ctx, &pkt.tuple, COUNTER_HOST, REASON_HOST);
     }
     let mut rule = 0;
     if identity != IDENTITY_WORLD {
-        rule = policy_lookup(&ep, identity, direction, &pkt.tuple);
+        rule = policy_lookup(ep, identity, direction, &pkt.tuple);
     }
     if rule == 0 {
-        rule = policy_lookup(&ep, IDENTITY_ANY, direction, &pkt.tuple);
+        rule = policy_lookup(ep, IDENTITY_ANY, direction, &pkt.tuple);
     }
     if rule != 0 {
-        ct_track(&pkt.tuple, rule, now);
+        ct_track(ctx, &mut pkt.key, id, direction, &pkt.tuple, rule, now);
         return v.allow(ctx, &pkt.tuple, rule, REASON_POLICY_ALLOW);
     }
     count(ctx, COUNTER_DEFAULT_DENY);
@@ -150,7 +262,7 @@ fn decide(ctx: &TcContext, direction: u8) -> i32 {
     debug!(
         ctx,
         "weir drop ifindex={} direction={} protocol={} dport={} identity={}",
-        ifindex,
+        v.ifindex,
         direction,
         pkt.tuple.protocol,
         pkt.tuple.dport,
@@ -194,6 +306,14 @@ impl Verdict {
             self.emit(ctx, t, VERDICT_ALLOW, reason, counter, now);
         }
         TC_ACT_OK
+    }
+
+    /// A drop before policy (spoofed, tagged, malformed): counted and reported.
+    #[inline(always)]
+    fn drop(&self, ctx: &TcContext, t: &Tuple, counter: u32, reason: u8, now: u64) -> i32 {
+        count(ctx, counter);
+        self.emit(ctx, t, VERDICT_DROP, reason, 0, now);
+        TC_ACT_SHOT
     }
 
     #[inline(always)]
@@ -268,10 +388,13 @@ fn ct_timeout(protocol: u8) -> u64 {
     }
 }
 
-/// The live entry for `key`, if any.
+/// The live entry for `key` in WEIR_CT or WEIR_CT_OVERFLOW, if any.
 #[inline(always)]
 fn ct_alive(key: &CtKey, now: u64) -> Option<*mut CtValue> {
-    let v = WEIR_CT.get_ptr_mut(key)?;
+    let v = match WEIR_CT.get_ptr_mut(key) {
+        Some(v) => v,
+        None => WEIR_CT_OVERFLOW.get_ptr_mut(key)?,
+    };
     let last = unsafe { (*v).last_seen_ns };
     if now.saturating_sub(last) < ct_timeout(key.protocol) {
         Some(v)
@@ -280,39 +403,142 @@ fn ct_alive(key: &CtKey, now: u64) -> Option<*mut CtValue> {
     }
 }
 
-/// Whether `t` is the reply of a tracked flow; refreshes the flow if so.
 #[inline(always)]
-fn ct_reply(t: &Tuple, now: u64) -> bool {
-    let Some(v) = ct_alive(&t.reversed().key(), now) else {
-        return false;
-    };
+fn ct_refresh(v: *mut CtValue, now: u64) {
     unsafe {
         if now.saturating_sub((*v).last_seen_ns) > CT_REFRESH_NS {
             (*v).last_seen_ns = now;
         }
     }
+}
+
+#[derive(PartialEq, Eq)]
+enum Seen {
+    No,
+    /// A later packet in the direction this endpoint admitted the flow.
+    Forward,
+    /// A packet the other way: the reply of a flow this endpoint admitted.
+    Reply,
+}
+
+/// Whether `t` (or its reverse, with `reversed`) belongs to a flow this endpoint's hooks
+/// admitted: as a later packet at the same hook, or as a reply at the other one.
+/// Refreshes the flow if so.
+#[inline(always)]
+fn ct_lookup(
+    key: &mut CtKey,
+    endpoint_id: u32,
+    direction: u8,
+    t: &Tuple,
+    reversed: bool,
+    now: u64,
+) -> Seen {
+    t.write_key(key, endpoint_id, direction, reversed);
+    if let Some(v) = ct_alive(key, now) {
+        ct_refresh(v, now);
+        return Seen::Forward;
+    }
+    t.write_key(key, endpoint_id, opposite(direction), !reversed);
+    if let Some(v) = ct_alive(key, now) {
+        ct_refresh(v, now);
+        return Seen::Reply;
+    }
+    Seen::No
+}
+
+#[inline(always)]
+fn frag_key(pkt: &mut Packet, endpoint_id: u32, direction: u8) {
+    let k = &mut pkt.frag_key;
+    k.endpoint_id = endpoint_id;
+    k.saddr = pkt.tuple.saddr;
+    k.daddr = pkt.tuple.daddr;
+    k.id = pkt.frag.id;
+    k.protocol = pkt.tuple.protocol;
+    k.direction = direction;
+    k._pad = [0; 2];
+}
+
+/// Remembers the ports of an allowed first fragment for the datagram's later fragments.
+#[inline(always)]
+fn frag_record(pkt: &mut Packet, endpoint_id: u32, direction: u8, now: u64) {
+    frag_key(pkt, endpoint_id, direction);
+    let value = FragValue {
+        first_seen_ns: now,
+        sport: pkt.tuple.sport,
+        dport: pkt.tuple.dport,
+        policy_port: pkt.tuple.policy_port,
+        _pad: 0,
+    };
+    let _ = WEIR_FRAG.insert(&pkt.frag_key, &value, 0);
+}
+
+/// Gives a later fragment the ports of its datagram's first fragment, if this hook
+/// allowed that one recently; it is then judged as its flow (normally: established).
+/// Without a record it keeps port 0 and is judged as such (dropped where isolated,
+/// unless a rule allows every port of its protocol).
+#[inline(always)]
+fn frag_follow(pkt: &mut Packet, endpoint_id: u32, direction: u8, now: u64) -> bool {
+    frag_key(pkt, endpoint_id, direction);
+    let Some(r) = WEIR_FRAG.get_ptr(&pkt.frag_key) else {
+        return false;
+    };
+    let r = unsafe { &*r };
+    if now.saturating_sub(r.first_seen_ns) >= FRAG_TIMEOUT_NS {
+        return false;
+    }
+    pkt.tuple.sport = r.sport;
+    pkt.tuple.dport = r.dport;
+    pkt.tuple.policy_port = r.policy_port;
     true
 }
 
-/// Records (or refreshes) an admitted flow so its replies pass.
+/// Takes one token of the endpoint's budget of new WEIR_CT entries. The bucket is shared
+/// by all CPUs without locking: a race can at worst hand out a token twice.
 #[inline(always)]
-fn ct_track(t: &Tuple, rule_id: u32, now: u64) {
-    let key = t.key();
-    if let Some(v) = WEIR_CT.get_ptr_mut(&key) {
-        unsafe {
-            if now.saturating_sub((*v).last_seen_ns) > CT_REFRESH_NS {
-                (*v).last_seen_ns = now;
-            }
-        }
-        return;
+fn ct_budget(endpoint_id: u32, now: u64) -> bool {
+    let rate = unsafe { core::ptr::read_volatile(&CT_NEW_PER_SEC) };
+    let burst = unsafe { core::ptr::read_volatile(&CT_NEW_BURST) };
+    let Some(state) = WEIR_CT_BUDGET.get_ptr_mut(endpoint_id) else {
+        return false;
+    };
+    let state = unsafe { &mut *state };
+    let cap = burst * NS_PER_SEC;
+    // Capped so that rate × elapsed cannot overflow (an idle bucket is full anyway).
+    let elapsed = now.saturating_sub(state.last_ns).min(1000 * NS_PER_SEC);
+    let tokens = (state.tokens + elapsed * rate).min(cap);
+    state.last_ns = now;
+    if tokens < NS_PER_SEC {
+        state.tokens = tokens;
+        return false;
     }
+    state.tokens = tokens - NS_PER_SEC;
+    true
+}
+
+/// Records an admitted flow for this endpoint and direction (the caller found none).
+#[inline(always)]
+fn ct_track(
+    ctx: &TcContext,
+    key: &mut CtKey,
+    endpoint_id: u32,
+    direction: u8,
+    t: &Tuple,
+    rule_id: u32,
+    now: u64,
+) {
+    t.write_key(key, endpoint_id, direction, false);
     let value = CtValue {
         last_seen_ns: now,
         rule_id,
         _pad: 0,
     };
     // A full LRU evicts its oldest entry; insertion never fails for lack of space.
-    let _ = WEIR_CT.insert(&key, &value, 0);
+    if ct_budget(endpoint_id, now) {
+        let _ = WEIR_CT.insert(key, &value, 0);
+    } else {
+        count(ctx, COUNTER_CT_OVERFLOW);
+        let _ = WEIR_CT_OVERFLOW.insert(key, &value, 0);
+    }
 }
 
 #[cfg(not(test))]

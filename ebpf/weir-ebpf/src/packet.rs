@@ -1,11 +1,17 @@
 //! Header parsing with bpf_skb_load_bytes (bounds are the helper's, which keeps the
 //! verifier simple on old kernels). IPv4 addresses become IPv4-mapped IPv6.
 //!
-//! Limits: IPv6 extension headers are not walked (the next-header value is taken as the
-//! protocol, with port 0), and non-first IPv4 fragments have no ports (port 0).
+//! IPv6 extension headers (hop-by-hop, routing, fragment, destination options, AH) are
+//! walked, at most [`MAX_EXT_HEADERS`] of them; a packet with more is unreadable. IPv4
+//! and IPv6 fragments are reported in [`Packet::frag`]: non-first fragments have no ports
+//! here; the caller restores them from the first fragment's record.
+//!
+//! VLAN-tagged frames (802.1Q, 802.1ad, the old 0x9100) are reported as [`Frame::Tagged`]
+//! and never parsed further: a tag the kernel has already taken off shows up in
+//! `skb->vlan_present` instead, which the caller checks.
 
 use aya_ebpf::{cty::c_void, helpers::bpf_skb_load_bytes, programs::TcContext};
-use weir_common::CtKey;
+use weir_common::{CtKey, FragKey};
 
 pub const IPPROTO_ICMP: u8 = 1;
 pub const IPPROTO_TCP: u8 = 6;
@@ -14,8 +20,27 @@ pub const IPPROTO_SCTP: u8 = 132;
 pub const IPPROTO_ICMPV6: u8 = 58;
 
 const ETH_HLEN: usize = 14;
+/// Extension headers walked before the upper-layer header.
+pub const MAX_EXT_HEADERS: usize = 6;
+
+/// [`Frag::kind`]: not a fragment.
+pub const FRAG_NONE: u8 = 0;
+/// The first fragment (offset 0, more to come): it has the L4 header.
+pub const FRAG_FIRST: u8 = 1;
+/// A later fragment: no L4 header.
+pub const FRAG_LATER: u8 = 2;
+
+/// Fragmentation of a packet: kind and IP identification (IPv6: the fragment header's).
+#[derive(Clone, Copy)]
+pub struct Frag {
+    pub kind: u8,
+    pub id: u32,
+}
 const ETH_P_IP: u16 = 0x0800;
 const ETH_P_IPV6: u16 = 0x86dd;
+const ETH_P_8021Q: u16 = 0x8100;
+const ETH_P_8021AD: u16 = 0x88a8;
+const ETH_P_QINQ_OLD: u16 = 0x9100;
 
 /// The flow a packet belongs to, as the conntrack table and the events see it.
 #[derive(Clone, Copy)]
@@ -31,38 +56,65 @@ pub struct Tuple {
 }
 
 impl Tuple {
+    /// Writes the conntrack key of this tuple (or of its reverse) as seen by the hook of
+    /// `endpoint_id` in `direction` into `k` (scratch map memory: no stack copy).
     #[inline(always)]
-    pub fn key(&self) -> CtKey {
-        CtKey {
-            saddr: self.saddr,
-            daddr: self.daddr,
-            sport: self.sport,
-            dport: self.dport,
-            protocol: self.protocol,
-            _pad: [0; 3],
+    pub fn write_key(&self, k: &mut CtKey, endpoint_id: u32, direction: u8, reversed: bool) {
+        k.endpoint_id = endpoint_id;
+        k.direction = direction;
+        k.protocol = self.protocol;
+        k._pad = [0; 2];
+        if reversed {
+            k.saddr = self.daddr;
+            k.daddr = self.saddr;
+            k.sport = self.dport;
+            k.dport = self.sport;
+        } else {
+            k.saddr = self.saddr;
+            k.daddr = self.daddr;
+            k.sport = self.sport;
+            k.dport = self.dport;
         }
     }
 
     #[inline(always)]
-    pub fn reversed(&self) -> Tuple {
-        Tuple {
-            saddr: self.daddr,
-            daddr: self.saddr,
-            sport: self.dport,
-            dport: self.sport,
-            ..*self
-        }
+    pub fn clear(&mut self) {
+        self.saddr = [0; 16];
+        self.daddr = [0; 16];
+        self.sport = 0;
+        self.dport = 0;
+        self.policy_port = 0;
+        self.protocol = 0;
+        self.family = 0;
     }
 }
 
 pub struct Packet {
     pub tuple: Tuple,
+    /// IPv6 hop limit (0 for IPv4): neighbour discovery is only trusted at 255.
+    pub hop_limit: u8,
     pub is_icmp_error: bool,
     /// For an ICMP error: the packet it reports on (as that packet was sent).
     pub icmp_error_of: Tuple,
     /// ICMPv6 router/neighbor solicitation/advertisement and redirect: always allowed,
     /// since IPv6 cannot work without them.
     pub neighbor_discovery: bool,
+    /// Conntrack key scratch (44 bytes the BPF stack need not hold).
+    pub key: CtKey,
+    pub frag: Frag,
+    /// Fragmentation of the packet inside an ICMP error (not used).
+    pub inner_frag: Frag,
+    /// Fragment-record key scratch.
+    pub frag_key: FragKey,
+}
+
+/// What kind of frame [`parse`] saw.
+pub enum Frame {
+    Ip,
+    /// ARP and everything else that is neither IP nor tagged: outside NetworkPolicy.
+    NotIp,
+    /// A VLAN tag still in the frame (QinQ's inner tag, or a tag not offloaded).
+    Tagged,
 }
 
 enum Icmp {
@@ -71,56 +123,127 @@ enum Icmp {
     NeighborDiscovery,
 }
 
-/// Fills `pkt`; `Ok(false)` for non-IP frames, `Err` for truncated IP packets.
+/// Fills `pkt` for IP frames; `Err` for truncated IP packets (and frames shorter than an
+/// Ethernet header). The tuple is cleared for anything that is not IP.
 #[inline(always)]
-pub fn parse(ctx: &TcContext, pkt: &mut Packet) -> Result<bool, ()> {
+pub fn parse(ctx: &TcContext, pkt: &mut Packet) -> Result<Frame, ()> {
+    pkt.tuple.clear();
+    pkt.is_icmp_error = false;
+    pkt.neighbor_discovery = false;
+    pkt.hop_limit = 0;
+    pkt.frag = Frag {
+        kind: FRAG_NONE,
+        id: 0,
+    };
     let ethertype = u16::from_be(ctx.load::<u16>(12).map_err(|_| ())?);
     let family = match ethertype {
         ETH_P_IP => 4,
         ETH_P_IPV6 => 6,
-        _ => return Ok(false),
+        ETH_P_8021Q | ETH_P_8021AD | ETH_P_QINQ_OLD => return Ok(Frame::Tagged),
+        _ => return Ok(Frame::NotIp),
     };
-    let l4 = parse_l3(ctx, ETH_HLEN, family, &mut pkt.tuple)?;
+    let l4 = parse_l3(ctx, ETH_HLEN, family, &mut pkt.tuple, &mut pkt.frag)?;
+    if family == 6 {
+        pkt.hop_limit = ctx.load(ETH_HLEN + 7).map_err(|_| ())?;
+    }
     let icmp = parse_l4(ctx, &mut pkt.tuple, l4)?;
     pkt.neighbor_discovery = matches!(icmp, Icmp::NeighborDiscovery);
     pkt.is_icmp_error = matches!(icmp, Icmp::Error);
     if pkt.is_icmp_error {
         // The offending packet follows the 8-byte ICMP header.
-        let inner_l4 = parse_l3(ctx, l4 + 8, family, &mut pkt.icmp_error_of)?;
+        let inner_l4 = parse_l3(
+            ctx,
+            l4 + 8,
+            family,
+            &mut pkt.icmp_error_of,
+            &mut pkt.inner_frag,
+        )?;
         // Only the first 8 bytes of the inner L4 header are guaranteed: enough for ports.
         parse_l4(ctx, &mut pkt.icmp_error_of, inner_l4)?;
     }
-    Ok(true)
+    Ok(Frame::Ip)
 }
 
-/// Fills `t` (ports zero) and returns the offset of the L4 header; usize::MAX means
-/// "no L4 header" (a non-first fragment).
+/// Fills `t` (ports zero) and `frag`, and returns the offset of the L4 header;
+/// usize::MAX means "no L4 header" (a non-first fragment).
 #[inline(always)]
-fn parse_l3(ctx: &TcContext, off: usize, family: u8, t: &mut Tuple) -> Result<usize, ()> {
+fn parse_l3(
+    ctx: &TcContext,
+    off: usize,
+    family: u8,
+    t: &mut Tuple,
+    frag: &mut Frag,
+) -> Result<usize, ()> {
     t.sport = 0;
     t.dport = 0;
     t.policy_port = 0;
     t.family = family;
+    frag.kind = FRAG_NONE;
+    frag.id = 0;
     if family == 4 {
         let vihl: u8 = ctx.load(off).map_err(|_| ())?;
-        let frag = u16::from_be(ctx.load::<u16>(off + 6).map_err(|_| ())?);
+        let id = u16::from_be(ctx.load::<u16>(off + 4).map_err(|_| ())?);
+        let flags_offset = u16::from_be(ctx.load::<u16>(off + 6).map_err(|_| ())?);
         t.protocol = ctx.load(off + 9).map_err(|_| ())?;
         let s: [u8; 4] = ctx.load(off + 12).map_err(|_| ())?;
         let d: [u8; 4] = ctx.load(off + 16).map_err(|_| ())?;
         t.saddr = mapped(s);
         t.daddr = mapped(d);
-        let l4 = if frag & 0x1fff != 0 {
-            usize::MAX
-        } else {
-            off + ((vihl & 0x0f) as usize) * 4
-        };
-        Ok(l4)
-    } else {
-        t.protocol = ctx.load(off + 6).map_err(|_| ())?;
-        load_addr(ctx, off + 8, &mut t.saddr)?;
-        load_addr(ctx, off + 24, &mut t.daddr)?;
-        Ok(off + 40)
+        let more = flags_offset & 0x2000 != 0;
+        let offset = flags_offset & 0x1fff;
+        if offset != 0 {
+            frag.kind = FRAG_LATER;
+            frag.id = u32::from(id);
+            return Ok(usize::MAX);
+        }
+        if more {
+            frag.kind = FRAG_FIRST;
+            frag.id = u32::from(id);
+        }
+        return Ok(off + ((vihl & 0x0f) as usize) * 4);
     }
+    load_addr(ctx, off + 8, &mut t.saddr)?;
+    load_addr(ctx, off + 24, &mut t.daddr)?;
+    let mut next: u8 = ctx.load(off + 6).map_err(|_| ())?;
+    let mut l4 = off + 40;
+    for _ in 0..MAX_EXT_HEADERS {
+        match next {
+            // Hop-by-hop, routing, destination options: length in 8-octet units, not
+            // counting the first 8.
+            0 | 43 | 60 => {
+                let len: u8 = ctx.load(l4 + 1).map_err(|_| ())?;
+                next = ctx.load(l4).map_err(|_| ())?;
+                l4 += (len as usize + 1) * 8;
+            }
+            // Fragment: 8 octets; offset in the top 13 bits of bytes 2-3, then the id.
+            44 => {
+                let offset = u16::from_be(ctx.load::<u16>(l4 + 2).map_err(|_| ())?) & 0xfff8;
+                frag.id = u32::from_be(ctx.load::<u32>(l4 + 4).map_err(|_| ())?);
+                frag.kind = if offset != 0 { FRAG_LATER } else { FRAG_FIRST };
+                next = ctx.load(l4).map_err(|_| ())?;
+                l4 += 8;
+            }
+            // Authentication header: length in 4-octet units, not counting the first 2.
+            51 => {
+                let len: u8 = ctx.load(l4 + 1).map_err(|_| ())?;
+                next = ctx.load(l4).map_err(|_| ())?;
+                l4 += (len as usize + 2) * 4;
+            }
+            _ => break,
+        }
+        if frag.kind == FRAG_LATER {
+            break;
+        }
+    }
+    if matches!(next, 0 | 43 | 44 | 51 | 60) && frag.kind != FRAG_LATER {
+        // More extension headers than we walk: unreadable.
+        return Err(());
+    }
+    t.protocol = next;
+    if frag.kind == FRAG_LATER {
+        return Ok(usize::MAX);
+    }
+    Ok(l4)
 }
 
 #[inline(always)]
@@ -184,6 +307,35 @@ fn load_addr(ctx: &TcContext, off: usize, dst: &mut [u8; 16]) -> Result<(), ()> 
     } else {
         Err(())
     }
+}
+
+/// Whether two 16-byte addresses are equal (two 64-bit compares: no memcmp in BPF).
+#[inline(always)]
+pub fn same_addr(a: &[u8; 16], b: &[u8; 16]) -> bool {
+    let (a, b) = (a.as_ptr() as *const u64, b.as_ptr() as *const u64);
+    // SAFETY: both point to 16 readable bytes.
+    unsafe {
+        core::ptr::read_unaligned(a) == core::ptr::read_unaligned(b)
+            && core::ptr::read_unaligned(a.add(1)) == core::ptr::read_unaligned(b.add(1))
+    }
+}
+
+/// fe80::/10.
+#[inline(always)]
+pub fn is_link_local(a: &[u8; 16]) -> bool {
+    a[0] == 0xfe && a[1] & 0xc0 == 0x80
+}
+
+/// `::`, the source of duplicate address detection.
+#[inline(always)]
+pub fn is_unspecified(a: &[u8; 16]) -> bool {
+    same_addr(a, &[0; 16])
+}
+
+/// ff02::/16 (and other link-scope multicast: ffX2::/16).
+#[inline(always)]
+pub fn is_link_multicast(a: &[u8; 16]) -> bool {
+    a[0] == 0xff && a[1] & 0x0f == 0x02
 }
 
 #[inline(always)]

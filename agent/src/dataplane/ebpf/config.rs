@@ -21,6 +21,15 @@ pub struct EbpfConfig {
     pub policy_entries: u32,
     /// Entries of the conntrack LRU (flows).
     pub ct_entries: u32,
+    /// Entries of the overflow conntrack LRU: flows of endpoints over their budget.
+    pub ct_overflow_entries: u32,
+    /// New entries per second an endpoint may add to the main conntrack table; more go
+    /// to the overflow table, so no one pod can churn the main table (see ARCHITECTURE.md).
+    pub ct_new_per_sec: u64,
+    /// How many new main-table entries an endpoint may add at once.
+    pub ct_new_burst: u64,
+    /// Entries of the fragment LRU (fragmented datagrams in flight, for 30 s at most).
+    pub frag_entries: u32,
     /// COUNTERS slots, hence the highest rule id + 1.
     pub counter_entries: u32,
     /// Bytes of the EVENTS ring buffer (a power of two, a multiple of the page size).
@@ -47,6 +56,10 @@ impl Default for EbpfConfig {
             endpoint_entries: 4096,
             policy_entries: 65536,
             ct_entries: 262144,
+            ct_overflow_entries: 65536,
+            ct_new_per_sec: 100,
+            ct_new_burst: 2000,
+            frag_entries: 16384,
             counter_entries: 16384,
             events_bytes: 1 << 20,
             events_per_sec: 1000,

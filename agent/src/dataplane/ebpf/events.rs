@@ -5,8 +5,9 @@ use std::net::{IpAddr, Ipv6Addr};
 
 use serde::Serialize;
 use weir_common::{
-    VerdictEvent, DIR_INGRESS, REASON_HOST, REASON_ICMP_ERROR, REASON_NOT_ISOLATED,
-    REASON_POLICY_ALLOW, REASON_POLICY_DENY, REASON_REPLY, VERDICT_DROP,
+    VerdictEvent, DIR_INGRESS, REASON_ESTABLISHED, REASON_HOST, REASON_ICMP_ERROR,
+    REASON_MALFORMED, REASON_NOT_ISOLATED, REASON_POLICY_ALLOW, REASON_POLICY_DENY, REASON_REPLY,
+    REASON_SPOOFED, REASON_TAGGED, VERDICT_DROP,
 };
 
 use super::records::Records;
@@ -34,7 +35,9 @@ pub struct MonitorEvent {
     pub endpoint_id: u32,
     pub ifindex: u32,
     pub rule_id: u32,
-    /// `ns/policy direction rule N` for allows by a rule; `default deny` for drops.
+    /// `ns/policy direction rule N` for allows by a rule; `default deny` for policy drops,
+    /// `anti-spoofing`, `no tagged frames from pods` or `unreadable IP header` for the
+    /// drops made before policy.
     pub rule: Option<String>,
     pub packet_len: u32,
 }
@@ -55,6 +58,10 @@ fn reason(code: u8) -> &'static str {
         REASON_NOT_ISOLATED => "not-isolated",
         REASON_ICMP_ERROR => "icmp-error-of-tracked-flow",
         REASON_HOST => "node-address",
+        REASON_SPOOFED => "spoofed-source",
+        REASON_TAGGED => "tagged-frame",
+        REASON_ESTABLISHED => "established",
+        REASON_MALFORMED => "malformed",
         _ => "unknown",
     }
 }
@@ -74,7 +81,15 @@ impl MonitorEvent {
     pub fn decode(ev: &VerdictEvent, records: Option<&Records>) -> MonitorEvent {
         let drop = ev.verdict == VERDICT_DROP;
         let rule = if drop {
-            Some("default deny".to_string())
+            Some(
+                match ev.reason {
+                    REASON_SPOOFED => "anti-spoofing",
+                    REASON_TAGGED => "no tagged frames from pods",
+                    REASON_MALFORMED => "unreadable IP header",
+                    _ => "default deny",
+                }
+                .to_string(),
+            )
         } else {
             records
                 .and_then(|r| r.rules.by_id.get(&ev.rule_id))
@@ -123,5 +138,51 @@ impl MonitorEvent {
                 self.rule_id,
             ),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn drops_before_policy_are_named() {
+        let ev = VerdictEvent {
+            saddr: std::net::Ipv4Addr::new(10, 0, 0, 9)
+                .to_ipv6_mapped()
+                .octets(),
+            family: 4,
+            direction: weir_common::DIR_EGRESS,
+            verdict: VERDICT_DROP,
+            reason: REASON_SPOOFED,
+            ..Default::default()
+        };
+        let e = MonitorEvent::decode(&ev, None);
+        assert_eq!(
+            (e.verdict, e.reason, e.direction),
+            ("drop", "spoofed-source", "egress")
+        );
+        assert_eq!(e.rule.as_deref(), Some("anti-spoofing"));
+        assert_eq!(e.src, std::net::IpAddr::from([10, 0, 0, 9]));
+        let tagged = MonitorEvent::decode(
+            &VerdictEvent {
+                reason: REASON_TAGGED,
+                ..ev
+            },
+            None,
+        );
+        assert_eq!(tagged.reason, "tagged-frame");
+        let established = MonitorEvent::decode(
+            &VerdictEvent {
+                verdict: weir_common::VERDICT_ALLOW,
+                reason: REASON_ESTABLISHED,
+                ..ev
+            },
+            None,
+        );
+        assert_eq!(
+            (established.verdict, established.reason),
+            ("allow", "established")
+        );
     }
 }

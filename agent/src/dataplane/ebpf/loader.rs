@@ -64,10 +64,12 @@ pub fn open_programs_in(dir: &Path) -> Result<Programs, DataplaneError> {
 /// What the pinned programs are: the object and the settings baked into its rodata.
 /// A different fingerprint at start-up (an upgraded agent, new settings) means reload.
 pub fn fingerprint(config: &EbpfConfig) -> String {
-    let parts: [&[u8]; 3] = [
+    let parts: [&[u8]; 5] = [
         OBJECT,
         &config.events_per_sec.to_le_bytes(),
         &[log_level(config)],
+        &config.ct_new_per_sec.to_le_bytes(),
+        &config.ct_new_burst.to_le_bytes(),
     ];
     let hash = parts
         .iter()
@@ -79,12 +81,19 @@ pub fn fingerprint(config: &EbpfConfig) -> String {
 }
 
 /// The configured max_entries of the maps whose size the configuration sets.
-pub fn max_entries(config: &EbpfConfig) -> [(&'static str, u32); 6] {
+pub fn max_entries(config: &EbpfConfig) -> [(&'static str, u32); 9] {
     [
         (map_names::IDENTITY, config.identity_entries),
         (map_names::ENDPOINT, config.endpoint_entries),
         (map_names::POLICY, config.policy_entries),
         (map_names::CT, config.ct_entries),
+        (map_names::CT_OVERFLOW, config.ct_overflow_entries),
+        (map_names::FRAG, config.frag_entries),
+        // Indexed by endpoint id, which is at most the number of endpoints.
+        (
+            map_names::CT_BUDGET,
+            config.endpoint_entries.saturating_add(1),
+        ),
         (map_names::COUNTERS, config.counter_entries),
         (map_names::EVENTS, config.events_bytes),
     ]
@@ -114,6 +123,8 @@ pub fn load_and_pin_into(
     }
     loader
         .override_global("EVENT_RATE_PER_SEC", &config.events_per_sec, true)
+        .override_global("CT_NEW_PER_SEC", &config.ct_new_per_sec, true)
+        .override_global("CT_NEW_BURST", &config.ct_new_burst, true)
         .override_global("AYA_LOG_LEVEL", &level, true);
     let mut ebpf = loader
         .load(OBJECT)

@@ -36,7 +36,9 @@ use std::{
     sync::{Arc, Mutex},
 };
 
-use weir_common::{map_names, EndpointInfo, EP_EGRESS_ISOLATED, EP_INGRESS_ISOLATED};
+use weir_common::{
+    map_names, EndpointInfo, EP_EGRESS_ISOLATED, EP_HAS_IPV4, EP_HAS_IPV6, EP_INGRESS_ISOLATED,
+};
 
 pub use attach::AttachMode;
 pub use config::{EbpfConfig, DEFAULT_PIN_ROOT};
@@ -54,6 +56,14 @@ use self::{
 };
 use super::{ApplyFailure, ApplyReport, Dataplane, DataplaneError, DataplaneKind, DataplaneStatus};
 use crate::policy::desired::{AddressSet, Delta, Desired, Endpoint, PodKey, SetId};
+
+/// Counters (see [`EbpfDataplane::counters`]) that count drops, by reason.
+const DROP_REASONS: [&str; 4] = [
+    "default-deny",
+    "spoofed-source",
+    "tagged-frame",
+    "malformed",
+];
 
 pub struct EbpfDataplane {
     layout: PinLayout,
@@ -266,7 +276,8 @@ impl EbpfDataplane {
     }
 
     /// Packets and bytes admitted per rule (summed over CPUs), and the reserved slots
-    /// (default-deny drops, replies, non-isolated traffic, suppressed events).
+    /// (drops by reason, replies and established flows, non-isolated traffic, flows in the
+    /// overflow table, followed fragments, suppressed events).
     pub fn counters(&self) -> Vec<(String, u64, u64)> {
         let mut out = Vec::new();
         let mut read = |name: String, index: u32| {
@@ -283,6 +294,15 @@ impl EbpfDataplane {
             (weir_common::COUNTER_NOT_ISOLATED, "not-isolated"),
             (weir_common::COUNTER_ICMP_ERROR, "icmp-error"),
             (weir_common::COUNTER_HOST, "node-address"),
+            (weir_common::COUNTER_SPOOFED, "spoofed-source"),
+            (weir_common::COUNTER_TAGGED, "tagged-frame"),
+            (weir_common::COUNTER_MALFORMED, "malformed"),
+            (weir_common::COUNTER_CT_OVERFLOW, "ct-overflow"),
+            (
+                weir_common::COUNTER_NEIGHBOR_DISCOVERY,
+                "neighbor-discovery",
+            ),
+            (weir_common::COUNTER_FRAGMENT_FOLLOWED, "fragment-followed"),
             (weir_common::COUNTER_EVENTS_SUPPRESSED, "events-suppressed"),
         ] {
             read(name.to_string(), index);
@@ -391,13 +411,9 @@ impl EbpfDataplane {
             if ep.egress.isolated {
                 flags |= EP_EGRESS_ISOLATED;
             }
-            target.endpoint.insert(
-                *ifindex,
-                EndpointInfo {
-                    endpoint_id: *id,
-                    flags,
-                },
-            );
+            target
+                .endpoint
+                .insert(*ifindex, endpoint_info(*id, flags, ep));
             owner.insert(*id, pod.clone());
             policy_map::endpoint_entries(
                 *id,
@@ -570,6 +586,25 @@ impl EbpfDataplane {
     }
 }
 
+/// The ENDPOINT record: id, isolation, and the addresses the pod may send from
+/// (anti-spoofing: a family without an address is dropped whole).
+fn endpoint_info(endpoint_id: u32, mut flags: u32, ep: &Endpoint) -> EndpointInfo {
+    let mut info = EndpointInfo {
+        endpoint_id,
+        ..Default::default()
+    };
+    if let Some(v4) = ep.ipv4 {
+        flags |= EP_HAS_IPV4;
+        info.ipv4 = v4.to_ipv6_mapped().octets();
+    }
+    if let Some(v6) = ep.ipv6 {
+        flags |= EP_HAS_IPV6;
+        info.ipv6 = v6.octets();
+    }
+    info.flags = flags;
+    info
+}
+
 fn locate(ep: &Endpoint) -> Result<(String, u32), String> {
     let addr = ep
         .ipv4
@@ -638,13 +673,12 @@ impl Dataplane for EbpfDataplane {
                 ));
             }
         }
-        // Every drop is a default deny (no rule denies); the metrics export it by reason.
-        if let Some((_, packets, _)) = self
-            .counters()
-            .into_iter()
-            .find(|(n, _, _)| n == "default-deny")
-        {
-            details.push(("drops.default-deny".into(), packets.to_string()));
+        // Drops by reason (no rule denies: policy drops are default denies); the metrics
+        // export them as weir_drops{reason}.
+        for (name, packets, _) in self.counters() {
+            if DROP_REASONS.contains(&name.as_str()) {
+                details.push((format!("drops.{name}"), packets.to_string()));
+            }
         }
         DataplaneStatus {
             kind: Some(DataplaneKind::Ebpf),
@@ -653,5 +687,38 @@ impl Dataplane for EbpfDataplane {
             rules: self.counts.2,
             details,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::desired::DirectionPolicy;
+
+    #[test]
+    fn endpoint_record_carries_the_addresses_it_may_send_from() {
+        let mut ep = Endpoint {
+            pod: "x/a".into(),
+            ipv4: Some("10.244.0.7".parse().unwrap()),
+            ipv6: None,
+            ingress: DirectionPolicy::default(),
+            egress: DirectionPolicy::default(),
+        };
+        let info = endpoint_info(3, EP_INGRESS_ISOLATED, &ep);
+        assert_eq!(info.endpoint_id, 3);
+        assert_eq!(info.flags, EP_INGRESS_ISOLATED | EP_HAS_IPV4);
+        // IPv4-mapped, as the programs store every address.
+        assert_eq!(
+            info.ipv4,
+            [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 10, 244, 0, 7]
+        );
+        assert_eq!(info.ipv6, [0; 16], "no IPv6 address: IPv6 is all spoofed");
+        ep.ipv6 = Some("fd00::7".parse().unwrap());
+        let info = endpoint_info(3, 0, &ep);
+        assert_eq!(info.flags, EP_HAS_IPV4 | EP_HAS_IPV6);
+        assert_eq!(
+            info.ipv6,
+            "fd00::7".parse::<std::net::Ipv6Addr>().unwrap().octets()
+        );
     }
 }

@@ -37,9 +37,12 @@ use crate::dataplane::new_pods::NewPodIsolation;
 /// are allocated from 1 upwards).
 pub const PENDING_ENDPOINT_ID: u32 = u32::MAX;
 
+/// No address either: anything it sends is also a spoof.
 pub const PENDING: EndpointInfo = EndpointInfo {
     endpoint_id: PENDING_ENDPOINT_ID,
     flags: EP_INGRESS_ISOLATED | EP_EGRESS_ISOLATED,
+    ipv4: [0; 16],
+    ipv6: [0; 16],
 };
 
 const BPF_NOEXIST: u64 = 1;

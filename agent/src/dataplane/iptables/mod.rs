@@ -1,9 +1,11 @@
 //! The ipset/iptables dataplane. Address sets become `hash:net` ipsets (one per family,
 //! excepts as `nomatch`); each isolated endpoint direction becomes a `WEIR-I-*`/`WEIR-E-*`
 //! chain that RETURNs allowed traffic and DROPs the rest; `WEIR-FILTER`, entered first
-//! from FORWARD, lets replies through (conntrack) and dispatches by pod address. Traffic
-//! between a pod and its own node (INPUT, OUTPUT) is not policed. IPv4 through iptables, IPv6 through ip6tables, on the backend (legacy or
-//! nft) the node already uses.
+//! from FORWARD, first drops packets from a pod interface whose source is not the pod's
+//! (`WEIR-SPOOF`, see [`spoof`]), then lets packets of known connections through
+//! (conntrack ESTABLISHED,RELATED) and dispatches by pod address. Traffic between a pod
+//! and its own node (INPUT, OUTPUT) is not policed. IPv4 through iptables, IPv6 through
+//! ip6tables, on the backend (legacy or nft) the node already uses.
 //!
 //! Writes are batched: one `ipset restore` for additions, one `iptables-restore
 //! --noflush` per family (atomic per table), one `ipset restore` for removals. After
@@ -16,9 +18,10 @@ pub mod backend;
 pub mod names;
 pub mod rules;
 pub mod sets;
+pub mod spoof;
 mod tables;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write;
 
 use crate::dataplane::new_pods::NewPodIsolation;
@@ -46,6 +49,8 @@ pub struct IptablesDataplane {
     /// What the kernel holds, as last written; `None` before the first reconcile and
     /// after a failed write.
     programmed: Option<Desired>,
+    /// The anti-spoofing rules last written, per family (with `programmed`).
+    spoof: BTreeMap<Family, Vec<String>>,
 }
 
 impl IptablesDataplane {
@@ -70,6 +75,7 @@ impl IptablesDataplane {
             new_pods: config.new_pods,
             names: ChainNames::default(),
             programmed: None,
+            spoof: BTreeMap::new(),
         })
     }
 
@@ -89,6 +95,7 @@ impl IptablesDataplane {
             self.programmed.take().unwrap_or_default()
         };
         self.programmed = None;
+        let old_spoof = std::mem::take(&mut self.spoof);
         let mut desired = with_missing_sets(desired, report);
         let known = self.new_pods.enabled().then(|| known_endpoints(&desired));
         // Sizes of the sets in the kernel: those an earlier release made are upgraded.
@@ -97,6 +104,16 @@ impl IptablesDataplane {
             sets::maxelems(&listed)
         } else {
             Default::default()
+        };
+        let routes = match spoof::host_routes() {
+            Ok(r) => Some(r),
+            Err(e) => {
+                report.failures.push(ApplyFailure {
+                    object: "anti-spoofing".into(),
+                    reason: format!("pod interfaces not found (rules left as they were): {e}"),
+                });
+                None
+            }
         };
 
         let (mut adds, mut dels) = (String::new(), String::new());
@@ -130,6 +147,11 @@ impl IptablesDataplane {
             } else {
                 None
             };
+            let spoof_rules = match &routes {
+                Some(r) => spoof::rules(&desired, r, family),
+                None => old_spoof.get(&family).cloned().unwrap_or_default(),
+            };
+            let changed = full || old_spoof.get(&family) != Some(&spoof_rules);
             let script = tables::script(
                 &mut self.names,
                 &old,
@@ -137,6 +159,7 @@ impl IptablesDataplane {
                 family,
                 saved.as_deref(),
                 &self.new_pods,
+                changed.then_some(spoof_rules.as_slice()),
             )
             .map_err(|e| DataplaneError::Other(format!("{family} rules: {e}")))?;
             if let Some(script) = script {
@@ -144,6 +167,7 @@ impl IptablesDataplane {
                     DataplaneError::Other(format!("{} {family} restore: {e}", self.backend))
                 })?;
             }
+            self.spoof.insert(family, spoof_rules);
         }
 
         if let Some(k) = known {

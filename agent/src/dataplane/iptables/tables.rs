@@ -17,6 +17,7 @@ use super::names::{
     NEW_FROM_POD_CHAIN, NEW_TO_POD_CHAIN,
 };
 use super::rules::{dispatch_rules, endpoint_rules};
+use super::spoof::SPOOF_CHAIN;
 use crate::dataplane::new_pods::NewPodIsolation;
 
 const DIRECTIONS: [Direction; 2] = [Direction::Ingress, Direction::Egress];
@@ -25,7 +26,9 @@ const DIRECTIONS: [Direction; 2] = [Direction::Ingress, Direction::Egress];
 const CONNTRACK_RULE: &str = "-m conntrack --ctstate ESTABLISHED,RELATED -j RETURN";
 
 /// `saved` (the backend's current `iptables-save` for `family`) asks for a full
-/// rewrite; without it, only the difference from `old` is written. `None`: nothing to do.
+/// rewrite; without it, only the difference from `old` is written. `spoof`: the
+/// anti-spoofing rules, when they changed (always given for a full rewrite). `None`:
+/// nothing to do.
 pub fn script(
     names: &mut ChainNames,
     old: &Desired,
@@ -33,11 +36,25 @@ pub fn script(
     family: Family,
     saved: Option<&str>,
     new_pods: &NewPodIsolation,
+    spoof: Option<&[String]>,
 ) -> Result<Option<String>, SaveParseError> {
     let mut body = String::new();
     match saved {
-        Some(saved) => full(names, new, family, saved, new_pods, &mut body)?,
-        None => delta(names, old, new, family, &mut body),
+        Some(saved) => full(
+            names,
+            new,
+            family,
+            saved,
+            new_pods,
+            spoof.unwrap_or(&[]),
+            &mut body,
+        )?,
+        None => {
+            if let Some(rules) = spoof {
+                write_chain(&mut body, SPOOF_CHAIN, rules);
+            }
+            delta(names, old, new, family, &mut body)
+        }
     }
     if body.is_empty() {
         return Ok(None);
@@ -86,12 +103,15 @@ fn full(
     family: Family,
     saved: &str,
     new_pods: &NewPodIsolation,
+    spoof: &[String],
     out: &mut String,
 ) -> Result<(), SaveParseError> {
     let tables = iptables_save::parse(saved)?;
     let filter = tables.iter().find(|t| t.name == "filter");
-    let mut wanted = BTreeSet::from([DISPATCH_CHAIN.to_string()]);
-    let mut dispatch = vec![CONNTRACK_RULE.to_string()];
+    let mut wanted = BTreeSet::from([DISPATCH_CHAIN.to_string(), SPOOF_CHAIN.to_string()]);
+    // Anti-spoofing before anything else, the conntrack shortcut included.
+    write_chain(out, SPOOF_CHAIN, spoof);
+    let mut dispatch = vec![format!("-j {SPOOF_CHAIN}"), CONNTRACK_RULE.to_string()];
     for ep in new.endpoints.values() {
         let hash = names.hash_for(&ep.pod);
         for d in DIRECTIONS {
@@ -230,6 +250,7 @@ mod tests {
             Family::V4,
             Some(saved),
             &NewPodIsolation::off(),
+            None,
         )
         .unwrap()
         .unwrap();
@@ -237,6 +258,11 @@ mod tests {
         assert_eq!(s.matches("-D FORWARD -j WEIR-FILTER").count(), 1);
         assert!(s.contains("-F WEIR-I-dead\n") && s.contains("-X WEIR-I-dead\n"));
         assert!(s.contains("-A WEIR-FILTER -d 10.0.0.1/32 -j WEIR-I-"));
+        // Anti-spoofing comes first, before the conntrack shortcut.
+        let spoof = s.find("-A WEIR-FILTER -j WEIR-SPOOF").unwrap();
+        let ct = s.find("-A WEIR-FILTER -m conntrack").unwrap();
+        assert!(spoof < ct, "{s}");
+        assert!(s.contains(":WEIR-SPOOF - [0:0]\n"));
         assert!(s.ends_with("COMMIT\n"));
     }
 
@@ -252,6 +278,7 @@ mod tests {
             Family::V4,
             Some(saved),
             &NewPodIsolation::off(),
+            None,
         )
         .unwrap()
         .unwrap();
@@ -269,6 +296,7 @@ mod tests {
             Family::V4,
             Some(first),
             &NewPodIsolation::off(),
+            None,
         )
         .unwrap()
         .unwrap();
@@ -286,7 +314,8 @@ mod tests {
                 &old,
                 Family::V4,
                 None,
-                &NewPodIsolation::off()
+                &NewPodIsolation::off(),
+                None
             )
             .unwrap(),
             None
@@ -300,6 +329,7 @@ mod tests {
             Family::V4,
             None,
             &NewPodIsolation::off(),
+            None,
         )
         .unwrap()
         .unwrap();

@@ -1,0 +1,175 @@
+//! Anti-spoofing on the iptables dataplane: a packet forwarded from a pod's interface
+//! whose source is not one of that pod's addresses is dropped, in `WEIR-SPOOF`, which
+//! `WEIR-FILTER` enters before anything else (before the conntrack rule: a packet dropped
+//! in FORWARD never confirms a conntrack entry, so it leaves no state either).
+//!
+//! A pod's interface is the device of its host route (`/32`, `/128`), as CNIs with one
+//! veth per pod install. A device that carries the host routes of more than one endpoint
+//! (a bridge) gets no rule: it is not one pod's. IPv6 link-local sources are never
+//! forwarded by the kernel, so neighbour discovery (INPUT, not FORWARD) is untouched.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+
+use serde::Deserialize;
+
+use crate::policy::desired::Desired;
+use crate::reset::exec;
+
+use super::backend::Family;
+
+/// The chain of anti-spoofing rules, entered first from `WEIR-FILTER`.
+pub const SPOOF_CHAIN: &str = "WEIR-SPOOF";
+
+#[derive(Deserialize)]
+struct Route {
+    dst: Option<String>,
+    dev: Option<String>,
+}
+
+/// Host routes (a `dst` without a prefix length, or with /32, /128) → device, from
+/// `ip -j route show` output.
+pub fn parse_host_routes(json: &str) -> Result<BTreeMap<IpAddr, String>, String> {
+    let routes: Vec<Route> =
+        serde_json::from_str(json).map_err(|e| format!("parse `ip -j route show`: {e}"))?;
+    let mut out = BTreeMap::new();
+    for r in routes {
+        let (Some(dst), Some(dev)) = (r.dst, r.dev) else {
+            continue;
+        };
+        let addr = match dst.split_once('/') {
+            None => dst.parse().ok(),
+            Some((a, "32" | "128")) => a.parse().ok(),
+            Some(_) => None,
+        };
+        if let Some(addr) = addr {
+            out.insert(addr, dev);
+        }
+    }
+    Ok(out)
+}
+
+/// The node's host routes, both families.
+pub fn host_routes() -> Result<BTreeMap<IpAddr, String>, String> {
+    let mut all = BTreeMap::new();
+    for family in ["-4", "-6"] {
+        let out = exec::run_ok("ip", &[family, "-j", "route", "show"], None)
+            .map_err(|e| e.to_string())?;
+        all.extend(parse_host_routes(&out)?);
+    }
+    Ok(all)
+}
+
+/// Rule specs (after `-A WEIR-SPOOF `) for `family`: per pod interface, drop what does not
+/// come from the pod's address of that family (everything, if it has none).
+pub fn rules(desired: &Desired, routes: &BTreeMap<IpAddr, String>, family: Family) -> Vec<String> {
+    let mut dev_of: BTreeMap<&str, &str> = BTreeMap::new();
+    let mut owners: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
+    for ep in desired.endpoints.values() {
+        let addrs = [ep.ipv4.map(IpAddr::V4), ep.ipv6.map(IpAddr::V6)];
+        let dev = addrs.iter().flatten().find_map(|a| routes.get(a));
+        if let Some(dev) = dev {
+            dev_of.insert(ep.pod.as_str(), dev.as_str());
+            owners
+                .entry(dev.as_str())
+                .or_default()
+                .insert(ep.pod.as_str());
+        }
+        // Another family's host route on another device also belongs to this pod.
+        for a in addrs.iter().flatten() {
+            if let Some(d) = routes.get(a) {
+                owners
+                    .entry(d.as_str())
+                    .or_default()
+                    .insert(ep.pod.as_str());
+            }
+        }
+    }
+    let mut out = Vec::new();
+    for ep in desired.endpoints.values() {
+        let Some(dev) = dev_of.get(ep.pod.as_str()) else {
+            continue;
+        };
+        if owners.get(dev).is_some_and(|o| o.len() > 1) {
+            continue;
+        }
+        let comment = format!("\"{} anti-spoofing\"", ep.pod.replace(['"', '\\'], ""));
+        let source = match family {
+            Family::V4 => ep.ipv4.map(|a| format!("! -s {a}/32 ")),
+            Family::V6 => ep.ipv6.map(|a| format!("! -s {a}/128 ")),
+        };
+        out.push(format!(
+            "-i {dev} {}-m comment --comment {comment} -j DROP",
+            source.unwrap_or_default()
+        ));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::desired::{DirectionPolicy, Endpoint};
+
+    fn ep(pod: &str, v4: Option<&str>, v6: Option<&str>) -> Endpoint {
+        Endpoint {
+            pod: pod.into(),
+            ipv4: v4.map(|a| a.parse().unwrap()),
+            ipv6: v6.map(|a| a.parse().unwrap()),
+            ingress: DirectionPolicy::default(),
+            egress: DirectionPolicy::default(),
+        }
+    }
+
+    #[test]
+    fn host_routes_only() {
+        let json = r#"[{"dst":"10.244.0.2","dev":"lxca","scope":"link","flags":[]},
+            {"dst":"10.244.0.0/16","dev":"cni0"},{"dst":"default","gateway":"10.0.0.1","dev":"eth0"},
+            {"dst":"fd00::3/128","dev":"lxcb"},{"dst":"fd00::4","dev":"lxcb"}]"#;
+        let r = parse_host_routes(json).unwrap();
+        assert_eq!(r.len(), 3);
+        assert_eq!(r[&"10.244.0.2".parse::<IpAddr>().unwrap()], "lxca");
+        assert_eq!(r[&"fd00::3".parse::<IpAddr>().unwrap()], "lxcb");
+    }
+
+    #[test]
+    fn one_rule_per_pod_interface_and_family() {
+        let mut d = Desired::default();
+        for e in [
+            ep("x/a", Some("10.0.0.2"), Some("fd00::2")),
+            ep("x/b", Some("10.0.0.3"), None),
+            // Shares a device with x/d: a bridge, not one pod's interface.
+            ep("x/c", Some("10.0.0.4"), None),
+            ep("x/d", Some("10.0.0.5"), None),
+            // No host route at all.
+            ep("x/e", Some("10.0.0.6"), None),
+        ] {
+            d.endpoints.insert(e.pod.clone(), e);
+        }
+        let routes: BTreeMap<IpAddr, String> = [
+            ("10.0.0.2", "lxca"),
+            ("fd00::2", "lxca"),
+            ("10.0.0.3", "lxcb"),
+            ("10.0.0.4", "br0"),
+            ("10.0.0.5", "br0"),
+        ]
+        .into_iter()
+        .map(|(a, d)| (a.parse().unwrap(), d.to_string()))
+        .collect();
+        assert_eq!(
+            rules(&d, &routes, Family::V4),
+            [
+                "-i lxca ! -s 10.0.0.2/32 -m comment --comment \"x/a anti-spoofing\" -j DROP",
+                "-i lxcb ! -s 10.0.0.3/32 -m comment --comment \"x/b anti-spoofing\" -j DROP",
+            ]
+        );
+        assert_eq!(
+            rules(&d, &routes, Family::V6),
+            [
+                "-i lxca ! -s fd00::2/128 -m comment --comment \"x/a anti-spoofing\" -j DROP",
+                // x/b has no IPv6 address: nothing IPv6 may be forwarded from it.
+                "-i lxcb -m comment --comment \"x/b anti-spoofing\" -j DROP",
+            ]
+        );
+    }
+}
