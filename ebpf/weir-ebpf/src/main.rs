@@ -113,6 +113,12 @@ fn opposite(direction: u8) -> u8 {
 /// discovery, MLD, duplicate address detection), which the node never forwards.
 #[inline(always)]
 fn source_ok(ep: &EndpointInfo, t: &Tuple) -> bool {
+    // An interface isolated before its pod is known has no address yet: both directions
+    // are isolated with no rules, so it reaches only the node, and its source cannot be
+    // checked until the agent programs it.
+    if ep.flags & (EP_HAS_IPV4 | EP_HAS_IPV6) == 0 {
+        return true;
+    }
     if t.family == 4 {
         return ep.flags & EP_HAS_IPV4 != 0 && packet::same_addr(&t.saddr, &ep.ipv4);
     }

@@ -128,12 +128,17 @@ impl IptablesDataplane {
         }
         if let Some(k) = &known {
             // Exists (empty when new) before a rule names it; members come after the rules,
-            // so a pod counts as programmed only once its chains are in place.
+            // so a pod counts as programmed only once its chains are in place. One an
+            // earlier release made at another size is swapped for one of this size below.
             for family in Family::ALL {
+                let name = names::set_name(k.id, family);
+                if existing.get(&name).is_some_and(|m| *m != sets::MAXELEM) {
+                    continue;
+                }
                 let _ = writeln!(
                     adds,
                     "create {} hash:net family {} maxelem {}",
-                    names::set_name(k.id, family),
+                    name,
                     family.ipset_family(),
                     sets::MAXELEM
                 );
