@@ -581,6 +581,51 @@ fn ct_flood(w: &World, out: &mut Outcomes) {
     );
 }
 
+/// A packet the receiver's ingress drops leaves no state that admits its "reply": vc
+/// (ingress default deny) sends UDP to db:5432 (ingress default deny, so dropped), then
+/// db sends from 5432 back to vc's port. iptables never confirms a conntrack entry for a
+/// packet dropped in FORWARD; eBPF removes the entry vc's egress hook made when db's
+/// ingress drops the packet.
+fn dropped_not_tracked(w: &World, out: &mut Outcomes) {
+    for v6 in [false, true] {
+        let vc = v(w.pod("vc"), v6);
+        let db = v(w.pod("db"), v6);
+        let vc_ns = w.pod("vc").netns.clone();
+        let port = if v6 { 43001 } else { 43000 };
+        std::thread::spawn(move || {
+            enter(&vc_ns);
+            let bind = SocketAddr::new(
+                if v6 {
+                    IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED)
+                } else {
+                    IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED)
+                },
+                port,
+            );
+            let s = std::net::UdpSocket::bind(bind).expect("bind vc");
+            s.send_to(b"query", SocketAddr::new(db, 5432)).unwrap();
+        })
+        .join()
+        .unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+        let marker = format!("weir-untracked-{v6}");
+        let seg = raw::udp(
+            SocketAddr::new(db, 5432),
+            SocketAddr::new(vc, port),
+            marker.as_bytes(),
+        );
+        let packet = raw::ip(db, vc, raw::IPPROTO_UDP, &seg);
+        let got = w.reaches("db", "vc", &[], &packet, marker.as_bytes());
+        out.insert(
+            format!(
+                "{} reply-shaped packet db:5432 → vc after db's ingress dropped vc's packet",
+                fam(v6)
+            ),
+            got,
+        );
+    }
+}
+
 /// Neighbour discovery that crossed the node is judged like any packet: cli sends a
 /// neighbour solicitation (hop limit 255) to db's global address; the node forwards it
 /// (hop limit 254) to db, whose ingress is default deny. Only link-scoped ND is exempt.
@@ -813,6 +858,12 @@ fn expected() -> Outcomes {
         "v6 neighbour solicitation forwarded from cli to db".into(),
         false,
     );
+    for f in ["v4", "v6"] {
+        e.insert(
+            format!("{f} reply-shaped packet db:5432 → vc after db's ingress dropped vc's packet"),
+            false,
+        );
+    }
     for (case, through) in [
         (
             "established flow before the allowing policy is deleted",
@@ -851,12 +902,13 @@ fn run(dataplane: &str) {
             .unwrap_or_else(|e| panic!("weir monitor on {}: {e}", w.bpf_root))
     });
     let mut out = Outcomes::new();
-    let cases: [(&str, Case); 9] = [
+    let cases: [(&str, Case); 10] = [
         ("spoofing", spoofing),
         ("forgery", forgery),
         ("tagged", tagged),
         ("icmp_errors", icmp_errors),
         ("forwarded_nd", forwarded_nd),
+        ("dropped_not_tracked", dropped_not_tracked),
         ("fragments", fragments),
         ("policy_change", policy_change),
         // Last: on iptables the flood fills the node's conntrack table for a while.

@@ -22,6 +22,7 @@ pub struct Programs {
 pub struct Maps {
     pub identity: LpmTrie<MapData, IdentityKey, u32>,
     pub endpoint: HashMap<MapData, u32, EndpointInfo>,
+    pub local: HashMap<MapData, IdentityKey, u32>,
     pub policy: LpmTrie<MapData, PolicyKey, u32>,
     pub counters: PerCpuArray<MapData, Counter>,
     pub records: RecordsMap,
@@ -85,6 +86,8 @@ pub fn load_and_pin(layout: &PinLayout, config: &EbpfConfig) -> Result<(), Datap
         .map_max_entries(map_names::CT, config.ct_entries)
         .map_max_entries(map_names::CT_OVERFLOW, config.ct_overflow_entries)
         .map_max_entries(map_names::FRAG, config.frag_entries)
+        // Two addresses (IPv4, IPv6) per endpoint.
+        .map_max_entries(map_names::LOCAL, config.endpoint_entries.saturating_mul(2))
         // Indexed by endpoint id, which is at most the number of endpoints.
         .map_max_entries(
             map_names::CT_BUDGET,
@@ -185,6 +188,7 @@ impl Maps {
         Ok(Maps {
             identity: typed!(layout, map_names::IDENTITY),
             endpoint: typed!(layout, map_names::ENDPOINT),
+            local: typed!(layout, map_names::LOCAL),
             policy: typed!(layout, map_names::POLICY),
             counters: typed!(layout, map_names::COUNTERS),
             records: typed!(layout, map_names::RECORDS),

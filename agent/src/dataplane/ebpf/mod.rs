@@ -275,6 +275,15 @@ impl EbpfDataplane {
             target
                 .endpoint
                 .insert(*ifindex, endpoint_info(*id, flags, ep));
+            for addr in [
+                ep.ipv4.map(|a| a.to_ipv6_mapped().octets()),
+                ep.ipv6.map(|a| a.octets()),
+            ]
+            .into_iter()
+            .flatten()
+            {
+                target.local.insert(addr, *id);
+            }
             owner.insert(*id, pod.clone());
             policy_map::endpoint_entries(
                 *id,
@@ -299,6 +308,7 @@ impl EbpfDataplane {
         self.kernel.upsert_identity(&mut self.maps, &target, errors);
         self.kernel.delete_identity(&mut self.maps, &target, errors);
         self.kernel.upsert_endpoint(&mut self.maps, &target, errors);
+        self.kernel.upsert_local(&mut self.maps, &target, errors);
 
         // Attach pods whose interface is new; endpoint entries are in place already.
         let mut attached = BTreeMap::new();
@@ -367,6 +377,7 @@ impl EbpfDataplane {
         self.records.endpoints = attached;
 
         self.kernel.delete_endpoint(&mut self.maps, &target, errors);
+        self.kernel.delete_local(&mut self.maps, &target, errors);
         self.kernel
             .delete_policy(&mut self.maps, &target, name_policy, errors);
         if let Err(e) = records::store(&mut self.maps.records, &self.records) {
