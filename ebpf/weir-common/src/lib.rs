@@ -9,7 +9,8 @@
 //! WEIR_ENDPOINT value [`EndpointInfo`] grew from 8 to 40 bytes (the pod's addresses), the
 //! WEIR_CT key [`CtKey`] from 40 to 44 bytes (endpoint id and direction); new maps
 //! WEIR_CT_OVERFLOW ([`CtKey`] → [`CtValue`]), WEIR_CT_BUDGET (array of [`RateState`]) and
-//! WEIR_FRAG ([`FragKey`] → [`FragValue`]). Pins of the previous release do not match.
+//! WEIR_FRAG ([`FragKey`] → [`FragValue`]) and WEIR_LOCAL ([`IdentityKey`] → endpoint id).
+//! Pins of the previous release do not match.
 #![no_std]
 
 /// Map names, as declared by the kernel programs and pinned under `<root>/maps/`.
@@ -24,6 +25,8 @@ pub mod map_names {
     pub const CT_BUDGET: &str = "WEIR_CT_BUDGET";
     /// Ports of allowed first fragments, for the later fragments of the same datagram.
     pub const FRAG: &str = "WEIR_FRAG";
+    /// Local pods' addresses ([`super::IdentityKey`], IPv4-mapped) → endpoint id.
+    pub const LOCAL: &str = "WEIR_LOCAL";
     pub const COUNTERS: &str = "WEIR_COUNTERS";
     pub const EVENTS: &str = "WEIR_EVENTS";
     pub const RATE: &str = "WEIR_RATE";

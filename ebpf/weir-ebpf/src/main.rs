@@ -69,6 +69,10 @@ static WEIR_CT_OVERFLOW: LruHashMap<CtKey, CtValue> = LruHashMap::pinned(65536, 
 /// and IP id, so later fragments follow the verdict of their datagram.
 #[map]
 static WEIR_FRAG: LruHashMap<FragKey, FragValue> = LruHashMap::pinned(16384, 0);
+/// Local pods' addresses → endpoint id: when a pod's ingress drops a packet from another
+/// local pod, the sender's CT entry for it goes too (its full verdict was a drop).
+#[map]
+static WEIR_LOCAL: HashMap<IdentityKey, u32> = HashMap::pinned(8192, 0);
 /// One token bucket per endpoint id (ids are small: the agent hands out the lowest free).
 #[map]
 static WEIR_CT_BUDGET: Array<RateState> = Array::pinned(4097, 0);
@@ -264,6 +268,9 @@ fn judge(
         return v.allow(ctx, &pkt.tuple, rule, REASON_POLICY_ALLOW);
     }
     count(ctx, COUNTER_DEFAULT_DENY);
+    if direction == DIR_INGRESS {
+        ct_forget_sender(pkt);
+    }
     // Compiled out by the verifier unless the agent loads with a log level (rodata).
     debug!(
         ctx,
@@ -496,6 +503,25 @@ fn frag_follow(pkt: &mut Packet, endpoint_id: u32, direction: u8, now: u64) -> b
     pkt.tuple.dport = r.dport;
     pkt.tuple.policy_port = r.policy_port;
     true
+}
+
+/// The packet was dropped by this pod's ingress: if it came from another pod on this node,
+/// that pod's egress hook admitted it and made a CT entry, which must not outlive the
+/// drop (it would admit the "reply" into the sender; iptables confirms no state for a
+/// packet dropped in FORWARD either).
+#[inline(always)]
+fn ct_forget_sender(pkt: &mut Packet) {
+    let Some(sender) = (unsafe {
+        WEIR_LOCAL.get(&IdentityKey {
+            addr: pkt.tuple.saddr,
+        })
+    })
+    .copied() else {
+        return;
+    };
+    pkt.tuple.write_key(&mut pkt.key, sender, DIR_EGRESS, false);
+    let _ = WEIR_CT.remove(&pkt.key);
+    let _ = WEIR_CT_OVERFLOW.remove(&pkt.key);
 }
 
 /// Takes one token of the endpoint's budget of new WEIR_CT entries. The bucket is shared

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use aya::maps::{lpm_trie::Key, MapError};
-use weir_common::{map_names, EndpointInfo};
+use weir_common::{map_names, EndpointInfo, IdentityKey};
 
 use super::{identities::Prefix, loader::Maps, policy_map::PolicyEntry};
 use crate::dataplane::ApplyFailure;
@@ -15,6 +15,8 @@ pub struct KernelState {
     pub identity: BTreeMap<Prefix, u32>,
     pub endpoint: BTreeMap<u32, EndpointInfo>,
     pub policy: BTreeMap<PolicyEntry, u32>,
+    /// Local pods' addresses (IPv4-mapped) → endpoint id.
+    pub local: BTreeMap<[u8; 16], u32>,
 }
 
 fn failure(object: String, e: MapError) -> ApplyFailure {
@@ -53,6 +55,12 @@ impl KernelState {
             .map(|(k, v)| (Prefix::from_trie_key(&k.data(), k.prefix_len()), v))
             .collect();
         let endpoint = maps.endpoint.iter().filter_map(Result::ok).collect();
+        let local = maps
+            .local
+            .iter()
+            .filter_map(Result::ok)
+            .map(|(k, v)| (k.addr, v))
+            .collect();
         let policy = maps
             .policy
             .iter()
@@ -63,6 +71,7 @@ impl KernelState {
             identity,
             endpoint,
             policy,
+            local,
         }
     }
 
@@ -174,6 +183,51 @@ impl KernelState {
             }
         }
     }
+}
+
+impl KernelState {
+    pub fn upsert_local(
+        &mut self,
+        maps: &mut Maps,
+        want: &KernelState,
+        errors: &mut Vec<ApplyFailure>,
+    ) {
+        let todo: Vec<_> = changed(&self.local, &want.local)
+            .map(|(k, v)| (*k, *v))
+            .collect();
+        for (addr, id) in todo {
+            match maps.local.insert(IdentityKey { addr }, id, 0) {
+                Ok(()) => {
+                    self.local.insert(addr, id);
+                }
+                Err(e) => errors.push(failure(local_object(&addr), e)),
+            }
+        }
+    }
+
+    pub fn delete_local(
+        &mut self,
+        maps: &mut Maps,
+        want: &KernelState,
+        errors: &mut Vec<ApplyFailure>,
+    ) {
+        for addr in gone(&self.local, &want.local) {
+            match maps.local.remove(&IdentityKey { addr }) {
+                Ok(()) => {
+                    self.local.remove(&addr);
+                }
+                Err(e) => errors.push(failure(local_object(&addr), e)),
+            }
+        }
+    }
+}
+
+fn local_object(addr: &[u8; 16]) -> String {
+    let a = std::net::Ipv6Addr::from(*addr);
+    let shown = a
+        .to_ipv4_mapped()
+        .map_or(a.to_string(), |v4| v4.to_string());
+    format!("map {} (address {shown})", map_names::LOCAL)
 }
 
 fn identity_object(p: &Prefix) -> String {

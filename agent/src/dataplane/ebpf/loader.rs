@@ -24,6 +24,7 @@ pub struct Programs {
 pub struct Maps {
     pub identity: LpmTrie<MapData, IdentityKey, u32>,
     pub endpoint: HashMap<MapData, u32, EndpointInfo>,
+    pub local: HashMap<MapData, IdentityKey, u32>,
     pub policy: LpmTrie<MapData, PolicyKey, u32>,
     pub counters: PerCpuArray<MapData, Counter>,
     pub records: RecordsMap,
@@ -81,7 +82,7 @@ pub fn fingerprint(config: &EbpfConfig) -> String {
 }
 
 /// The configured max_entries of the maps whose size the configuration sets.
-pub fn max_entries(config: &EbpfConfig) -> [(&'static str, u32); 9] {
+pub fn max_entries(config: &EbpfConfig) -> [(&'static str, u32); 10] {
     [
         (map_names::IDENTITY, config.identity_entries),
         (map_names::ENDPOINT, config.endpoint_entries),
@@ -89,6 +90,8 @@ pub fn max_entries(config: &EbpfConfig) -> [(&'static str, u32); 9] {
         (map_names::CT, config.ct_entries),
         (map_names::CT_OVERFLOW, config.ct_overflow_entries),
         (map_names::FRAG, config.frag_entries),
+        // Two addresses (IPv4, IPv6) per endpoint.
+        (map_names::LOCAL, config.endpoint_entries.saturating_mul(2)),
         // Indexed by endpoint id, which is at most the number of endpoints.
         (
             map_names::CT_BUDGET,
@@ -215,6 +218,7 @@ impl Maps {
         Ok(Maps {
             identity: typed!(path, map_names::IDENTITY),
             endpoint: typed!(path, map_names::ENDPOINT),
+            local: typed!(path, map_names::LOCAL),
             policy: typed!(path, map_names::POLICY),
             counters: typed!(path, map_names::COUNTERS),
             records: typed!(path, map_names::RECORDS),

@@ -414,6 +414,15 @@ impl EbpfDataplane {
             target
                 .endpoint
                 .insert(*ifindex, endpoint_info(*id, flags, ep));
+            for addr in [
+                ep.ipv4.map(|a| a.to_ipv6_mapped().octets()),
+                ep.ipv6.map(|a| a.octets()),
+            ]
+            .into_iter()
+            .flatten()
+            {
+                target.local.insert(addr, *id);
+            }
             owner.insert(*id, pod.clone());
             policy_map::endpoint_entries(
                 *id,
@@ -474,6 +483,7 @@ impl EbpfDataplane {
         self.kernel.upsert_identity(&mut self.maps, &target, errors);
         self.kernel.delete_identity(&mut self.maps, &target, errors);
         self.kernel.upsert_endpoint(&mut self.maps, &target, errors);
+        self.kernel.upsert_local(&mut self.maps, &target, errors);
 
         // Attach pods whose interface is new; endpoint entries are in place already.
         let mut attached = BTreeMap::new();
@@ -551,6 +561,7 @@ impl EbpfDataplane {
         self.records.endpoints = attached;
 
         self.kernel.delete_endpoint(&mut self.maps, &target, errors);
+        self.kernel.delete_local(&mut self.maps, &target, errors);
         for ifindex in released {
             if !self.kernel.endpoint.contains_key(&ifindex) {
                 newpods::release_pins(&self.layout, ifindex);
