@@ -135,12 +135,22 @@ pub struct Tally {
 
 impl ContinuousProbe {
     pub fn start(ns: &str, allowed: SocketAddr, denied: SocketAddr) -> ContinuousProbe {
+        Self::start_with_timeout(ns, allowed, denied, Duration::from_millis(300))
+    }
+
+    /// With a longer `timeout`, an allowed connection whose first SYN or SYN-ACK was lost
+    /// still counts if TCP's retransmission (1 s) gets through.
+    pub fn start_with_timeout(
+        ns: &str,
+        allowed: SocketAddr,
+        denied: SocketAddr,
+        timeout: Duration,
+    ) -> ContinuousProbe {
         let stop = Arc::new(AtomicBool::new(false));
         let tally = Arc::new(Tally::default());
         let (s, t, ns) = (stop.clone(), tally.clone(), ns.to_string());
         let thread = std::thread::spawn(move || {
             enter(&ns);
-            let timeout = Duration::from_millis(300);
             while !s.load(Ordering::SeqCst) {
                 if !tcp_echo(allowed, timeout) {
                     t.allowed_failed.fetch_add(1, Ordering::SeqCst);
