@@ -428,7 +428,13 @@ impl<B: Backends> Daemon<B> {
     /// Metrics, readiness, the status file and the publisher, after every change.
     fn report(&mut self) {
         let status = self.status();
-        for kind in [Kind::Namespace, Kind::Pod, Kind::NetworkPolicy, Kind::Node] {
+        for kind in [
+            Kind::Namespace,
+            Kind::Pod,
+            Kind::NetworkPolicy,
+            Kind::Node,
+            Kind::Service,
+        ] {
             let n = self.known.iter().filter(|k| k.kind == kind).count();
             self.metrics.set_objects(kind.name(), n);
         }

@@ -10,7 +10,7 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
@@ -171,6 +171,12 @@ async fn apply(
                 .await?
                 .metadata
         }
+        Object::Service(svc) => {
+            let api: Api<Service> = Api::namespaced(client.clone(), namespace(object));
+            api.patch(name(svc.metadata.name.as_ref()), &pp, &Patch::Apply(svc))
+                .await?
+                .metadata
+        }
         Object::Pod(pod) => {
             let api: Api<Pod> = Api::namespaced(client.clone(), namespace(object));
             let mut spec_only = pod.clone();
@@ -208,6 +214,10 @@ async fn delete(client: &Client, key: &ObjectRef) -> Result<(), kube::Error> {
             .delete(&key.name, &now)
             .await
             .map(drop),
+        Kind::Service => Api::<Service>::namespaced(client.clone(), ns)
+            .delete(&key.name, &now)
+            .await
+            .map(drop),
         Kind::Node => Api::<Node>::all(client.clone())
             .delete(&key.name, &now)
             .await
@@ -238,7 +248,7 @@ async fn delete(client: &Client, key: &ObjectRef) -> Result<(), kube::Error> {
 }
 
 /// The resourceVersion of everything the agent watches, listed from the server: every
-/// Namespace, Pod and NetworkPolicy, and the agent's own Node.
+/// Namespace, Pod, NetworkPolicy and Service, and the agent's own Node.
 pub async fn list_versions(
     client: &Client,
     node_name: &str,
@@ -257,6 +267,9 @@ pub async fn list_versions(
     }
     for o in Api::<NetworkPolicy>::all(client.clone()).list(&lp).await? {
         add(Kind::NetworkPolicy, &o.metadata);
+    }
+    for o in Api::<Service>::all(client.clone()).list(&lp).await? {
+        add(Kind::Service, &o.metadata);
     }
     out.extend(list_versions_of_node(client, node_name).await?);
     Ok(out)

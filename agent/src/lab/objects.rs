@@ -27,6 +27,7 @@ fn to_yaml(object: &Object) -> String {
         Object::Node(o) => serde_yaml::to_string(o),
         Object::Pod(o) => serde_yaml::to_string(o),
         Object::NetworkPolicy(o) => serde_yaml::to_string(o),
+        Object::Service(o) => serde_yaml::to_string(o),
     };
     yaml.expect("Kubernetes objects serialize to YAML")
 }
@@ -136,6 +137,7 @@ fn set_namespace(object: &mut Object, namespace: Option<&str>) {
     let meta = match object {
         Object::Pod(o) => &mut o.metadata,
         Object::NetworkPolicy(o) => &mut o.metadata,
+        Object::Service(o) => &mut o.metadata,
         Object::Namespace(_) | Object::Node(_) => return,
     };
     meta.namespace = namespace.map(str::to_owned);

@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use serde::{Deserialize, Serialize};
 
@@ -15,6 +15,7 @@ pub enum Kind {
     Pod,
     NetworkPolicy,
     Node,
+    Service,
 }
 
 impl Kind {
@@ -24,11 +25,12 @@ impl Kind {
             Kind::Pod => "Pod",
             Kind::NetworkPolicy => "NetworkPolicy",
             Kind::Node => "Node",
+            Kind::Service => "Service",
         }
     }
 
     pub fn is_namespaced(self) -> bool {
-        matches!(self, Kind::Pod | Kind::NetworkPolicy)
+        matches!(self, Kind::Pod | Kind::NetworkPolicy | Kind::Service)
     }
 }
 
@@ -92,6 +94,8 @@ pub enum Object {
     Pod(Pod),
     NetworkPolicy(NetworkPolicy),
     Node(Node),
+    /// Only its frontends matter: traffic to them is judged after kube-proxy's DNAT.
+    Service(Service),
 }
 
 impl Object {
@@ -101,6 +105,7 @@ impl Object {
             Object::Pod(_) => Kind::Pod,
             Object::NetworkPolicy(_) => Kind::NetworkPolicy,
             Object::Node(_) => Kind::Node,
+            Object::Service(_) => Kind::Service,
         }
     }
 
@@ -110,6 +115,7 @@ impl Object {
             Object::Pod(o) => &o.metadata,
             Object::NetworkPolicy(o) => &o.metadata,
             Object::Node(o) => &o.metadata,
+            Object::Service(o) => &o.metadata,
         }
     }
 

@@ -10,7 +10,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
-use std::net::{Ipv4Addr, Ipv6Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
@@ -164,11 +164,24 @@ impl Endpoint {
     }
 }
 
+/// A Service address and port that kube-proxy rewrites to a backend: a pod's traffic
+/// to it is judged after that DNAT, against the backend it reaches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Frontend {
+    /// `None`: a nodePort, on every address of the node.
+    pub addr: Option<IpAddr>,
+    pub protocol: Protocol,
+    pub port: u16,
+}
+
 /// Everything a dataplane must enforce on this node.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Desired {
     pub sets: BTreeMap<SetId, AddressSet>,
     pub endpoints: BTreeMap<PodKey, Endpoint>,
+    /// Every Service frontend in the cluster.
+    #[serde(default)]
+    pub frontends: BTreeSet<Frontend>,
 }
 
 /// Changes to one endpoint that already existed.
@@ -195,6 +208,10 @@ pub struct Delta {
     pub endpoints_removed: Vec<PodKey>,
     pub members_removed: Vec<(SetId, Member)>,
     pub sets_removed: Vec<SetId>,
+    #[serde(default)]
+    pub frontends_added: Vec<Frontend>,
+    #[serde(default)]
+    pub frontends_removed: Vec<Frontend>,
 }
 
 impl Delta {
@@ -206,6 +223,8 @@ impl Delta {
             && self.endpoints_removed.is_empty()
             && self.members_removed.is_empty()
             && self.sets_removed.is_empty()
+            && self.frontends_added.is_empty()
+            && self.frontends_removed.is_empty()
     }
 }
 
@@ -263,6 +282,16 @@ impl Desired {
                 .filter(|p| !next.endpoints.contains_key(*p))
                 .cloned(),
         );
+        delta.frontends_added = next
+            .frontends
+            .difference(&self.frontends)
+            .copied()
+            .collect();
+        delta.frontends_removed = self
+            .frontends
+            .difference(&next.frontends)
+            .copied()
+            .collect();
         delta
     }
 }

@@ -14,7 +14,7 @@ use super::sets::{pods_in_namespace_matching, SetDef};
 use super::spec::PolicySpec;
 use super::validate::parse_policy;
 use crate::model::{ClusterModel, FieldError, Kind, Labels, Object, ObjectRef, PodInfo};
-use crate::policy::desired::{Delta, Desired, PodKey, Rule};
+use crate::policy::desired::{Delta, Desired, Frontend, PodKey, Rule};
 
 #[derive(Debug)]
 pub struct Engine {
@@ -24,6 +24,8 @@ pub struct Engine {
     /// Policy keys (`namespace/name`) by namespace.
     policies_by_namespace: HashMap<String, BTreeSet<String>>,
     registry: SetRegistry,
+    /// Frontends by Service (`namespace/name`); their union is `desired.frontends`.
+    services: BTreeMap<String, BTreeSet<Frontend>>,
     desired: Desired,
 }
 
@@ -33,6 +35,7 @@ enum Parsed {
     Pod(PodInfo),
     Policy(PolicySpec),
     Node(String, Box<k8s_openapi::api::core::v1::Node>),
+    Service(String, BTreeSet<Frontend>),
 }
 
 impl Engine {
@@ -44,6 +47,7 @@ impl Engine {
             policies: BTreeMap::new(),
             policies_by_namespace: HashMap::new(),
             registry: SetRegistry::default(),
+            services: BTreeMap::new(),
             desired: Desired::default(),
         }
     }
@@ -87,6 +91,9 @@ impl Engine {
             Parsed::Node(name, node) => {
                 self.model.upsert_node(&name, *node);
             }
+            Parsed::Service(key, frontends) => {
+                self.services.insert(key, frontends);
+            }
         }
         Ok(self.finish(change))
     }
@@ -101,6 +108,9 @@ impl Engine {
             Kind::NetworkPolicy => self.apply_policy(&qualified, None, &mut change),
             Kind::Node => {
                 self.model.remove_node(&key.name);
+            }
+            Kind::Service => {
+                self.services.remove(&qualified);
             }
         }
         Ok(self.finish(change))
@@ -128,6 +138,9 @@ impl Engine {
                 }
                 Ok(Parsed::Node(name, node)) => {
                     self.model.upsert_node(&name, *node);
+                }
+                Ok(Parsed::Service(key, frontends)) => {
+                    self.services.insert(key, frontends);
                 }
                 Err(e) => errors.push(e),
             }
@@ -169,13 +182,35 @@ impl Engine {
         }
         self.registry
             .settle(&self.model, &mut self.desired, &mut Change::default());
+        self.desired.frontends = self.all_frontends();
         before.diff(&self.desired)
     }
 
     fn finish(&mut self, mut change: Change) -> Delta {
         self.registry
             .settle(&self.model, &mut self.desired, &mut change);
-        change.into_delta(&self.desired)
+        let mut delta = change.into_delta(&self.desired);
+        // Few Services change at once, and two may share a frontend (the same nodePort
+        // cannot, clusterIPs may during a re-creation): recount the union.
+        let frontends = self.all_frontends();
+        if frontends != self.desired.frontends {
+            delta.frontends_added = frontends
+                .difference(&self.desired.frontends)
+                .copied()
+                .collect();
+            delta.frontends_removed = self
+                .desired
+                .frontends
+                .difference(&frontends)
+                .copied()
+                .collect();
+            self.desired.frontends = frontends;
+        }
+        delta
+    }
+
+    fn all_frontends(&self) -> BTreeSet<Frontend> {
+        self.services.values().flatten().copied().collect()
     }
 
     fn apply_pod(&mut self, key: &str, new: Option<PodInfo>, change: &mut Change) {
@@ -347,6 +382,10 @@ fn parse_object(object: Object) -> Result<Parsed, PolicyError> {
         ),
         Object::NetworkPolicy(np) => Parsed::Policy(parse_policy(&np)?),
         Object::Node(node) => Parsed::Node(key.name, Box::new(node)),
+        Object::Service(service) => Parsed::Service(
+            key.qualified_name(),
+            super::service::frontends(&service).map_err(|e| PolicyError::invalid(&key, e))?,
+        ),
     })
 }
 

@@ -29,6 +29,7 @@ mod interner;
 mod names;
 mod registry;
 pub mod selector;
+pub mod service;
 pub mod sets;
 pub mod spec;
 mod validate;

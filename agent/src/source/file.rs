@@ -173,6 +173,7 @@ fn kind_order(object: &Object) -> u8 {
         Object::Node(_) => 1,
         Object::Pod(_) => 2,
         Object::NetworkPolicy(_) => 3,
+        Object::Service(_) => 4,
     }
 }
 
@@ -200,6 +201,7 @@ fn object_ref(v: &serde_yaml::Value) -> Option<ObjectRef> {
         "Pod" => Kind::Pod,
         "NetworkPolicy" => Kind::NetworkPolicy,
         "Node" => Kind::Node,
+        "Service" => Kind::Service,
         _ => return None,
     };
     let meta = v.get("metadata")?;

@@ -109,6 +109,7 @@ fn collect(
         }
         ("v1", "Pod") => Object::Pod(serde_yaml::from_value(value).map_err(yaml_error)?),
         ("v1", "Node") => Object::Node(serde_yaml::from_value(value).map_err(yaml_error)?),
+        ("v1", "Service") => Object::Service(serde_yaml::from_value(value).map_err(yaml_error)?),
         ("networking.k8s.io/v1", "NetworkPolicy") => {
             Object::NetworkPolicy(serde_yaml::from_value(value).map_err(yaml_error)?)
         }

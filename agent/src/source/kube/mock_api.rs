@@ -34,6 +34,7 @@ pub const NAMESPACES: &str = "/api/v1/namespaces";
 pub const NODES: &str = "/api/v1/nodes";
 pub const PODS: &str = "/api/v1/pods";
 pub const POLICIES: &str = "/apis/networking.k8s.io/v1/networkpolicies";
+pub const SERVICES: &str = "/api/v1/services";
 
 #[derive(Default)]
 struct Collection {
@@ -78,12 +79,13 @@ fn type_of(collection: &str) -> (&'static str, &'static str) {
         NAMESPACES => ("v1", "Namespace"),
         NODES => ("v1", "Node"),
         PODS => ("v1", "Pod"),
+        SERVICES => ("v1", "Service"),
         _ => ("networking.k8s.io/v1", "NetworkPolicy"),
     }
 }
 
 fn collection_of(path: &str) -> Option<&'static str> {
-    [NAMESPACES, NODES, PODS, POLICIES]
+    [NAMESPACES, NODES, PODS, POLICIES, SERVICES]
         .into_iter()
         .find(|c| *c == path)
 }

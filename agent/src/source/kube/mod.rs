@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use futures::stream::{BoxStream, SelectAll};
 use futures::{FutureExt, StreamExt};
-use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::runtime::watcher::{self, watcher};
 use kube::runtime::WatchStreamExt;
@@ -26,7 +26,7 @@ use crate::source::digest::StateDigest;
 const MAX_BATCH: usize = 5000;
 
 /// What the first complete state needs, as `/readyz` names it.
-pub const KINDS: [&str; 4] = ["pods", "namespaces", "networkpolicies", "node"];
+pub const KINDS: [&str; 5] = ["pods", "namespaces", "networkpolicies", "node", "services"];
 
 fn label(kind: Kind) -> &'static str {
     match kind {
@@ -34,6 +34,7 @@ fn label(kind: Kind) -> &'static str {
         Kind::Namespace => KINDS[1],
         Kind::NetworkPolicy => KINDS[2],
         Kind::Node => KINDS[3],
+        Kind::Service => KINDS[4],
     }
 }
 
@@ -119,10 +120,17 @@ impl KubeSource {
                 Object::Pod,
             ),
             watch(
-                Api::<NetworkPolicy>::all(client),
-                all,
+                Api::<NetworkPolicy>::all(client.clone()),
+                all.clone(),
                 Kind::NetworkPolicy,
                 Object::NetworkPolicy,
+            ),
+            // Frontends only: traffic to a Service address is judged after DNAT.
+            watch(
+                Api::<Service>::all(client),
+                all,
+                Kind::Service,
+                Object::Service,
             ),
         ]);
         KubeSource {
@@ -212,7 +220,7 @@ impl KubeSource {
     fn ready(&self) -> bool {
         // Until every kind is listed once, the state is incomplete: a pod without its
         // policies would be enforced as unisolated.
-        self.synced.len() == 4 && (!self.first_sent || !self.pending.is_empty())
+        self.synced.len() == KINDS.len() && (!self.first_sent || !self.pending.is_empty())
     }
 }
 
