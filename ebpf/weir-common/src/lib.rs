@@ -27,6 +27,12 @@ pub mod map_names {
     pub const FRAG: &str = "WEIR_FRAG";
     /// Local pods' addresses ([`super::IdentityKey`], IPv4-mapped) → endpoint id.
     pub const LOCAL: &str = "WEIR_LOCAL";
+    /// Service frontends ([`super::ServiceKey`] → 1): a pod's traffic to one is judged
+    /// after kube-proxy's DNAT (see [`super::DEFER_MARK_SHIFT`]).
+    pub const SERVICE: &str = "WEIR_SERVICE";
+    /// The destination before DNAT of a deferred flow ([`super::DeferKey`] →
+    /// [`super::DeferValue`]), for the client's conntrack entry that admits the replies.
+    pub const DEFER: &str = "WEIR_DEFER";
     pub const COUNTERS: &str = "WEIR_COUNTERS";
     pub const EVENTS: &str = "WEIR_EVENTS";
     pub const RATE: &str = "WEIR_RATE";
@@ -73,12 +79,57 @@ pub const COUNTER_CT_OVERFLOW: u32 = 9;
 pub const COUNTER_NEIGHBOR_DISCOVERY: u32 = 10;
 /// Later fragments whose ports came from their datagram's allowed first fragment.
 pub const COUNTER_FRAGMENT_FOLLOWED: u32 = 11;
+/// Packets from a pod to a Service frontend, passed on to be judged after DNAT.
+pub const COUNTER_SERVICE_DEFERRED: u32 = 12;
 pub const RULE_ID_FIRST: u32 = 16;
 
 /// One chunk of the agent's serialized records (bpffs holds no regular files, so the
 /// table naming rules, endpoints and identities lives in a pinned hash map of chunks).
 pub const RECORD_CHUNK_BYTES: usize = 4096;
 pub type RecordChunk = [u8; RECORD_CHUNK_BYTES];
+
+/// A pod's egress to a Service frontend is judged after kube-proxy's DNAT: `weir_from_pod`
+/// writes the pod's endpoint id into these bits of `skb->mark` (the mark survives
+/// forwarding within the node's network namespace, and is scrubbed whenever a packet
+/// crosses into another one, so a pod cannot set it), and the `weir_to_pod` hook the packet
+/// leaves through judges it against the backend, then clears them. Bits 19–31 (13 bits:
+/// endpoint ids up to 8191); kube-proxy uses bits 14 and 15, Azure NPM bits 12–13 and 16.
+pub const DEFER_MARK_SHIFT: u32 = 19;
+pub const DEFER_MARK_MASK: u32 = 0x1fff << DEFER_MARK_SHIFT;
+/// The largest endpoint id the mark can carry.
+pub const DEFER_MAX_ENDPOINT_ID: u32 = DEFER_MARK_MASK >> DEFER_MARK_SHIFT;
+
+/// SERVICE key: a frontend address (IPv4-mapped; all zeros for a nodePort, which is on
+/// every node address), destination port (host byte order) and protocol.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ServiceKey {
+    pub addr: [u8; 16],
+    pub port: u16,
+    pub protocol: u8,
+    pub _pad: u8,
+}
+
+/// DEFER key: a deferred flow as its client sent it, by the fields DNAT leaves alone.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct DeferKey {
+    pub endpoint_id: u32,
+    pub sport: u16,
+    pub protocol: u8,
+    /// 4 or 6.
+    pub family: u8,
+}
+
+/// DEFER value: the flow's addresses and destination port before DNAT.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DeferValue {
+    pub saddr: [u8; 16],
+    pub daddr: [u8; 16],
+    pub dport: u16,
+    pub _pad: [u8; 6],
+}
 
 /// SETTINGS array slots (u32 values, changeable at run time).
 pub const SETTING_EMIT_ALLOW_EVENTS: u32 = 0;
@@ -232,6 +283,8 @@ pub const REASON_TAGGED: u8 = 8;
 pub const REASON_ESTABLISHED: u8 = 9;
 /// Dropped: an IP packet from a pod whose header cannot be read.
 pub const REASON_MALFORMED: u8 = 10;
+/// Allowed: a packet to a Service frontend, to be judged after DNAT.
+pub const REASON_SERVICE_DEFERRED: u8 = 11;
 
 /// One verdict sent to user space through EVENTS.
 #[repr(C)]
@@ -268,6 +321,9 @@ const _: () = {
     assert!(core::mem::size_of::<RateState>() == 16);
     assert!(core::mem::size_of::<PolicyKey>() == 12);
     assert!(core::mem::size_of::<VerdictEvent>() == 72);
+    assert!(core::mem::size_of::<ServiceKey>() == 20);
+    assert!(core::mem::size_of::<DeferKey>() == 8);
+    assert!(core::mem::size_of::<DeferValue>() == 40);
 };
 
 #[cfg(feature = "user")]
@@ -283,4 +339,7 @@ mod pod_impls {
     unsafe impl aya::Pod for super::Counter {}
     unsafe impl aya::Pod for super::RateState {}
     unsafe impl aya::Pod for super::VerdictEvent {}
+    unsafe impl aya::Pod for super::ServiceKey {}
+    unsafe impl aya::Pod for super::DeferKey {}
+    unsafe impl aya::Pod for super::DeferValue {}
 }

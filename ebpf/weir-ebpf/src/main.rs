@@ -12,6 +12,16 @@
 //! endpoint's hooks admitted pass (either way); the rest is judged by policy, and only
 //! what that full verdict allows creates a CT entry, keyed to this endpoint and direction.
 //!
+//! Service traffic: a packet from an egress-isolated pod to a Service frontend (WEIR_SERVICE)
+//! cannot be judged at `weir_from_pod`, before kube-proxy picks the backend (DNAT runs
+//! later, in PREROUTING or, with IPVS, in LOCAL_IN). It passes with the pod's endpoint id
+//! in `skb->mark` (DEFER_MARK_MASK) and is judged, as that pod's egress, at the
+//! `weir_to_pod` hook it leaves the node's namespace through, against the backend it
+//! reaches; that hook clears the bits, then judges the backend's own ingress as usual.
+//! Every packet of such a flow takes that path (established ones through a CT entry
+//! keyed by the tuple after DNAT); the client's reply entry is keyed by the tuple before
+//! DNAT (WEIR_DEFER remembers it), since replies reach the client un-DNATed.
+//!
 //! CT entries go to WEIR_CT while the endpoint has budget (a token bucket of
 //! CT_NEW_PER_SEC new entries per second, CT_NEW_BURST deep, per endpoint), otherwise to
 //! WEIR_CT_OVERFLOW: one pod's flood of new flows churns the overflow table, not the flows
@@ -73,6 +83,12 @@ static WEIR_FRAG: LruHashMap<FragKey, FragValue> = LruHashMap::pinned(16384, 0);
 /// local pod, the sender's CT entry for it goes too (its full verdict was a drop).
 #[map]
 static WEIR_LOCAL: HashMap<IdentityKey, u32> = HashMap::pinned(8192, 0);
+/// Service frontends: a pod's new traffic to one is judged after kube-proxy's DNAT.
+#[map]
+static WEIR_SERVICE: HashMap<ServiceKey, u32> = HashMap::pinned(65536, 0);
+/// Deferred flows' destinations before DNAT, for the client's reply entry.
+#[map]
+static WEIR_DEFER: LruHashMap<DeferKey, DeferValue> = LruHashMap::pinned(65536, 0);
 /// One token bucket per endpoint id (ids are small: the agent hands out the lowest free).
 #[map]
 static WEIR_CT_BUDGET: Array<RateState> = Array::pinned(4097, 0);
@@ -149,6 +165,24 @@ fn link_scoped_nd(pkt: &Packet) -> bool {
 #[inline(always)]
 fn decide(ctx: &TcContext, direction: u8) -> i32 {
     let ifindex = unsafe { (*ctx.skb.skb).ifindex };
+    let mut deferred_client = 0;
+    if direction == DIR_INGRESS {
+        // A pod's packet to a Service frontend, DNATed on its way here: judge the client's
+        // egress on the backend first.
+        let mark = unsafe { (*ctx.skb.skb).mark };
+        deferred_client = (mark & DEFER_MARK_MASK) >> DEFER_MARK_SHIFT;
+        if deferred_client != 0 {
+            unsafe { (*ctx.skb.skb).mark = mark & !DEFER_MARK_MASK };
+            let Some(pkt) = SCRATCH.get_ptr_mut(0) else {
+                return TC_ACT_SHOT;
+            };
+            let pkt = unsafe { &mut *pkt };
+            let now = unsafe { bpf_ktime_get_ns() };
+            if judge_deferred(ctx, ifindex, deferred_client, pkt, now) != TC_ACT_OK {
+                return TC_ACT_SHOT;
+            }
+        }
+    }
     // No ENDPOINT entry: not (or no longer) a pod we enforce for. The agent writes the
     // entry before it attaches and detaches before it deletes the entry, so this only
     // protects unrelated interfaces from a leftover filter.
@@ -177,7 +211,153 @@ fn decide(ctx: &TcContext, direction: u8) -> i32 {
     if rc == TC_ACT_OK && pkt.frag.kind == packet::FRAG_FIRST {
         frag_record(pkt, ep.endpoint_id, direction, now);
     }
+    if rc != TC_ACT_OK && deferred_client != 0 {
+        // The backend refused it: the client's entries for the flow go too.
+        ct_forget_deferred(pkt, deferred_client);
+    }
     rc
+}
+
+/// The client's egress verdict on a deferred packet, after DNAT (see the module
+/// documentation). The client is the endpoint whose id the mark carried; its source
+/// may have been SNATed meanwhile (a nodePort), its destination is the backend.
+#[inline(always)]
+fn judge_deferred(ctx: &TcContext, ifindex: u32, client: u32, pkt: &mut Packet, now: u64) -> i32 {
+    let mut v = Verdict {
+        ifindex,
+        endpoint_id: client,
+        direction: DIR_EGRESS,
+        identity: 0,
+    };
+    if !matches!(packet::parse(ctx, pkt), Ok(Frame::Ip)) {
+        // Only an IP packet from a pod is ever marked.
+        return v.drop(ctx, &pkt.tuple, COUNTER_MALFORMED, REASON_MALFORMED, now);
+    }
+    if pkt.frag.kind == packet::FRAG_LATER && frag_follow(pkt, client, DIR_EGRESS, now) {
+        count(ctx, COUNTER_FRAGMENT_FOLLOWED);
+    }
+    if ct_lookup(&mut pkt.key, client, DIR_EGRESS, &pkt.tuple, false, now) != Seen::No {
+        return v.allow(ctx, &pkt.tuple, COUNTER_REPLY, REASON_ESTABLISHED);
+    }
+    let identity = WEIR_IDENTITY
+        .get(&Key::new(
+            128,
+            IdentityKey {
+                addr: pkt.tuple.daddr,
+            },
+        ))
+        .copied()
+        .unwrap_or(IDENTITY_WORLD);
+    v.identity = identity;
+    let host = identity == IDENTITY_HOST;
+    let mut rule = 0;
+    if !host && identity != IDENTITY_WORLD {
+        rule = policy_lookup(client, identity, DIR_EGRESS, &pkt.tuple);
+    }
+    if !host && rule == 0 {
+        rule = policy_lookup(client, IDENTITY_ANY, DIR_EGRESS, &pkt.tuple);
+    }
+    if !host && rule == 0 {
+        count(ctx, COUNTER_DEFAULT_DENY);
+        v.emit(ctx, &pkt.tuple, VERDICT_DROP, REASON_POLICY_DENY, 0, now);
+        return TC_ACT_SHOT;
+    }
+    ct_track(ctx, &mut pkt.key, client, DIR_EGRESS, &pkt.tuple, rule, now);
+    // The client's entry as it sent the flow, which its replies match un-DNATed.
+    let defer_key = DeferKey {
+        endpoint_id: client,
+        sport: pkt.tuple.sport,
+        protocol: pkt.tuple.protocol,
+        family: pkt.tuple.family,
+    };
+    if let Some(before) = unsafe { WEIR_DEFER.get(&defer_key) } {
+        let k = &mut pkt.key;
+        k.endpoint_id = client;
+        k.direction = DIR_EGRESS;
+        k.protocol = pkt.tuple.protocol;
+        k._pad = [0; 2];
+        k.saddr = before.saddr;
+        k.daddr = before.daddr;
+        k.sport = pkt.tuple.sport;
+        k.dport = before.dport;
+        ct_insert(ctx, k, client, rule, now);
+    }
+    if pkt.frag.kind == packet::FRAG_FIRST {
+        frag_record(pkt, client, DIR_EGRESS, now);
+    }
+    if host {
+        v.allow(ctx, &pkt.tuple, COUNTER_HOST, REASON_HOST)
+    } else {
+        v.allow(ctx, &pkt.tuple, rule, REASON_POLICY_ALLOW)
+    }
+}
+
+/// Removes the client's entries for a deferred flow the backend's ingress dropped.
+#[inline(always)]
+fn ct_forget_deferred(pkt: &mut Packet, client: u32) {
+    pkt.tuple.write_key(&mut pkt.key, client, DIR_EGRESS, false);
+    let _ = WEIR_CT.remove(&pkt.key);
+    let _ = WEIR_CT_OVERFLOW.remove(&pkt.key);
+    let defer_key = DeferKey {
+        endpoint_id: client,
+        sport: pkt.tuple.sport,
+        protocol: pkt.tuple.protocol,
+        family: pkt.tuple.family,
+    };
+    if let Some(before) = unsafe { WEIR_DEFER.get(&defer_key) } {
+        let k = &mut pkt.key;
+        k.saddr = before.saddr;
+        k.daddr = before.daddr;
+        k.dport = before.dport;
+        let _ = WEIR_CT.remove(&*k);
+        let _ = WEIR_CT_OVERFLOW.remove(&*k);
+    }
+}
+
+/// Whether the packet goes to a Service frontend: its address and port, or a nodePort on
+/// one of the node's addresses.
+#[inline(always)]
+fn to_frontend(t: &Tuple) -> bool {
+    let mut key = ServiceKey {
+        addr: t.daddr,
+        port: t.dport,
+        protocol: t.protocol,
+        _pad: 0,
+    };
+    if unsafe { WEIR_SERVICE.get(&key) }.is_some() {
+        return true;
+    }
+    key.addr = [0; 16];
+    if unsafe { WEIR_SERVICE.get(&key) }.is_none() {
+        return false;
+    }
+    WEIR_IDENTITY
+        .get(&Key::new(128, IdentityKey { addr: t.daddr }))
+        .is_some_and(|id| *id == IDENTITY_HOST)
+}
+
+/// Passes a packet to a Service frontend on, to be judged after DNAT (module docs).
+#[inline(always)]
+fn defer(ctx: &TcContext, endpoint_id: u32, pkt: &Packet, v: &Verdict) -> i32 {
+    let t = &pkt.tuple;
+    let key = DeferKey {
+        endpoint_id,
+        sport: t.sport,
+        protocol: t.protocol,
+        family: t.family,
+    };
+    let before = DeferValue {
+        saddr: t.saddr,
+        daddr: t.daddr,
+        dport: t.dport,
+        _pad: [0; 6],
+    };
+    let _ = WEIR_DEFER.insert(&key, &before, 0);
+    unsafe {
+        let skb = ctx.skb.skb;
+        (*skb).mark = ((*skb).mark & !DEFER_MARK_MASK) | (endpoint_id << DEFER_MARK_SHIFT);
+    }
+    v.allow(ctx, t, COUNTER_SERVICE_DEFERRED, REASON_SERVICE_DEFERRED)
 }
 
 /// The verdict on one frame (see the module documentation for the order).
@@ -231,6 +411,9 @@ fn judge(
             return v.allow(ctx, &pkt.tuple, COUNTER_ICMP_ERROR, REASON_ICMP_ERROR);
         }
     }
+    if from_pod && isolated && id <= DEFER_MAX_ENDPOINT_ID && to_frontend(&pkt.tuple) {
+        return defer(ctx, id, pkt, v);
+    }
     match ct_lookup(&mut pkt.key, id, direction, &pkt.tuple, false, now) {
         Seen::Forward => {
             return v.allow(ctx, &pkt.tuple, COUNTER_REPLY, REASON_ESTABLISHED);
@@ -258,10 +441,10 @@ fn judge(
     }
     let mut rule = 0;
     if identity != IDENTITY_WORLD {
-        rule = policy_lookup(ep, identity, direction, &pkt.tuple);
+        rule = policy_lookup(id, identity, direction, &pkt.tuple);
     }
     if rule == 0 {
-        rule = policy_lookup(ep, IDENTITY_ANY, direction, &pkt.tuple);
+        rule = policy_lookup(id, IDENTITY_ANY, direction, &pkt.tuple);
     }
     if rule != 0 {
         ct_track(ctx, &mut pkt.key, id, direction, &pkt.tuple, rule, now);
@@ -286,11 +469,11 @@ fn judge(
 }
 
 #[inline(always)]
-fn policy_lookup(ep: &EndpointInfo, identity: u32, direction: u8, t: &Tuple) -> u32 {
+fn policy_lookup(endpoint_id: u32, identity: u32, direction: u8, t: &Tuple) -> u32 {
     let key = Key::new(
         POLICY_PREFIX_FULL,
         PolicyKey {
-            endpoint_id: ep.endpoint_id,
+            endpoint_id,
             identity,
             direction,
             protocol: t.protocol,
@@ -559,6 +742,12 @@ fn ct_track(
     now: u64,
 ) {
     t.write_key(key, endpoint_id, direction, false);
+    ct_insert(ctx, key, endpoint_id, rule_id, now);
+}
+
+/// Inserts `key`, charged to `endpoint_id`'s budget of new WEIR_CT entries.
+#[inline(always)]
+fn ct_insert(ctx: &TcContext, key: &CtKey, endpoint_id: u32, rule_id: u32, now: u64) {
     let value = CtValue {
         last_seen_ns: now,
         rule_id,

@@ -7,7 +7,7 @@ use serde::Serialize;
 use weir_common::{
     VerdictEvent, DIR_INGRESS, REASON_ESTABLISHED, REASON_HOST, REASON_ICMP_ERROR,
     REASON_MALFORMED, REASON_NOT_ISOLATED, REASON_POLICY_ALLOW, REASON_POLICY_DENY, REASON_REPLY,
-    REASON_SPOOFED, REASON_TAGGED, VERDICT_DROP,
+    REASON_SERVICE_DEFERRED, REASON_SPOOFED, REASON_TAGGED, VERDICT_DROP,
 };
 
 use super::records::Records;
@@ -62,6 +62,7 @@ fn reason(code: u8) -> &'static str {
         REASON_TAGGED => "tagged-frame",
         REASON_ESTABLISHED => "established",
         REASON_MALFORMED => "malformed",
+        REASON_SERVICE_DEFERRED => "service-deferred",
         _ => "unknown",
     }
 }

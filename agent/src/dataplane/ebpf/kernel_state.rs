@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use aya::maps::{lpm_trie::Key, MapError};
-use weir_common::{map_names, EndpointInfo, IdentityKey};
+use weir_common::{map_names, EndpointInfo, IdentityKey, ServiceKey};
 
 use super::{identities::Prefix, loader::Maps, policy_map::PolicyEntry};
 use crate::dataplane::ApplyFailure;
@@ -17,6 +17,8 @@ pub struct KernelState {
     pub policy: BTreeMap<PolicyEntry, u32>,
     /// Local pods' addresses (IPv4-mapped) → endpoint id.
     pub local: BTreeMap<[u8; 16], u32>,
+    /// Service frontends (value 1).
+    pub service: BTreeMap<ServiceKey, u32>,
 }
 
 fn failure(object: String, e: MapError) -> ApplyFailure {
@@ -67,11 +69,13 @@ impl KernelState {
             .filter_map(Result::ok)
             .map(|(k, v)| ((k.prefix_len(), k.data()), v))
             .collect();
+        let service = maps.service.iter().filter_map(Result::ok).collect();
         KernelState {
             identity,
             endpoint,
             policy,
             local,
+            service,
         }
     }
 
@@ -220,6 +224,71 @@ impl KernelState {
             }
         }
     }
+}
+
+impl KernelState {
+    pub fn upsert_service(
+        &mut self,
+        maps: &mut Maps,
+        want: &KernelState,
+        errors: &mut Vec<ApplyFailure>,
+    ) {
+        let todo: Vec<_> = changed(&self.service, &want.service)
+            .map(|(k, v)| (*k, *v))
+            .collect();
+        for (key, v) in todo {
+            match maps.service.insert(key, v, 0) {
+                Ok(()) => {
+                    self.service.insert(key, v);
+                }
+                Err(e) => errors.push(failure(service_object(&key), e)),
+            }
+        }
+    }
+
+    pub fn delete_service(
+        &mut self,
+        maps: &mut Maps,
+        want: &KernelState,
+        errors: &mut Vec<ApplyFailure>,
+    ) {
+        for key in gone(&self.service, &want.service) {
+            match maps.service.remove(&key) {
+                Ok(()) => {
+                    self.service.remove(&key);
+                }
+                Err(e) => errors.push(failure(service_object(&key), e)),
+            }
+        }
+    }
+}
+
+fn service_object(key: &ServiceKey) -> String {
+    let protocol = match key.protocol {
+        6 => "TCP",
+        17 => "UDP",
+        132 => "SCTP",
+        _ => "?",
+    };
+    if key.addr == [0; 16] {
+        return format!(
+            "map {} (nodePort {}/{protocol})",
+            map_names::SERVICE,
+            key.port
+        );
+    }
+    format!(
+        "map {} (frontend {}:{}/{protocol})",
+        map_names::SERVICE,
+        shown_addr(&key.addr),
+        key.port
+    )
+}
+
+fn shown_addr(addr: &[u8; 16]) -> String {
+    let a = std::net::Ipv6Addr::from(*addr);
+    a.to_ipv4_mapped()
+        .map_or(a.to_string(), |v4| v4.to_string())
 }
 
 fn local_object(addr: &[u8; 16]) -> String {

@@ -8,7 +8,9 @@ use aya::{
     programs::SchedClassifier,
     EbpfLoader,
 };
-use weir_common::{map_names, program_names, Counter, EndpointInfo, IdentityKey, PolicyKey};
+use weir_common::{
+    map_names, program_names, Counter, EndpointInfo, IdentityKey, PolicyKey, ServiceKey,
+};
 
 use super::{config::EbpfConfig, pins::PinLayout, records::RecordsMap};
 use crate::dataplane::DataplaneError;
@@ -25,6 +27,7 @@ pub struct Maps {
     pub identity: LpmTrie<MapData, IdentityKey, u32>,
     pub endpoint: HashMap<MapData, u32, EndpointInfo>,
     pub local: HashMap<MapData, IdentityKey, u32>,
+    pub service: HashMap<MapData, ServiceKey, u32>,
     pub policy: LpmTrie<MapData, PolicyKey, u32>,
     pub counters: PerCpuArray<MapData, Counter>,
     pub records: RecordsMap,
@@ -219,6 +222,7 @@ impl Maps {
             identity: typed!(path, map_names::IDENTITY),
             endpoint: typed!(path, map_names::ENDPOINT),
             local: typed!(path, map_names::LOCAL),
+            service: typed!(path, map_names::SERVICE),
             policy: typed!(path, map_names::POLICY),
             counters: typed!(path, map_names::COUNTERS),
             records: typed!(path, map_names::RECORDS),

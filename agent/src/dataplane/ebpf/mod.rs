@@ -37,7 +37,8 @@ use std::{
 };
 
 use weir_common::{
-    map_names, EndpointInfo, EP_EGRESS_ISOLATED, EP_HAS_IPV4, EP_HAS_IPV6, EP_INGRESS_ISOLATED,
+    map_names, EndpointInfo, ServiceKey, EP_EGRESS_ISOLATED, EP_HAS_IPV4, EP_HAS_IPV6,
+    EP_INGRESS_ISOLATED,
 };
 
 pub use attach::AttachMode;
@@ -55,7 +56,7 @@ use self::{
     records::{EndpointRecord, Records},
 };
 use super::{ApplyFailure, ApplyReport, Dataplane, DataplaneError, DataplaneKind, DataplaneStatus};
-use crate::policy::desired::{AddressSet, Delta, Desired, Endpoint, PodKey, SetId};
+use crate::policy::desired::{AddressSet, Delta, Desired, Endpoint, Frontend, PodKey, SetId};
 
 /// Counters (see [`EbpfDataplane::counters`]) that count drops, by reason.
 const DROP_REASONS: [&str; 4] = [
@@ -303,6 +304,7 @@ impl EbpfDataplane {
                 "neighbor-discovery",
             ),
             (weir_common::COUNTER_FRAGMENT_FOLLOWED, "fragment-followed"),
+            (weir_common::COUNTER_SERVICE_DEFERRED, "service-deferred"),
             (weir_common::COUNTER_EVENTS_SUPPRESSED, "events-suppressed"),
         ] {
             read(name.to_string(), index);
@@ -401,6 +403,9 @@ impl EbpfDataplane {
         for prefix in &self.host {
             target.identity.insert(*prefix, weir_common::IDENTITY_HOST);
         }
+        for f in &desired.frontends {
+            target.service.insert(service_key(f), 1);
+        }
         let mut owner: BTreeMap<u32, String> = BTreeMap::new();
         for (pod, (id, _, ifindex)) in &placed {
             let ep = &desired.endpoints[pod];
@@ -484,6 +489,7 @@ impl EbpfDataplane {
         self.kernel.delete_identity(&mut self.maps, &target, errors);
         self.kernel.upsert_endpoint(&mut self.maps, &target, errors);
         self.kernel.upsert_local(&mut self.maps, &target, errors);
+        self.kernel.upsert_service(&mut self.maps, &target, errors);
 
         // Attach pods whose interface is new; endpoint entries are in place already.
         let mut attached = BTreeMap::new();
@@ -562,6 +568,7 @@ impl EbpfDataplane {
 
         self.kernel.delete_endpoint(&mut self.maps, &target, errors);
         self.kernel.delete_local(&mut self.maps, &target, errors);
+        self.kernel.delete_service(&mut self.maps, &target, errors);
         for ifindex in released {
             if !self.kernel.endpoint.contains_key(&ifindex) {
                 newpods::release_pins(&self.layout, ifindex);
@@ -614,6 +621,21 @@ fn endpoint_info(endpoint_id: u32, mut flags: u32, ep: &Endpoint) -> EndpointInf
     }
     info.flags = flags;
     info
+}
+
+/// The SERVICE key of a frontend (a nodePort: all-zero address).
+fn service_key(f: &Frontend) -> ServiceKey {
+    let addr = match f.addr {
+        Some(std::net::IpAddr::V4(a)) => a.to_ipv6_mapped().octets(),
+        Some(std::net::IpAddr::V6(a)) => a.octets(),
+        None => [0; 16],
+    };
+    ServiceKey {
+        addr,
+        port: f.port,
+        protocol: f.protocol.number(),
+        _pad: 0,
+    }
 }
 
 fn locate(ep: &Endpoint) -> Result<(String, u32), String> {
