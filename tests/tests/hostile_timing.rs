@@ -466,7 +466,7 @@ fn forward_rules(netns: &str, backend: &str) -> Vec<String> {
     in_node(
         netns,
         &format!("iptables-{backend}-save"),
-        &["-t", "filter"],
+        &["-t", "mangle"],
     )
     .lines()
     .filter(|l| l.starts_with("-A FORWARD "))
@@ -474,8 +474,8 @@ fn forward_rules(netns: &str, backend: &str) -> Vec<String> {
     .collect()
 }
 
-/// A hostile agent inserts `-I FORWARD 1 -j ACCEPT` ahead of weir's jump: the denied
-/// flow opens; the next resync puts the jump first again and closes it.
+/// A hostile agent inserts `-I FORWARD 1 -j ACCEPT` in filter (nothing changes) and ahead
+/// of weir's jump in mangle: the next resync puts the jump first again and closes the flow.
 #[test]
 fn a_rule_inserted_ahead_of_weir_filter_is_overtaken_at_the_next_resync() {
     let lab = Lab::new("jump-first");
@@ -486,10 +486,22 @@ fn a_rule_inserted_ahead_of_weir_filter_is_overtaken_at_the_next_resync() {
         forward_rules(&netns, backend).first().map(String::as_str),
         Some("-A FORWARD -j WEIR-FILTER")
     );
+    // An ACCEPT ahead of everything in filter FORWARD (kube-proxy's KUBE-FORWARD accepts
+    // what it masquerades) changes nothing: weir's chains are in mangle, which runs first.
     in_node(
         &netns,
         &format!("iptables-{backend}"),
-        &["-I", "FORWARD", "1", "-j", "ACCEPT"],
+        &["-t", "filter", "-I", "FORWARD", "1", "-j", "ACCEPT"],
+    );
+    assert_eq!(
+        probe(&lab),
+        (true, false),
+        "an ACCEPT in filter FORWARD let a denied flow through"
+    );
+    in_node(
+        &netns,
+        &format!("iptables-{backend}"),
+        &["-t", "mangle", "-I", "FORWARD", "1", "-j", "ACCEPT"],
     );
     let deadline = Instant::now() + Duration::from_secs(15);
     loop {
@@ -656,7 +668,7 @@ fn reset_leaves_sets_in_place_while_chains_using_them_stay() {
     in_node(
         &netns,
         "nft",
-        &["add rule ip filter FORWARD ip saddr vmap { 192.0.2.1 : jump WEIR-FILTER }"],
+        &["add rule ip mangle FORWARD ip saddr vmap { 192.0.2.1 : jump WEIR-FILTER }"],
     );
 
     // The removal of the chains fails: reset says so (exit status and errors).
@@ -708,7 +720,7 @@ fn reset_leaves_sets_in_place_while_chains_using_them_stay() {
     let handle = in_node(
         &netns,
         "nft",
-        &["-a", "list", "chain", "ip", "filter", "FORWARD"],
+        &["-a", "list", "chain", "ip", "mangle", "FORWARD"],
     )
     .lines()
     .find(|l| l.contains("vmap"))
@@ -719,7 +731,7 @@ fn reset_leaves_sets_in_place_while_chains_using_them_stay() {
         &netns,
         "nft",
         &[
-            "delete", "rule", "ip", "filter", "FORWARD", "handle", &handle,
+            "delete", "rule", "ip", "mangle", "FORWARD", "handle", &handle,
         ],
     );
     let (ok, report) = weir_reset(&netns, "reset-keep");

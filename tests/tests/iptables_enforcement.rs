@@ -155,7 +155,7 @@ fn changes_apply_live_and_restarts_adopt_the_state() {
             .expect("run in node");
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
-    let rules = node_cmd(&["iptables-nft-save", "-t", "filter"]);
+    let rules = node_cmd(&["iptables-nft-save", "-t", "mangle"]);
     assert_eq!(
         rules.matches("-A FORWARD -j WEIR-FILTER").count(),
         1,
@@ -166,7 +166,7 @@ fn changes_apply_live_and_restarts_adopt_the_state() {
         .apply(&after, &Desired::default())
         .expect("remove everything");
     assert!(tcp_from(&a_ns, to_b(80), T), "no policy: a->b:80 allowed");
-    let rules = node_cmd(&["iptables-nft-save", "-t", "filter"]);
+    let rules = node_cmd(&["iptables-nft-save", "-t", "mangle"]);
     assert!(
         !rules.contains("WEIR-I-") && !rules.contains("WEIR-E-"),
         "{rules}"
@@ -342,7 +342,7 @@ fn one_change_among_a_thousand_endpoints_is_a_small_delta() {
             &world.node,
             "iptables-nft-save",
             "-t",
-            "filter",
+            "mangle",
         ])
         .output()
         .expect("iptables-nft-save");

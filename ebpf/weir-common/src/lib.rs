@@ -30,6 +30,8 @@ pub mod map_names {
     /// Service frontends ([`super::ServiceKey`] → 1): a pod's traffic to one is judged
     /// after kube-proxy's DNAT (see [`super::DEFER_MARK_SHIFT`]).
     pub const SERVICE: &str = "WEIR_SERVICE";
+    /// Endpoint id → [`super::EndpointInfo`]: a deferred packet's client by the id in its mark.
+    pub const ENDPOINT_BY_ID: &str = "WEIR_ENDPOINT_BY_ID";
     /// The destination before DNAT of a deferred flow ([`super::DeferKey`] →
     /// [`super::DeferValue`]), for the client's conntrack entry that admits the replies.
     pub const DEFER: &str = "WEIR_DEFER";
@@ -88,14 +90,21 @@ pub const RULE_ID_FIRST: u32 = 16;
 pub const RECORD_CHUNK_BYTES: usize = 4096;
 pub type RecordChunk = [u8; RECORD_CHUNK_BYTES];
 
-/// A pod's egress to a Service frontend is judged after kube-proxy's DNAT: `weir_from_pod`
-/// writes the pod's endpoint id into these bits of `skb->mark` (the mark survives
-/// forwarding within the node's network namespace, and is scrubbed whenever a packet
-/// crosses into another one, so a pod cannot set it), and the `weir_to_pod` hook the packet
-/// leaves through judges it against the backend, then clears them. Bits 19–31 (13 bits:
-/// endpoint ids up to 8191); kube-proxy uses bits 14 and 15, Azure NPM bits 12–13 and 16.
+/// A pod's traffic to a Service frontend is judged after kube-proxy's DNAT (and any
+/// SNAT): `weir_from_pod` writes the pod's endpoint id into [`DEFER_MARK_MASK`] of
+/// `skb->mark`, with [`DEFER_MARK_EGRESS_ISOLATED`] when the pod's egress is isolated
+/// (the mark survives forwarding within the node's network namespace and is scrubbed
+/// whenever a packet crosses into another one, so a pod cannot set it); the `weir_to_pod`
+/// hook the packet leaves through judges the client's egress against the backend it
+/// reaches, and the backend's ingress against the client's own address even when
+/// kube-proxy masqueraded it (as iptables' FORWARD sees it), then clears the bits.
+/// Bits 18–31: an isolation flag and 13 bits of endpoint id (ids up to 8191); kube-proxy
+/// uses bits 14 and 15, Azure NPM bits 12, 13 and 16.
 pub const DEFER_MARK_SHIFT: u32 = 19;
 pub const DEFER_MARK_MASK: u32 = 0x1fff << DEFER_MARK_SHIFT;
+pub const DEFER_MARK_EGRESS_ISOLATED: u32 = 1 << 18;
+/// Every bit weir uses.
+pub const DEFER_MARK_ALL: u32 = DEFER_MARK_MASK | DEFER_MARK_EGRESS_ISOLATED;
 /// The largest endpoint id the mark can carry.
 pub const DEFER_MAX_ENDPOINT_ID: u32 = DEFER_MARK_MASK >> DEFER_MARK_SHIFT;
 

@@ -19,8 +19,11 @@
 //! `weir_to_pod` hook it leaves the node's namespace through, against the backend it
 //! reaches; that hook clears the bits, then judges the backend's own ingress as usual.
 //! Every packet of such a flow takes that path (established ones through a CT entry
-//! keyed by the tuple after DNAT); the client's reply entry is keyed by the tuple before
-//! DNAT (WEIR_DEFER remembers it), since replies reach the client un-DNATed.
+//! keyed by the tuple after DNAT). The client's reply entry is keyed by the tuple before
+//! DNAT, since replies reach the client un-DNATed: it is made when the packet is passed
+//! on and removed if the flow is denied after DNAT (WEIR_DEFER remembers the tuple). If
+//! kube-proxy masqueraded the packet, the backend's ingress is judged on the client's own
+//! address (WEIR_ENDPOINT_BY_ID), as iptables' FORWARD sees it before SNAT.
 //!
 //! CT entries go to WEIR_CT while the endpoint has budget (a token bucket of
 //! CT_NEW_PER_SEC new entries per second, CT_NEW_BURST deep, per endpoint), otherwise to
@@ -86,7 +89,11 @@ static WEIR_LOCAL: HashMap<IdentityKey, u32> = HashMap::pinned(8192, 0);
 /// Service frontends: a pod's new traffic to one is judged after kube-proxy's DNAT.
 #[map]
 static WEIR_SERVICE: HashMap<ServiceKey, u32> = HashMap::pinned(65536, 0);
-/// Deferred flows' destinations before DNAT, for the client's reply entry.
+/// The ENDPOINT records by endpoint id: a deferred packet's client, by its mark.
+#[map]
+static WEIR_ENDPOINT_BY_ID: HashMap<u32, EndpointInfo> = HashMap::pinned(4096, 0);
+/// Deferred flows' destinations before DNAT, to remove the client's reply entry when the
+/// flow is denied after DNAT.
 #[map]
 static WEIR_DEFER: LruHashMap<DeferKey, DeferValue> = LruHashMap::pinned(65536, 0);
 /// One token bucket per endpoint id (ids are small: the agent hands out the lowest free).
@@ -166,26 +173,27 @@ fn link_scoped_nd(pkt: &Packet) -> bool {
 fn decide(ctx: &TcContext, direction: u8) -> i32 {
     let ifindex = unsafe { (*ctx.skb.skb).ifindex };
     let mut deferred_client = 0;
+    // The client's own address, when kube-proxy masqueraded a deferred packet.
+    let mut original_source = None;
     if direction == DIR_INGRESS {
-        // A pod's packet to a Service frontend, DNATed on its way here: judge the client's
-        // egress on the backend first.
+        // A pod's packet to a Service frontend, DNATed on its way here: the client's
+        // egress is judged on the backend first.
         let mark = unsafe { (*ctx.skb.skb).mark };
         deferred_client = (mark & DEFER_MARK_MASK) >> DEFER_MARK_SHIFT;
         if deferred_client != 0 {
-            unsafe { (*ctx.skb.skb).mark = mark & !DEFER_MARK_MASK };
+            unsafe { (*ctx.skb.skb).mark = mark & !DEFER_MARK_ALL };
             let Some(pkt) = SCRATCH.get_ptr_mut(0) else {
                 return TC_ACT_SHOT;
             };
             let pkt = unsafe { &mut *pkt };
             let now = unsafe { bpf_ktime_get_ns() };
-            if judge_deferred(ctx, ifindex, deferred_client, pkt, now) != TC_ACT_OK {
-                return TC_ACT_SHOT;
+            let isolated = mark & DEFER_MARK_EGRESS_ISOLATED != 0;
+            match judge_deferred(ctx, ifindex, deferred_client, isolated, pkt, now) {
+                Deferred::Drop => return TC_ACT_SHOT,
+                Deferred::Allow(source) => original_source = source,
             }
         }
     }
-    // No ENDPOINT entry: not (or no longer) a pod we enforce for. The agent writes the
-    // entry before it attaches and detaches before it deletes the entry, so this only
-    // protects unrelated interfaces from a leftover filter.
     let Some(ep) = (unsafe { WEIR_ENDPOINT.get(&ifindex) }).copied() else {
         return TC_ACT_OK;
     };
@@ -207,7 +215,16 @@ fn decide(ctx: &TcContext, direction: u8) -> i32 {
         direction,
         identity: 0,
     };
-    let rc = judge(ctx, direction, &ep, isolated, pkt, &mut v, now);
+    let rc = judge(
+        ctx,
+        direction,
+        &ep,
+        isolated,
+        pkt,
+        &mut v,
+        original_source,
+        now,
+    );
     if rc == TC_ACT_OK && pkt.frag.kind == packet::FRAG_FIRST {
         frag_record(pkt, ep.endpoint_id, direction, now);
     }
@@ -218,11 +235,25 @@ fn decide(ctx: &TcContext, direction: u8) -> i32 {
     rc
 }
 
+enum Deferred {
+    Drop,
+    /// Allowed; the client's address before SNAT, if kube-proxy changed it.
+    Allow(Option<[u8; 16]>),
+}
+
 /// The client's egress verdict on a deferred packet, after DNAT (see the module
 /// documentation). The client is the endpoint whose id the mark carried; its source
-/// may have been SNATed meanwhile (a nodePort), its destination is the backend.
+/// may have been SNATed meanwhile (a nodePort, a hairpin), its destination is the
+/// backend.
 #[inline(always)]
-fn judge_deferred(ctx: &TcContext, ifindex: u32, client: u32, pkt: &mut Packet, now: u64) -> i32 {
+fn judge_deferred(
+    ctx: &TcContext,
+    ifindex: u32,
+    client: u32,
+    isolated: bool,
+    pkt: &mut Packet,
+    now: u64,
+) -> Deferred {
     let mut v = Verdict {
         ifindex,
         endpoint_id: client,
@@ -231,65 +262,62 @@ fn judge_deferred(ctx: &TcContext, ifindex: u32, client: u32, pkt: &mut Packet, 
     };
     if !matches!(packet::parse(ctx, pkt), Ok(Frame::Ip)) {
         // Only an IP packet from a pod is ever marked.
-        return v.drop(ctx, &pkt.tuple, COUNTER_MALFORMED, REASON_MALFORMED, now);
+        v.drop(ctx, &pkt.tuple, COUNTER_MALFORMED, REASON_MALFORMED, now);
+        return Deferred::Drop;
     }
+    // Masqueraded (a nodePort, a hairpin): the client's own address of the family.
+    let original_source = unsafe { WEIR_ENDPOINT_BY_ID.get(&client) }.and_then(|c| {
+        let own = if pkt.tuple.family == 4 {
+            (c.flags & EP_HAS_IPV4 != 0).then_some(c.ipv4)
+        } else {
+            (c.flags & EP_HAS_IPV6 != 0).then_some(c.ipv6)
+        };
+        own.filter(|a| !packet::same_addr(a, &pkt.tuple.saddr))
+    });
     if pkt.frag.kind == packet::FRAG_LATER && frag_follow(pkt, client, DIR_EGRESS, now) {
         count(ctx, COUNTER_FRAGMENT_FOLLOWED);
     }
     if ct_lookup(&mut pkt.key, client, DIR_EGRESS, &pkt.tuple, false, now) != Seen::No {
-        return v.allow(ctx, &pkt.tuple, COUNTER_REPLY, REASON_ESTABLISHED);
+        v.allow(ctx, &pkt.tuple, COUNTER_REPLY, REASON_ESTABLISHED);
+        return Deferred::Allow(original_source);
     }
-    let identity = WEIR_IDENTITY
-        .get(&Key::new(
-            128,
-            IdentityKey {
-                addr: pkt.tuple.daddr,
-            },
-        ))
-        .copied()
-        .unwrap_or(IDENTITY_WORLD);
-    v.identity = identity;
-    let host = identity == IDENTITY_HOST;
-    let mut rule = 0;
-    if !host && identity != IDENTITY_WORLD {
-        rule = policy_lookup(client, identity, DIR_EGRESS, &pkt.tuple);
-    }
-    if !host && rule == 0 {
-        rule = policy_lookup(client, IDENTITY_ANY, DIR_EGRESS, &pkt.tuple);
-    }
-    if !host && rule == 0 {
-        count(ctx, COUNTER_DEFAULT_DENY);
-        v.emit(ctx, &pkt.tuple, VERDICT_DROP, REASON_POLICY_DENY, 0, now);
-        return TC_ACT_SHOT;
-    }
-    ct_track(ctx, &mut pkt.key, client, DIR_EGRESS, &pkt.tuple, rule, now);
-    // The client's entry as it sent the flow, which its replies match un-DNATed.
-    let defer_key = DeferKey {
-        endpoint_id: client,
-        sport: pkt.tuple.sport,
-        protocol: pkt.tuple.protocol,
-        family: pkt.tuple.family,
+    let (counter, reason, rule) = if isolated {
+        let identity = WEIR_IDENTITY
+            .get(&Key::new(
+                128,
+                IdentityKey {
+                    addr: pkt.tuple.daddr,
+                },
+            ))
+            .copied()
+            .unwrap_or(IDENTITY_WORLD);
+        v.identity = identity;
+        if identity == IDENTITY_HOST {
+            (COUNTER_HOST, REASON_HOST, 0)
+        } else {
+            let mut rule = 0;
+            if identity != IDENTITY_WORLD {
+                rule = policy_lookup(client, identity, DIR_EGRESS, &pkt.tuple);
+            }
+            if rule == 0 {
+                rule = policy_lookup(client, IDENTITY_ANY, DIR_EGRESS, &pkt.tuple);
+            }
+            if rule == 0 {
+                count(ctx, COUNTER_DEFAULT_DENY);
+                v.emit(ctx, &pkt.tuple, VERDICT_DROP, REASON_POLICY_DENY, 0, now);
+                return Deferred::Drop;
+            }
+            (rule, REASON_POLICY_ALLOW, rule)
+        }
+    } else {
+        (COUNTER_NOT_ISOLATED, REASON_NOT_ISOLATED, 0)
     };
-    if let Some(before) = unsafe { WEIR_DEFER.get(&defer_key) } {
-        let k = &mut pkt.key;
-        k.endpoint_id = client;
-        k.direction = DIR_EGRESS;
-        k.protocol = pkt.tuple.protocol;
-        k._pad = [0; 2];
-        k.saddr = before.saddr;
-        k.daddr = before.daddr;
-        k.sport = pkt.tuple.sport;
-        k.dport = before.dport;
-        ct_insert(ctx, k, client, rule, now);
-    }
+    ct_track(ctx, &mut pkt.key, client, DIR_EGRESS, &pkt.tuple, rule, now);
     if pkt.frag.kind == packet::FRAG_FIRST {
         frag_record(pkt, client, DIR_EGRESS, now);
     }
-    if host {
-        v.allow(ctx, &pkt.tuple, COUNTER_HOST, REASON_HOST)
-    } else {
-        v.allow(ctx, &pkt.tuple, rule, REASON_POLICY_ALLOW)
-    }
+    v.allow(ctx, &pkt.tuple, counter, reason);
+    Deferred::Allow(original_source)
 }
 
 /// Removes the client's entries for a deferred flow the backend's ingress dropped.
@@ -338,7 +366,15 @@ fn to_frontend(t: &Tuple) -> bool {
 
 /// Passes a packet to a Service frontend on, to be judged after DNAT (module docs).
 #[inline(always)]
-fn defer(ctx: &TcContext, endpoint_id: u32, pkt: &Packet, v: &Verdict) -> i32 {
+fn defer(
+    ctx: &TcContext,
+    endpoint_id: u32,
+    isolated: bool,
+    new_flow: bool,
+    pkt: &mut Packet,
+    v: &Verdict,
+    now: u64,
+) -> i32 {
     let t = &pkt.tuple;
     let key = DeferKey {
         endpoint_id,
@@ -353,9 +389,19 @@ fn defer(ctx: &TcContext, endpoint_id: u32, pkt: &Packet, v: &Verdict) -> i32 {
         _pad: [0; 6],
     };
     let _ = WEIR_DEFER.insert(&key, &before, 0);
+    // The reply entry, as the client sent the flow: made now, while this hook has the
+    // tuple before DNAT; removed again if the flow is denied after DNAT.
+    if new_flow {
+        ct_track(ctx, &mut pkt.key, endpoint_id, DIR_EGRESS, t, 0, now);
+    }
     unsafe {
         let skb = ctx.skb.skb;
-        (*skb).mark = ((*skb).mark & !DEFER_MARK_MASK) | (endpoint_id << DEFER_MARK_SHIFT);
+        let flag = if isolated {
+            DEFER_MARK_EGRESS_ISOLATED
+        } else {
+            0
+        };
+        (*skb).mark = ((*skb).mark & !DEFER_MARK_ALL) | (endpoint_id << DEFER_MARK_SHIFT) | flag;
     }
     v.allow(ctx, t, COUNTER_SERVICE_DEFERRED, REASON_SERVICE_DEFERRED)
 }
@@ -369,6 +415,7 @@ fn judge(
     isolated: bool,
     pkt: &mut Packet,
     v: &mut Verdict,
+    original_source: Option<[u8; 16]>,
     now: u64,
 ) -> i32 {
     let from_pod = direction == DIR_EGRESS;
@@ -411,24 +458,26 @@ fn judge(
             return v.allow(ctx, &pkt.tuple, COUNTER_ICMP_ERROR, REASON_ICMP_ERROR);
         }
     }
-    if from_pod && isolated && id <= DEFER_MAX_ENDPOINT_ID && to_frontend(&pkt.tuple) {
-        return defer(ctx, id, pkt, v);
+    let seen = ct_lookup(&mut pkt.key, id, direction, &pkt.tuple, false, now);
+    if seen == Seen::Reply {
+        return v.allow(ctx, &pkt.tuple, COUNTER_REPLY, REASON_REPLY);
     }
-    match ct_lookup(&mut pkt.key, id, direction, &pkt.tuple, false, now) {
-        Seen::Forward => {
-            return v.allow(ctx, &pkt.tuple, COUNTER_REPLY, REASON_ESTABLISHED);
-        }
-        Seen::Reply => return v.allow(ctx, &pkt.tuple, COUNTER_REPLY, REASON_REPLY),
-        Seen::No => {}
+    // Every packet to a frontend, established or not, is judged after DNAT: this hook
+    // cannot know which backend kube-proxy gave the flow.
+    if from_pod && id <= DEFER_MAX_ENDPOINT_ID && to_frontend(&pkt.tuple) {
+        return defer(ctx, id, isolated, seen == Seen::No, pkt, v, now);
+    }
+    if seen == Seen::Forward {
+        return v.allow(ctx, &pkt.tuple, COUNTER_REPLY, REASON_ESTABLISHED);
     }
     if !isolated {
         ct_track(ctx, &mut pkt.key, id, direction, &pkt.tuple, 0, now);
         return v.allow(ctx, &pkt.tuple, COUNTER_NOT_ISOLATED, REASON_NOT_ISOLATED);
     }
-    let peer = if direction == DIR_INGRESS {
-        &pkt.tuple.saddr
-    } else {
-        &pkt.tuple.daddr
+    let peer = match (direction, &original_source) {
+        (DIR_INGRESS, Some(client)) => client,
+        (DIR_INGRESS, None) => &pkt.tuple.saddr,
+        _ => &pkt.tuple.daddr,
     };
     let identity = WEIR_IDENTITY
         .get(&Key::new(128, IdentityKey { addr: *peer }))

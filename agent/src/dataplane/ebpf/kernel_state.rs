@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use aya::maps::{lpm_trie::Key, MapError};
+use aya::maps::{lpm_trie::Key, HashMap, MapData, MapError};
 use weir_common::{map_names, EndpointInfo, IdentityKey, ServiceKey};
 
 use super::{identities::Prefix, loader::Maps, policy_map::PolicyEntry};
@@ -19,6 +19,8 @@ pub struct KernelState {
     pub local: BTreeMap<[u8; 16], u32>,
     /// Service frontends (value 1).
     pub service: BTreeMap<ServiceKey, u32>,
+    /// ENDPOINT's records by endpoint id.
+    pub endpoint_by_id: BTreeMap<u32, EndpointInfo>,
 }
 
 fn failure(object: String, e: MapError) -> ApplyFailure {
@@ -70,12 +72,14 @@ impl KernelState {
             .map(|(k, v)| ((k.prefix_len(), k.data()), v))
             .collect();
         let service = maps.service.iter().filter_map(Result::ok).collect();
+        let endpoint_by_id = maps.endpoint_by_id.iter().filter_map(Result::ok).collect();
         KernelState {
             identity,
             endpoint,
             policy,
             local,
             service,
+            endpoint_by_id,
         }
     }
 
@@ -226,41 +230,98 @@ impl KernelState {
     }
 }
 
-impl KernelState {
-    pub fn upsert_service(
-        &mut self,
-        maps: &mut Maps,
-        want: &KernelState,
-        errors: &mut Vec<ApplyFailure>,
-    ) {
-        let todo: Vec<_> = changed(&self.service, &want.service)
-            .map(|(k, v)| (*k, *v))
-            .collect();
-        for (key, v) in todo {
-            match maps.service.insert(key, v, 0) {
-                Ok(()) => {
-                    self.service.insert(key, v);
-                }
-                Err(e) => errors.push(failure(service_object(&key), e)),
+/// Writes the entries of `want` that `have` lacks or holds otherwise, mirroring each write
+/// the kernel took.
+fn upsert_hash<K: Ord + Copy + aya::Pod, V: PartialEq + Copy + aya::Pod>(
+    have: &mut BTreeMap<K, V>,
+    want: &BTreeMap<K, V>,
+    map: &mut HashMap<MapData, K, V>,
+    name: impl Fn(&K) -> String,
+    errors: &mut Vec<ApplyFailure>,
+) {
+    let todo: Vec<_> = changed(have, want).map(|(k, v)| (*k, *v)).collect();
+    for (k, v) in todo {
+        match map.insert(k, v, 0) {
+            Ok(()) => {
+                have.insert(k, v);
             }
+            Err(e) => errors.push(failure(name(&k), e)),
         }
+    }
+}
+
+/// Deletes the entries `want` does not hold.
+fn delete_hash<K: Ord + Copy + aya::Pod, V: aya::Pod>(
+    have: &mut BTreeMap<K, V>,
+    want: &BTreeMap<K, V>,
+    map: &mut HashMap<MapData, K, V>,
+    name: impl Fn(&K) -> String,
+    errors: &mut Vec<ApplyFailure>,
+) {
+    for k in gone(have, want) {
+        match map.remove(&k) {
+            Ok(()) => {
+                have.remove(&k);
+            }
+            Err(e) => errors.push(failure(name(&k), e)),
+        }
+    }
+}
+
+impl KernelState {
+    pub fn upsert_service(&mut self, maps: &mut Maps, want: &Self, errors: &mut Vec<ApplyFailure>) {
+        upsert_hash(
+            &mut self.service,
+            &want.service,
+            &mut maps.service,
+            service_object,
+            errors,
+        );
     }
 
-    pub fn delete_service(
+    pub fn delete_service(&mut self, maps: &mut Maps, want: &Self, errors: &mut Vec<ApplyFailure>) {
+        delete_hash(
+            &mut self.service,
+            &want.service,
+            &mut maps.service,
+            service_object,
+            errors,
+        );
+    }
+
+    pub fn upsert_endpoint_by_id(
         &mut self,
         maps: &mut Maps,
-        want: &KernelState,
+        want: &Self,
         errors: &mut Vec<ApplyFailure>,
     ) {
-        for key in gone(&self.service, &want.service) {
-            match maps.service.remove(&key) {
-                Ok(()) => {
-                    self.service.remove(&key);
-                }
-                Err(e) => errors.push(failure(service_object(&key), e)),
-            }
-        }
+        upsert_hash(
+            &mut self.endpoint_by_id,
+            &want.endpoint_by_id,
+            &mut maps.endpoint_by_id,
+            endpoint_by_id_object,
+            errors,
+        );
     }
+
+    pub fn delete_endpoint_by_id(
+        &mut self,
+        maps: &mut Maps,
+        want: &Self,
+        errors: &mut Vec<ApplyFailure>,
+    ) {
+        delete_hash(
+            &mut self.endpoint_by_id,
+            &want.endpoint_by_id,
+            &mut maps.endpoint_by_id,
+            endpoint_by_id_object,
+            errors,
+        );
+    }
+}
+
+fn endpoint_by_id_object(id: &u32) -> String {
+    format!("map {} (endpoint id {id})", map_names::ENDPOINT_BY_ID)
 }
 
 fn service_object(key: &ServiceKey) -> String {

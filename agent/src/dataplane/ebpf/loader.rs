@@ -28,6 +28,7 @@ pub struct Maps {
     pub endpoint: HashMap<MapData, u32, EndpointInfo>,
     pub local: HashMap<MapData, IdentityKey, u32>,
     pub service: HashMap<MapData, ServiceKey, u32>,
+    pub endpoint_by_id: HashMap<MapData, u32, EndpointInfo>,
     pub policy: LpmTrie<MapData, PolicyKey, u32>,
     pub counters: PerCpuArray<MapData, Counter>,
     pub records: RecordsMap,
@@ -85,10 +86,11 @@ pub fn fingerprint(config: &EbpfConfig) -> String {
 }
 
 /// The configured max_entries of the maps whose size the configuration sets.
-pub fn max_entries(config: &EbpfConfig) -> [(&'static str, u32); 10] {
+pub fn max_entries(config: &EbpfConfig) -> [(&'static str, u32); 11] {
     [
         (map_names::IDENTITY, config.identity_entries),
         (map_names::ENDPOINT, config.endpoint_entries),
+        (map_names::ENDPOINT_BY_ID, config.endpoint_entries),
         (map_names::POLICY, config.policy_entries),
         (map_names::CT, config.ct_entries),
         (map_names::CT_OVERFLOW, config.ct_overflow_entries),
@@ -223,6 +225,7 @@ impl Maps {
             endpoint: typed!(path, map_names::ENDPOINT),
             local: typed!(path, map_names::LOCAL),
             service: typed!(path, map_names::SERVICE),
+            endpoint_by_id: typed!(path, map_names::ENDPOINT_BY_ID),
             policy: typed!(path, map_names::POLICY),
             counters: typed!(path, map_names::COUNTERS),
             records: typed!(path, map_names::RECORDS),

@@ -7,7 +7,7 @@
 //!    `<root>/migrate/progs/`; the attached (old) programs keep enforcing with the old maps;
 //! 2. contents are copied where the layout allows it (same type, key and value sizes: a
 //!    new size or new flags); maps whose layout changed start empty: IDENTITY, ENDPOINT,
-//!    LOCAL, SERVICE and POLICY are recomputed from the desired state by the next converge, the others
+//!    ENDPOINT_BY_ID, LOCAL, SERVICE and POLICY are recomputed from the desired state by the next converge, the others
 //!    (connection table, counters, ...) are logged as not carried over;
 //! 3. the first converge writes the desired state into the new maps, then every attached
 //!    hook gets the new program swapped in atomically (TCX link update or netlink filter
@@ -308,18 +308,20 @@ impl Migration {
 }
 
 /// Maps whose whole contents the agent writes from the desired state.
-const RECOMPUTED: [&str; 5] = [
+const RECOMPUTED: [&str; 6] = [
     weir_common::map_names::IDENTITY,
     weir_common::map_names::ENDPOINT,
+    weir_common::map_names::ENDPOINT_BY_ID,
     weir_common::map_names::LOCAL,
     weir_common::map_names::SERVICE,
     weir_common::map_names::POLICY,
 ];
 
 /// Maps only the agent writes (the programs read them, or never touch them).
-const AGENT_WRITTEN: [&str; 7] = [
+const AGENT_WRITTEN: [&str; 8] = [
     weir_common::map_names::IDENTITY,
     weir_common::map_names::ENDPOINT,
+    weir_common::map_names::ENDPOINT_BY_ID,
     weir_common::map_names::LOCAL,
     weir_common::map_names::SERVICE,
     weir_common::map_names::POLICY,

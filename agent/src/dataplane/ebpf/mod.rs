@@ -416,9 +416,9 @@ impl EbpfDataplane {
             if ep.egress.isolated {
                 flags |= EP_EGRESS_ISOLATED;
             }
-            target
-                .endpoint
-                .insert(*ifindex, endpoint_info(*id, flags, ep));
+            let info = endpoint_info(*id, flags, ep);
+            target.endpoint.insert(*ifindex, info);
+            target.endpoint_by_id.insert(*id, info);
             for addr in [
                 ep.ipv4.map(|a| a.to_ipv6_mapped().octets()),
                 ep.ipv6.map(|a| a.octets()),
@@ -490,6 +490,8 @@ impl EbpfDataplane {
         self.kernel.upsert_endpoint(&mut self.maps, &target, errors);
         self.kernel.upsert_local(&mut self.maps, &target, errors);
         self.kernel.upsert_service(&mut self.maps, &target, errors);
+        self.kernel
+            .upsert_endpoint_by_id(&mut self.maps, &target, errors);
 
         // Attach pods whose interface is new; endpoint entries are in place already.
         let mut attached = BTreeMap::new();
@@ -569,6 +571,8 @@ impl EbpfDataplane {
         self.kernel.delete_endpoint(&mut self.maps, &target, errors);
         self.kernel.delete_local(&mut self.maps, &target, errors);
         self.kernel.delete_service(&mut self.maps, &target, errors);
+        self.kernel
+            .delete_endpoint_by_id(&mut self.maps, &target, errors);
         for ifindex in released {
             if !self.kernel.endpoint.contains_key(&ifindex) {
                 newpods::release_pins(&self.layout, ifindex);

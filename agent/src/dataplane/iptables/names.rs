@@ -19,6 +19,15 @@ pub const DISPATCH_CHAIN: &str = "WEIR-FILTER";
 /// and its own node's addresses (INPUT, OUTPUT) is always allowed, as NetworkPolicy
 /// specifies and as the eBPF dataplane does.
 pub const HOOKS: [&str; 1] = ["FORWARD"];
+/// The table weir's chains live in: mangle's FORWARD runs before filter's, after
+/// kube-proxy's DNAT, so an ACCEPT in filter FORWARD cannot let a packet past a policy
+/// (kube-proxy's iptables mode prepends `KUBE-FORWARD`, which ACCEPTs every packet it
+/// marked for masquerading: NodePort and hairpin traffic), and hardly anything else
+/// hooks mangle FORWARD.
+pub const TABLE: &str = "mangle";
+/// Where releases before the Services release (issue 12) put the chains; a full
+/// reconcile removes what is left there.
+pub const FORMER_TABLE: &str = "filter";
 
 /// Where traffic from and to pod interfaces not programmed yet goes (see
 /// [`crate::dataplane::new_pods`]).

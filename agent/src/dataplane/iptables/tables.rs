@@ -13,8 +13,8 @@ use crate::reset::owners::WEIR_CHAIN_PREFIX;
 
 use super::backend::Family;
 use super::names::{
-    endpoint_chain, set_name, ChainNames, DISPATCH_CHAIN, HOOKS, KNOWN_ENDPOINTS_SET,
-    NEW_FROM_POD_CHAIN, NEW_TO_POD_CHAIN,
+    endpoint_chain, set_name, ChainNames, DISPATCH_CHAIN, FORMER_TABLE, HOOKS, KNOWN_ENDPOINTS_SET,
+    NEW_FROM_POD_CHAIN, NEW_TO_POD_CHAIN, TABLE,
 };
 use super::rules::{dispatch_rules, endpoint_rules};
 use super::spoof::SPOOF_CHAIN;
@@ -39,16 +39,20 @@ pub fn script(
     spoof: Option<&[String]>,
 ) -> Result<Option<String>, SaveParseError> {
     let mut body = String::new();
+    let mut former = String::new();
     match saved {
-        Some(saved) => full(
-            names,
-            new,
-            family,
-            saved,
-            new_pods,
-            spoof.unwrap_or(&[]),
-            &mut body,
-        )?,
+        Some(saved) => {
+            remove_former(saved, &mut former)?;
+            full(
+                names,
+                new,
+                family,
+                saved,
+                new_pods,
+                spoof.unwrap_or(&[]),
+                &mut body,
+            )?
+        }
         None => {
             if let Some(rules) = spoof {
                 write_chain(&mut body, SPOOF_CHAIN, rules);
@@ -56,10 +60,40 @@ pub fn script(
             delta(names, old, new, family, &mut body)
         }
     }
-    if body.is_empty() {
-        return Ok(None);
+    let mut script = String::new();
+    if !body.is_empty() {
+        script = format!("*{TABLE}\n{body}COMMIT\n");
     }
-    Ok(Some(format!("*filter\n{body}COMMIT\n")))
+    // After the new table's commit: enforcement moves without a gap.
+    if !former.is_empty() {
+        script.push_str(&format!("*{FORMER_TABLE}\n{former}COMMIT\n"));
+    }
+    Ok((!script.is_empty()).then_some(script))
+}
+
+/// Removes weir's hook jumps and chains from the table an earlier release used.
+fn remove_former(saved: &str, out: &mut String) -> Result<(), SaveParseError> {
+    let tables = iptables_save::parse(saved)?;
+    let Some(table) = tables.iter().find(|t| t.name == FORMER_TABLE) else {
+        return Ok(());
+    };
+    for r in table.rules.iter().filter(|r| {
+        HOOKS.contains(&r.chain.as_str()) && r.target.as_deref() == Some(DISPATCH_CHAIN)
+    }) {
+        let _ = writeln!(out, "-D {} {}", r.chain, r.spec);
+    }
+    let ours: Vec<&String> = table
+        .chains
+        .iter()
+        .filter(|c| c.starts_with(WEIR_CHAIN_PREFIX))
+        .collect();
+    for chain in &ours {
+        let _ = writeln!(out, "-F {chain}");
+    }
+    for chain in &ours {
+        let _ = writeln!(out, "-X {chain}");
+    }
+    Ok(())
 }
 
 fn write_chain(out: &mut String, chain: &str, rules: &[String]) {
@@ -107,7 +141,7 @@ fn full(
     out: &mut String,
 ) -> Result<(), SaveParseError> {
     let tables = iptables_save::parse(saved)?;
-    let filter = tables.iter().find(|t| t.name == "filter");
+    let filter = tables.iter().find(|t| t.name == TABLE);
     let mut wanted = BTreeSet::from([DISPATCH_CHAIN.to_string(), SPOOF_CHAIN.to_string()]);
     // Anti-spoofing before anything else, the conntrack shortcut included.
     write_chain(out, SPOOF_CHAIN, spoof);
@@ -239,7 +273,7 @@ mod tests {
 
     #[test]
     fn full_script_keeps_one_hook_and_deletes_stale_chains() {
-        let saved = "*filter\n:FORWARD ACCEPT [0:0]\n:WEIR-FILTER - [0:0]\n:WEIR-I-dead - [0:0]\n\
+        let saved = "*mangle\n:FORWARD ACCEPT [0:0]\n:WEIR-FILTER - [0:0]\n:WEIR-I-dead - [0:0]\n\
                      -A FORWARD -j WEIR-FILTER\n-A FORWARD -j WEIR-FILTER\nCOMMIT\n";
         let mut names = ChainNames::default();
         let new = desired(&[("x/a", "10.0.0.1", true)]);
@@ -268,7 +302,7 @@ mod tests {
 
     #[test]
     fn a_rule_inserted_ahead_of_the_jump_puts_the_jump_back_first() {
-        let saved = "*filter\n:FORWARD ACCEPT [0:0]\n:WEIR-FILTER - [0:0]\n\
+        let saved = "*mangle\n:FORWARD ACCEPT [0:0]\n:WEIR-FILTER - [0:0]\n\
                      -A FORWARD -j ACCEPT\n-A FORWARD -j WEIR-FILTER\nCOMMIT\n";
         let mut names = ChainNames::default();
         let s = script(
@@ -287,7 +321,7 @@ mod tests {
             "{s}"
         );
         // Already first: nothing moves.
-        let first = "*filter\n:FORWARD ACCEPT [0:0]\n-A FORWARD -j WEIR-FILTER\n\
+        let first = "*mangle\n:FORWARD ACCEPT [0:0]\n-A FORWARD -j WEIR-FILTER\n\
                      -A FORWARD -j ACCEPT\nCOMMIT\n";
         let s = script(
             &mut names,
@@ -337,9 +371,39 @@ mod tests {
         assert_eq!(
             s,
             format!(
-                "*filter\n-D WEIR-FILTER -d 10.0.0.2/32 -j {b_chain}\n-F {b_chain}\n\
+                "*mangle\n-D WEIR-FILTER -d 10.0.0.2/32 -j {b_chain}\n-F {b_chain}\n\
                  -X {b_chain}\nCOMMIT\n"
             )
         );
+    }
+
+    #[test]
+    fn chains_an_earlier_release_left_in_filter_go_after_the_new_ones_are_in() {
+        let saved = "*filter\n:FORWARD ACCEPT [0:0]\n:WEIR-FILTER - [0:0]\n:WEIR-I-old - [0:0]\n\
+                     -A FORWARD -j WEIR-FILTER\n-A WEIR-FILTER -d 10.0.0.1/32 -j WEIR-I-old\n\
+                     COMMIT\n*mangle\n:FORWARD ACCEPT [0:0]\nCOMMIT\n";
+        let mut names = ChainNames::default();
+        let new = desired(&[("x/a", "10.0.0.1", true)]);
+        let s = script(
+            &mut names,
+            &Desired::default(),
+            &new,
+            Family::V4,
+            Some(saved),
+            &NewPodIsolation::off(),
+            None,
+        )
+        .unwrap()
+        .unwrap();
+        let mangle = s.find("*mangle\n").unwrap();
+        let filter = s.find("*filter\n").unwrap();
+        assert!(mangle < filter, "{s}");
+        assert!(
+            s[mangle..filter].contains("-I FORWARD 1 -j WEIR-FILTER\n"),
+            "{s}"
+        );
+        let former = &s[filter..];
+        assert!(former.contains("-D FORWARD -j WEIR-FILTER\n"), "{s}");
+        assert!(former.contains("-F WEIR-I-old\n") && former.contains("-X WEIR-FILTER\n"));
     }
 }
