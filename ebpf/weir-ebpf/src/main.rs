@@ -172,6 +172,11 @@ fn link_scoped_nd(pkt: &Packet) -> bool {
 #[inline(always)]
 fn decide(ctx: &TcContext, direction: u8) -> i32 {
     let ifindex = unsafe { (*ctx.skb.skb).ifindex };
+    // No ENDPOINT entry: not (or no longer) a pod we enforce for. The agent writes the
+    // entry before it attaches and detaches before it deletes the entry, so this only
+    // protects unrelated interfaces from a leftover filter. The node's other interfaces
+    // carry `weir_to_pod` for deferred packets only.
+    let ep = (unsafe { WEIR_ENDPOINT.get(&ifindex) }).copied();
     let mut deferred_client = 0;
     // The client's own address, when kube-proxy masqueraded a deferred packet.
     let mut original_source = None;
@@ -181,7 +186,10 @@ fn decide(ctx: &TcContext, direction: u8) -> i32 {
         let mark = unsafe { (*ctx.skb.skb).mark };
         deferred_client = (mark & DEFER_MARK_MASK) >> DEFER_MARK_SHIFT;
         if deferred_client != 0 {
-            unsafe { (*ctx.skb.skb).mark = mark & !DEFER_MARK_ALL };
+            if ep.is_some() {
+                // A pod's hook is the packet's last: the backend's ingress comes next.
+                unsafe { (*ctx.skb.skb).mark = mark & !DEFER_MARK_ALL };
+            }
             let Some(pkt) = SCRATCH.get_ptr_mut(0) else {
                 return TC_ACT_SHOT;
             };
@@ -194,7 +202,7 @@ fn decide(ctx: &TcContext, direction: u8) -> i32 {
             }
         }
     }
-    let Some(ep) = (unsafe { WEIR_ENDPOINT.get(&ifindex) }).copied() else {
+    let Some(ep) = ep else {
         return TC_ACT_OK;
     };
     let isolated = ep.flags

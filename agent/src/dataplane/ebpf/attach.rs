@@ -30,12 +30,26 @@ pub enum AttachMode {
     Netlink,
 }
 
+/// What an interface carries.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Role {
+    /// A pod's host-side interface: both programs.
+    #[default]
+    Pod,
+    /// Any other interface of the node (uplink, tunnel, bridge): `weir_to_pod` on egress
+    /// only, which judges pods' Service traffic that leaves the node after DNAT (a remote
+    /// backend) and passes everything else.
+    Leaving,
+}
+
 /// Where an endpoint's programs are attached.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Attachment {
     pub ifname: String,
     pub ifindex: u32,
     pub mode: AttachMode,
+    #[serde(default)]
+    pub role: Role,
 }
 
 pub fn preferred_mode() -> AttachMode {
@@ -99,19 +113,35 @@ pub fn pinned_link_ifindexes(layout: &PinLayout) -> std::collections::BTreeSet<u
         .collect()
 }
 
-fn hooks(progs: &mut Programs) -> [(&mut SchedClassifier, TcAttachType, &'static str); 2] {
-    [
-        (&mut progs.from_pod, TcAttachType::Ingress, "ingress"),
-        (&mut progs.to_pod, TcAttachType::Egress, "egress"),
-    ]
+fn hooks(
+    progs: &mut Programs,
+    role: Role,
+) -> Vec<(&mut SchedClassifier, TcAttachType, &'static str)> {
+    match role {
+        Role::Pod => vec![
+            (&mut progs.from_pod, TcAttachType::Ingress, "ingress"),
+            (&mut progs.to_pod, TcAttachType::Egress, "egress"),
+        ],
+        Role::Leaving => vec![(&mut progs.to_pod, TcAttachType::Egress, "egress")],
+    }
+}
+
+fn hook_types(role: Role) -> &'static [(TcAttachType, &'static str)] {
+    match role {
+        Role::Pod => &[
+            (TcAttachType::Ingress, "ingress"),
+            (TcAttachType::Egress, "egress"),
+        ],
+        Role::Leaving => &[(TcAttachType::Egress, "egress")],
+    }
 }
 
 fn fail(what: &str, ifname: &str, e: impl std::fmt::Display) -> DataplaneError {
     DataplaneError::Other(format!("{what} on interface {ifname}: {e}"))
 }
 
-/// Attaches both programs. A hook that already carries one of ours is left alone
-/// (adoption after restart), or with `replace` gets the given program swapped in
+/// Attaches the programs of `role`. A hook that already carries one of ours is left
+/// alone (adoption after restart), or with `replace` gets the given program swapped in
 /// atomically (upgrade): enforcement never pauses.
 pub fn attach(
     progs: &mut Programs,
@@ -119,13 +149,14 @@ pub fn attach(
     ifname: &str,
     ifindex: u32,
     mode: AttachMode,
+    role: Role,
     replace: bool,
 ) -> Result<Attachment, DataplaneError> {
     if mode == AttachMode::Netlink {
         // Fails harmlessly ("Exclusivity flag on") when the qdisc exists.
         let _ = tc::qdisc_add_clsact(ifname);
     }
-    for (prog, attach_type, hook) in hooks(progs) {
+    for (prog, attach_type, hook) in hooks(progs, role) {
         match mode {
             AttachMode::Tcx => {
                 let pin = layout.link(ifindex, hook);
@@ -190,6 +221,7 @@ pub fn attach(
         ifname: ifname.to_string(),
         ifindex,
         mode,
+        role,
     })
 }
 
@@ -221,10 +253,7 @@ pub fn remove_netlink_filters(ifname: &str, ifindex_: u32) {
 
 /// Detaches both programs; an interface that is gone already counts as detached.
 pub fn detach(layout: &PinLayout, a: &Attachment) -> Result<(), DataplaneError> {
-    for (attach_type, hook) in [
-        (TcAttachType::Ingress, "ingress"),
-        (TcAttachType::Egress, "egress"),
-    ] {
+    for &(attach_type, hook) in hook_types(a.role) {
         match a.mode {
             AttachMode::Tcx => {
                 // The pin holds the last reference: removing it detaches the link.

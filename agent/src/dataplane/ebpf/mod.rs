@@ -41,7 +41,7 @@ use weir_common::{
     EP_INGRESS_ISOLATED,
 };
 
-pub use attach::AttachMode;
+pub use attach::{AttachMode, Role};
 pub use config::{EbpfConfig, DEFAULT_PIN_ROOT};
 pub use events::{MonitorEvent, OutputFormat};
 pub use loader::OBJECT as EMBEDDED_OBJECT;
@@ -123,13 +123,18 @@ impl EbpfDataplane {
             None => loader::open_programs(&layout)?,
         };
         if upgrade {
-            for (pod, r) in &records.endpoints {
-                let a = &r.attachment;
-                if let Err(e) =
-                    attach::attach(&mut programs, &layout, &a.ifname, a.ifindex, a.mode, true)
-                {
+            for a in records.attachments() {
+                if let Err(e) = attach::attach(
+                    &mut programs,
+                    &layout,
+                    &a.ifname,
+                    a.ifindex,
+                    a.mode,
+                    a.role,
+                    true,
+                ) {
                     tracing::warn!(
-                        pod,
+                        interface = a.ifname,
                         "program not replaced (the old one keeps enforcing): {e}"
                     );
                 }
@@ -214,35 +219,44 @@ impl EbpfDataplane {
             return;
         };
         migration.refresh(&self.layout);
-        let mut hooks: BTreeMap<u32, (String, AttachMode)> = BTreeMap::new();
-        for r in self.records.endpoints.values() {
-            let a = &r.attachment;
-            hooks.insert(a.ifindex, (a.ifname.clone(), a.mode));
+        let mut hooks: BTreeMap<u32, (String, AttachMode, Role)> = BTreeMap::new();
+        for a in self.records.attachments() {
+            hooks.insert(a.ifindex, (a.ifname.clone(), a.mode, a.role));
         }
         // Every pinned TCX link, ours by construction, whoever attached it; and the
         // interfaces isolated as new pods (netlink filters have no pins).
         for ifindex in attach::pinned_link_ifindexes(&self.layout) {
             if let Some(name) = attach::ifname(ifindex) {
-                hooks.entry(ifindex).or_insert((name, AttachMode::Tcx));
+                hooks
+                    .entry(ifindex)
+                    .or_insert((name, AttachMode::Tcx, Role::Pod));
             }
         }
         for (ifindex, info) in KernelState::read(&self.maps).endpoint {
             if info.endpoint_id == newpods::PENDING_ENDPOINT_ID {
                 // Pending without a TCX pin: isolated by a netlink filter.
                 if let Some(name) = attach::ifname(ifindex) {
-                    hooks.entry(ifindex).or_insert((name, AttachMode::Netlink));
+                    hooks
+                        .entry(ifindex)
+                        .or_insert((name, AttachMode::Netlink, Role::Pod));
                 }
             }
         }
         let mut swapped = true;
         let mut programs = self.programs.lock().unwrap_or_else(|e| e.into_inner());
-        for (ifindex, (ifname, mode)) in &hooks {
+        for (ifindex, (ifname, mode, role)) in &hooks {
             if attach::ifindex(ifname) != Some(*ifindex) {
                 continue; // gone: nothing left to enforce there
             }
-            if let Err(e) =
-                attach::attach(&mut programs, &self.layout, ifname, *ifindex, *mode, true)
-            {
+            if let Err(e) = attach::attach(
+                &mut programs,
+                &self.layout,
+                ifname,
+                *ifindex,
+                *mode,
+                *role,
+                true,
+            ) {
                 swapped = false;
                 failures.push(ApplyFailure {
                     object: format!("interface {ifname}"),
@@ -515,6 +529,7 @@ impl EbpfDataplane {
                     ifname,
                     *ifindex,
                     self.mode,
+                    Role::Pod,
                     false,
                 ) {
                     Ok(a) => {
@@ -567,6 +582,7 @@ impl EbpfDataplane {
             }
         }
         self.records.endpoints = attached;
+        self.converge_leaving(&target, errors);
 
         self.kernel.delete_endpoint(&mut self.maps, &target, errors);
         self.kernel.delete_local(&mut self.maps, &target, errors);
@@ -605,6 +621,76 @@ impl EbpfDataplane {
             self.records.rules.by_id.len(),
         );
         Ok(ApplyReport { failures })
+    }
+}
+
+impl EbpfDataplane {
+    /// Puts `weir_to_pod` on the egress of every other interface of the node (uplinks,
+    /// tunnels, bridges): a pod's Service traffic whose backend is elsewhere leaves
+    /// through one of them and is judged there, after DNAT. Interfaces that went, or
+    /// turned out to be pods', lose it.
+    fn converge_leaving(&mut self, target: &KernelState, errors: &mut Vec<ApplyFailure>) {
+        let pods: BTreeSet<u32> = self
+            .records
+            .endpoints
+            .values()
+            .map(|r| r.attachment.ifindex)
+            .chain(target.endpoint.keys().copied())
+            .collect();
+        let is_pod_interface = |name: &str| {
+            self.isolator
+                .as_ref()
+                .is_some_and(|i| i.filter.applies_to(name))
+        };
+        let wanted: BTreeMap<u32, String> = newpods::interfaces()
+            .into_iter()
+            .filter(|(ifindex, name)| {
+                name != "lo" && !pods.contains(ifindex) && !is_pod_interface(name)
+            })
+            .collect();
+        let gone: Vec<u32> = self
+            .records
+            .leaving
+            .iter()
+            .filter(|(ifindex, a)| wanted.get(*ifindex) != Some(&a.ifname))
+            .map(|(ifindex, _)| *ifindex)
+            .collect();
+        for ifindex in gone {
+            let a = &self.records.leaving[&ifindex];
+            if let Err(e) = attach::detach(&self.layout, a) {
+                errors.push(ApplyFailure {
+                    object: format!("interface {}", a.ifname),
+                    reason: e.to_string(),
+                });
+                continue;
+            }
+            self.records.leaving.remove(&ifindex);
+        }
+        for (ifindex, ifname) in wanted {
+            if self.records.leaving.contains_key(&ifindex) {
+                continue;
+            }
+            let attached = attach::attach(
+                &mut self.programs.lock().unwrap_or_else(|e| e.into_inner()),
+                &self.layout,
+                &ifname,
+                ifindex,
+                self.mode,
+                Role::Leaving,
+                false,
+            );
+            match attached {
+                Ok(a) => {
+                    self.records.leaving.insert(ifindex, a);
+                }
+                Err(e) => errors.push(ApplyFailure {
+                    object: format!("interface {ifname}"),
+                    reason: format!(
+                        "pods' Service traffic leaving through it is not judged after DNAT: {e}"
+                    ),
+                }),
+            }
+        }
     }
 }
 

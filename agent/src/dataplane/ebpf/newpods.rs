@@ -86,6 +86,7 @@ impl Isolator {
             ifname,
             ifindex,
             AttachMode::Netlink,
+            attach::Role::Pod,
             false,
         ) {
             // An entry without programs would only mislead: the next scan retries.
@@ -131,12 +132,13 @@ pub fn release_pins(layout: &PinLayout, ifindex: u32) {
             ifname: String::new(),
             ifindex,
             mode: AttachMode::Tcx,
+            role: attach::Role::Pod,
         },
     );
 }
 
 /// All interfaces of the calling thread's network namespace.
-fn interfaces() -> Vec<(u32, String)> {
+pub(super) fn interfaces() -> Vec<(u32, String)> {
     let mut out = Vec::new();
     // SAFETY: if_nameindex returns an array terminated by a zero entry, freed below.
     unsafe {

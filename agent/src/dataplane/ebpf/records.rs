@@ -31,9 +31,21 @@ pub struct Records {
     pub identities: IdentityTable,
     pub rules: RuleTable,
     pub endpoints: BTreeMap<PodKey, EndpointRecord>,
+    /// The node's other interfaces, by ifindex, with `weir_to_pod` on egress (see
+    /// [`super::attach::Role::Leaving`]).
+    #[serde(default)]
+    pub leaving: BTreeMap<u32, super::attach::Attachment>,
 }
 
 impl Records {
+    /// Every interface that carries programs: pods' and leaving ones.
+    pub fn attachments(&self) -> impl Iterator<Item = &super::attach::Attachment> {
+        self.endpoints
+            .values()
+            .map(|r| &r.attachment)
+            .chain(self.leaving.values())
+    }
+
     pub fn endpoint_name(&self, id: u32) -> Option<&str> {
         if id == super::newpods::PENDING_ENDPOINT_ID {
             return Some("(pod interface not programmed yet)");
