@@ -314,6 +314,11 @@ fn probe_lab(dir: &LabDir, args: &ProbeArgs) -> anyhow::Result<()> {
     let pods: Vec<_> = state.pods.values().cloned().collect();
     let started = Instant::now();
     let run = dir.next_probe_run()?;
+    if args.via != Via::Pod && state.proxy.is_none() {
+        eprintln!(
+            "warning: this lab runs no kube-proxy (weir lab up --proxy): nothing forwards its ClusterIPs, so probes via service fail"
+        );
+    }
     let frontends = match args.via {
         Via::Pod => Default::default(),
         _ => super::services::frontends(&ObjectSet::load(&dir.objects_file())?),

@@ -97,30 +97,45 @@ pub fn check_host(mode: ProxyMode) -> Result<(), LabError> {
 /// loaded) and dummy devices (kube-proxy puts every ClusterIP on a dummy `kube-ipvs0`).
 fn ipvs_support() -> Result<(), String> {
     let mut missing = Vec::new();
-    for (module, config, present) in [
-        ("ip_vs", "CONFIG_IP_VS", "/proc/net/ip_vs"),
-        ("dummy", "CONFIG_DUMMY", "/sys/module/dummy"),
-    ] {
-        if Path::new(present).exists() {
-            continue;
+    const PRESENT: &str = "/proc/net/ip_vs";
+    if !Path::new(PRESENT).exists() {
+        let why = modprobe("ip_vs");
+        if !Path::new(PRESENT).exists() {
+            missing.push(format!(
+                "CONFIG_IP_VS ({PRESENT} does not exist; modprobe ip_vs: {why})"
+            ));
         }
-        let loaded = exec::run_with_timeout("modprobe", &[module], None, Duration::from_secs(10));
-        if Path::new(present).exists() {
-            continue;
+    }
+    if let Err(e) = dummy_device() {
+        let why = modprobe("dummy");
+        if let Err(again) = dummy_device() {
+            missing.push(format!(
+                "CONFIG_DUMMY (a dummy device cannot be made: {e}; modprobe dummy: {why}; then: {again})"
+            ));
         }
-        let why = match loaded {
-            Ok(out) if !out.success => out.stderr.trim().to_string(),
-            Ok(_) => format!("{present} still absent after loading it"),
-            Err(e) => e.to_string(),
-        };
-        missing.push(format!(
-            "{config} ({present} does not exist and `modprobe {module}` failed: {why})"
-        ));
     }
     match missing.is_empty() {
         true => Ok(()),
         false => Err(missing.join("; ")),
     }
+}
+
+/// Loads a module; says how that went.
+fn modprobe(module: &str) -> String {
+    match exec::run_with_timeout("modprobe", &[module], None, Duration::from_secs(10)) {
+        Ok(out) if out.success => "loaded".into(),
+        Ok(out) => out.stderr.trim().to_string(),
+        Err(e) => e.to_string(),
+    }
+}
+
+/// Makes (and removes) a dummy device in a namespace of its own.
+fn dummy_device() -> Result<(), LabError> {
+    let ns = format!("weir-ipvs-probe-{}", std::process::id());
+    netns::add(&ns)?;
+    let made = netns::ip(&["-n", &ns, "link", "add", "probe0", "type", "dummy"]);
+    netns::delete(&ns)?;
+    made.map(drop)
 }
 
 /// Starts kube-proxy in the node namespace; returns its pid.
