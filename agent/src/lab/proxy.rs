@@ -249,10 +249,12 @@ pub fn wait_programmed(
         // How each mode's listing spells a frontend and a DNAT to a backend.
         let frontend = |ip: &Ipv4Addr| match mode {
             ProxyMode::Nftables => format!("{ip} . "),
+            ProxyMode::Ipvs => format!(" {:08X}:", u32::from(*ip)),
             _ => format!("-d {ip}/32 "),
         };
         let backend = |ip: &Ipv4Addr, port: &u16| match mode {
             ProxyMode::Nftables => format!("to {ip}:{port}"),
+            ProxyMode::Ipvs => format!("-> {:08X}:{port:04X}", u32::from(*ip)),
             _ => format!("--to-destination {ip}:{port}"),
         };
         missing = ips
@@ -289,8 +291,14 @@ pub fn wait_programmed(
     ))
 }
 
-/// kube-proxy's rules as text, listed in the node namespace.
+/// kube-proxy's rules as text, listed in the node namespace (ipvs: the kernel's table of
+/// virtual servers, /proc/net/ip_vs, as seen from there).
 fn rules(node: &str, mode: ProxyMode) -> Result<String, LabError> {
+    if mode == ProxyMode::Ipvs {
+        return netns::in_netns(node, || {
+            std::fs::read_to_string("/proc/thread-self/net/ip_vs").unwrap_or_default()
+        });
+    }
     let (program, args): (&str, &[&str]) = match mode {
         ProxyMode::Nftables => ("nft", &["list", "table", "ip", "kube-proxy"]),
         _ => ("iptables-save", &["-t", "nat"]),
