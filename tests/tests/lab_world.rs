@@ -97,7 +97,8 @@ fn up_with_an_invalid_manifest_builds_nothing() {
     let bad = manifest(
         &lab,
         "bad.yaml",
-        "apiVersion: v1\nkind: Service\nmetadata: {name: s, namespace: x}\n",
+        // A Service is a kind the lab knows; its ClusterIP outside the service range is not.
+        "apiVersion: v1\nkind: Service\nmetadata: {name: s, namespace: x}\nspec: {clusterIP: 192.168.0.1}\n",
     );
     let out = lab
         .weir_raw(&["up", "--without-agent", bad.to_str().unwrap()])

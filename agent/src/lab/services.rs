@@ -210,7 +210,7 @@ fn allocate(before: &ObjectSet, set: &mut ObjectSet) -> Result<(), LabError> {
             let parsed: Ipv4Addr = ip.parse().map_err(|_| {
                 LabError::invalid(
                     &what,
-                    format!("spec.clusterIP {ip:?}: the lab's Services are IPv4 only"),
+                    format!("spec.clusterIP {ip:?} is not an IPv4 address (the lab's Services are IPv4 only)"),
                 )
             })?;
             if !cidr.contains(&parsed) {
