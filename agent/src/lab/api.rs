@@ -312,13 +312,7 @@ fn name(n: Option<&String>) -> &str {
 }
 
 fn namespace(o: &Object) -> &str {
-    match o {
-        Object::Pod(p) => p.metadata.namespace.as_deref(),
-        Object::NetworkPolicy(p) => p.metadata.namespace.as_deref(),
-        Object::Service(s) => s.metadata.namespace.as_deref(),
-        _ => None,
-    }
-    .unwrap_or("default")
+    o.metadata().namespace.as_deref().unwrap_or("default")
 }
 
 /// Makes the server's lab-managed EndpointSlices `after` (by namespace and name): applies
