@@ -374,12 +374,14 @@ pub fn frontends(set: &ObjectSet) -> BTreeMap<(String, u16, Protocol), Frontend>
     out
 }
 
+/// One port of an EndpointSlice: (Service port name, protocol, the pods' port).
+type SlicePort = (Option<String>, String, u16);
+
 /// The EndpointSlices the endpointslice controller would keep for the set's Services, by
 /// (namespace, name): one IPv4 slice per Service and distinct resolved port list, so pods
 /// on which a named port resolves differently are in different slices.
 pub fn endpoint_slices(set: &ObjectSet, node: &str) -> BTreeMap<(String, String), EndpointSlice> {
-    let mut groups: BTreeMap<(ObjectRef, Vec<(Option<String>, String, u16)>), Vec<&Backend>> =
-        BTreeMap::new();
+    let mut groups: BTreeMap<(ObjectRef, Vec<SlicePort>), Vec<&Backend>> = BTreeMap::new();
     let all = backends(set);
     for b in &all {
         let ports = b
