@@ -128,6 +128,33 @@ mod tests {
     }
 
     #[test]
+    fn service_probes_get_their_own_matrix_and_skipped_targets_are_listed() {
+        let mut via_service = probe("x/a", "x/b", false);
+        via_service.via = Route::Service;
+        let out = table("ebpf", &[probe("x/a", "x/b", true), via_service]);
+        assert!(
+            out.contains("80/TCP on ebpf: 1/1 connected\n")
+                && out.contains("80/TCP via service on ebpf: 0/1 connected\n"),
+            "{out}"
+        );
+        let skipped_one = [Skipped {
+            to: "x/c".into(),
+            port: 81,
+            protocol: Protocol::Udp,
+            reason: "no Service".into(),
+        }];
+        assert_eq!(
+            skipped(&skipped_one),
+            "via service, skipped (not counted):\n  x/c 81/UDP: no Service\n"
+        );
+        let json = json_with_skipped("ebpf", &[], &skipped_one);
+        assert_eq!(
+            json,
+            r#"{"dataplane":"ebpf","probes":[],"skipped":[{"to":"x/c","port":81,"protocol":"UDP","reason":"no Service"}]}"#
+        );
+    }
+
+    #[test]
     fn table_marks_connected_blocked_and_self() {
         let out = table(
             "iptables",
