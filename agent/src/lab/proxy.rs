@@ -225,8 +225,8 @@ fn healthz() -> Result<(u16, String), String> {
 }
 
 /// Waits until kube-proxy's rules (iptables-save or nft's listing in the node namespace)
-/// hold every ClusterIP with backends and every backend of `set`, and no ClusterIP of a
-/// Service that `before` had and `set` has not.
+/// hold every ClusterIP with backends and every backend of `set`, and no ClusterIP or
+/// backend that `before` had and `set` has not.
 pub fn wait_programmed(
     dir: &LabDir,
     state: &LabState,
@@ -236,6 +236,11 @@ pub fn wait_programmed(
     timeout: Duration,
 ) -> Result<(), LabError> {
     let (ips, endpoints) = services::programmed(set);
+    let gone_endpoints: Vec<(Ipv4Addr, u16)> = services::programmed(before)
+        .1
+        .into_iter()
+        .filter(|e| !endpoints.contains(e))
+        .collect();
     let now = services::cluster_ips(set);
     let gone: Vec<Ipv4Addr> = services::cluster_ips(before)
         .into_iter()
@@ -272,6 +277,12 @@ pub fn wait_programmed(
                     .filter(|ip| rules.contains(&frontend(ip)))
                     .map(|ip| format!("removed ClusterIP {ip} still present")),
             )
+            .chain(
+                gone_endpoints
+                    .iter()
+                    .filter(|(ip, port)| rules.contains(&backend(ip, port)))
+                    .map(|(ip, port)| format!("removed endpoint {ip}:{port} still present")),
+            )
             .collect::<Vec<_>>();
         if missing.is_empty() {
             return Ok(());
@@ -284,7 +295,7 @@ pub fn wait_programmed(
     Err(not_ready(
         dir,
         format!(
-            "its {} rules lack, after {timeout:?}: {}",
+            "its {} rules do not match the lab's Services after {timeout:?}: {}",
             mode.flag(),
             missing.join(", ")
         ),

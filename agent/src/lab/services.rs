@@ -67,8 +67,10 @@ fn plan_auto(set: &mut ObjectSet) -> Result<(), LabError> {
             .labels
             .get_or_insert_with(Default::default)
             .insert(LAB_POD_LABEL.to_string(), name);
-        let service = auto_service(pod)?;
-        wanted.insert(Object::Service(service.clone()).key(), service);
+        // A Service needs a port: a pod that declares none gets none.
+        if let Some(service) = auto_service(pod)? {
+            wanted.insert(Object::Service(service.clone()).key(), service);
+        }
     }
     let stale: Vec<ObjectRef> = set
         .objects
@@ -117,8 +119,8 @@ fn key_text(key: &ObjectRef) -> String {
     )
 }
 
-/// The Service `--services auto` makes for a pod.
-fn auto_service(pod: &Pod) -> Result<Service, LabError> {
+/// The Service `--services auto` makes for a pod; none for a pod without ports.
+fn auto_service(pod: &Pod) -> Result<Option<Service>, LabError> {
     let name = pod.metadata.name.clone().unwrap_or_default();
     if !is_dns_label(&name) {
         return Err(LabError::invalid(
@@ -136,6 +138,9 @@ fn auto_service(pod: &Pod) -> Result<Service, LabError> {
             ..Default::default()
         })
         .collect::<Vec<_>>();
+    if ports.is_empty() {
+        return Ok(None);
+    }
     let mut service = Service::default();
     service.metadata.name = Some(name.clone());
     service.metadata.namespace = pod.metadata.namespace.clone();
@@ -146,10 +151,10 @@ fn auto_service(pod: &Pod) -> Result<Service, LabError> {
     service.spec = Some(ServiceSpec {
         type_: Some("ClusterIP".into()),
         selector: Some(BTreeMap::from([(LAB_POD_LABEL.to_string(), name)])),
-        ports: (!ports.is_empty()).then_some(ports),
+        ports: Some(ports),
         ..Default::default()
     });
-    Ok(service)
+    Ok(Some(service))
 }
 
 fn is_dns_label(name: &str) -> bool {
@@ -617,6 +622,12 @@ spec:
         let labels = pod.metadata.labels.as_ref().unwrap();
         assert_eq!(labels.len(), 2);
         assert_eq!(labels[LAB_POD_LABEL], "dns-a");
+        let portless = "apiVersion: v1\nkind: Pod\nmetadata: {name: client, namespace: x}\nspec: {containers: [{name: c}]}\n";
+        set.apply(manifest::parse_str(portless).unwrap().remove(0));
+        plan(ServicesMode::Auto, &ObjectSet::default(), &mut set).unwrap();
+        assert!(!set
+            .objects
+            .contains_key(&ObjectRef::new(Kind::Service, Some("x"), "client")));
         let before = set.clone();
         set.delete(&ObjectRef::new(Kind::Pod, Some("kube-system"), "dns-a"));
         plan(ServicesMode::Auto, &before, &mut set).unwrap();
