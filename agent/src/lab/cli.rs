@@ -43,7 +43,8 @@ pub struct UpArgs {
     /// Where the lab's objects live. file: objects.yaml in the state directory, read by the
     /// agent in file mode. server: the real etcd and kube-apiserver of the pinned
     /// Kubernetes release (built by `cargo xtask setup`) run in the node namespace; the lab
-    /// writes Namespaces, Pods (with status), NetworkPolicies and the Node there, and the
+    /// writes Namespaces, Pods (with status), NetworkPolicies, Services (with their
+    /// EndpointSlices) and the Node there, and the
     /// agent runs in cluster mode with deploy/'s ServiceAccount and RBAC, as the DaemonSet.
     /// Default: file, or server when --proxy is given.
     #[arg(long, value_enum)]
