@@ -91,6 +91,9 @@ spec:
     - {port: 53, protocol: TCP}
 "#;
 
+/// The web Service of DNS_WORLD, to delete and apply again.
+const WEB_SERVICE: &str = "apiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: app}\nspec:\n  type: NodePort\n  selector: {app: web}\n  ports: [{name: http, port: 80, targetPort: http}]\n";
+
 fn key(from: &str, to: &str, port: u16, protocol: &str) -> (String, String, u16, String) {
     (from.into(), to.into(), port, protocol.into())
 }
@@ -182,7 +185,38 @@ fn dns_only_through_kube_proxy(proxy: &str, dataplane: &str) {
         routes.dataplane, dataplane,
         "the agent enforces another dataplane"
     );
-    let failures = dns_failures(&routes);
+    let mut failures = dns_failures(&routes);
+
+    // The Service follows delete and apply: without it, web is skipped (not blocked);
+    // with it back, kube-proxy forwards to web again.
+    let web = manifest(&lab, "web-service.yaml", WEB_SERVICE);
+    lab.weir(&["delete", web.to_str().unwrap()])
+        .expect("delete the web Service");
+    let without = lab.probe_routes("service").expect("probe --via service");
+    if !without.skipped.contains(&"app/web 8080/TCP".to_string())
+        || without.service.keys().any(|k| k.1 == "app/web")
+    {
+        failures.push(format!(
+            "without its Service, app/web was probed via service (skipped: {:?})",
+            without.skipped
+        ));
+    }
+    lab.weir(&["apply", web.to_str().unwrap()])
+        .expect("apply the web Service again");
+    let again = lab.probe_routes("service").expect("probe --via service");
+    let control = key("app/other", "app/web", 8080, "TCP");
+    if again.service.get(&control) != Some(&true) {
+        failures.push(format!(
+            "the web Service applied again: app/other -> app/web via service {:?}",
+            again.service.get(&control)
+        ));
+    }
+
+    // Least privilege: system:node-proxier was all kube-proxy needed.
+    let log = std::fs::read_to_string(lab.dir.join("kube-proxy.log")).expect("kube-proxy.log");
+    if let Some(line) = log.lines().find(|l| l.contains("forbidden")) {
+        failures.push(format!("kube-proxy was refused a request: {line}"));
+    }
     assert!(
         failures.is_empty(),
         "{dataplane}, kube-proxy {proxy}: {} failures:\n{}",
