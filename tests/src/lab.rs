@@ -64,6 +64,9 @@ impl Lab {
             .as_array()
             .context("probes is not an array")?
         {
+            if p["via"] != "pod" {
+                bail!("probe() reads probes via pod only; use probe_routes for {p}");
+            }
             let key = (
                 p["from"].as_str().context("from")?.to_string(),
                 p["to"].as_str().context("to")?.to_string(),
@@ -74,6 +77,60 @@ impl Lab {
         }
         let dataplane = json["dataplane"].as_str().context("dataplane")?.to_string();
         Ok((dataplane, matrix))
+    }
+}
+
+/// One `weir lab probe --via both` (or service): the matrices by route, and the targets
+/// whose service probes were skipped (`NS/NAME PORT/PROTOCOL`).
+pub struct Routes {
+    pub dataplane: String,
+    pub pod: Matrix,
+    pub service: Matrix,
+    pub skipped: Vec<String>,
+}
+
+impl Lab {
+    /// Probes with `--via VIA` and splits the result by route.
+    pub fn probe_routes(&self, via: &str) -> Result<Routes> {
+        let out = self.weir(&["probe", "--output", "json", "--via", via])?;
+        let json: Value = serde_json::from_str(&out)?;
+        let (mut pod, mut service) = (Matrix::new(), Matrix::new());
+        for p in json["probes"]
+            .as_array()
+            .context("probes is not an array")?
+        {
+            let key = (
+                p["from"].as_str().context("from")?.to_string(),
+                p["to"].as_str().context("to")?.to_string(),
+                p["port"].as_u64().context("port")? as u16,
+                p["protocol"].as_str().context("protocol")?.to_string(),
+            );
+            let connected = p["connected"].as_bool().context("connected")?;
+            match p["via"].as_str() {
+                Some("pod") => pod.insert(key, connected),
+                Some("service") => service.insert(key, connected),
+                other => bail!("probe with via {other:?}: {p}"),
+            };
+        }
+        let skipped = json["skipped"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|s| {
+                format!(
+                    "{} {}/{}",
+                    s["to"].as_str().unwrap_or("?"),
+                    s["port"],
+                    s["protocol"].as_str().unwrap_or("?")
+                )
+            })
+            .collect();
+        Ok(Routes {
+            dataplane: json["dataplane"].as_str().context("dataplane")?.to_string(),
+            pod,
+            service,
+            skipped,
+        })
     }
 }
 

@@ -97,14 +97,15 @@ fn up_with_an_invalid_manifest_builds_nothing() {
     let bad = manifest(
         &lab,
         "bad.yaml",
-        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: s, namespace: x}\n",
+        // A Service is a kind the lab knows; its ClusterIP outside the service range is not.
+        "apiVersion: v1\nkind: Service\nmetadata: {name: s, namespace: x}\nspec: {clusterIP: 192.168.0.1}\n",
     );
     let out = lab
         .weir_raw(&["up", "--without-agent", bad.to_str().unwrap()])
         .unwrap();
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("ConfigMap"), "{stderr}");
+    assert!(stderr.contains("Service"), "{stderr}");
     assert!(!lab.dir.join("state.json").exists());
     let pods = lab.weir_raw(&["pods"]).unwrap();
     assert!(!pods.status.success(), "a lab exists after a refused up");

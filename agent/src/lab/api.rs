@@ -11,6 +11,7 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
@@ -245,6 +246,51 @@ async fn delete(client: &Client, key: &ObjectRef) -> Result<(), kube::Error> {
         Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
         other => other,
     }
+}
+
+/// Makes the server's lab-managed EndpointSlices `after` (by namespace and name): applies
+/// the new and changed ones, deletes those gone. kube-proxy reads them; the agent does not.
+pub async fn sync_endpoint_slices(
+    client: &Client,
+    before: &BTreeMap<(String, String), EndpointSlice>,
+    after: &BTreeMap<(String, String), EndpointSlice>,
+) -> Result<(), String> {
+    let pp = apply_params();
+    for ((ns, name), slice) in after {
+        if before.get(&(ns.clone(), name.clone())) == Some(slice) {
+            continue;
+        }
+        Api::<EndpointSlice>::namespaced(client.clone(), ns)
+            .patch(name, &pp, &Patch::Apply(slice))
+            .await
+            .map_err(|e| format!("endpointslice {ns}/{name}: {e}"))?;
+    }
+    let now = DeleteParams::default();
+    for (ns, name) in before.keys().filter(|k| !after.contains_key(*k)) {
+        match Api::<EndpointSlice>::namespaced(client.clone(), ns)
+            .delete(name, &now)
+            .await
+        {
+            Err(kube::Error::Api(e)) if e.code == 404 => {}
+            Err(e) => return Err(format!("endpointslice {ns}/{name}: {e}")),
+            Ok(_) => {}
+        }
+    }
+    Ok(())
+}
+
+/// Gives the Node an InternalIP in its status, as a kubelet would: kube-proxy waits (30 s)
+/// for its Node to have addresses before it starts.
+pub async fn set_node_address(client: &Client, node: &str, ip: &str) -> Result<(), String> {
+    let status = json!({
+        "apiVersion": "v1", "kind": "Node",
+        "status": { "addresses": [{ "type": "InternalIP", "address": ip }] }
+    });
+    Api::<Node>::all(client.clone())
+        .patch_status(node, &apply_params(), &Patch::Apply(&status))
+        .await
+        .map(drop)
+        .map_err(|e| format!("node {node} status: {e}"))
 }
 
 /// The resourceVersion of everything the agent watches, listed from the server: every

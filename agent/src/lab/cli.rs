@@ -9,9 +9,12 @@ use ipnet::{Ipv4Net, Ipv6Net};
 use serde::Serialize;
 
 use super::addr::{DEFAULT_IPV4_POOL, DEFAULT_IPV6_POOL};
+use super::objects::ObjectSet;
 use super::ops::{self, UpOptions};
 use super::output::{self, OutputFormat};
-use super::probe::{self, IpFamily};
+use super::probe::{self, IpFamily, Via};
+use super::proxy::ProxyMode;
+use super::services::ServicesMode;
 use super::state::{LabDir, ServedPort, DEFAULT_DIR};
 use crate::dataplane::DataplaneKind;
 
@@ -40,10 +43,27 @@ pub struct UpArgs {
     /// Where the lab's objects live. file: objects.yaml in the state directory, read by the
     /// agent in file mode. server: the real etcd and kube-apiserver of the pinned
     /// Kubernetes release (built by `cargo xtask setup`) run in the node namespace; the lab
-    /// writes Namespaces, Pods (with status), NetworkPolicies and the Node there, and the
+    /// writes Namespaces, Pods (with status), NetworkPolicies, Services (with their
+    /// EndpointSlices) and the Node there, and the
     /// agent runs in cluster mode with deploy/'s ServiceAccount and RBAC, as the DaemonSet.
-    #[arg(long, value_enum, default_value_t = ApiMode::File)]
-    pub api: ApiMode,
+    /// Default: file, or server when --proxy is given.
+    #[arg(long, value_enum)]
+    pub api: Option<ApiMode>,
+    /// Services the lab adds. none: only the manifests' own. auto: one ClusterIP Service
+    /// per pod, named after it, on all its declared ports, selecting it by the label
+    /// `weir.io/lab-pod: NAME` that the lab adds to every pod (only selectors on that key
+    /// see it), as the upstream e2e netpol suite does. In both cases the lab allocates
+    /// IPv4 ClusterIPs (from 10.96.0.0/16) and nodePorts for Services that name none, and,
+    /// in server mode, writes their EndpointSlices (there is no controller-manager).
+    #[arg(long, value_enum, default_value_t = ServicesMode::None)]
+    pub services: ServicesMode,
+    /// Run the real kube-proxy (built by `cargo xtask setup`) in the node namespace, in
+    /// this mode, against the lab's API server (implies --api server), with the least
+    /// privilege of the built-in system:node-proxier ClusterRole. Its log is
+    /// kube-proxy.log in the state directory. ipvs needs IPVS and dummy devices in the
+    /// kernel, nftables the `nft` binary; both are checked first.
+    #[arg(long, value_enum, default_value_t = ProxyMode::None)]
+    pub proxy: ProxyMode,
     #[command(flatten)]
     pub wait: WaitArgs,
     #[arg(required = true)]
@@ -79,6 +99,13 @@ pub struct ProbeArgs {
     /// the margin is for a loaded machine).
     #[arg(long, default_value_t = 700)]
     pub timeout_ms: u64,
+    /// What to connect to. pod: each pod's own address. service: the ClusterIP and port
+    /// of a Service whose backend is that pod on that port (the first by namespace/name;
+    /// targets no Service reaches are listed as skipped, never counted as blocked);
+    /// needs a kube-proxy (--proxy) to lead anywhere. both: each target both ways. The
+    /// entries' from/to/port/protocol are the pod's, so verdicts compare across `via`.
+    #[arg(long, value_enum, default_value_t = Via::Pod)]
+    pub via: Via,
 }
 
 #[derive(Subcommand)]
@@ -261,13 +288,24 @@ impl WaitArgs {
 }
 
 fn up_lab(dir: &LabDir, up: &UpArgs) -> anyhow::Result<()> {
+    if up.api == Some(ApiMode::File) && up.proxy != ProxyMode::None {
+        anyhow::bail!(
+            "weir lab up: --proxy runs kube-proxy against the lab's API server; it cannot be combined with --api file"
+        );
+    }
+    let api_server = match up.api {
+        Some(mode) => mode == ApiMode::Server,
+        None => up.proxy != ProxyMode::None,
+    };
     let opts = UpOptions {
         dataplane: up.dataplane,
         ipv4_pool: up.ipv4_pool,
         ipv6_pool: up.ipv6_pool,
         without_agent: up.without_agent,
         timeout: up.wait.timeout(),
-        api_server: up.api == ApiMode::Server,
+        api_server,
+        services: up.services,
+        proxy: up.proxy,
     };
     ops::up(dir, &opts, &up.manifests).context("weir lab up")
 }
@@ -277,22 +315,30 @@ fn probe_lab(dir: &LabDir, args: &ProbeArgs) -> anyhow::Result<()> {
     let pods: Vec<_> = state.pods.values().cloned().collect();
     let started = Instant::now();
     let run = dir.next_probe_run()?;
-    let probes = probe::probe_all(
-        &pods,
-        args.family,
-        Duration::from_millis(args.timeout_ms),
-        run,
-    )
-    .context("weir lab probe")?;
+    if args.via != Via::Pod && state.proxy.is_none() {
+        eprintln!(
+            "warning: this lab runs no kube-proxy (weir lab up --proxy): nothing forwards its ClusterIPs, so probes via service fail"
+        );
+    }
+    let frontends = match args.via {
+        Via::Pod => Default::default(),
+        _ => super::services::frontends(&ObjectSet::load(&dir.objects_file())?),
+    };
+    let plan = probe::plan(&pods, args.family, args.via, &frontends);
+    let probes = probe::probe_all(&pods, &plan, Duration::from_millis(args.timeout_ms), run)
+        .context("weir lab probe")?;
     let dataplane = match state.with_agent {
         true => super::agent::current_dataplane(dir).unwrap_or(state.dataplane.to_string()),
         false => "none".to_string(),
     };
     match args.output {
-        OutputFormat::Json => print_out(&(output::json(&dataplane, &probes) + "\n")),
+        OutputFormat::Json => {
+            print_out(&(output::json_with_skipped(&dataplane, &probes, &plan.skipped) + "\n"))
+        }
         OutputFormat::Table => print_out(&format!(
-            "{}{} probes in {:.2?}\n",
+            "{}{}{} probes in {:.2?}\n",
             output::table(&dataplane, &probes),
+            output::skipped(&plan.skipped),
             probes.len(),
             started.elapsed()
         )),

@@ -52,6 +52,8 @@ pub enum Identity {
     Admin,
     /// The DaemonSet's ServiceAccount, kube-system/weir: what `weir agent` runs as.
     Agent,
+    /// kube-proxy: the user the bootstrap RBAC binds to `system:node-proxier`.
+    Proxy,
 }
 
 impl Identity {
@@ -59,12 +61,16 @@ impl Identity {
         match self {
             Identity::Admin => "admin",
             Identity::Agent => "agent",
+            Identity::Proxy => "proxy",
         }
     }
 }
 
 /// The user name the agent's token authenticates as (the ServiceAccount's), and its groups.
 pub const AGENT_USER: &str = "system:serviceaccount:kube-system:weir";
+/// The user the API server's bootstrap ClusterRoleBinding `system:node-proxier` binds to
+/// the ClusterRole of that name: kube-proxy's least privilege, built in.
+pub const PROXY_USER: &str = "system:kube-proxy";
 pub const AGENT_GROUPS: &[&str] = &[
     "system:serviceaccounts",
     "system:serviceaccounts:kube-system",
@@ -133,14 +139,18 @@ impl ControlPlane {
                 })?;
         }
         let agent_groups = format!("\"{}\"", AGENT_GROUPS.join(","));
-        let tokens: [(Identity, &str, &str); 2] = [
+        let tokens: [(Identity, &str, &str); 3] = [
             (Identity::Admin, "admin", "\"system:masters\""),
             (Identity::Agent, AGENT_USER, &agent_groups),
+            (Identity::Proxy, PROXY_USER, ""),
         ];
         let mut csv = String::new();
         for (who, user, groups) in tokens {
             let token = format!("{}-{:016x}", who.name(), random_u64());
-            csv.push_str(&format!("{token},{user},{user},{groups}\n"));
+            match groups.is_empty() {
+                true => csv.push_str(&format!("{token},{user},{user}\n")),
+                false => csv.push_str(&format!("{token},{user},{user},{groups}\n")),
+            }
             let kubeconfig = format!(
                 "apiVersion: v1\nkind: Config\nclusters:\n- name: lab\n  cluster:\n    server: https://127.0.0.1:{APISERVER_PORT}\n    certificate-authority: {ca}\nusers:\n- name: {name}\n  user:\n    token: {token}\ncontexts:\n- name: lab\n  context:\n    cluster: lab\n    user: {name}\ncurrent-context: lab\n",
                 ca = self.dir.join("certs/apiserver.crt").display(),

@@ -19,7 +19,9 @@ pub mod objects;
 pub mod ops;
 pub mod output;
 pub mod probe;
+pub mod proxy;
 pub mod sctp;
+pub mod services;
 pub mod state;
 pub mod world;
 

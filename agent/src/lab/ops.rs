@@ -14,6 +14,8 @@ use k8s_openapi::api::core::v1::{Pod, PodIP, PodStatus};
 
 use super::control_plane::{ControlPlane, Identity, AGENT_GROUPS, AGENT_USER};
 use super::objects::{self, ObjectSet};
+use super::proxy::{self, ProxyMode, ProxyState};
+use super::services::{self, ServicesMode};
 use super::state::{write_atomic, ApiState, LabDir, LabState, PodState, ServedPort};
 use super::{addr, agent, api, netns, world, LabError};
 use crate::dataplane::DataplaneKind;
@@ -30,6 +32,10 @@ pub struct UpOptions {
     pub timeout: Duration,
     /// Server mode: objects go through the lab's own kube-apiserver.
     pub api_server: bool,
+    /// Whether the lab adds a Service per pod.
+    pub services: ServicesMode,
+    /// The lab's kube-proxy (server mode only).
+    pub proxy: ProxyMode,
 }
 
 /// The Node a server-mode lab's agent runs as when the manifests name none.
@@ -43,6 +49,15 @@ pub fn up(dir: &LabDir, opts: &UpOptions, manifests: &[PathBuf]) -> Result<(), L
         return Err(LabError::AlreadyUp(dir.dir.clone()));
     }
     let incoming = objects::load_files(manifests)?;
+    if opts.proxy != ProxyMode::None {
+        if !opts.api_server {
+            return Err(LabError::invalid(
+                "weir lab up",
+                "--proxy runs kube-proxy against the lab's API server: it needs --api server",
+            ));
+        }
+        proxy::check_host(opts.proxy)?;
+    }
     let id = dir.lab_id();
     let mut state = LabState {
         node_netns: format!("{id}-node"),
@@ -56,6 +71,8 @@ pub fn up(dir: &LabDir, opts: &UpOptions, manifests: &[PathBuf]) -> Result<(), L
         pods: BTreeMap::new(),
         api: None,
         agent_pid: None,
+        services: opts.services,
+        proxy: None,
     };
     let built = world::create_node(&state.node_netns)
         .and_then(|()| dir.save(&state))
@@ -67,6 +84,11 @@ pub fn up(dir: &LabDir, opts: &UpOptions, manifests: &[PathBuf]) -> Result<(), L
             change(dir, &mut state, Some(opts.timeout), true, |set| {
                 incoming.into_iter().for_each(|o| set.apply(o))
             })
+        })
+        // After the first change: kube-proxy waits for its Node to exist.
+        .and_then(|()| match opts.proxy {
+            ProxyMode::None => Ok(()),
+            mode => start_proxy(dir, &mut state, mode, opts.timeout),
         });
     if let Err(e) = built {
         drop(lock);
@@ -101,6 +123,22 @@ fn start_control_plane(
     });
     dir.save(state)?;
     install_rbac(&cp, &state.node_netns)
+}
+
+/// Starts kube-proxy in the node namespace and waits until it is healthy and has
+/// programmed the lab's Services.
+fn start_proxy(
+    dir: &LabDir,
+    state: &mut LabState,
+    mode: ProxyMode,
+    timeout: Duration,
+) -> Result<(), LabError> {
+    let pid = proxy::start(dir, state, mode)?;
+    state.proxy = Some(ProxyState { mode, pid });
+    dir.save(state)?;
+    proxy::wait_healthy(dir, state, timeout)?;
+    let set = ObjectSet::load(&dir.objects_file())?;
+    proxy::wait_programmed(dir, state, mode, &ObjectSet::default(), &set, timeout)
 }
 
 /// Applies deploy/'s RBAC and waits until the server's authorizer lets the agent's
@@ -379,6 +417,7 @@ fn change(
     if let Some(api) = &state.api {
         set.ensure_node(&api.node_name);
     }
+    services::plan(state.services, &before, &mut set)?;
     let pods = plan_pods(state, &mut set)?;
     set.validate()?;
     let mut created = Vec::new();
@@ -416,11 +455,14 @@ fn change(
     dir.save(state)?;
     if let Some(api_state) = &state.api {
         let node = api_state.node_name.clone();
+        let slices_before = services::endpoint_slices(&before, &node);
+        let slices_after = services::endpoint_slices(&set, &node);
+        let (before, set) = (&before, &set);
         ControlPlane::new(dir.api_dir())
             .block_on(&state.node_netns, Identity::Admin, |client| async move {
-                api::sync(&client, &before, &set, Some(&node))
-                    .await
-                    .map(drop)
+                api::sync(&client, before, set, Some(&node)).await?;
+                // No endpointslice controller: the lab writes them, after their Services.
+                api::sync_endpoint_slices(&client, &slices_before, &slices_after).await
             })
             .and_then(|r| r)
             .map_err(|e| LabError::invalid("writing to the lab's API server", e))?;
@@ -433,6 +475,9 @@ fn change(
         if let Some(timeout) = timeout {
             agent::wait_for(dir, state, timeout)?;
         }
+    }
+    if let (Some(p), Some(timeout)) = (&state.proxy, timeout) {
+        proxy::wait_programmed(dir, state, p.mode, &before, &set, timeout)?;
     }
     for pod in removed {
         netns::stop_processes(&pod.netns)?;

@@ -1,9 +1,10 @@
 //! The prober: real TCP, UDP and SCTP traffic from every pod to every other pod on every
 //! port the target declares. One thread per source pod enters that pod's namespace and
 //! drives all its probes at once with non-blocking sockets, so a whole matrix costs about
-//! one timeout.
+//! one timeout. A probe goes to the pod's own address, or (`--via service`) to the
+//! ClusterIP of a Service that has the pod behind it, through the node's kube-proxy.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::io::ErrorKind;
 use std::net::{IpAddr, SocketAddr};
 use std::os::fd::{AsRawFd, RawFd};
@@ -15,6 +16,7 @@ use socket2::{Domain, Socket, Type};
 use super::listen::{raw_sctp_socket, recv_sctp_chunk};
 use super::netns;
 use super::sctp::{self, ChunkKind};
+use super::services::Frontend;
 use super::state::PodState;
 use super::LabError;
 use crate::policy::desired::Protocol;
@@ -25,7 +27,25 @@ pub enum IpFamily {
     Ipv6,
 }
 
-/// One probe's outcome, as `weir lab probe --output json` prints it.
+/// `weir lab probe --via`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Via {
+    Pod,
+    Service,
+    Both,
+}
+
+/// What one probe connected to: the pod's address or a Service's ClusterIP.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Route {
+    #[default]
+    Pod,
+    Service,
+}
+
+/// One probe's outcome, as `weir lab probe --output json` prints it. `port` is the pod's
+/// port also when the probe went through a Service (on the Service's own port).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Probe {
     pub from: String,
@@ -34,6 +54,97 @@ pub struct Probe {
     #[serde(with = "protocol_name")]
     pub protocol: Protocol,
     pub connected: bool,
+    #[serde(default)]
+    pub via: Route,
+}
+
+/// A target no Service reaches: its service probes are not made (and not counted).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Skipped {
+    pub to: String,
+    pub port: u16,
+    #[serde(with = "protocol_name")]
+    pub protocol: Protocol,
+    pub reason: String,
+}
+
+/// Every source pod's targets, and the service targets left out.
+pub struct Plan {
+    family: IpFamily,
+    targets: Vec<Vec<Target>>,
+    pub skipped: Vec<Skipped>,
+}
+
+/// Plans the probes from every pod (in `pods` order) to every other pod's declared ports,
+/// by the routes `via` asks for. `frontends` maps (pod, port, protocol) to the Service
+/// frontend reaching it (see [`super::services::frontends`]).
+pub fn plan(
+    pods: &[PodState],
+    family: IpFamily,
+    via: Via,
+    frontends: &BTreeMap<(String, u16, Protocol), Frontend>,
+) -> Plan {
+    let mut skipped = BTreeMap::new();
+    let targets = pods
+        .iter()
+        .map(|src| {
+            let mut targets = Vec::new();
+            if via != Via::Service {
+                targets.extend(targets_of(src, pods, family));
+            }
+            if via != Via::Pod {
+                targets.extend(service_targets_of(
+                    src,
+                    pods,
+                    family,
+                    frontends,
+                    &mut skipped,
+                ));
+            }
+            targets
+        })
+        .collect();
+    Plan {
+        family,
+        targets,
+        skipped: skipped.into_values().collect(),
+    }
+}
+
+fn service_targets_of(
+    src: &PodState,
+    pods: &[PodState],
+    family: IpFamily,
+    frontends: &BTreeMap<(String, u16, Protocol), Frontend>,
+    skipped: &mut BTreeMap<(String, u16, Protocol), Skipped>,
+) -> Vec<Target> {
+    let mut targets = Vec::new();
+    for dst in pods.iter().filter(|p| p.key() != src.key()) {
+        for p in &dst.ports {
+            let key = (dst.key(), p.port, p.protocol);
+            let reason = match (family, frontends.get(&key)) {
+                (IpFamily::Ipv4, Some(f)) => {
+                    targets.push(Target {
+                        to: dst.key(),
+                        addr: SocketAddr::new(IpAddr::V4(f.ip), f.port),
+                        port: p.port,
+                        protocol: p.protocol,
+                        route: Route::Service,
+                    });
+                    continue;
+                }
+                (IpFamily::Ipv6, _) => "the lab's Services are IPv4 only",
+                (IpFamily::Ipv4, None) => "no Service has this pod on this port behind it",
+            };
+            skipped.entry(key).or_insert_with(|| Skipped {
+                to: dst.key(),
+                port: p.port,
+                protocol: p.protocol,
+                reason: reason.to_string(),
+            });
+        }
+    }
+    targets
 }
 
 /// Probes every ordered pair of distinct pods; results are sorted by from, to, port, protocol.
@@ -43,19 +154,17 @@ pub struct Probe {
 /// entry of an earlier, perhaps then allowed, flow and measure that instead of the policy.
 pub fn probe_all(
     pods: &[PodState],
-    family: IpFamily,
+    plan: &Plan,
     timeout: Duration,
     run: u64,
 ) -> Result<Vec<Probe>, LabError> {
-    let all_targets: Vec<Vec<Target>> = pods
-        .iter()
-        .map(|src| targets_of(src, pods, family))
-        .collect();
+    let all_targets = &plan.targets;
+    let family = plan.family;
     let band = all_targets.iter().map(Vec::len).max().unwrap_or(0) as u64;
     let mut results = std::thread::scope(|s| {
         let handles: Vec<_> = pods
             .iter()
-            .zip(&all_targets)
+            .zip(all_targets)
             .map(|(src, targets)| {
                 let ports = source_ports(run, band, targets.len());
                 s.spawn(move || probe_from(src, targets, &ports, family, timeout))
@@ -70,15 +179,20 @@ pub fn probe_all(
     .flatten()
     .collect::<Vec<_>>();
     results.sort_by(|a, b| {
-        (&a.from, &a.to, a.port, a.protocol).cmp(&(&b.from, &b.to, b.port, b.protocol))
+        (&a.from, &a.to, a.port, a.protocol, a.via)
+            .cmp(&(&b.from, &b.to, b.port, b.protocol, b.via))
     });
     Ok(results)
 }
 
 struct Target {
     to: String,
+    /// Where the probe connects: the pod's address and port, or a Service frontend.
     addr: SocketAddr,
+    /// The pod's port, as reported.
+    port: u16,
     protocol: Protocol,
+    route: Route,
 }
 
 fn targets_of(src: &PodState, pods: &[PodState], family: IpFamily) -> Vec<Target> {
@@ -93,7 +207,9 @@ fn targets_of(src: &PodState, pods: &[PodState], family: IpFamily) -> Vec<Target
             targets.push(Target {
                 to: dst.key(),
                 addr: SocketAddr::new(ip, p.port),
+                port: p.port,
                 protocol: p.protocol,
+                route: Route::Pod,
             });
         }
     }
@@ -148,9 +264,10 @@ fn probe_from(
         .map(|(t, f)| Probe {
             from: src.key(),
             to: t.to.clone(),
-            port: t.addr.port(),
+            port: t.port,
             protocol: t.protocol,
             connected: matches!(f, InFlight::Done(true)),
+            via: t.route,
         })
         .collect())
 }

@@ -65,6 +65,12 @@ pub struct LabState {
     /// The agent's process, once started.
     #[serde(default)]
     pub agent_pid: Option<u32>,
+    /// `--services`: whether the lab adds a Service per pod.
+    #[serde(default)]
+    pub services: super::services::ServicesMode,
+    /// `--proxy`: the lab's kube-proxy, once started. None: no kube-proxy.
+    #[serde(default)]
+    pub proxy: Option<super::proxy::ProxyState>,
 }
 
 /// The control plane of a lab in server mode (files in [`LabDir::api_dir`]).
@@ -100,6 +106,9 @@ impl LabDir {
     /// and the audit log.
     pub fn api_dir(&self) -> PathBuf {
         self.dir.join("api")
+    }
+    pub fn proxy_log(&self) -> PathBuf {
+        self.dir.join("kube-proxy.log")
     }
     pub fn agent_log(&self) -> PathBuf {
         self.dir.join("agent.log")

@@ -1,0 +1,418 @@
+//! Services through the real kube-proxy in the lab's node namespace (`weir lab up --proxy
+//! iptables|nftables`, server mode), on both dataplanes, proven with real packets: a pod's
+//! egress to a Service must be judged as egress to the pod behind it (after kube-proxy's
+//! DNAT), so probes via the ClusterIP give the pod-level verdicts.
+//!
+//! - "DNS only to kube-dns pods": the client's egress allows only kube-system's
+//!   `k8s-app: kube-dns` pods on 53/UDP and 53/TCP; DNS-like probes through the kube-dns
+//!   ClusterIP (named targetPorts) pass, egress to a Service whose backend it may not reach
+//!   is blocked, a pod without a policy reaches that Service (kube-proxy forwards), and
+//!   every verdict via service equals the verdict via pod.
+//! - `--proxy ipvs` fails at once naming the missing kernel support (this host has no
+//!   IPVS); on a kernel that has it, the same DNS checks run in ipvs mode.
+//! - With `--services auto`, a subset of the upstream netpol scenarios gives the same
+//!   matrices via pod and via service, both matching the truth tables.
+
+use std::time::{Duration, Instant};
+
+use weir_tests::lab::{manifest, netpol_world, Lab, Matrix, Routes};
+use weir_tests::netpol::{compare, scenarios, Addresses, Change};
+
+/// kube-system's DNS (a named UDP and TCP port behind a fixed ClusterIP), an app namespace
+/// with a DNS-only client, an unrestricted pod, a web Service (NodePort, named targetPort)
+/// and a pod that no Service reaches.
+const DNS_WORLD: &str = r#"
+apiVersion: v1
+kind: Pod
+metadata: {name: coredns, namespace: kube-system, labels: {k8s-app: kube-dns}}
+spec:
+  containers:
+  - name: coredns
+    ports:
+    - {containerPort: 53, protocol: UDP, name: dns}
+    - {containerPort: 53, protocol: TCP, name: dns-tcp}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: kube-dns, namespace: kube-system}
+spec:
+  clusterIP: 10.96.0.10
+  selector: {k8s-app: kube-dns}
+  ports:
+  - {name: dns, port: 53, protocol: UDP, targetPort: dns}
+  - {name: dns-tcp, port: 53, protocol: TCP, targetPort: dns-tcp}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: client, namespace: app, labels: {app: client}}
+spec: {containers: [{name: c}]}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: other, namespace: app, labels: {app: other}}
+spec: {containers: [{name: c}]}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: web, namespace: app, labels: {app: web}}
+spec:
+  containers:
+  - name: web
+    ports: [{containerPort: 8080, name: http}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: web, namespace: app}
+spec:
+  type: NodePort
+  selector: {app: web}
+  ports: [{name: http, port: 80, targetPort: http}]
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: metrics, namespace: app, labels: {app: metrics}}
+spec:
+  containers:
+  - name: m
+    ports: [{containerPort: 9090}]
+---
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: dns-only, namespace: app}
+spec:
+  podSelector: {matchLabels: {app: client}}
+  policyTypes: [Egress]
+  egress:
+  - to:
+    - namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: kube-system}}
+      podSelector: {matchLabels: {k8s-app: kube-dns}}
+    ports:
+    - {port: 53, protocol: UDP}
+    - {port: 53, protocol: TCP}
+"#;
+
+/// The web Service of DNS_WORLD, to delete and apply again.
+const WEB_SERVICE: &str = "apiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: app}\nspec:\n  type: NodePort\n  selector: {app: web}\n  ports: [{name: http, port: 80, targetPort: http}]\n";
+
+fn key(from: &str, to: &str, port: u16, protocol: &str) -> (String, String, u16, String) {
+    (from.into(), to.into(), port, protocol.into())
+}
+
+/// Every check of the DNS world on one probe; the failures, described.
+fn dns_failures(routes: &Routes) -> Vec<String> {
+    let mut failures = Vec::new();
+    let mut expect = |what: &str, matrix: &Matrix, k: (String, String, u16, String), want| {
+        match matrix.get(&k) {
+            Some(got) if *got == want => {}
+            got => failures.push(format!(
+                "{what}: {} -> {} {}/{}: expected {}, got {got:?}",
+                k.0,
+                k.1,
+                k.2,
+                k.3,
+                if want { "connected" } else { "blocked" }
+            )),
+        }
+    };
+    for proto in ["UDP", "TCP"] {
+        let k = key("app/client", "kube-system/coredns", 53, proto);
+        expect(
+            "DNS via the kube-dns ClusterIP",
+            &routes.service,
+            k.clone(),
+            true,
+        );
+        expect("DNS to the kube-dns pod", &routes.pod, k, true);
+    }
+    let web = key("app/client", "app/web", 8080, "TCP");
+    expect(
+        "egress via a denied Service",
+        &routes.service,
+        web.clone(),
+        false,
+    );
+    expect("egress to a denied pod", &routes.pod, web, false);
+    let control = key("app/other", "app/web", 8080, "TCP");
+    expect(
+        "an unrestricted pod via the web Service (kube-proxy forwards)",
+        &routes.service,
+        control,
+        true,
+    );
+    for (k, via_pod) in &routes.pod {
+        if k.1 == "app/metrics" {
+            continue;
+        }
+        match routes.service.get(k) {
+            Some(via_service) if via_service == via_pod => {}
+            other => failures.push(format!(
+                "{} -> {} {}/{}: via pod {via_pod}, via service {other:?}",
+                k.0, k.1, k.2, k.3
+            )),
+        }
+    }
+    if routes.service.keys().any(|k| k.1 == "app/metrics") {
+        failures.push("app/metrics has no Service but was probed via service".into());
+    }
+    if routes.skipped != ["app/metrics 9090/TCP"] {
+        failures.push(format!(
+            "skipped targets: expected [app/metrics 9090/TCP], got {:?}",
+            routes.skipped
+        ));
+    }
+    failures
+}
+
+fn dns_only_through_kube_proxy(proxy: &str, dataplane: &str) {
+    let lab = Lab::new(&format!("svc-{proxy}-{dataplane}"));
+    let world = manifest(&lab, "dns-world.yaml", DNS_WORLD);
+    let started = Instant::now();
+    lab.weir(&[
+        "up",
+        "--dataplane",
+        dataplane,
+        "--proxy",
+        proxy,
+        world.to_str().unwrap(),
+    ])
+    .unwrap_or_else(|e| panic!("{dataplane}, kube-proxy {proxy}: lab up: {e}"));
+    eprintln!(
+        "{dataplane}, kube-proxy {proxy}: lab up in {:.1?}",
+        started.elapsed()
+    );
+    let routes = lab.probe_routes("both").expect("probe --via both");
+    assert_eq!(
+        routes.dataplane, dataplane,
+        "the agent enforces another dataplane"
+    );
+    let mut failures = dns_failures(&routes);
+
+    // The Service follows delete and apply: without it, web is skipped (not blocked);
+    // with it back, kube-proxy forwards to web again.
+    let web = manifest(&lab, "web-service.yaml", WEB_SERVICE);
+    lab.weir(&["delete", web.to_str().unwrap()])
+        .expect("delete the web Service");
+    let without = lab.probe_routes("service").expect("probe --via service");
+    if !without.skipped.contains(&"app/web 8080/TCP".to_string())
+        || without.service.keys().any(|k| k.1 == "app/web")
+    {
+        failures.push(format!(
+            "without its Service, app/web was probed via service (skipped: {:?})",
+            without.skipped
+        ));
+    }
+    lab.weir(&["apply", web.to_str().unwrap()])
+        .expect("apply the web Service again");
+    let again = lab.probe_routes("service").expect("probe --via service");
+    let control = key("app/other", "app/web", 8080, "TCP");
+    if again.service.get(&control) != Some(&true) {
+        failures.push(format!(
+            "the web Service applied again: app/other -> app/web via service {:?}",
+            again.service.get(&control)
+        ));
+    }
+
+    // Least privilege: system:node-proxier was all kube-proxy needed.
+    let log = std::fs::read_to_string(lab.dir.join("kube-proxy.log")).expect("kube-proxy.log");
+    if let Some(line) = log.lines().find(|l| l.contains("forbidden")) {
+        failures.push(format!("kube-proxy was refused a request: {line}"));
+    }
+    assert!(
+        failures.is_empty(),
+        "{dataplane}, kube-proxy {proxy}: {} failures:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}
+
+#[test]
+fn dns_only_egress_through_kube_proxy_iptables_on_iptables() {
+    dns_only_through_kube_proxy("iptables", "iptables");
+}
+
+#[test]
+fn dns_only_egress_through_kube_proxy_iptables_on_ebpf() {
+    dns_only_through_kube_proxy("iptables", "ebpf");
+}
+
+#[test]
+fn dns_only_egress_through_kube_proxy_nftables_on_iptables() {
+    dns_only_through_kube_proxy("nftables", "iptables");
+}
+
+#[test]
+fn dns_only_egress_through_kube_proxy_nftables_on_ebpf() {
+    dns_only_through_kube_proxy("nftables", "ebpf");
+}
+
+/// Whether this kernel has what ipvs mode needs, probed independently of weir.
+fn kernel_has_ipvs() -> bool {
+    let dummy = {
+        let ns = format!("weir-test-dummy-{}", std::process::id());
+        let ip = |args: &[&str]| {
+            std::process::Command::new("ip")
+                .args(args)
+                .output()
+                .is_ok_and(|o| o.status.success())
+        };
+        ip(&["netns", "add", &ns]);
+        let made = ip(&["-n", &ns, "link", "add", "d0", "type", "dummy"]);
+        ip(&["netns", "delete", &ns]);
+        made
+    };
+    std::path::Path::new("/proc/net/ip_vs").exists() && dummy
+}
+
+#[test]
+fn proxy_ipvs_fails_clearly_without_kernel_support() {
+    let lab = Lab::new("svc-ipvs");
+    if kernel_has_ipvs() {
+        eprintln!("this kernel has IPVS and dummy devices: running the DNS checks in ipvs mode");
+        drop(lab);
+        dns_only_through_kube_proxy("ipvs", "iptables");
+        return;
+    }
+    let world = manifest(&lab, "dns-world.yaml", DNS_WORLD);
+    let started = Instant::now();
+    let out = lab
+        .weir_raw(&["up", "--proxy", "ipvs", world.to_str().unwrap()])
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "up --proxy ipvs succeeded on a kernel without IPVS"
+    );
+    assert!(
+        stderr.contains("--proxy ipvs") && stderr.contains("CONFIG_IP_VS"),
+        "the error does not name the missing kernel support: {stderr}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(15),
+        "the error took {:?}",
+        started.elapsed()
+    );
+    assert!(
+        !lab.dir.join("state.json").exists(),
+        "a failed up left a lab behind"
+    );
+    // And --proxy with an explicit --api file is refused, naming both.
+    let out = lab
+        .weir_raw(&[
+            "up",
+            "--api",
+            "file",
+            "--proxy",
+            "iptables",
+            world.to_str().unwrap(),
+        ])
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && stderr.contains("--api file"),
+        "{stderr}"
+    );
+}
+
+/// Scenarios of the upstream suite probed via pod and via service: ingress and egress,
+/// named ports, namespace selectors, a pod relabel (the lab keeps its own label on it).
+const SUBSET: &[&str] = &[
+    "default-deny-all",
+    "only from a pod in a different namespace by podSelector and namespaceSelector",
+    "ingress on one named port",
+    "egress on one named port",
+    "ingress from an updated pod (relabel)",
+];
+
+fn auto_services_conformance_subset(dataplane: &str) {
+    let lab = Lab::new(&format!("svc-auto-{dataplane}"));
+    let world = netpol_world();
+    let started = Instant::now();
+    lab.weir(&[
+        "up",
+        "--dataplane",
+        dataplane,
+        "--proxy",
+        "iptables",
+        "--services",
+        "auto",
+        world.to_str().unwrap(),
+    ])
+    .unwrap_or_else(|e| panic!("{dataplane}: lab up --services auto: {e}"));
+    eprintln!(
+        "{dataplane}: lab up with auto Services in {:.1?}",
+        started.elapsed()
+    );
+    let pods: serde_json::Value =
+        serde_json::from_str(&lab.weir(&["pods", "--output", "json"]).unwrap()).unwrap();
+    let ips: Addresses = pods
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            (
+                p["pod"].as_str().unwrap().to_string(),
+                p["ip"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    let all = scenarios(&ips);
+    let mut failures = Vec::new();
+    for name in SUBSET {
+        let scenario = all
+            .iter()
+            .find(|s| s.name == *name)
+            .unwrap_or_else(|| panic!("no scenario {name:?}"));
+        let mut policies = String::new();
+        let mut relabelled = false;
+        for (s, step) in scenario.steps.iter().enumerate() {
+            let label = format!("{dataplane}: {name} / step {}", s + 1);
+            for (c, change) in step.changes.iter().enumerate() {
+                let (verb, yaml) = match change {
+                    Change::Apply(yaml) => ("apply", yaml),
+                    Change::Delete(yaml) => ("delete", yaml),
+                };
+                match yaml.contains("kind: NetworkPolicy") {
+                    true => policies.push_str(yaml),
+                    false => relabelled = true,
+                }
+                let file = manifest(&lab, &format!("step-{s}-{c}.yaml"), yaml);
+                lab.weir(&[verb, file.to_str().unwrap()])
+                    .unwrap_or_else(|e| panic!("{label}: {e}"));
+            }
+            let routes = lab.probe_routes("both").expect("probe --via both");
+            if !routes.skipped.is_empty() {
+                failures.push(format!("{label}: skipped {:?}", routes.skipped));
+            }
+            if let Err(diff) = compare(&routes.pod, step.expect) {
+                failures.push(format!("{label}: via pod: {diff}"));
+            }
+            if let Err(diff) = compare(&routes.service, step.expect) {
+                failures.push(format!("{label}: via service: {diff}"));
+            }
+        }
+        if !policies.is_empty() {
+            let file = manifest(&lab, "cleanup.yaml", &policies);
+            lab.weir(&["delete", file.to_str().unwrap()]).unwrap();
+        }
+        if relabelled {
+            lab.weir(&["apply", world.to_str().unwrap()]).unwrap();
+        }
+    }
+    eprintln!("{dataplane}: subset in {:.1?}", started.elapsed());
+    assert!(
+        failures.is_empty(),
+        "{} failures:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}
+
+#[test]
+fn auto_services_give_the_pod_matrices_on_iptables() {
+    auto_services_conformance_subset("iptables");
+}
+
+#[test]
+fn auto_services_give_the_pod_matrices_on_ebpf() {
+    auto_services_conformance_subset("ebpf");
+}
