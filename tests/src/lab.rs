@@ -14,6 +14,44 @@ pub struct Lab {
 }
 
 impl Lab {
+    /// The lab's state.json.
+    pub fn state(&self) -> Value {
+        let text = std::fs::read_to_string(self.dir.join("state.json")).expect("lab state.json");
+        serde_json::from_str(&text).expect("lab state.json is JSON")
+    }
+
+    /// The node's network namespace.
+    pub fn node_netns(&self) -> String {
+        self.state()["node_netns"]
+            .as_str()
+            .expect("node_netns in state.json")
+            .to_string()
+    }
+
+    /// The network namespace and IPv4 address of pod `NAMESPACE/NAME`.
+    pub fn pod(&self, key: &str) -> (String, std::net::Ipv4Addr) {
+        let state = self.state();
+        let pod = state["pods"]
+            .as_object()
+            .and_then(|pods| {
+                pods.values().find(|p| {
+                    format!(
+                        "{}/{}",
+                        p["namespace"].as_str().unwrap_or(""),
+                        p["name"].as_str().unwrap_or("")
+                    ) == key
+                })
+            })
+            .unwrap_or_else(|| panic!("pod {key} not in the lab"));
+        let netns = pod["netns"].as_str().expect("netns").to_string();
+        let ip = pod["ipv4"]
+            .as_str()
+            .expect("ipv4")
+            .parse()
+            .expect("an IPv4 address");
+        (netns, ip)
+    }
+
     /// A fresh, empty state directory named after the test and the process.
     pub fn new(tag: &str) -> Lab {
         crate::require_root_and_tools();
