@@ -197,7 +197,10 @@ fn decide(ctx: &TcContext, direction: u8) -> i32 {
             let now = unsafe { bpf_ktime_get_ns() };
             let isolated = mark & DEFER_MARK_EGRESS_ISOLATED != 0;
             match judge_deferred(ctx, ifindex, deferred_client, isolated, pkt, now) {
-                Deferred::Drop => return TC_ACT_SHOT,
+                Deferred::Drop => {
+                    ct_forget_deferred(pkt, deferred_client);
+                    return TC_ACT_SHOT;
+                }
                 Deferred::Allow(source) => original_source = source,
             }
         }
@@ -384,22 +387,23 @@ fn defer(
     now: u64,
 ) -> i32 {
     let t = &pkt.tuple;
-    let key = DeferKey {
-        endpoint_id,
-        sport: t.sport,
-        protocol: t.protocol,
-        family: t.family,
-    };
-    let before = DeferValue {
-        saddr: t.saddr,
-        daddr: t.daddr,
-        dport: t.dport,
-        _pad: [0; 6],
-    };
-    let _ = WEIR_DEFER.insert(&key, &before, 0);
-    // The reply entry, as the client sent the flow: made now, while this hook has the
-    // tuple before DNAT; removed again if the flow is denied after DNAT.
     if new_flow {
+        // The reply entry, as the client sent the flow: made now, while this hook has the
+        // tuple before DNAT; removed again if the flow is denied after DNAT, through the
+        // tuple remembered here (later packets find the entry and leave both alone).
+        let key = DeferKey {
+            endpoint_id,
+            sport: t.sport,
+            protocol: t.protocol,
+            family: t.family,
+        };
+        let before = DeferValue {
+            saddr: t.saddr,
+            daddr: t.daddr,
+            dport: t.dport,
+            _pad: [0; 6],
+        };
+        let _ = WEIR_DEFER.insert(&key, &before, 0);
         ct_track(ctx, &mut pkt.key, endpoint_id, DIR_EGRESS, t, 0, now);
     }
     unsafe {
