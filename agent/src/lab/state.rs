@@ -23,6 +23,22 @@ pub struct ServedPort {
     pub protocol: Protocol,
 }
 
+/// How the node wires its pods.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Topology {
+    /// One veth per pod, a host route (/32, /128) per pod address and a link-local
+    /// gateway, as Calico and Cilium wire pods.
+    #[default]
+    Routed,
+    /// Every pod's host-side veth is a port of one Linux bridge ([`world::BRIDGE`]) that
+    /// carries the pool's gateway addresses, as flannel (cni0), kubenet (cbr0) and Azure
+    /// CNI in bridge mode wire pods; br_netfilter passes bridged packets to iptables.
+    ///
+    /// [`world::BRIDGE`]: super::world::BRIDGE
+    Bridge,
+}
+
 /// One Pod of the lab.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PodState {
@@ -35,6 +51,17 @@ pub struct PodState {
     pub ipv4: Option<Ipv4Addr>,
     pub ipv6: Option<Ipv6Addr>,
     pub ports: Vec<ServedPort>,
+}
+
+impl LabState {
+    /// How this lab's pods are wired.
+    pub fn pod_network(&self) -> super::world::PodNetwork {
+        super::world::PodNetwork {
+            topology: self.topology,
+            ipv4_pool: self.ipv4_pool,
+            ipv6_pool: self.ipv6_pool,
+        }
+    }
 }
 
 impl PodState {
@@ -51,6 +78,9 @@ pub struct LabState {
     pub node_netns: String,
     pub bpf_root: PathBuf,
     pub dataplane: DataplaneKind,
+    /// How pods are wired (absent in the state of labs from before topologies: routed).
+    #[serde(default)]
+    pub topology: Topology,
     /// False for a lab built without an agent (no enforcement: a baseline world).
     pub with_agent: bool,
     pub ipv4_pool: Ipv4Net,
