@@ -176,18 +176,27 @@ fn wire_bridged_pod(node: &str, net: &PodNetwork, pod: &PodState) -> Result<(), 
     let (gw4, gw6) = net.bridge_gateways();
     ip(&["-n", node, "link", "set", host, "master", BRIDGE])?;
     ip(&["-n", node, "link", "set", host, "up"])?;
-    ip(&["-n", ns, "link", "set", "eth0", "up"])?;
+    // Announce the pod's addresses when eth0 comes up (gratuitous ARP, unsolicited
+    // neighbour advertisements), as CNI plugins do: a reused address is at a new MAC, and
+    // the other pods on the bridge must not keep sending to the old one.
+    netns::sysctl(ns, "net.ipv4.conf.eth0.arp_notify", "1")?;
+    netns::sysctl(ns, "net.ipv6.conf.eth0.ndisc_notify", "1")?;
     if let Some(v4) = pod.ipv4 {
         let addr = format!("{v4}/{}", net.ipv4_pool.prefix_len());
         ip(&["-n", ns, "addr", "add", &addr, "dev", "eth0"])?;
+    }
+    if let Some(v6) = pod.ipv6 {
+        let addr = format!("{v6}/{}", net.ipv6_pool.prefix_len());
+        ip(&["-n", ns, "addr", "add", &addr, "dev", "eth0", "nodad"])?;
+    }
+    ip(&["-n", ns, "link", "set", "eth0", "up"])?;
+    if pod.ipv4.is_some() {
         let gw = gw4.addr().to_string();
         ip(&[
             "-n", ns, "route", "add", "default", "via", &gw, "dev", "eth0",
         ])?;
     }
-    if let Some(v6) = pod.ipv6 {
-        let addr = format!("{v6}/{}", net.ipv6_pool.prefix_len());
-        ip(&["-n", ns, "addr", "add", &addr, "dev", "eth0", "nodad"])?;
+    if pod.ipv6.is_some() {
         let gw = gw6.addr().to_string();
         ip(&[
             "-n", ns, "-6", "route", "add", "default", "via", &gw, "dev", "eth0",
