@@ -166,6 +166,7 @@ fn bridged_neighbour_discovery() -> Vec<String> {
         .collect()
 }
 
+#[allow(clippy::too_many_arguments)]
 fn full(
     names: &mut ChainNames,
     new: &Desired,
