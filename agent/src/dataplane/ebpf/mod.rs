@@ -89,6 +89,8 @@ pub struct EbpfDataplane {
     isolator: Option<Arc<newpods::Isolator>>,
     /// Where pods' network namespaces are: bridge ports are found through them.
     pod_netns_dir: std::path::PathBuf,
+    /// Whether the endpoint records were checked for bridges since the start.
+    records_checked_for_bridges: std::cell::Cell<bool>,
     _link_watch: Option<newpods::LinkWatch>,
 }
 
@@ -194,6 +196,7 @@ impl EbpfDataplane {
             migration,
             isolator,
             pod_netns_dir: config.pod_netns_dir.clone(),
+            records_checked_for_bridges: std::cell::Cell::new(false),
             _link_watch: link_watch,
         })
     }
@@ -369,9 +372,14 @@ impl EbpfDataplane {
                 _ => to_locate.push((pod.clone(), ep)),
             }
         }
-        let links = pod_ports::NodeLinks::read();
-        // A record an earlier release made on a bridge is not kept.
-        if let Ok(links) = &links {
+        // Listed when a pod needs placing, and once after start: a record an earlier
+        // release made on a bridge is not kept (this one never makes such records).
+        let check_records = !self.records_checked_for_bridges.replace(true);
+        let links = match to_locate.is_empty() && !check_records {
+            true => Ok(pod_ports::NodeLinks::default()),
+            false => pod_ports::NodeLinks::read(),
+        };
+        if let (Ok(links), true) = (&links, check_records) {
             found.retain(|pod, (ifname, _)| {
                 let bridge = links.is_bridge(ifname);
                 if bridge {
