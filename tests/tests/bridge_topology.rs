@@ -6,13 +6,22 @@
 //! bridge passes the frame to its target directly or the node routes it.
 
 use std::collections::BTreeMap;
-use std::net::{IpAddr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
+use weir::dataplane::ebpf::{EbpfConfig, EbpfDataplane};
+use weir::dataplane::iptables::IptablesConfig;
+use weir::dataplane::new_pods::NewPodIsolation;
+use weir::dataplane::Dataplane;
+use weir_tests::desired::{desired, endpoint};
 use weir_tests::lab::{manifest, netpol_world, Lab, Matrix};
 use weir_tests::netpol::{compare, Pair};
+use weir_tests::node_dataplane::NodeDataplane;
+use weir_tests::pods::{ip, run_in};
+use weir_tests::probe::{udp_echo, EchoServers};
 use weir_tests::raw::{self, Sniffer};
+use weir_tests::PinRoot;
 
 /// x/a admits nothing; y/b sends nothing (but replies).
 const POLICIES: &str = r#"
@@ -307,4 +316,217 @@ fn a_pod_on_a_bridge_cannot_spoof_another_local_pods_address() {
         "on a bridge, spoofed or denied datagrams got through (or the control did not):\n{}",
         wrong.join("\n")
     );
+}
+
+/// A node namespace with the bridge br0 (10.216.0.1/24, bridged packets to iptables) and
+/// pods whose host-side veths are its ports; all deleted on drop.
+struct BridgedNode {
+    node: String,
+    pods: Vec<String>,
+}
+
+const GATEWAY: &str = "10.216.0.1";
+const A: Ipv4Addr = Ipv4Addr::new(10, 216, 0, 2);
+const N: Ipv4Addr = Ipv4Addr::new(10, 216, 0, 9);
+
+impl BridgedNode {
+    fn new(tag: &str) -> BridgedNode {
+        weir_tests::require_root_and_tools();
+        let node = format!("wbr{tag}-{}-node", std::process::id());
+        ip(&["netns", "add", &node]);
+        let this = BridgedNode {
+            node: node.clone(),
+            pods: Vec::new(),
+        };
+        ip(&["-n", &node, "link", "set", "lo", "up"]);
+        ip(&["-n", &node, "link", "add", "br0", "type", "bridge"]);
+        ip(&[
+            "-n",
+            &node,
+            "addr",
+            "add",
+            &format!("{GATEWAY}/24"),
+            "dev",
+            "br0",
+        ]);
+        ip(&["-n", &node, "link", "set", "br0", "up"]);
+        for key in ["bridge/bridge-nf-call-iptables", "ipv4/ip_forward"] {
+            let path = format!("/proc/sys/net/{key}");
+            run_in(&node, move || std::fs::write(&path, "1")).expect("sysctl");
+        }
+        this
+    }
+
+    /// CNI ADD on a bridge: the veth, its host end a port of br0, the pod's address.
+    fn plug(&mut self, name: &str, host_if: &str, addr: Ipv4Addr) -> String {
+        let ns = format!("{}-{name}", self.node.trim_end_matches("-node"));
+        ip(&["netns", "add", &ns]);
+        self.pods.push(ns.clone());
+        let node = self.node.as_str();
+        ip(&["-n", &ns, "link", "set", "lo", "up"]);
+        ip(&[
+            "-n", node, "link", "add", host_if, "type", "veth", "peer", "name", "eth0", "netns",
+            &ns,
+        ]);
+        ip(&["-n", node, "link", "set", host_if, "master", "br0"]);
+        ip(&["-n", node, "link", "set", host_if, "up"]);
+        ip(&[
+            "-n",
+            &ns,
+            "addr",
+            "add",
+            &format!("{addr}/24"),
+            "dev",
+            "eth0",
+        ]);
+        ip(&["-n", &ns, "link", "set", "eth0", "up"]);
+        ip(&["-n", &ns, "route", "add", "default", "via", GATEWAY]);
+        ns
+    }
+}
+
+impl Drop for BridgedNode {
+    fn drop(&mut self) {
+        for ns in self.pods.iter().chain([&self.node]) {
+            let _ = std::process::Command::new("ip")
+                .args(["netns", "del", ns])
+                .status();
+        }
+    }
+}
+
+fn pod_interfaces() -> NewPodIsolation {
+    NewPodIsolation {
+        prefixes: vec!["lxc".into()],
+        exempt: Vec::new(),
+    }
+}
+
+/// Whether UDP echoes pass between pods `x` and `y`, each way.
+fn echoes(x: &str, x_addr: Ipv4Addr, y: &str, y_addr: Ipv4Addr) -> (bool, bool) {
+    let (to_y, to_x) = (
+        SocketAddr::from((y_addr, 80)),
+        SocketAddr::from((x_addr, 80)),
+    );
+    let t = Duration::from_millis(400);
+    (
+        run_in(x, move || udp_echo(to_y, t)),
+        run_in(y, move || udp_echo(to_x, t)),
+    )
+}
+
+/// Waits until both ways pass (the dataplane just programmed the pod).
+fn echoes_within(x: &str, x_addr: Ipv4Addr, y: &str, y_addr: Ipv4Addr) -> (bool, bool) {
+    let deadline = Instant::now() + Duration::from_secs(3);
+    loop {
+        let got = echoes(x, x_addr, y, y_addr);
+        if got == (true, true) || Instant::now() > deadline {
+            return got;
+        }
+    }
+}
+
+/// A new pod's bridge port is isolated from its first packet until its endpoint is
+/// programmed, then gets its own attachment (eBPF: the port, never the bridge).
+#[test]
+fn a_new_pod_on_a_bridge_is_isolated_until_programmed_on_ebpf() {
+    let mut world = BridgedNode::new("np-ebpf");
+    let root = PinRoot::new("bridge-np");
+    let a = world.plug("a", "lxcbra", A);
+    let _servers = EchoServers::start(&a, &[80]);
+    let known = desired(vec![], vec![endpoint("x/a", A, None, None)]);
+    let config = EbpfConfig {
+        new_pods: pod_interfaces(),
+        ..EbpfConfig::with_pin_root(root.0.clone())
+    };
+    let node = world.node.clone();
+    let dp = run_in(&node, move || {
+        let mut dp = EbpfDataplane::new(config).expect("load dataplane");
+        let report = dp.reconcile(&known).expect("reconcile");
+        assert!(report.failures.is_empty(), "{:?}", report.failures);
+        dp
+    });
+    let n = world.plug("n", "lxcbrn", N);
+    let _n_servers = EchoServers::start(&n, &[80]);
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(
+        echoes(&n, N, &a, A),
+        (false, false),
+        "ebpf: a new pod on the bridge passed before it was programmed"
+    );
+    let both = desired(
+        vec![],
+        vec![
+            endpoint("x/a", A, None, None),
+            endpoint("x/n", N, None, None),
+        ],
+    );
+    let dp = run_in(&node, move || {
+        let mut dp = dp;
+        let report = dp.reconcile(&both).expect("reconcile");
+        assert!(report.failures.is_empty(), "{:?}", report.failures);
+        dp
+    });
+    assert_eq!(
+        echoes_within(&n, N, &a, A),
+        (true, true),
+        "ebpf: the new pod stayed isolated once programmed"
+    );
+    for (pod, port) in [("x/a", "lxcbra"), ("x/n", "lxcbrn")] {
+        let (ifname, _, _) = dp.attachment(pod).expect("attached");
+        assert_eq!(ifname, port, "{pod} is attached to its own bridge port");
+    }
+    run_in(&node, move || drop(dp));
+}
+
+#[test]
+fn a_new_pod_on_a_bridge_is_isolated_until_programmed_on_iptables() {
+    let mut world = BridgedNode::new("np-ipt");
+    let a = world.plug("a", "lxcbra", A);
+    let _servers = EchoServers::start(&a, &[80]);
+    let known = desired(vec![], vec![endpoint("x/a", A, None, None)]);
+    let mut dp = NodeDataplane::start(
+        &world.node,
+        IptablesConfig {
+            new_pods: pod_interfaces(),
+            ..Default::default()
+        },
+    )
+    .expect("prerequisite missing: ipset and iptables");
+    let report = dp.reconcile(&known).expect("reconcile");
+    assert!(report.failures.is_empty(), "{:?}", report.failures);
+    let n = world.plug("n", "lxcbrn", N);
+    let _n_servers = EchoServers::start(&n, &[80]);
+    assert_eq!(
+        echoes(&n, N, &a, A),
+        (false, false),
+        "iptables: a new pod on the bridge passed before it was programmed"
+    );
+    let both = desired(
+        vec![],
+        vec![
+            endpoint("x/a", A, None, None),
+            endpoint("x/n", N, None, None),
+        ],
+    );
+    let report = dp.apply(&known, &both).expect("apply");
+    assert!(report.failures.is_empty(), "{:?}", report.failures);
+    assert_eq!(
+        echoes_within(&n, N, &a, A),
+        (true, true),
+        "iptables: the new pod stayed isolated once programmed"
+    );
+    let rules = run_in(&world.node, || {
+        let out = std::process::Command::new("iptables-save")
+            .output()
+            .expect("iptables-save");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    });
+    for (pod, port) in [(A, "lxcbra"), (N, "lxcbrn")] {
+        let rule = format!("! -s {pod}/32 -m physdev --physdev-in {port}");
+        assert!(
+            rules.contains(&rule),
+            "no anti-spoofing rule {rule:?} in\n{rules}"
+        );
+    }
 }
