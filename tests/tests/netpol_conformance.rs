@@ -7,7 +7,8 @@
 //!
 //! Bridged CNIs (`weir lab up --topology bridge`: every pod on one Linux bridge) get one
 //! lab per dataplane in file mode, on [`BRIDGE_SUBSET`] (one scenario of each kind) to
-//! keep CI short; `WEIR_CONFORMANCE_FULL=1` runs every scenario there too.
+//! keep CI short; `WEIR_CONFORMANCE_FULL=1` (`cargo xtask conformance`) runs every
+//! scenario there too.
 
 use std::collections::BTreeMap;
 use std::sync::OnceLock;

@@ -217,3 +217,32 @@ pub fn write_atomic(path: &Path, content: &[u8]) -> Result<(), LabError> {
         .and_then(|()| std::fs::rename(&tmp, path))
         .map_err(|e| LabError::io(format!("writing {}", path.display()), e))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn topology_is_recorded_and_defaults_to_routed() {
+        let mut state = LabState {
+            id: "weirlab-0".into(),
+            node_netns: "weirlab-0-node".into(),
+            bpf_root: "/sys/fs/bpf/weirlab-0".into(),
+            dataplane: DataplaneKind::Ebpf,
+            topology: Topology::Bridge,
+            with_agent: true,
+            ipv4_pool: "10.244.0.0/16".parse().unwrap(),
+            ipv6_pool: "fd00:10:244::/64".parse().unwrap(),
+            generation: 0,
+            pods: BTreeMap::new(),
+            api: None,
+            agent_pid: None,
+        };
+        let mut json: serde_json::Value = serde_json::to_value(&state).unwrap();
+        assert_eq!(json["topology"], "bridge");
+        // A state file from before topologies: routed, as those labs were.
+        json.as_object_mut().unwrap().remove("topology");
+        state = serde_json::from_value(json).unwrap();
+        assert_eq!(state.topology, Topology::Routed);
+    }
+}
