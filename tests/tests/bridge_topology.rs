@@ -530,3 +530,51 @@ fn a_new_pod_on_a_bridge_is_isolated_until_programmed_on_iptables() {
         );
     }
 }
+
+/// Fail closed: a pod whose bridge port cannot be found (here: its namespace is not in
+/// the directory the agent reads) is not attached anywhere, the failure names the pod and
+/// the bridge, and its port stays isolated as a new pod; the other pods are unaffected.
+#[test]
+fn a_pod_whose_bridge_port_is_not_found_stays_isolated_on_ebpf() {
+    let mut world = BridgedNode::new("nf-ebpf");
+    let root = PinRoot::new("bridge-nf");
+    let empty = std::env::temp_dir().join(format!("weir-empty-netns-{}", std::process::id()));
+    std::fs::create_dir_all(&empty).unwrap();
+    let a = world.plug("a", "lxcbra", A);
+    let n = world.plug("n", "lxcbrn", N);
+    let _servers = EchoServers::start(&a, &[80]);
+    let _n_servers = EchoServers::start(&n, &[80]);
+    let config = EbpfConfig {
+        new_pods: pod_interfaces(),
+        pod_netns_dir: empty.clone(),
+        ..EbpfConfig::with_pin_root(root.0.clone())
+    };
+    let both = desired(
+        vec![],
+        vec![
+            endpoint("x/a", A, None, None),
+            endpoint("x/n", N, None, None),
+        ],
+    );
+    let node = world.node.clone();
+    let (dp, failures) = run_in(&node, move || {
+        let mut dp = EbpfDataplane::new(config).expect("load dataplane");
+        let report = dp.reconcile(&both).expect("reconcile");
+        (dp, report.failures)
+    });
+    let _ = std::fs::remove_dir_all(&empty);
+    assert_eq!(failures.len(), 2, "{failures:?}");
+    for f in &failures {
+        assert!(
+            (f.object == "x/a" || f.object == "x/n") && f.reason.contains("br0"),
+            "the failure names the pod and the bridge: {f:?}"
+        );
+    }
+    assert_eq!(dp.attachment("x/a"), None, "attached to the bridge?");
+    assert_eq!(
+        echoes(&n, N, &a, A),
+        (false, false),
+        "pods whose ports were not found must stay isolated"
+    );
+    run_in(&node, move || drop(dp));
+}
