@@ -374,12 +374,13 @@ impl EbpfDataplane {
         }
         // Listed when a pod needs placing, and once after start: a record an earlier
         // release made on a bridge is not kept (this one never makes such records).
-        let check_records = !self.records_checked_for_bridges.replace(true);
+        let check_records = !self.records_checked_for_bridges.get();
         let links = match to_locate.is_empty() && !check_records {
             true => Ok(pod_ports::NodeLinks::default()),
             false => pod_ports::NodeLinks::read(),
         };
         if let (Ok(links), true) = (&links, check_records) {
+            self.records_checked_for_bridges.set(true);
             found.retain(|pod, (ifname, _)| {
                 let bridge = links.is_bridge(ifname);
                 if bridge {
