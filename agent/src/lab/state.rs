@@ -31,11 +31,9 @@ pub enum Topology {
     /// gateway, as Calico and Cilium wire pods.
     #[default]
     Routed,
-    /// Every pod's host-side veth is a port of one Linux bridge ([`world::BRIDGE`]) that
-    /// carries the pool's gateway addresses, as flannel (cni0), kubenet (cbr0) and Azure
-    /// CNI in bridge mode wire pods; br_netfilter passes bridged packets to iptables.
-    ///
-    /// [`world::BRIDGE`]: super::world::BRIDGE
+    /// Every pod's host-side veth is a port of one Linux bridge, cni0, that carries the
+    /// pools' gateway addresses, as flannel (cni0), kubenet (cbr0) and Azure CNI in bridge
+    /// mode wire pods; br_netfilter passes bridged packets to iptables.
     Bridge,
 }
 
