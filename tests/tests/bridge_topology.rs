@@ -578,3 +578,61 @@ fn a_pod_whose_bridge_port_is_not_found_stays_isolated_on_ebpf() {
     );
     run_in(&node, move || drop(dp));
 }
+
+/// The same on iptables: without its port, a bridged pod has no anti-spoofing rule, so
+/// it counts as not programmed and its port stays under the new-pod catch-all.
+#[test]
+fn a_pod_whose_bridge_port_is_not_found_stays_isolated_on_iptables() {
+    let mut world = BridgedNode::new("nf-ipt");
+    let empty = std::env::temp_dir().join(format!("weir-empty-netns-ipt-{}", std::process::id()));
+    std::fs::create_dir_all(&empty).unwrap();
+    let a = world.plug("a", "lxcbra", A);
+    let n = world.plug("n", "lxcbrn", N);
+    let _servers = EchoServers::start(&a, &[80]);
+    let _n_servers = EchoServers::start(&n, &[80]);
+    let both = desired(
+        vec![],
+        vec![
+            endpoint("x/a", A, None, None),
+            endpoint("x/n", N, None, None),
+        ],
+    );
+    let mut dp = NodeDataplane::start(
+        &world.node,
+        IptablesConfig {
+            new_pods: pod_interfaces(),
+            pod_netns_dir: empty.clone(),
+            ..Default::default()
+        },
+    )
+    .expect("prerequisite missing: ipset and iptables");
+    let report = dp.reconcile(&both).expect("reconcile");
+    let _ = std::fs::remove_dir_all(&empty);
+    assert_eq!(report.failures.len(), 2, "{:?}", report.failures);
+    assert!(
+        report
+            .failures
+            .iter()
+            .all(|f| (f.object == "x/a" || f.object == "x/n") && f.reason.contains("anti-spoofing")),
+        "{:?}",
+        report.failures
+    );
+    assert_eq!(
+        echoes(&n, N, &a, A),
+        (false, false),
+        "pods whose ports were not found must stay isolated"
+    );
+    // Found once the namespaces are where the agent looks (the next write).
+    let mut dp2 = NodeDataplane::start(
+        &world.node,
+        IptablesConfig {
+            new_pods: pod_interfaces(),
+            ..Default::default()
+        },
+    )
+    .expect("iptables");
+    let report = dp2.reconcile(&both).expect("reconcile");
+    assert!(report.failures.is_empty(), "{:?}", report.failures);
+    assert_eq!(echoes_within(&n, N, &a, A), (true, true));
+    drop(dp);
+}

@@ -127,7 +127,6 @@ impl IptablesDataplane {
         self.programmed = None;
         let old_spoof = std::mem::take(&mut self.spoof);
         let mut desired = with_missing_sets(desired, report);
-        let known = self.new_pods.enabled().then(|| known_endpoints(&desired));
         // Sizes of the sets in the kernel: those an earlier release made are upgraded.
         let existing = if full {
             let listed = exec::run_ok("ipset", &["list", "-t"], None).map_err(other)?;
@@ -146,10 +145,18 @@ impl IptablesDataplane {
             }
         };
 
+        let mut unplaced = BTreeSet::new();
         if let Ok(links) = &links {
-            let ports = self.find_bridge_ports(&desired, links, routes.as_ref());
-            report.failures.extend(ports);
+            let failures = self.find_bridge_ports(&desired, links, routes.as_ref());
+            unplaced.extend(failures.iter().map(|f| f.object.clone()));
+            report.failures.extend(failures);
         }
+        // A bridged pod whose port was not found counts as not programmed: its port stays
+        // under the new-pod catch-all (fail closed, as on eBPF) until it is found.
+        let known = self
+            .new_pods
+            .enabled()
+            .then(|| known_endpoints(&desired, &unplaced));
         let spoof_ports: BTreeMap<String, String> = self
             .bridge_ports
             .iter()
@@ -399,10 +406,11 @@ fn with_missing_sets(desired: &Desired, report: &mut ApplyReport) -> Desired {
 }
 
 /// The addresses of every endpoint the desired state programs.
-fn known_endpoints(desired: &Desired) -> AddressSet {
+fn known_endpoints(desired: &Desired, except: &BTreeSet<String>) -> AddressSet {
     let members = desired
         .endpoints
         .values()
+        .filter(|ep| !except.contains(&ep.pod))
         .flat_map(|ep| {
             let v4 = ep.ipv4.map(|a| ipnet::IpNet::from(std::net::IpAddr::V4(a)));
             let v6 = ep.ipv6.map(|a| ipnet::IpNet::from(std::net::IpAddr::V6(a)));
