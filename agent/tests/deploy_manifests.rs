@@ -158,9 +158,28 @@ fn deploy_builds_and_every_object_is_valid() {
         .iter()
         .map(|m| m.mount_path.as_str())
         .collect();
-    for path in ["/sys/fs/bpf", "/run/xtables.lock", "/lib/modules"] {
+    for path in [
+        "/sys/fs/bpf",
+        "/run/xtables.lock",
+        "/lib/modules",
+        "/run/netns",
+    ] {
         assert!(mounts.contains(&path), "mount {path} missing: {mounts:?}");
     }
+    // Pods' network namespaces (bridge ports are found through them), including those of
+    // pods started after the agent.
+    let netns = c
+        .volume_mounts
+        .as_ref()
+        .unwrap()
+        .iter()
+        .find(|m| m.mount_path == "/run/netns")
+        .unwrap();
+    assert_eq!(
+        netns.mount_propagation.as_deref(),
+        Some("HostToContainer"),
+        "/run/netns must follow the host's mounts"
+    );
     let volumes = pod.volumes.as_ref().unwrap();
     for m in c.volume_mounts.as_ref().unwrap() {
         let v = volumes

@@ -52,6 +52,7 @@ fn start(world: &World, backend: Option<Backend>) -> NodeDataplane {
             // These tests leave some pods out of the desired state as pods nobody
             // selects; new-pod isolation (which would isolate them) has its own tests.
             new_pods: NewPodIsolation::off(),
+            ..Default::default()
         },
     )
     .expect("start dataplane")

@@ -4,6 +4,11 @@
 //! and the differential check that every dataplane and mode gives the same matrix for every
 //! step. One lab per (dataplane, mode) is shared by all scenarios (policies are applied and
 //! deleted between them); the labs run at once.
+//!
+//! Bridged CNIs (`weir lab up --topology bridge`: every pod on one Linux bridge) get one
+//! lab per dataplane in file mode, on [`BRIDGE_SUBSET`] (one scenario of each kind) to
+//! keep CI short; `WEIR_CONFORMANCE_FULL=1` (`cargo xtask conformance`) runs every
+//! scenario there too.
 
 use std::collections::BTreeMap;
 use std::sync::OnceLock;
@@ -23,17 +28,32 @@ const IPV6_TOO: &[&str] = &[
     "ingress from an updated pod (relabel)",
 ];
 
+/// Scenarios the bridge-topology labs run, unless `WEIR_CONFORMANCE_FULL=1`: every kind
+/// of peer, port, direction, update and ipBlock once.
+const BRIDGE_SUBSET: &[&str] = &[
+    "default-deny-all",
+    "allow from pods within the server namespace by podSelector",
+    "podSelector and namespaceSelector",
+    "ports (SCTP)",
+    "ingress on one named port",
+    "ingress from an updated pod (relabel)",
+    "egress denied on the client even when the server allows",
+    "except clause of a CIDR block",
+    "ingress and egress controlled independently",
+    "stop enforcing a policy after it is deleted",
+];
+
 /// What one dataplane did: every step's matrix, and every mismatch with the truth tables.
 struct SuiteRun {
     matrices: BTreeMap<String, Matrix>,
     failures: Vec<String>,
 }
 
-/// (dataplane, lab mode `--api file|server`).
-type Setup = (&'static str, &'static str);
+/// (dataplane, lab mode `--api file|server`, `--topology routed|bridge`).
+type Setup = (&'static str, &'static str, &'static str);
 
-fn run_suite((dataplane, api): Setup) -> SuiteRun {
-    let lab = Lab::new(&format!("conf-{dataplane}-{api}"));
+fn run_suite((dataplane, api, topology): Setup) -> SuiteRun {
+    let lab = Lab::new(&format!("conf-{dataplane}-{api}-{topology}"));
     let world = netpol_world();
     let started = Instant::now();
     lab.weir(&[
@@ -42,11 +62,13 @@ fn run_suite((dataplane, api): Setup) -> SuiteRun {
         dataplane,
         "--api",
         api,
+        "--topology",
+        topology,
         world.to_str().unwrap(),
     ])
-    .unwrap_or_else(|e| panic!("{dataplane} ({api}): {e}"));
+    .unwrap_or_else(|e| panic!("{dataplane} ({api}, {topology}): {e}"));
     let dataplane_named = dataplane;
-    let dataplane = format!("{dataplane} ({api})");
+    let dataplane = format!("{dataplane} ({api}, {topology})");
     eprintln!("{dataplane}: lab up in {:.1?}", started.elapsed());
     let pods: serde_json::Value =
         serde_json::from_str(&lab.weir(&["pods", "--output", "json"]).unwrap()).unwrap();
@@ -63,17 +85,21 @@ fn run_suite((dataplane, api): Setup) -> SuiteRun {
         .collect();
 
     let all = scenarios(&ips);
-    for name in IPV6_TOO {
+    for name in IPV6_TOO.iter().chain(BRIDGE_SUBSET) {
         assert!(
             all.iter().any(|s| s.name == *name),
-            "IPV6_TOO names no scenario {name:?}"
+            "IPV6_TOO or BRIDGE_SUBSET names no scenario {name:?}"
         );
     }
+    let subset = topology == "bridge" && std::env::var_os("WEIR_CONFORMANCE_FULL").is_none();
     let mut run = SuiteRun {
         matrices: BTreeMap::new(),
         failures: Vec::new(),
     };
     for (n, scenario) in all.into_iter().enumerate() {
+        if subset && !BRIDGE_SUBSET.contains(&scenario.name) {
+            continue;
+        }
         let began = Instant::now();
         let mut policies = String::new();
         let mut relabelled = false;
@@ -134,16 +160,20 @@ fn run_suite((dataplane, api): Setup) -> SuiteRun {
 }
 
 const SETUPS: [Setup; 4] = [
-    ("ebpf", "file"),
-    ("iptables", "file"),
-    ("ebpf", "server"),
-    ("iptables", "server"),
+    ("ebpf", "file", "routed"),
+    ("iptables", "file", "routed"),
+    ("ebpf", "server", "routed"),
+    ("iptables", "server", "routed"),
 ];
 
+/// Labs on a bridge, compared with the routed ones on the steps they run.
+const BRIDGE_SETUPS: [Setup; 2] = [("ebpf", "file", "bridge"), ("iptables", "file", "bridge")];
+
 fn suite(setup: Setup) -> &'static SuiteRun {
-    static RUNS: [OnceLock<SuiteRun>; 4] = [const { OnceLock::new() }; 4];
+    static RUNS: [OnceLock<SuiteRun>; 6] = [const { OnceLock::new() }; 6];
     let i = SETUPS
         .iter()
+        .chain(&BRIDGE_SETUPS)
         .position(|s| *s == setup)
         .expect("a known setup");
     RUNS[i].get_or_init(|| run_suite(setup))
@@ -165,22 +195,61 @@ fn assert_conforms(setup: Setup) {
 
 #[test]
 fn ebpf_dataplane_passes_the_upstream_netpol_scenarios() {
-    assert_conforms(("ebpf", "file"));
+    assert_conforms(("ebpf", "file", "routed"));
 }
 
 #[test]
 fn iptables_dataplane_passes_the_upstream_netpol_scenarios() {
-    assert_conforms(("iptables", "file"));
+    assert_conforms(("iptables", "file", "routed"));
 }
 
 #[test]
 fn ebpf_dataplane_passes_them_through_the_real_api_server() {
-    assert_conforms(("ebpf", "server"));
+    assert_conforms(("ebpf", "server", "routed"));
 }
 
 #[test]
 fn iptables_dataplane_passes_them_through_the_real_api_server() {
-    assert_conforms(("iptables", "server"));
+    assert_conforms(("iptables", "server", "routed"));
+}
+
+#[test]
+fn ebpf_dataplane_on_a_bridge_passes_them() {
+    assert_conforms(BRIDGE_SETUPS[0]);
+}
+
+#[test]
+fn iptables_dataplane_on_a_bridge_passes_them() {
+    assert_conforms(BRIDGE_SETUPS[1]);
+}
+
+/// Each pod's own policy on a bridge: the same matrices as on routed pods, step by step.
+#[test]
+fn a_bridge_gives_the_same_matrices_as_routed_pods() {
+    let runs: Vec<&SuiteRun> = std::thread::scope(|s| {
+        let handles: Vec<_> = std::iter::once(SETUPS[0])
+            .chain(BRIDGE_SETUPS)
+            .map(|setup| s.spawn(move || suite(setup)))
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (setup, run) in BRIDGE_SETUPS.iter().zip(&runs[1..]) {
+        let routed = SuiteRun {
+            matrices: runs[0]
+                .matrices
+                .iter()
+                .filter(|(step, _)| run.matrices.contains_key(*step))
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+            failures: Vec::new(),
+        };
+        same_matrices(
+            &format!("{:?}", SETUPS[0]),
+            &routed,
+            &format!("{setup:?}"),
+            run,
+        );
+    }
 }
 
 #[test]

@@ -4,6 +4,7 @@ mod bench;
 mod build;
 mod cmd;
 mod components;
+mod conformance;
 mod demo;
 mod image;
 mod setup;
@@ -35,6 +36,9 @@ enum Command {
     /// The CI command: formatting, clippy (warnings are errors), unit tests, then the
     /// integration tests against the real kernel (root, bpffs, network namespaces).
     Test,
+    /// The upstream netpol scenarios on both dataplanes, both lab modes and both lab
+    /// topologies, all of them (the test step runs the bridge topology on a subset).
+    Conformance,
     /// Build the release binary and the container image from deploy/Dockerfile (needs a
     /// running docker or podman engine).
     Image {
@@ -63,6 +67,7 @@ fn main() {
         Command::Setup => setup::run(),
         Command::Build { release } => build::run(release),
         Command::Test => test::run(),
+        Command::Conformance => conformance::run(),
         Command::Image { tag } => image::run(&tag),
         Command::Demo { dataplane } => demo::run(&dataplane),
         Command::Bench { quick } => bench::run(quick),

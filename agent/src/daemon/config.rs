@@ -116,6 +116,18 @@ pub struct AgentArgs {
     )]
     pub new_pod_exempt_interfaces: Vec<String>,
 
+    /// Where the node's pod network namespaces are (container runtimes: /run/netns, which
+    /// the DaemonSet mounts). On a bridged CNI (flannel, kubenet, Azure CNI bridge mode)
+    /// each pod's bridge port is found through the veth peer of the interface holding the
+    /// pod's address in its namespace; a pod whose port is not found stays isolated.
+    #[arg(
+        long,
+        env = "WEIR_POD_NETNS_DIR",
+        value_name = "DIR",
+        default_value = crate::dataplane::pod_ports::DEFAULT_POD_NETNS_DIR
+    )]
+    pub pod_netns_dir: PathBuf,
+
     /// Optional YAML file whose keys are these flags' long names (`resync-seconds: 30`).
     #[arg(long, env = "WEIR_CONFIG", value_name = "FILE")]
     pub config: Option<PathBuf>,

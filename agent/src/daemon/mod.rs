@@ -88,7 +88,9 @@ async fn run_agent(args: AgentArgs) -> anyhow::Result<()> {
         status_file: args.status_file.clone(),
         resync: Duration::from_secs(args.resync_seconds.max(1)),
     };
-    let backends = node::NodeBackends::new(args.bpf_root.clone()).with_new_pods(args.new_pods());
+    let backends = node::NodeBackends::new(args.bpf_root.clone())
+        .with_new_pods(args.new_pods())
+        .with_pod_netns_dir(args.pod_netns_dir.clone());
     match &args.manifests {
         Some(path) => {
             tracing::info!(manifests = %path.display(), "file mode");

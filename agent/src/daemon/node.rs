@@ -15,6 +15,7 @@ use crate::reset::{self, AzureNpm, ResetOptions, ResetReport, UndeletableSet};
 pub struct NodeBackends {
     bpf_root: PathBuf,
     new_pods: NewPodIsolation,
+    pod_netns_dir: PathBuf,
 }
 
 impl NodeBackends {
@@ -22,7 +23,14 @@ impl NodeBackends {
         NodeBackends {
             bpf_root,
             new_pods: NewPodIsolation::default(),
+            pod_netns_dir: crate::dataplane::pod_ports::DEFAULT_POD_NETNS_DIR.into(),
         }
+    }
+
+    /// Where pods' network namespaces are (bridge ports are found through them).
+    pub fn with_pod_netns_dir(mut self, dir: PathBuf) -> Self {
+        self.pod_netns_dir = dir;
+        self
     }
 
     /// How pod interfaces are isolated before their endpoint is programmed.
@@ -65,10 +73,12 @@ impl Backends for NodeBackends {
             DataplaneKind::Ebpf => Box::new(EbpfDataplane::new(EbpfConfig {
                 pin_root: self.bpf_root.clone(),
                 new_pods: self.new_pods.clone(),
+                pod_netns_dir: self.pod_netns_dir.clone(),
                 ..Default::default()
             })?),
             DataplaneKind::Iptables => Box::new(IptablesDataplane::new(IptablesConfig {
                 new_pods: self.new_pods.clone(),
+                pod_netns_dir: self.pod_netns_dir.clone(),
                 ..Default::default()
             })?),
         })

@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 
 pub mod iptables;
 pub mod new_pods;
+pub mod pod_ports;
 
 use crate::policy::desired::{Delta, Desired};
 

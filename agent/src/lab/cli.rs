@@ -15,7 +15,7 @@ use super::output::{self, OutputFormat};
 use super::probe::{self, IpFamily, Via};
 use super::proxy::ProxyMode;
 use super::services::ServicesMode;
-use super::state::{LabDir, ServedPort, DEFAULT_DIR};
+use super::state::{LabDir, ServedPort, Topology, DEFAULT_DIR};
 use crate::dataplane::DataplaneKind;
 
 #[derive(Args)]
@@ -31,6 +31,14 @@ pub struct LabArgs {
 pub struct UpArgs {
     #[arg(long, value_enum, default_value_t = DataplaneKind::Ebpf)]
     pub dataplane: DataplaneKind,
+    /// How the node wires its pods. routed: one veth per pod with a /32 and /128 host
+    /// route and a link-local gateway (Calico, Cilium). bridge: every pod's veth is a port
+    /// of the Linux bridge cni0, which holds the pools' first addresses as the pods'
+    /// gateway; pods have the pools' prefix length, and bridged packets pass iptables
+    /// (bridge-nf-call-iptables=1), as on flannel, kubenet and Azure CNI bridge nodes.
+    /// Later commands use the topology the lab was built with.
+    #[arg(long, value_enum, default_value_t = Topology::Routed)]
+    pub topology: Topology,
     /// Pool for pod IPv4 addresses not given in status.podIPs.
     #[arg(long, default_value = DEFAULT_IPV4_POOL)]
     pub ipv4_pool: Ipv4Net,
@@ -299,6 +307,7 @@ fn up_lab(dir: &LabDir, up: &UpArgs) -> anyhow::Result<()> {
     };
     let opts = UpOptions {
         dataplane: up.dataplane,
+        topology: up.topology,
         ipv4_pool: up.ipv4_pool,
         ipv6_pool: up.ipv6_pool,
         without_agent: up.without_agent,

@@ -16,7 +16,7 @@ use super::control_plane::{ControlPlane, Identity, AGENT_GROUPS, AGENT_USER};
 use super::objects::{self, ObjectSet};
 use super::proxy::{self, ProxyMode, ProxyState};
 use super::services::{self, ServicesMode};
-use super::state::{write_atomic, ApiState, LabDir, LabState, PodState, ServedPort};
+use super::state::{write_atomic, ApiState, LabDir, LabState, PodState, ServedPort, Topology};
 use super::{addr, agent, api, netns, world, LabError};
 use crate::dataplane::DataplaneKind;
 use crate::model::Object;
@@ -24,6 +24,7 @@ use crate::reset::ResetOptions;
 
 pub struct UpOptions {
     pub dataplane: DataplaneKind,
+    pub topology: Topology,
     pub ipv4_pool: Ipv4Net,
     pub ipv6_pool: Ipv6Net,
     /// Build the world without starting the agent: nothing is enforced.
@@ -64,6 +65,7 @@ pub fn up(dir: &LabDir, opts: &UpOptions, manifests: &[PathBuf]) -> Result<(), L
         bpf_root: bpf_root(&id),
         id,
         dataplane: opts.dataplane,
+        topology: opts.topology,
         with_agent: !opts.without_agent,
         ipv4_pool: opts.ipv4_pool,
         ipv6_pool: opts.ipv6_pool,
@@ -74,7 +76,7 @@ pub fn up(dir: &LabDir, opts: &UpOptions, manifests: &[PathBuf]) -> Result<(), L
         services: opts.services,
         proxy: None,
     };
-    let built = world::create_node(&state.node_netns)
+    let built = world::create_node(&state.node_netns, &state.pod_network())
         .and_then(|()| dir.save(&state))
         .and_then(|()| match opts.api_server {
             true => start_control_plane(dir, &mut state, &incoming),
@@ -426,7 +428,7 @@ fn change(
         .try_for_each(|(key, pod)| match state.pods.get(key) {
             None => {
                 created.push(pod);
-                world::create_pod(&state.node_netns, pod)?;
+                world::create_pod(&state.node_netns, &state.pod_network(), pod)?;
                 start_listener(dir, pod)
             }
             Some(old) if old.ports != pod.ports => {

@@ -23,6 +23,20 @@ pub struct ServedPort {
     pub protocol: Protocol,
 }
 
+/// How the node wires its pods.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Topology {
+    /// One veth per pod, a host route (/32, /128) per pod address and a link-local
+    /// gateway, as Calico and Cilium wire pods.
+    #[default]
+    Routed,
+    /// Every pod's host-side veth is a port of one Linux bridge, cni0, that carries the
+    /// pools' gateway addresses, as flannel (cni0), kubenet (cbr0) and Azure CNI in bridge
+    /// mode wire pods; br_netfilter passes bridged packets to iptables.
+    Bridge,
+}
+
 /// One Pod of the lab.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PodState {
@@ -35,6 +49,17 @@ pub struct PodState {
     pub ipv4: Option<Ipv4Addr>,
     pub ipv6: Option<Ipv6Addr>,
     pub ports: Vec<ServedPort>,
+}
+
+impl LabState {
+    /// How this lab's pods are wired.
+    pub fn pod_network(&self) -> super::world::PodNetwork {
+        super::world::PodNetwork {
+            topology: self.topology,
+            ipv4_pool: self.ipv4_pool,
+            ipv6_pool: self.ipv6_pool,
+        }
+    }
 }
 
 impl PodState {
@@ -51,6 +76,9 @@ pub struct LabState {
     pub node_netns: String,
     pub bpf_root: PathBuf,
     pub dataplane: DataplaneKind,
+    /// How pods are wired (absent in the state of labs from before topologies: routed).
+    #[serde(default)]
+    pub topology: Topology,
     /// False for a lab built without an agent (no enforcement: a baseline world).
     pub with_agent: bool,
     pub ipv4_pool: Ipv4Net,
@@ -195,4 +223,33 @@ pub fn write_atomic(path: &Path, content: &[u8]) -> Result<(), LabError> {
     std::fs::write(&tmp, content)
         .and_then(|()| std::fs::rename(&tmp, path))
         .map_err(|e| LabError::io(format!("writing {}", path.display()), e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn topology_is_recorded_and_defaults_to_routed() {
+        let mut state = LabState {
+            id: "weirlab-0".into(),
+            node_netns: "weirlab-0-node".into(),
+            bpf_root: "/sys/fs/bpf/weirlab-0".into(),
+            dataplane: DataplaneKind::Ebpf,
+            topology: Topology::Bridge,
+            with_agent: true,
+            ipv4_pool: "10.244.0.0/16".parse().unwrap(),
+            ipv6_pool: "fd00:10:244::/64".parse().unwrap(),
+            generation: 0,
+            pods: BTreeMap::new(),
+            api: None,
+            agent_pid: None,
+        };
+        let mut json: serde_json::Value = serde_json::to_value(&state).unwrap();
+        assert_eq!(json["topology"], "bridge");
+        // A state file from before topologies: routed, as those labs were.
+        json.as_object_mut().unwrap().remove("topology");
+        state = serde_json::from_value(json).unwrap();
+        assert_eq!(state.topology, Topology::Routed);
+    }
 }

@@ -1,10 +1,50 @@
-//! Builds the lab's namespaces and links, wired the way a CNI plugin wires pods: a /32
-//! (and /128) on the pod's eth0, a default route via a link-local gateway that the node
-//! answers for, and a host route per pod address through the pod's veth on the node.
+//! Builds the lab's namespaces and links, wired the way a CNI plugin wires pods, in one
+//! of two topologies ([`Topology`]):
+//!
+//! - routed: a /32 (and /128) on the pod's eth0, a default route via a link-local gateway
+//!   that the node answers for, and a host route per pod address through the pod's veth.
+//! - bridge: the node's bridge [`BRIDGE`] holds the pools' first addresses as gateways;
+//!   each pod's host-side veth is a port of it, and the pod has its address with the
+//!   pool's prefix length and a default route via the gateway. The node passes bridged
+//!   packets to iptables (`bridge-nf-call-iptables`), as flannel and kubenet nodes do.
+
+use ipnet::{Ipv4Net, Ipv6Net};
 
 use super::netns::{self, ip};
-use super::state::PodState;
+use super::state::{PodState, Topology};
 use super::LabError;
+
+/// The bridge of a bridge-topology node, named as flannel names its own.
+pub const BRIDGE: &str = "cni0";
+
+/// The pod network a node's pods are wired into.
+#[derive(Clone, Copy, Debug)]
+pub struct PodNetwork {
+    pub topology: Topology,
+    pub ipv4_pool: Ipv4Net,
+    pub ipv6_pool: Ipv6Net,
+}
+
+impl PodNetwork {
+    /// The bridge's gateway addresses: the pools' first host addresses (the allocator
+    /// never hands them out).
+    fn bridge_gateways(&self) -> (Ipv4Net, Ipv6Net) {
+        let v4 = self
+            .ipv4_pool
+            .hosts()
+            .next()
+            .unwrap_or(self.ipv4_pool.addr());
+        let v6 = self
+            .ipv6_pool
+            .hosts()
+            .nth(1)
+            .unwrap_or(self.ipv6_pool.addr());
+        (
+            Ipv4Net::new(v4, self.ipv4_pool.prefix_len()).unwrap_or(self.ipv4_pool),
+            Ipv6Net::new(v6, self.ipv6_pool.prefix_len()).unwrap_or(self.ipv6_pool),
+        )
+    }
+}
 
 /// The IPv4 gateway every pod routes through; the node owns it on its loopback, so it
 /// answers ARP for it on every veth (as Calico's 169.254.1.1).
@@ -13,8 +53,11 @@ const GATEWAY_V4: &str = "169.254.1.1";
 const GATEWAY_V6: &str = "fe80::1";
 
 /// Creates the node namespace, with forwarding on and the pods' gateway address.
-pub fn create_node(node: &str) -> Result<(), LabError> {
+pub fn create_node(node: &str, net: &PodNetwork) -> Result<(), LabError> {
     netns::add(node)?;
+    if net.topology == Topology::Bridge {
+        create_bridge(node, net)?;
+    }
     ip(&[
         "-n",
         node,
@@ -29,14 +72,52 @@ pub fn create_node(node: &str) -> Result<(), LabError> {
     Ok(())
 }
 
+/// The bridge with the gateway addresses, and br_netfilter switched on for this node:
+/// `net.bridge.bridge-nf-call-ip(6)tables` are per network namespace since Linux 5.3, so
+/// a kernel without them here (br_netfilter not loaded, or older) is an error.
+fn create_bridge(node: &str, net: &PodNetwork) -> Result<(), LabError> {
+    let (gw4, gw6) = net.bridge_gateways();
+    ip(&["-n", node, "link", "add", BRIDGE, "type", "bridge"])?;
+    ip(&["-n", node, "addr", "add", &gw4.to_string(), "dev", BRIDGE])?;
+    ip(&[
+        "-n",
+        node,
+        "addr",
+        "add",
+        &gw6.to_string(),
+        "dev",
+        BRIDGE,
+        "nodad",
+    ])?;
+    ip(&["-n", node, "link", "set", BRIDGE, "up"])?;
+    for key in [
+        "net.bridge.bridge-nf-call-iptables",
+        "net.bridge.bridge-nf-call-ip6tables",
+    ] {
+        netns::sysctl(node, key, "1").map_err(|e| {
+            LabError::invalid(
+                format!("--topology bridge: sysctl {key} in {node}"),
+                format!(
+                    "{e} (br_netfilter must be loaded, and these sysctls are per network \
+                     namespace only on Linux 5.3 and later)"
+                ),
+            )
+        })?;
+    }
+    Ok(())
+}
+
 /// Creates the pod's namespace and veth pair, addresses and routes on both sides.
-pub fn create_pod(node: &str, pod: &PodState) -> Result<(), LabError> {
+pub fn create_pod(node: &str, net: &PodNetwork, pod: &PodState) -> Result<(), LabError> {
     let ns = pod.netns.as_str();
     let host = pod.host_if.as_str();
     netns::add(ns)?;
     ip(&[
         "-n", node, "link", "add", host, "type", "veth", "peer", "name", "eth0", "netns", ns,
     ])?;
+    if net.topology == Topology::Bridge {
+        return wire_bridged_pod(node, net, pod);
+    }
     ip(&[
         "-n",
         node,
@@ -82,6 +163,43 @@ pub fn create_pod(node: &str, pod: &PodState) -> Result<(), LabError> {
             &format!("{v6}/128"),
             "dev",
             host,
+        ])?;
+    }
+    Ok(())
+}
+
+/// The bridge topology's half of [`create_pod`]: the veth's host end becomes a bridge
+/// port; the pod's addresses are on the pool's subnet, its gateway the bridge's.
+fn wire_bridged_pod(node: &str, net: &PodNetwork, pod: &PodState) -> Result<(), LabError> {
+    let ns = pod.netns.as_str();
+    let host = pod.host_if.as_str();
+    let (gw4, gw6) = net.bridge_gateways();
+    ip(&["-n", node, "link", "set", host, "master", BRIDGE])?;
+    ip(&["-n", node, "link", "set", host, "up"])?;
+    // Announce the pod's addresses when eth0 comes up (gratuitous ARP, unsolicited
+    // neighbour advertisements), as CNI plugins do: a reused address is at a new MAC, and
+    // the other pods on the bridge must not keep sending to the old one.
+    netns::sysctl(ns, "net.ipv4.conf.eth0.arp_notify", "1")?;
+    netns::sysctl(ns, "net.ipv6.conf.eth0.ndisc_notify", "1")?;
+    if let Some(v4) = pod.ipv4 {
+        let addr = format!("{v4}/{}", net.ipv4_pool.prefix_len());
+        ip(&["-n", ns, "addr", "add", &addr, "dev", "eth0"])?;
+    }
+    if let Some(v6) = pod.ipv6 {
+        let addr = format!("{v6}/{}", net.ipv6_pool.prefix_len());
+        ip(&["-n", ns, "addr", "add", &addr, "dev", "eth0", "nodad"])?;
+    }
+    ip(&["-n", ns, "link", "set", "eth0", "up"])?;
+    if pod.ipv4.is_some() {
+        let gw = gw4.addr().to_string();
+        ip(&[
+            "-n", ns, "route", "add", "default", "via", &gw, "dev", "eth0",
+        ])?;
+    }
+    if pod.ipv6.is_some() {
+        let gw = gw6.addr().to_string();
+        ip(&[
+            "-n", ns, "-6", "route", "add", "default", "via", &gw, "dev", "eth0",
         ])?;
     }
     Ok(())

@@ -157,16 +157,33 @@ fn source_ok(ep: &EndpointInfo, t: &Tuple) -> bool {
 }
 
 /// Neighbour discovery that cannot have crossed the node: hop limit 255 (a forwarded
-/// packet has less) and a link-local or unspecified source, or a link-scope destination.
+/// packet has less) and a link-local or unspecified source, or a link-scope destination;
+/// or between pods of one bridge (see [`bridged_nd`]).
 #[inline(always)]
-fn link_scoped_nd(pkt: &Packet) -> bool {
+fn link_scoped_nd(pkt: &Packet, from_pod: bool) -> bool {
     let t = &pkt.tuple;
     pkt.neighbor_discovery
         && pkt.hop_limit == 255
         && (packet::is_link_local(&t.saddr)
             || packet::is_unspecified(&t.saddr)
             || packet::is_link_local(&t.daddr)
-            || packet::is_link_multicast(&t.daddr))
+            || packet::is_link_multicast(&t.daddr)
+            || bridged_nd(pkt, from_pod))
+}
+
+/// Pods on one bridge resolve each other with their own addresses (a solicited
+/// advertisement goes unicast, global to global). Towards a pod, hop limit 255 means the
+/// bridge passed it, unrouted; from a pod, only towards another local pod, whose own hook
+/// decides again if the node routes it instead (at hop limit 254).
+#[inline(always)]
+fn bridged_nd(pkt: &Packet, from_pod: bool) -> bool {
+    !from_pod
+        || unsafe {
+            WEIR_LOCAL.get(&IdentityKey {
+                addr: pkt.tuple.daddr,
+            })
+        }
+        .is_some()
 }
 
 #[inline(always)]
@@ -455,7 +472,7 @@ fn judge(
     if from_pod && !source_ok(ep, &pkt.tuple) {
         return v.drop(ctx, &pkt.tuple, COUNTER_SPOOFED, REASON_SPOOFED, now);
     }
-    if link_scoped_nd(pkt) {
+    if link_scoped_nd(pkt, from_pod) {
         count(ctx, COUNTER_NEIGHBOR_DISCOVERY);
         return TC_ACT_OK;
     }

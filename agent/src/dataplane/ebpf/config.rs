@@ -44,6 +44,14 @@ pub struct EbpfConfig {
     /// Pod interfaces isolated from their first packet until their endpoint is programmed.
     #[serde(default)]
     pub new_pods: NewPodIsolation,
+    /// Where pods' network namespaces are: a pod on a bridge is matched to its port
+    /// through them (see [`crate::dataplane::pod_ports`]).
+    #[serde(default = "default_pod_netns_dir")]
+    pub pod_netns_dir: PathBuf,
+}
+
+fn default_pod_netns_dir() -> PathBuf {
+    PathBuf::from(crate::dataplane::pod_ports::DEFAULT_POD_NETNS_DIR)
 }
 
 impl Default for EbpfConfig {
@@ -66,6 +74,7 @@ impl Default for EbpfConfig {
             kernel_debug_log: false,
             attach_mode: None,
             new_pods: NewPodIsolation::default(),
+            pod_netns_dir: default_pod_netns_dir(),
         }
     }
 }

@@ -187,6 +187,13 @@ impl KernelState {
                 Ok(()) => {
                     self.endpoint.remove(&ifindex);
                 }
+                // Gone already: the new-pod watch releases the pending entry of an
+                // interface that was deleted (a pod's, after its endpoint went).
+                Err(aya::maps::MapError::SyscallError(e))
+                    if e.io_error.raw_os_error() == Some(libc::ENOENT) =>
+                {
+                    self.endpoint.remove(&ifindex);
+                }
                 Err(e) => errors.push(failure(endpoint_object(ifindex), e)),
             }
         }

@@ -55,7 +55,9 @@ use self::{
     pins::PinLayout,
     records::{EndpointRecord, Records},
 };
-use super::{ApplyFailure, ApplyReport, Dataplane, DataplaneError, DataplaneKind, DataplaneStatus};
+use super::{
+    pod_ports, ApplyFailure, ApplyReport, Dataplane, DataplaneError, DataplaneKind, DataplaneStatus,
+};
 use crate::policy::desired::{AddressSet, Delta, Desired, Endpoint, Frontend, PodKey, SetId};
 
 /// Counters (see [`EbpfDataplane::counters`]) that count drops, by reason.
@@ -86,6 +88,10 @@ pub struct EbpfDataplane {
     migration: Option<migrate::Migration>,
     /// New pod interfaces isolated until programmed (`None`: switched off).
     isolator: Option<Arc<newpods::Isolator>>,
+    /// Where pods' network namespaces are: bridge ports are found through them.
+    pod_netns_dir: std::path::PathBuf,
+    /// Whether the endpoint records were checked for bridges since the start.
+    records_checked_for_bridges: std::cell::Cell<bool>,
     _link_watch: Option<newpods::LinkWatch>,
 }
 
@@ -195,6 +201,8 @@ impl EbpfDataplane {
             counts: (0, 0, 0),
             migration,
             isolator,
+            pod_netns_dir: config.pod_netns_dir.clone(),
+            records_checked_for_bridges: std::cell::Cell::new(false),
             _link_watch: link_watch,
         })
     }
@@ -354,7 +362,11 @@ impl EbpfDataplane {
         attach::tcx_program_ids(&r.attachment)
     }
 
-    /// Finds (or keeps) the interface of each endpoint and its endpoint id.
+    /// Finds (or keeps) the interface of each endpoint and its endpoint id. An interface
+    /// is one pod's only: a bridge (the route to every pod on it) is never attached to,
+    /// the pod's own port is found through its namespace (see `pod_ports`), and an
+    /// interface two pods lead to is neither's. Unplaced pods are failures (retried at
+    /// the next converge); their interfaces stay isolated as new pods.
     fn place_endpoints(
         &self,
         desired: &Desired,
@@ -362,27 +374,101 @@ impl EbpfDataplane {
     ) -> BTreeMap<PodKey, (u32, String, u32)> {
         let mut used: BTreeSet<u32> = self.records.endpoints.values().map(|r| r.id).collect();
         let mut next = 1;
-        let mut placed = BTreeMap::new();
+        let mut found: BTreeMap<PodKey, (String, u32)> = BTreeMap::new();
+        let mut to_locate: Vec<(PodKey, &Endpoint)> = Vec::new();
         for (pod, ep) in &desired.endpoints {
-            let known = self.records.endpoints.get(pod);
-            let iface = match known {
+            match self.records.endpoints.get(pod) {
                 // Still the same interface (not deleted and recreated under the name).
                 Some(r) if attach::ifindex(&r.attachment.ifname) == Some(r.attachment.ifindex) => {
-                    Ok((r.attachment.ifname.clone(), r.attachment.ifindex))
+                    found.insert(
+                        pod.clone(),
+                        (r.attachment.ifname.clone(), r.attachment.ifindex),
+                    );
                 }
-                _ => locate(ep),
-            };
-            let (ifname, ifindex) = match iface {
-                Ok(i) => i,
-                Err(reason) => {
+                _ => to_locate.push((pod.clone(), ep)),
+            }
+        }
+        // Listed when a pod needs placing, and once after start: a record an earlier
+        // release made on a bridge is not kept (this one never makes such records).
+        let check_records = !self.records_checked_for_bridges.get();
+        let links = match to_locate.is_empty() && !check_records {
+            true => Ok(pod_ports::NodeLinks::default()),
+            false => pod_ports::NodeLinks::read(),
+        };
+        if let (Ok(links), true) = (&links, check_records) {
+            self.records_checked_for_bridges.set(true);
+            found.retain(|pod, (ifname, _)| {
+                let bridge = links.is_bridge(ifname);
+                if bridge {
+                    to_locate.push((pod.clone(), &desired.endpoints[pod]));
+                }
+                !bridge
+            });
+        }
+        let mut bridged: BTreeMap<String, Vec<std::net::IpAddr>> = BTreeMap::new();
+        let mut bridge_of: BTreeMap<PodKey, String> = BTreeMap::new();
+        for (pod, ep) in to_locate {
+            let located = locate(ep).and_then(|(ifname, ifindex)| match &links {
+                Ok(l) if l.is_bridge(&ifname) => Ok(Err(ifname)),
+                Ok(_) => Ok(Ok((ifname, ifindex))),
+                Err(e) => Err(format!("interfaces not listed: {e}")),
+            });
+            match located {
+                Ok(Ok(iface)) => {
+                    found.insert(pod.clone(), iface);
+                }
+                Ok(Err(bridge)) => {
+                    bridged.insert(pod.clone(), endpoint_addrs(ep));
+                    bridge_of.insert(pod.clone(), bridge);
+                }
+                Err(reason) => failures.push(ApplyFailure {
+                    object: pod.clone(),
+                    reason,
+                }),
+            }
+        }
+        if let Ok(links) = &links {
+            for (pod, port) in pod_ports::locate(&self.pod_netns_dir, links, &bridged) {
+                match port {
+                    Ok(port) => {
+                        found.insert(pod, (port.ifname, port.ifindex));
+                    }
+                    Err(reason) => {
+                        let reason = format!(
+                            "not attached to bridge {} (the interface of every pod on it); \
+                             its port was not found: {reason}",
+                            bridge_of.get(&pod).map_or("?", String::as_str)
+                        );
+                        tracing::warn!(pod, "{reason}");
+                        failures.push(ApplyFailure {
+                            object: pod,
+                            reason,
+                        });
+                    }
+                }
+            }
+        }
+        // One interface, one pod: an interface two pods lead to is neither's.
+        let mut pods_of: BTreeMap<u32, Vec<PodKey>> = BTreeMap::new();
+        for (pod, (_, ifindex)) in &found {
+            pods_of.entry(*ifindex).or_default().push(pod.clone());
+        }
+        for shared in pods_of.values().filter(|p| p.len() > 1) {
+            for pod in shared {
+                if let Some((ifname, _)) = found.remove(pod) {
                     failures.push(ApplyFailure {
                         object: pod.clone(),
-                        reason,
+                        reason: format!(
+                            "interface {ifname} is the interface of pods {}: not attached",
+                            shared.join(", ")
+                        ),
                     });
-                    continue;
                 }
-            };
-            let id = match known {
+            }
+        }
+        let mut placed = BTreeMap::new();
+        for (pod, (ifname, ifindex)) in found {
+            let id = match self.records.endpoints.get(&pod) {
                 Some(r) => r.id,
                 None => {
                     while used.contains(&next) {
@@ -392,7 +478,7 @@ impl EbpfDataplane {
                     next
                 }
             };
-            placed.insert(pod.clone(), (id, ifname, ifindex));
+            placed.insert(pod, (id, ifname, ifindex));
         }
         placed
     }
@@ -728,6 +814,14 @@ fn service_key(f: &Frontend) -> ServiceKey {
     }
 }
 
+fn endpoint_addrs(ep: &Endpoint) -> Vec<std::net::IpAddr> {
+    let v4 = ep.ipv4.map(std::net::IpAddr::V4);
+    let v6 = ep.ipv6.map(std::net::IpAddr::V6);
+    v4.into_iter().chain(v6).collect()
+}
+
+/// The interface the route to the pod's address leads to: the pod's own veth on a routed
+/// node, the bridge on a bridged one.
 fn locate(ep: &Endpoint) -> Result<(String, u32), String> {
     let addr = ep
         .ipv4

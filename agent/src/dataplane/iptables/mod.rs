@@ -25,6 +25,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write;
 
 use crate::dataplane::new_pods::NewPodIsolation;
+use crate::dataplane::pod_ports;
 use crate::dataplane::{
     ApplyFailure, ApplyReport, Dataplane, DataplaneError, DataplaneKind, DataplaneStatus,
 };
@@ -34,12 +35,25 @@ use crate::reset::{exec, ipset_restore, ipsets};
 use backend::{Backend, Family};
 use names::ChainNames;
 
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct IptablesConfig {
     /// `None`: detect it as kube-proxy's iptables-wrapper does.
     pub backend: Option<Backend>,
     /// Pod interfaces isolated until their endpoint is programmed.
     pub new_pods: NewPodIsolation,
+    /// Where pods' network namespaces are: a pod on a bridge is matched to its port
+    /// through them (see [`crate::dataplane::pod_ports`]).
+    pub pod_netns_dir: std::path::PathBuf,
+}
+
+impl Default for IptablesConfig {
+    fn default() -> Self {
+        IptablesConfig {
+            backend: None,
+            new_pods: NewPodIsolation::default(),
+            pod_netns_dir: crate::dataplane::pod_ports::DEFAULT_POD_NETNS_DIR.into(),
+        }
+    }
 }
 
 pub struct IptablesDataplane {
@@ -51,6 +65,13 @@ pub struct IptablesDataplane {
     programmed: Option<Desired>,
     /// The anti-spoofing rules last written, per family (with `programmed`).
     spoof: BTreeMap<Family, Vec<String>>,
+    /// Where pods' network namespaces are: bridge ports are found through them.
+    pod_netns_dir: std::path::PathBuf,
+    /// Bridge ports found so far, by pod (kept while the port is there).
+    bridge_ports: BTreeMap<String, pod_ports::Port>,
+    /// Whether the node had a bridge at the last full write (its rules match bridge ports
+    /// with physdev); a change asks for a full write.
+    bridged: Option<bool>,
 }
 
 impl IptablesDataplane {
@@ -76,6 +97,9 @@ impl IptablesDataplane {
             names: ChainNames::default(),
             programmed: None,
             spoof: BTreeMap::new(),
+            pod_netns_dir: config.pod_netns_dir,
+            bridge_ports: BTreeMap::new(),
+            bridged: None,
         })
     }
 
@@ -89,6 +113,12 @@ impl IptablesDataplane {
         full: bool,
         report: &mut ApplyReport,
     ) -> Result<(), DataplaneError> {
+        let links = pod_ports::NodeLinks::read();
+        let bridged = match &links {
+            Ok(l) => l.has_bridge(),
+            Err(_) => self.bridged.unwrap_or(false),
+        };
+        let full = full || self.bridged != Some(bridged);
         let old = if full {
             Desired::default()
         } else {
@@ -97,7 +127,6 @@ impl IptablesDataplane {
         self.programmed = None;
         let old_spoof = std::mem::take(&mut self.spoof);
         let mut desired = with_missing_sets(desired, report);
-        let known = self.new_pods.enabled().then(|| known_endpoints(&desired));
         // Sizes of the sets in the kernel: those an earlier release made are upgraded.
         let existing = if full {
             let listed = exec::run_ok("ipset", &["list", "-t"], None).map_err(other)?;
@@ -115,6 +144,24 @@ impl IptablesDataplane {
                 None
             }
         };
+
+        let mut unplaced = BTreeSet::new();
+        if let Ok(links) = &links {
+            let failures = self.find_bridge_ports(&desired, links, routes.as_ref());
+            unplaced.extend(failures.iter().map(|f| f.object.clone()));
+            report.failures.extend(failures);
+        }
+        // A bridged pod whose port was not found counts as not programmed: its port stays
+        // under the new-pod catch-all (fail closed, as on eBPF) until it is found.
+        let known = self
+            .new_pods
+            .enabled()
+            .then(|| known_endpoints(&desired, &unplaced));
+        let spoof_ports: BTreeMap<String, String> = self
+            .bridge_ports
+            .iter()
+            .map(|(pod, p)| (pod.clone(), p.ifname.clone()))
+            .collect();
 
         let (mut adds, mut dels) = (String::new(), String::new());
         for (id, set) in &desired.sets {
@@ -153,7 +200,7 @@ impl IptablesDataplane {
                 None
             };
             let spoof_rules = match &routes {
-                Some(r) => spoof::rules(&desired, r, family),
+                Some(r) => spoof::rules(&desired, r, &spoof_ports, bridged, family),
                 None => old_spoof.get(&family).cloned().unwrap_or_default(),
             };
             let changed = full || old_spoof.get(&family) != Some(&spoof_rules);
@@ -164,6 +211,7 @@ impl IptablesDataplane {
                 family,
                 saved.as_deref(),
                 &self.new_pods,
+                bridged,
                 changed.then_some(spoof_rules.as_slice()),
             )
             .map_err(|e| DataplaneError::Other(format!("{family} rules: {e}")))?;
@@ -226,7 +274,56 @@ impl IptablesDataplane {
             }
         }
         self.programmed = Some(desired);
+        self.bridged = Some(bridged);
         Ok(())
+    }
+
+    /// Keeps [`Self::bridge_ports`] in step: forgets pods that went and ports that are
+    /// gone, and looks up the bridge port of each pod without a host route (see
+    /// [`pod_ports`]). A pod whose port is not found is a failure (retried at the next
+    /// write); its port stays under the new-pod catch-all.
+    fn find_bridge_ports(
+        &mut self,
+        desired: &Desired,
+        links: &pod_ports::NodeLinks,
+        routes: Option<&BTreeMap<std::net::IpAddr, String>>,
+    ) -> Vec<ApplyFailure> {
+        self.bridge_ports
+            .retain(|pod, port| desired.endpoints.contains_key(pod) && links.has(port));
+        let (Some(routes), true) = (routes, links.has_bridge()) else {
+            return Vec::new();
+        };
+        let mut wanted = BTreeMap::new();
+        for (pod, ep) in &desired.endpoints {
+            let addrs: Vec<std::net::IpAddr> = [
+                ep.ipv4.map(std::net::IpAddr::V4),
+                ep.ipv6.map(std::net::IpAddr::V6),
+            ]
+            .into_iter()
+            .flatten()
+            .collect();
+            let routed = addrs.iter().any(|a| routes.contains_key(a));
+            if !routed && !self.bridge_ports.contains_key(pod) {
+                wanted.insert(pod.clone(), addrs);
+            }
+        }
+        let mut failures = Vec::new();
+        for (pod, port) in pod_ports::locate(&self.pod_netns_dir, links, &wanted) {
+            match port {
+                Ok(port) => {
+                    self.bridge_ports.insert(pod, port);
+                }
+                Err(reason) => {
+                    let reason = format!("no anti-spoofing on a bridge port: {reason}");
+                    tracing::warn!(pod, "{reason}");
+                    failures.push(ApplyFailure {
+                        object: pod,
+                        reason,
+                    });
+                }
+            }
+        }
+        failures
     }
 }
 
@@ -309,10 +406,11 @@ fn with_missing_sets(desired: &Desired, report: &mut ApplyReport) -> Desired {
 }
 
 /// The addresses of every endpoint the desired state programs.
-fn known_endpoints(desired: &Desired) -> AddressSet {
+fn known_endpoints(desired: &Desired, except: &BTreeSet<String>) -> AddressSet {
     let members = desired
         .endpoints
         .values()
+        .filter(|ep| !except.contains(&ep.pod))
         .flat_map(|ep| {
             let v4 = ep.ipv4.map(|a| ipnet::IpNet::from(std::net::IpAddr::V4(a)));
             let v6 = ep.ipv6.map(|a| ipnet::IpNet::from(std::net::IpAddr::V6(a)));

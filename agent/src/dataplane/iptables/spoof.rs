@@ -5,8 +5,13 @@
 //!
 //! A pod's interface is the device of its host route (`/32`, `/128`), as CNIs with one
 //! veth per pod install. A device that carries the host routes of more than one endpoint
-//! (a bridge) gets no rule: it is not one pod's. IPv6 link-local sources are never
-//! forwarded by the kernel, so neighbour discovery (INPUT, not FORWARD) is untouched.
+//! gets no `-i` rule: it is not one pod's. On a bridge (no host routes; br_netfilter
+//! passes bridged packets to FORWARD) a pod's interface is its bridge port, found through
+//! its namespace ([`crate::dataplane::pod_ports`]) and matched with `-m physdev
+//! --physdev-in`, which also matches what the bridge passes up to be routed. Routed IPv6
+//! link-local sources are never forwarded, so neighbour discovery (INPUT) is untouched;
+//! bridged neighbour discovery is, and passes as on the eBPF dataplane: a link-local or
+//! unspecified source only towards link scope.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
@@ -62,7 +67,14 @@ pub fn host_routes() -> Result<BTreeMap<IpAddr, String>, String> {
 
 /// Rule specs (after `-A WEIR-SPOOF `) for `family`: per pod interface, drop what does not
 /// come from the pod's address of that family (everything, if it has none).
-pub fn rules(desired: &Desired, routes: &BTreeMap<IpAddr, String>, family: Family) -> Vec<String> {
+/// `bridge_ports`: pod → its bridge port; `bridged`: the node has a bridge.
+pub fn rules(
+    desired: &Desired,
+    routes: &BTreeMap<IpAddr, String>,
+    bridge_ports: &BTreeMap<String, String>,
+    bridged: bool,
+    family: Family,
+) -> Vec<String> {
     let mut dev_of: BTreeMap<&str, &str> = BTreeMap::new();
     let mut owners: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
     for ep in desired.endpoints.values() {
@@ -86,21 +98,39 @@ pub fn rules(desired: &Desired, routes: &BTreeMap<IpAddr, String>, family: Famil
         }
     }
     let mut out = Vec::new();
+    if bridged && family == Family::V6 {
+        for (source, dest) in [
+            ("fe80::/10", "ff02::/16"),
+            ("fe80::/10", "fe80::/10"),
+            ("::/128", "ff02::/16"),
+        ] {
+            out.push(format!(
+                "-m physdev --physdev-is-bridged -s {source} -d {dest} \
+                 -m comment --comment \"bridged link-scope traffic\" -j RETURN"
+            ));
+        }
+    }
     for ep in desired.endpoints.values() {
+        let comment = format!("\"{} anti-spoofing\"", ep.pod.replace(['"', '\\'], ""));
+        let source = match family {
+            Family::V4 => ep.ipv4.map(|a| format!("! -s {a}/32 ")),
+            Family::V6 => ep.ipv6.map(|a| format!("! -s {a}/128 ")),
+        }
+        .unwrap_or_default();
+        if let Some(port) = bridge_ports.get(&ep.pod) {
+            out.push(format!(
+                "-m physdev --physdev-in {port} {source}-m comment --comment {comment} -j DROP"
+            ));
+            continue;
+        }
         let Some(dev) = dev_of.get(ep.pod.as_str()) else {
             continue;
         };
         if owners.get(dev).is_some_and(|o| o.len() > 1) {
             continue;
         }
-        let comment = format!("\"{} anti-spoofing\"", ep.pod.replace(['"', '\\'], ""));
-        let source = match family {
-            Family::V4 => ep.ipv4.map(|a| format!("! -s {a}/32 ")),
-            Family::V6 => ep.ipv6.map(|a| format!("! -s {a}/128 ")),
-        };
         out.push(format!(
-            "-i {dev} {}-m comment --comment {comment} -j DROP",
-            source.unwrap_or_default()
+            "-i {dev} {source}-m comment --comment {comment} -j DROP"
         ));
     }
     out
@@ -156,20 +186,45 @@ mod tests {
         .into_iter()
         .map(|(a, d)| (a.parse().unwrap(), d.to_string()))
         .collect();
+        let none = BTreeMap::new();
         assert_eq!(
-            rules(&d, &routes, Family::V4),
+            rules(&d, &routes, &none, false, Family::V4),
             [
                 "-i lxca ! -s 10.0.0.2/32 -m comment --comment \"x/a anti-spoofing\" -j DROP",
                 "-i lxcb ! -s 10.0.0.3/32 -m comment --comment \"x/b anti-spoofing\" -j DROP",
             ]
         );
         assert_eq!(
-            rules(&d, &routes, Family::V6),
+            rules(&d, &routes, &none, false, Family::V6),
             [
                 "-i lxca ! -s fd00::2/128 -m comment --comment \"x/a anti-spoofing\" -j DROP",
                 // x/b has no IPv6 address: nothing IPv6 may be forwarded from it.
                 "-i lxcb -m comment --comment \"x/b anti-spoofing\" -j DROP",
             ]
+        );
+    }
+
+    #[test]
+    fn bridge_ports_match_with_physdev() {
+        let mut d = Desired::default();
+        for e in [
+            ep("x/a", Some("10.0.0.2"), Some("fd00::2")),
+            // On the bridge, but its port was not found: no rule.
+            ep("x/b", Some("10.0.0.3"), None),
+        ] {
+            d.endpoints.insert(e.pod.clone(), e);
+        }
+        let ports = BTreeMap::from([("x/a".to_string(), "lxca".to_string())]);
+        assert_eq!(
+            rules(&d, &BTreeMap::new(), &ports, true, Family::V4),
+            ["-m physdev --physdev-in lxca ! -s 10.0.0.2/32 -m comment --comment \"x/a anti-spoofing\" -j DROP"]
+        );
+        let v6 = rules(&d, &BTreeMap::new(), &ports, true, Family::V6);
+        assert_eq!(v6.len(), 4, "{v6:?}");
+        assert!(v6[..3].iter().all(|r| r.ends_with("-j RETURN")));
+        assert_eq!(
+            v6[3],
+            "-m physdev --physdev-in lxca ! -s fd00::2/128 -m comment --comment \"x/a anti-spoofing\" -j DROP"
         );
     }
 }

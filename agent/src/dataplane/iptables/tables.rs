@@ -27,8 +27,10 @@ const CONNTRACK_RULE: &str = "-m conntrack --ctstate ESTABLISHED,RELATED -j RETU
 
 /// `saved` (the backend's current `iptables-save` for `family`) asks for a full
 /// rewrite; without it, only the difference from `old` is written. `spoof`: the
-/// anti-spoofing rules, when they changed (always given for a full rewrite). `None`:
+/// anti-spoofing rules, when they changed (always given for a full rewrite). `bridged`:
+/// the node has a bridge, whose ports the new-pod catch-all matches with physdev. `None`:
 /// nothing to do.
+#[allow(clippy::too_many_arguments)]
 pub fn script(
     names: &mut ChainNames,
     old: &Desired,
@@ -36,6 +38,7 @@ pub fn script(
     family: Family,
     saved: Option<&str>,
     new_pods: &NewPodIsolation,
+    bridged: bool,
     spoof: Option<&[String]>,
 ) -> Result<Option<String>, SaveParseError> {
     let mut body = String::new();
@@ -49,6 +52,7 @@ pub fn script(
                 family,
                 saved,
                 new_pods,
+                bridged,
                 spoof.unwrap_or(&[]),
                 &mut body,
             )?
@@ -108,7 +112,16 @@ fn write_chain(out: &mut String, chain: &str, rules: &[String]) {
 /// programmed endpoints' (the [`KNOWN_ENDPOINTS_SET`]), goes to a chain that RETURNs for
 /// exempt interfaces and DROPs the rest. It does not depend on the order of the dispatch
 /// rules: it only matches unknown addresses, they only known ones.
-fn new_pod_rules(new_pods: &NewPodIsolation, family: Family, out: &mut String) -> Vec<String> {
+///
+/// On a node with a bridge, pod interfaces are bridge ports: matched with physdev too
+/// (`--physdev-out` only sees bridged packets, from pods on the same bridge), and
+/// link-scope IPv6 (neighbour discovery between the bridge's pods) passes.
+fn new_pod_rules(
+    new_pods: &NewPodIsolation,
+    family: Family,
+    bridged: bool,
+    out: &mut String,
+) -> Vec<String> {
     let known = set_name(KNOWN_ENDPOINTS_SET, family);
     let mut dispatch = Vec::new();
     for prefix in &new_pods.prefixes {
@@ -118,25 +131,83 @@ fn new_pod_rules(new_pods: &NewPodIsolation, family: Family, out: &mut String) -
         dispatch.push(format!(
             "-o {prefix}+ -m set ! --match-set {known} dst -j {NEW_TO_POD_CHAIN}"
         ));
+        if bridged {
+            dispatch.push(format!(
+                "-m physdev --physdev-in {prefix}+ -m set ! --match-set {known} src \
+                 -j {NEW_FROM_POD_CHAIN}"
+            ));
+            dispatch.push(format!(
+                "-m physdev --physdev-out {prefix}+ --physdev-is-bridged \
+                 -m set ! --match-set {known} dst -j {NEW_TO_POD_CHAIN}"
+            ));
+        }
     }
     let exempt = new_pods.exempt_iptables();
-    for (chain, side) in [(NEW_FROM_POD_CHAIN, "-i"), (NEW_TO_POD_CHAIN, "-o")] {
+    let link_scope: &[&str] = match (bridged, family) {
+        (true, Family::V6) => &[
+            "-s fe80::/10 -d ff02::/16",
+            "-s fe80::/10 -d fe80::/10",
+            "-s ::/128 -d ff02::/16",
+        ],
+        _ => &[],
+    };
+    for (chain, side, physdev) in [
+        (NEW_FROM_POD_CHAIN, "-i", "--physdev-in"),
+        (NEW_TO_POD_CHAIN, "-o", "--physdev-out"),
+    ] {
         let mut rules: Vec<String> = exempt
             .iter()
             .map(|e| format!("{side} {e} -m comment --comment \"exempt new pod\" -j RETURN"))
             .collect();
+        if bridged {
+            rules.extend(exempt.iter().map(|e| {
+                format!(
+                    "-m physdev {physdev} {e} -m comment --comment \"exempt new pod\" -j RETURN"
+                )
+            }));
+        }
+        rules.extend(
+            link_scope.iter().map(|m| {
+                format!("{m} -m comment --comment \"bridged link-scope traffic\" -j RETURN")
+            }),
+        );
+        if bridged && family == Family::V6 && chain == NEW_TO_POD_CHAIN {
+            // Neighbour solicitations of known pods go to solicited-node multicast.
+            rules.push(
+                "-d ff02::/16 -m comment --comment \"bridged link-scope traffic\" -j RETURN"
+                    .to_string(),
+            );
+        }
         rules.push("-m comment --comment \"pod interface not programmed yet\" -j DROP".to_string());
         write_chain(out, chain, &rules);
     }
     dispatch
 }
 
+/// Pods on one bridge resolve each other with their own addresses (a solicited
+/// advertisement is unicast, global to global); br_netfilter shows that to FORWARD. At
+/// hop limit 255 it was bridged, not routed: outside NetworkPolicy, as on eBPF.
+fn bridged_neighbour_discovery() -> Vec<String> {
+    ["neighbour-solicitation", "neighbour-advertisement"]
+        .iter()
+        .map(|t| {
+            format!(
+                "-m physdev --physdev-is-bridged -p ipv6-icmp -m icmp6 --icmpv6-type {t} \
+                 -m hl --hl-eq 255 -m comment --comment \"bridged neighbour discovery\" \
+                 -j RETURN"
+            )
+        })
+        .collect()
+}
+
+#[allow(clippy::too_many_arguments)]
 fn full(
     names: &mut ChainNames,
     new: &Desired,
     family: Family,
     saved: &str,
     new_pods: &NewPodIsolation,
+    bridged: bool,
     spoof: &[String],
     out: &mut String,
 ) -> Result<(), SaveParseError> {
@@ -146,6 +217,9 @@ fn full(
     // Anti-spoofing before anything else, the conntrack shortcut included.
     write_chain(out, SPOOF_CHAIN, spoof);
     let mut dispatch = vec![format!("-j {SPOOF_CHAIN}"), CONNTRACK_RULE.to_string()];
+    if bridged && family == Family::V6 {
+        dispatch.extend(bridged_neighbour_discovery());
+    }
     for ep in new.endpoints.values() {
         let hash = names.hash_for(&ep.pod);
         for d in DIRECTIONS {
@@ -158,7 +232,7 @@ fn full(
         dispatch.extend(dispatch_rules(ep, hash, family));
     }
     if new_pods.enabled() {
-        dispatch.extend(new_pod_rules(new_pods, family, out));
+        dispatch.extend(new_pod_rules(new_pods, family, bridged, out));
         wanted.insert(NEW_FROM_POD_CHAIN.to_string());
         wanted.insert(NEW_TO_POD_CHAIN.to_string());
     }
@@ -284,6 +358,7 @@ mod tests {
             Family::V4,
             Some(saved),
             &NewPodIsolation::off(),
+            false,
             None,
         )
         .unwrap()
@@ -312,6 +387,7 @@ mod tests {
             Family::V4,
             Some(saved),
             &NewPodIsolation::off(),
+            false,
             None,
         )
         .unwrap()
@@ -330,6 +406,7 @@ mod tests {
             Family::V4,
             Some(first),
             &NewPodIsolation::off(),
+            false,
             None,
         )
         .unwrap()
@@ -349,6 +426,7 @@ mod tests {
                 Family::V4,
                 None,
                 &NewPodIsolation::off(),
+                false,
                 None
             )
             .unwrap(),
@@ -363,6 +441,7 @@ mod tests {
             Family::V4,
             None,
             &NewPodIsolation::off(),
+            false,
             None,
         )
         .unwrap()
