@@ -1,4 +1,5 @@
-//! The upstream e2e NetworkPolicy scenarios through `weir lab`, on both dataplanes, in both
+//! The upstream e2e NetworkPolicy scenarios (the one table in netpol-scenarios, which the
+//! engine harness agent/tests/netpol_e2e.rs also runs) through `weir lab`, on both dataplanes, in both
 //! of the lab's modes (objects from a file; objects through the real kube-apiserver with
 //! the agent in cluster mode and the DaemonSet's RBAC), against hand-written truth tables;
 //! and the differential check that every dataplane and mode gives the same matrix for every
@@ -9,8 +10,8 @@ use std::collections::BTreeMap;
 use std::sync::OnceLock;
 use std::time::Instant;
 
+use netpol_scenarios::{compare, scenarios, Addresses, Change};
 use weir_tests::lab::{manifest, netpol_world, Lab, Matrix};
-use weir_tests::netpol::{compare, scenarios, Addresses, Change};
 
 /// Scenarios also probed over IPv6 (the ipBlock ones name IPv4 CIDRs, so they are not):
 /// one of each kind of peer, port and direction keeps the suite short.
