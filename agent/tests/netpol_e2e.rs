@@ -9,9 +9,9 @@
 //! step's truth table, every difference reported.
 //!
 //! Addresses: the pods get the ones the lab's IPAM gives them (10.244.0.2.. and
-//! fd00:10:244::2.., in world order); the ipBlock scenarios are handed these. Every step is
-//! judged over IPv4, and over IPv6 too unless its scenario names (IPv4) addresses in an
-//! ipBlock; those are listed when the test runs.
+//! fd00:10:244::2.., in world order). The whole table runs twice, once per family: the
+//! ipBlock scenarios are handed that family's addresses and every probe goes to the
+//! destination pod's address of that family.
 
 mod support;
 
@@ -29,7 +29,7 @@ use weir::policy::verdict;
 /// The lab's one node; the harness's engine is that node's agent.
 const NODE: &str = "node-1";
 
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 enum Family {
     V4,
     V6,
@@ -111,10 +111,12 @@ fn matrix(
     Ok(matrix)
 }
 
-/// Runs one scenario on a fresh engine holding the world; returns every failure.
+/// Runs one scenario on a fresh engine holding the world, probing over `family`; returns
+/// every failure.
 fn run(
     n: usize,
     scenario: &Scenario,
+    family: Family,
     world: &[Object],
     addresses: &BTreeMap<String, (String, String)>,
 ) -> Vec<String> {
@@ -128,13 +130,8 @@ fn run(
             )];
         }
     }
-    let families: &[Family] = if scenario.uses_ip_blocks() {
-        &[Family::V4]
-    } else {
-        &[Family::V4, Family::V6]
-    };
     for (s, step) in scenario.steps.iter().enumerate() {
-        let label = format!("{n:02} {} / step {}", scenario.name, s + 1);
+        let label = format!("{n:02} {} / step {} ({family:?})", scenario.name, s + 1);
         let mut step_ok = true;
         for change in &step.changes {
             match change {
@@ -157,48 +154,48 @@ fn run(
         if !step_ok {
             continue;
         }
-        for family in families {
-            match matrix(&harness, addresses, *family) {
-                Ok(m) => {
-                    if let Err(diff) = compare(&m, step.expect) {
-                        failures.push(format!("{label} ({family:?}): {diff}"));
-                    }
+        match matrix(&harness, addresses, family) {
+            Ok(m) => {
+                if let Err(diff) = compare(&m, step.expect) {
+                    failures.push(format!("{label}: {diff}"));
                 }
-                Err(e) => failures.push(format!("{label} ({family:?}): verdict: {e}")),
             }
+            Err(e) => failures.push(format!("{label}: verdict: {e}")),
         }
     }
     failures
 }
 
+/// The scenarios' pod addresses of one family (`ns/name` → address).
+fn addresses_of(addresses: &BTreeMap<String, (String, String)>, family: Family) -> Addresses {
+    addresses
+        .iter()
+        .map(|(pod, (v4, v6))| {
+            let ip = if family == Family::V4 { v4 } else { v6 };
+            (pod.clone(), ip.clone())
+        })
+        .collect()
+}
+
 #[test]
 fn every_upstream_scenario_holds_on_the_compiled_model() {
     let addresses = world_addresses();
-    let ipv4: Addresses = addresses
-        .iter()
-        .map(|(pod, (v4, _))| (pod.clone(), v4.clone()))
-        .collect();
     let world: Vec<Object> = objects(WORLD)
         .into_iter()
         .map(|o| scheduled(o, &addresses))
         .collect();
-    let all = scenarios(&ipv4);
-    assert!(!all.is_empty(), "the scenario table is empty");
     let mut failures = Vec::new();
     let mut steps = 0;
-    for (n, scenario) in all.iter().enumerate() {
-        if scenario.uses_ip_blocks() {
-            eprintln!(
-                "{n:02} {}: IPv4 only (its ipBlocks name IPv4 addresses)",
-                scenario.name
-            );
+    for family in [Family::V4, Family::V6] {
+        let all = scenarios(&addresses_of(&addresses, family));
+        assert!(!all.is_empty(), "the scenario table is empty");
+        for (n, scenario) in all.iter().enumerate() {
+            steps += scenario.steps.len();
+            failures.extend(run(n, scenario, family, &world, &addresses));
         }
-        steps += scenario.steps.len();
-        failures.extend(run(n, scenario, &world, &addresses));
     }
     eprintln!(
-        "{} scenarios, {steps} steps, {} probes a step",
-        all.len(),
+        "{steps} steps over IPv4 and IPv6, {} probes a step",
         probes().len()
     );
     assert!(
@@ -211,12 +208,7 @@ fn every_upstream_scenario_holds_on_the_compiled_model() {
 
 #[test]
 fn scenario_names_are_unique() {
-    let all = scenarios(
-        &world_addresses()
-            .into_iter()
-            .map(|(pod, (v4, _))| (pod, v4))
-            .collect(),
-    );
+    let all = scenarios(&addresses_of(&world_addresses(), Family::V4));
     let mut seen = std::collections::BTreeSet::new();
     for s in &all {
         assert!(seen.insert(s.name), "two scenarios named {:?}", s.name);

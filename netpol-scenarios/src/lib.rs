@@ -216,16 +216,6 @@ pub fn large_cidr(ip: &str) -> String {
     }
 }
 
-impl Scenario {
-    /// Whether a step names addresses (ipBlock peers): those are written for the IPv4
-    /// addresses the scenarios were given, so they hold over IPv4 only.
-    pub fn uses_ip_blocks(&self) -> bool {
-        self.steps.iter().flat_map(|s| &s.changes).any(|c| match c {
-            Change::Apply(y) | Change::Delete(y) => y.contains("ipBlock"),
-        })
-    }
-}
-
 fn one(changes: Vec<Change>, expect: Truth) -> Vec<Step> {
     vec![Step { changes, expect }]
 }
@@ -774,4 +764,36 @@ pub fn scenarios(ips: &Addresses) -> Vec<Scenario> {
             ),
         },
     ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cidrs_around_a_pod_as_upstream_makes_them() {
+        assert_eq!(host_cidr("10.244.0.3"), "10.244.0.3/32");
+        assert_eq!(host_cidr("fd00:10:244::3"), "fd00:10:244::3/128");
+        assert_eq!(large_cidr("10.244.0.3"), "0.0.0.0/4");
+        assert_eq!(large_cidr("192.168.1.1"), "192.0.0.0/4");
+        assert_eq!(large_cidr("fd00:10:244::3"), "f000::/4");
+    }
+
+    #[test]
+    fn the_probe_set_is_the_labs() {
+        let all = probes();
+        assert_eq!(all.len(), 9 * 8 * 2 * 3);
+        assert!(all.iter().all(|(from, to, _, _)| from != to));
+        let complete: Matrix = all
+            .iter()
+            .map(|(f, t, port, proto)| ((f.clone(), t.clone(), *port, proto.to_string()), true))
+            .collect();
+        assert!(compare(&complete, |_| true).is_ok());
+        let mut short = complete.clone();
+        short.pop_first();
+        let err = compare(&short, |_| true).unwrap_err();
+        assert!(err.contains("not probed"), "{err}");
+        let err = compare(&complete, |p| !p.on(81, "SCTP")).unwrap_err();
+        assert!(err.starts_with("72 of 432 probes differ"), "{err}");
+    }
 }
