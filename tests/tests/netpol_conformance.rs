@@ -100,20 +100,31 @@ fn run_suite((dataplane, api): Setup) -> SuiteRun {
             if !step_ok {
                 continue;
             }
-            match lab.probe(&[]) {
-                Ok((reported, matrix)) => {
-                    assert_eq!(
-                        reported, dataplane_named,
-                        "the agent enforces another dataplane"
-                    );
-                    if let Err(diff) = compare(&matrix, step.expect) {
-                        run.failures.push(format!("{dataplane}: {label}: {diff}"));
+            let families: &[&str] = if IPV6_TOO.contains(&scenario.name) {
+                &["ipv4", "ipv6"]
+            } else {
+                &["ipv4"]
+            };
+            for family in families {
+                let label = match *family {
+                    "ipv4" => label.clone(),
+                    _ => format!("{label} ({family})"),
+                };
+                match lab.probe(&["--family", family]) {
+                    Ok((reported, matrix)) => {
+                        assert_eq!(
+                            reported, dataplane_named,
+                            "the agent enforces another dataplane"
+                        );
+                        if let Err(diff) = compare(&matrix, step.expect) {
+                            run.failures.push(format!("{dataplane}: {label}: {diff}"));
+                        }
+                        run.matrices.insert(label, matrix);
                     }
-                    run.matrices.insert(label, matrix);
+                    Err(e) => run
+                        .failures
+                        .push(format!("{dataplane}: {label}: probe: {e}")),
                 }
-                Err(e) => run
-                    .failures
-                    .push(format!("{dataplane}: {label}: probe: {e}")),
             }
         }
         // Back to the bare world for the next scenario.
