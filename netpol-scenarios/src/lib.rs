@@ -741,6 +741,19 @@ pub fn scenarios(ips: &Addresses) -> Vec<Scenario> {
                 |p| !p.to("x", "a") || p.on(81, "UDP"),
             ),
         },
+        // Upstream's own case for the default label; the same spec as "allow only from a
+        // different namespace by namespaceSelector" now that upstream selects namespaces by
+        // that label everywhere, but a separate upstream test (and policy name).
+        Scenario {
+            name: "namespaceSelector matchLabels on the default namespace label",
+            steps: one(
+                vec![apply(to_a(
+                    "allow-client-a-via-ns-selector-for-immutable-ns-label",
+                    "- from: [{namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: y}}}]",
+                ))],
+                |p| !p.to("x", "a") || p.from_ns == "y",
+            ),
+        },
         Scenario {
             name: "egress by namespaceSelector matchExpressions on the default namespace label",
             steps: one(
