@@ -1,7 +1,6 @@
 //! Drives `weir lab` through its command line, each lab in its own state directory
 //! (and so its own namespaces and pins), torn down by a Drop guard even on failure.
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -182,7 +181,7 @@ impl Drop for Lab {
 }
 
 /// (from, to, port, protocol) → connected.
-pub type Matrix = BTreeMap<(String, String, u16, String), bool>;
+pub use netpol_scenarios::Matrix;
 
 /// Writes a manifest into the lab's directory and returns its path.
 pub fn manifest(lab: &Lab, name: &str, yaml: &str) -> PathBuf {

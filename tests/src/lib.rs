@@ -3,7 +3,6 @@ pub mod desired;
 pub mod kernel_state;
 pub mod lab;
 pub mod netns;
-pub mod netpol;
 pub mod node_dataplane;
 /// Pods wired to a "node" namespace like a CNI would, for the eBPF dataplane tests.
 pub mod pods;

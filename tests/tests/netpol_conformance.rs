@@ -1,4 +1,5 @@
-//! The upstream e2e NetworkPolicy scenarios through `weir lab`, on both dataplanes, in both
+//! The upstream e2e NetworkPolicy scenarios (the one table in netpol-scenarios, which the
+//! engine harness agent/tests/netpol_e2e.rs also runs) through `weir lab`, on both dataplanes, in both
 //! of the lab's modes (objects from a file; objects through the real kube-apiserver with
 //! the agent in cluster mode and the DaemonSet's RBAC), against hand-written truth tables;
 //! and the differential check that every dataplane and mode gives the same matrix for every
@@ -14,8 +15,8 @@ use std::collections::BTreeMap;
 use std::sync::OnceLock;
 use std::time::Instant;
 
+use netpol_scenarios::{compare, scenarios, Addresses, Change};
 use weir_tests::lab::{manifest, netpol_world, Lab, Matrix};
-use weir_tests::netpol::{compare, scenarios, Addresses, Change};
 
 /// Scenarios also probed over IPv6 (the ipBlock ones name IPv4 CIDRs, so they are not):
 /// one of each kind of peer, port and direction keeps the suite short.
@@ -125,20 +126,31 @@ fn run_suite((dataplane, api, topology): Setup) -> SuiteRun {
             if !step_ok {
                 continue;
             }
-            match lab.probe(&[]) {
-                Ok((reported, matrix)) => {
-                    assert_eq!(
-                        reported, dataplane_named,
-                        "the agent enforces another dataplane"
-                    );
-                    if let Err(diff) = compare(&matrix, step.expect) {
-                        run.failures.push(format!("{dataplane}: {label}: {diff}"));
+            let families: &[&str] = if IPV6_TOO.contains(&scenario.name) {
+                &["ipv4", "ipv6"]
+            } else {
+                &["ipv4"]
+            };
+            for family in families {
+                let label = match *family {
+                    "ipv4" => label.clone(),
+                    _ => format!("{label} ({family})"),
+                };
+                match lab.probe(&["--family", family]) {
+                    Ok((reported, matrix)) => {
+                        assert_eq!(
+                            reported, dataplane_named,
+                            "the agent enforces another dataplane"
+                        );
+                        if let Err(diff) = compare(&matrix, step.expect) {
+                            run.failures.push(format!("{dataplane}: {label}: {diff}"));
+                        }
+                        run.matrices.insert(label, matrix);
                     }
-                    run.matrices.insert(label, matrix);
+                    Err(e) => run
+                        .failures
+                        .push(format!("{dataplane}: {label}: probe: {e}")),
                 }
-                Err(e) => run
-                    .failures
-                    .push(format!("{dataplane}: {label}: probe: {e}")),
             }
         }
         // Back to the bare world for the next scenario.

@@ -1,26 +1,18 @@
-//! The upstream e2e netpol world (namespaces x, y, z, each with pods a, b, c serving
-//! ports 80 and 81 over TCP, UDP and SCTP, named `serve-<port>-<proto>`) and truth
-//! tables evaluated against the compiled model with `weir::policy::verdict`.
+//! A small world for the engine's tests (namespaces x, y, z, each with pods a, b, c serving
+//! ports 80 and 81 over TCP, UDP and SCTP, named `serve-<port>-<proto>`, at fixed addresses
+//! `10.0.<ns>.<pod>`), and a harness that checks every event's delta. The upstream netpol
+//! scenarios live in the netpol-scenarios crate (agent/tests/netpol_e2e.rs runs them).
 #![allow(dead_code)] // each test file uses a different part
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::net::IpAddr;
 
 use weir::model::Object;
-use weir::policy::desired::Protocol;
-use weir::policy::{verdict, Engine};
+use weir::policy::Engine;
 use weir::source::manifest::parse_str;
 
 pub const NAMESPACES: [&str; 3] = ["x", "y", "z"];
 pub const PODS: [&str; 3] = ["a", "b", "c"];
-
-pub fn all_pods() -> Vec<String> {
-    NAMESPACES
-        .iter()
-        .flat_map(|ns| PODS.iter().map(move |p| format!("{ns}/{p}")))
-        .collect()
-}
 
 fn index(names: &[&str], name: &str) -> usize {
     names.iter().position(|n| *n == name).expect("known name") + 1
@@ -91,110 +83,6 @@ pub fn engine_with(policies: &str) -> Engine {
             .unwrap_or_else(|e| panic!("rejected: {e}"));
     }
     engine
-}
-
-/// Expected reachability between every pair of pods (self traffic always allowed).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Reachability {
-    allowed: BTreeMap<(String, String), bool>,
-}
-
-impl Reachability {
-    pub fn all(allowed: bool) -> Self {
-        let pods = all_pods();
-        let allowed = pods
-            .iter()
-            .flat_map(|f| {
-                pods.iter()
-                    .map(move |t| ((f.clone(), t.clone()), allowed || f == t))
-            })
-            .collect();
-        Reachability { allowed }
-    }
-
-    /// Sets the pairs `from` → `to`; each is a pod `ns/p`, a namespace `ns/*` or `*`.
-    pub fn expect(&mut self, from: &str, to: &str, allowed: bool) -> &mut Self {
-        let matches = |pattern: &str, pod: &str| {
-            pattern == "*"
-                || pattern == pod
-                || pattern
-                    .strip_suffix("/*")
-                    .is_some_and(|ns| pod.starts_with(&format!("{ns}/")))
-        };
-        for ((f, t), value) in self.allowed.iter_mut() {
-            if matches(from, f) && matches(to, t) && f != t {
-                *value = allowed;
-            }
-        }
-        self
-    }
-
-    /// The compiled model's reachability for `port`/`protocol` over IPv4 and IPv6.
-    pub fn observed(engine: &Engine, port: u16, protocol: Protocol) -> Self {
-        let mut allowed = BTreeMap::new();
-        for from in all_pods() {
-            for to in all_pods() {
-                let (ns, pod) = to.split_once('/').unwrap();
-                let (v4, v6) = pod_ips(ns, pod);
-                let decide = |addr: &str| {
-                    let addr: IpAddr = addr.parse().unwrap();
-                    verdict(engine.desired(), &from, addr, port, protocol)
-                        .unwrap()
-                        .allowed
-                };
-                let (a4, a6) = (decide(&v4), decide(&v6));
-                assert_eq!(a4, a6, "{from} -> {to} differs between IPv4 and IPv6");
-                allowed.insert((from.clone(), to), a4);
-            }
-        }
-        Reachability { allowed }
-    }
-
-    fn table(&self) -> String {
-        let pods = all_pods();
-        let mut out = String::from("from\\to");
-        for t in &pods {
-            write!(out, " {t}").unwrap();
-        }
-        for f in &pods {
-            write!(out, "\n{f:7}").unwrap();
-            for t in &pods {
-                let mark = if self.allowed[&(f.clone(), t.clone())] {
-                    "  . "
-                } else {
-                    "  X "
-                };
-                write!(out, " {mark}").unwrap();
-            }
-        }
-        out
-    }
-}
-
-/// Asserts that the engine's compiled model yields `expected` on `port`/`protocol`.
-#[track_caller]
-pub fn check(engine: &Engine, port: u16, protocol: Protocol, expected: &Reachability) {
-    let observed = Reachability::observed(engine, port, protocol);
-    if &observed != expected {
-        let wrong: Vec<String> = expected
-            .allowed
-            .iter()
-            .filter(|(k, v)| observed.allowed[*k] != **v)
-            .map(|((f, t), v)| {
-                format!(
-                    "{f} -> {t}: expected {}",
-                    if *v { "allowed" } else { "denied" }
-                )
-            })
-            .collect();
-        panic!(
-            "{port}/{protocol}: {} wrong pairs:\n{}\nexpected:\n{}\nobserved:\n{}",
-            wrong.len(),
-            wrong.join("\n"),
-            expected.table(),
-            observed.table()
-        );
-    }
 }
 
 /// A NetworkPolicy manifest; `spec` is YAML, indented under `spec:`.

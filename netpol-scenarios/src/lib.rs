@@ -1,13 +1,58 @@
-//! The upstream Kubernetes e2e netpol scenarios (test/e2e/network/netpol) on the
-//! x/y/z × a/b/c world, with truth tables written by hand from the upstream semantics:
-//! every case starts from "all allowed" and states its exceptions, over ports 80/81 and
-//! TCP/UDP/SCTP (upstream probes one port/protocol per case; here every case is checked
-//! on all six, so the expectations also say what must stay untouched).
+//! The upstream Kubernetes e2e netpol scenarios (test/e2e/network/netpol/network_policy.go)
+//! on the x/y/z × a/b/c world, as plain data: manifests (YAML strings), steps (apply/delete
+//! changes) and truth tables written by hand from the upstream semantics. Every case starts
+//! from "all allowed" and states its exceptions, over ports 80/81 and TCP/UDP/SCTP (upstream
+//! probes one port/protocol per case; here every step is checked on all six, so the
+//! expectations also say what must stay untouched).
+//!
+//! The one table both harnesses run: the engine harness (agent/tests/netpol_e2e.rs, the
+//! compiled model through weir's verdict evaluator) and the lab harness
+//! (tests/tests/netpol_conformance.rs, real packets through `weir lab` on both dataplanes).
+//! Both compare the full matrix of [`probes`] per step with [`compare`]. No I/O here: pod
+//! addresses (for the ipBlock cases) come from whoever built the world.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write;
+use std::net::IpAddr;
 
-use crate::lab::Matrix;
+pub const NAMESPACES: [&str; 3] = ["x", "y", "z"];
+pub const PODS: [&str; 3] = ["a", "b", "c"];
+pub const PORTS: [u16; 2] = [80, 81];
+pub const PROTOCOLS: [&str; 3] = ["TCP", "UDP", "SCTP"];
+
+/// The world's manifests (deploy/examples/netpol-world.yaml, which `weir lab up` takes):
+/// namespaces x, y, z labelled `ns: <name>`, each with pods a, b, c labelled `pod: <name>`,
+/// serving 80 and 81 over TCP, UDP and SCTP as `serve-<port>-<proto>`. No addresses: the lab
+/// allocates them, the engine harness assigns its own.
+pub const WORLD: &str = include_str!("../../deploy/examples/netpol-world.yaml");
+
+/// Every pod of the world as `ns/name`, in order.
+pub fn world_pods() -> Vec<String> {
+    NAMESPACES
+        .iter()
+        .flat_map(|ns| PODS.iter().map(move |p| format!("{ns}/{p}")))
+        .collect()
+}
+
+/// (from, to, port, protocol) → connected, pods as `ns/name`.
+pub type Matrix = BTreeMap<(String, String, u16, String), bool>;
+
+/// Every probe of a step, as `weir lab probe` makes them: each ordered pair of distinct
+/// pods (self traffic is never judged, as upstream's ignoreLoopback) × 80/81 × TCP/UDP/SCTP.
+pub fn probes() -> Vec<(String, String, u16, &'static str)> {
+    let pods = world_pods();
+    let mut all = Vec::new();
+    for from in &pods {
+        for to in pods.iter().filter(|to| *to != from) {
+            for port in PORTS {
+                for protocol in PROTOCOLS {
+                    all.push((from.clone(), to.clone(), port, protocol));
+                }
+            }
+        }
+    }
+    all
+}
 
 /// One probe of the matrix, as the expectations see it.
 pub struct Pair<'a> {
@@ -54,13 +99,14 @@ pub struct Scenario {
 /// The pods' IPv4 addresses, for ipBlock cases: `NS/NAME` → address.
 pub type Addresses = BTreeMap<String, String>;
 
-/// Compares a probed matrix with the expectation; the error lists every difference.
+/// Compares a probed matrix with the expectation; the error lists every difference, and
+/// every probe of [`probes`] the matrix lacks or has beyond them.
 pub fn compare(matrix: &Matrix, expect: Truth) -> Result<(), String> {
     let mut diffs = String::new();
     let mut count = 0;
     for ((from, to, port, protocol), connected) in matrix {
-        let (from_ns, from_pod) = from.split_once('/').unwrap();
-        let (to_ns, to_pod) = to.split_once('/').unwrap();
+        let (from_ns, from_pod) = from.split_once('/').unwrap_or((from, ""));
+        let (to_ns, to_pod) = to.split_once('/').unwrap_or((to, ""));
         let pair = Pair {
             from_ns,
             from_pod,
@@ -80,15 +126,29 @@ pub fn compare(matrix: &Matrix, expect: Truth) -> Result<(), String> {
             );
         }
     }
-    if matrix.len() != 9 * 8 * 6 {
-        return Err(format!("{} probes instead of 432", matrix.len()));
+    let wanted: BTreeSet<(String, String, u16, String)> = probes()
+        .into_iter()
+        .map(|(f, t, port, proto)| (f, t, port, proto.to_string()))
+        .collect();
+    let missing: Vec<_> = wanted.iter().filter(|k| !matrix.contains_key(*k)).collect();
+    let extra: Vec<_> = matrix.keys().filter(|k| !wanted.contains(*k)).collect();
+    for (from, to, port, protocol) in &missing {
+        count += 1;
+        let _ = writeln!(diffs, "  {from} -> {to} {port}/{protocol}: not probed");
+    }
+    for (from, to, port, protocol) in &extra {
+        count += 1;
+        let _ = writeln!(
+            diffs,
+            "  {from} -> {to} {port}/{protocol}: not a probe of the world"
+        );
     }
     if count == 0 {
         Ok(())
     } else {
         Err(format!(
             "{count} of {} probes differ:\n{diffs}",
-            matrix.len()
+            wanted.len()
         ))
     }
 }
@@ -132,6 +192,30 @@ pub fn relabelled_namespace(ns: &str, extra_labels: &str) -> String {
     format!("---\napiVersion: v1\nkind: Namespace\nmetadata:\n  name: {ns}\n  labels: {{ns: {ns}, {extra_labels}}}\n")
 }
 
+/// `ip/32` (or `/128`): the one address, as upstream's podServerCIDR.
+pub fn host_cidr(ip: &str) -> String {
+    match ip.parse::<IpAddr>() {
+        Ok(IpAddr::V6(_)) => format!("{ip}/128"),
+        _ => format!("{ip}/32"),
+    }
+}
+
+/// The /4 that holds `ip`, as upstream's makeLargeCIDRForIP (a block around the pod that
+/// its except clause then carves the pod out of).
+pub fn large_cidr(ip: &str) -> String {
+    match ip.parse::<IpAddr>() {
+        Ok(IpAddr::V4(v4)) => {
+            let base = std::net::Ipv4Addr::from(u32::from(v4) & 0xf000_0000);
+            format!("{base}/4")
+        }
+        Ok(IpAddr::V6(v6)) => {
+            let base = std::net::Ipv6Addr::from(u128::from(v6) & (0xf_u128 << 124));
+            format!("{base}/4")
+        }
+        Err(e) => panic!("pod address {ip:?}: {e}"),
+    }
+}
+
 fn one(changes: Vec<Change>, expect: Truth) -> Vec<Step> {
     vec![Step { changes, expect }]
 }
@@ -166,17 +250,26 @@ pub fn scenarios(ips: &Addresses) -> Vec<Scenario> {
             &format!("podSelector: {{matchLabels: {{pod: a}}}}\npolicyTypes: [Egress]\negress:\n{egress}"),
         )
     };
+    // Upstream names the TCP case's policy apart from the UDP and SCTP ones'.
     let ports_from_y = |protocol: &str| {
+        let name = match protocol {
+            "TCP" => "allow-client-a-via-ns-selector",
+            _ => "allow-ingress-on-port-81-ns-x",
+        };
         to_a(
-            "allow-port-81-from-y",
+            name,
             &format!("- from: [{{namespaceSelector: {{matchLabels: {{kubernetes.io/metadata.name: y}}}}}}]\n  ports: [{{port: 81, protocol: {protocol}}}]"),
         )
     };
     let x_b = &ips["x/b"];
     let y_b = &ips["y/b"];
     let except_x_b = from_a(
-        "allow-cidr-except-x-b",
-        &format!("- to: [{{ipBlock: {{cidr: 10.244.0.0/16, except: [{x_b}/32]}}}}]"),
+        "allow-client-a-via-cidr-egress-rule",
+        &format!(
+            "- to: [{{ipBlock: {{cidr: \"{}\", except: [\"{}\"]}}}}]",
+            large_cidr(x_b),
+            host_cidr(x_b)
+        ),
     );
     vec![
         Scenario {
@@ -580,7 +673,7 @@ pub fn scenarios(ips: &Addresses) -> Vec<Scenario> {
             steps: one(
                 vec![apply(from_a(
                     "allow-client-a-via-cidr-egress-rule",
-                    &format!("- to: [{{ipBlock: {{cidr: {y_b}/32}}}}]"),
+                    &format!("- to: [{{ipBlock: {{cidr: \"{}\"}}}}]", host_cidr(y_b)),
                 ))],
                 |p| !p.from("x", "a") || p.to("y", "b"),
             ),
@@ -600,8 +693,8 @@ pub fn scenarios(ips: &Addresses) -> Vec<Scenario> {
                 },
                 Step {
                     changes: vec![apply(from_a(
-                        "allow-cidr-except-x-b",
-                        &format!("- to: [{{ipBlock: {{cidr: {x_b}/32}}}}]"),
+                        "allow-client-a-via-cidr-egress-rule",
+                        &format!("- to: [{{ipBlock: {{cidr: \"{}\"}}}}]", host_cidr(x_b)),
                     ))],
                     expect: |p| !p.from("x", "a") || p.to("x", "b"),
                 },
@@ -648,6 +741,19 @@ pub fn scenarios(ips: &Addresses) -> Vec<Scenario> {
                 |p| !p.to("x", "a") || p.on(81, "UDP"),
             ),
         },
+        // Upstream's own case for the default label; the same spec as "allow only from a
+        // different namespace by namespaceSelector" now that upstream selects namespaces by
+        // that label everywhere, but a separate upstream test (and policy name).
+        Scenario {
+            name: "namespaceSelector matchLabels on the default namespace label",
+            steps: one(
+                vec![apply(to_a(
+                    "allow-client-a-via-ns-selector-for-immutable-ns-label",
+                    "- from: [{namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: y}}}]",
+                ))],
+                |p| !p.to("x", "a") || p.from_ns == "y",
+            ),
+        },
         Scenario {
             name: "egress by namespaceSelector matchExpressions on the default namespace label",
             steps: one(
@@ -658,15 +764,49 @@ pub fn scenarios(ips: &Addresses) -> Vec<Scenario> {
                 |p| !p.from("x", "a") || p.to_ns != "y",
             ),
         },
+        // Not upstream (its netpol suite has no endPort case): weir's own, one range
+        // ending on a probed port and a one-port range, so both bounds are tested.
         Scenario {
             name: "port range with endPort",
             steps: one(
                 vec![apply(to_a(
-                    "allow-80-81-from-y",
-                    "- from: [{namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: y}}}]\n  ports: [{port: 80, endPort: 81, protocol: TCP}]",
+                    "allow-port-ranges-from-y",
+                    "- from: [{namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: y}}}]\n  ports: [{port: 70, endPort: 80, protocol: TCP}, {port: 81, endPort: 81, protocol: UDP}]",
                 ))],
-                |p| !p.to("x", "a") || (p.from_ns == "y" && p.protocol == "TCP"),
+                |p| !p.to("x", "a") || (p.from_ns == "y" && (p.on(80, "TCP") || p.on(81, "UDP"))),
             ),
         },
     ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cidrs_around_a_pod_as_upstream_makes_them() {
+        assert_eq!(host_cidr("10.244.0.3"), "10.244.0.3/32");
+        assert_eq!(host_cidr("fd00:10:244::3"), "fd00:10:244::3/128");
+        assert_eq!(large_cidr("10.244.0.3"), "0.0.0.0/4");
+        assert_eq!(large_cidr("192.168.1.1"), "192.0.0.0/4");
+        assert_eq!(large_cidr("fd00:10:244::3"), "f000::/4");
+    }
+
+    #[test]
+    fn the_probe_set_is_the_labs() {
+        let all = probes();
+        assert_eq!(all.len(), 9 * 8 * 2 * 3);
+        assert!(all.iter().all(|(from, to, _, _)| from != to));
+        let complete: Matrix = all
+            .iter()
+            .map(|(f, t, port, proto)| ((f.clone(), t.clone(), *port, proto.to_string()), true))
+            .collect();
+        assert!(compare(&complete, |_| true).is_ok());
+        let mut short = complete.clone();
+        short.pop_first();
+        let err = compare(&short, |_| true).unwrap_err();
+        assert!(err.contains("not probed"), "{err}");
+        let err = compare(&complete, |p| !p.on(81, "SCTP")).unwrap_err();
+        assert!(err.starts_with("72 of 432 probes differ"), "{err}");
+    }
 }
