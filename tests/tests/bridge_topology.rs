@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
+use netpol_scenarios::{compare, Pair};
 use serde_json::Value;
 use weir::dataplane::ebpf::{EbpfConfig, EbpfDataplane};
 use weir::dataplane::iptables::IptablesConfig;
@@ -16,7 +17,6 @@ use weir::dataplane::new_pods::NewPodIsolation;
 use weir::dataplane::Dataplane;
 use weir_tests::desired::{desired, endpoint};
 use weir_tests::lab::{manifest, netpol_world, Lab, Matrix};
-use weir_tests::netpol::{compare, Pair};
 use weir_tests::node_dataplane::NodeDataplane;
 use weir_tests::pods::{ip, run_in};
 use weir_tests::probe::{udp_echo, EchoServers};

@@ -15,8 +15,8 @@
 
 use std::time::{Duration, Instant};
 
+use netpol_scenarios::{compare, scenarios, Addresses, Change};
 use weir_tests::lab::{manifest, netpol_world, Lab, Matrix, Routes};
-use weir_tests::netpol::{compare, scenarios, Addresses, Change};
 
 /// kube-system's DNS (a named UDP and TCP port behind a fixed ClusterIP), an app namespace
 /// with a DNS-only client, an unrestricted pod, a web Service (NodePort, named targetPort)

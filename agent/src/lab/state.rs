@@ -244,6 +244,8 @@ mod tests {
             pods: BTreeMap::new(),
             api: None,
             agent_pid: None,
+            services: Default::default(),
+            proxy: None,
         };
         let mut json: serde_json::Value = serde_json::to_value(&state).unwrap();
         assert_eq!(json["topology"], "bridge");

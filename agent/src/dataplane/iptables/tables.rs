@@ -470,6 +470,7 @@ mod tests {
             Family::V4,
             Some(saved),
             &NewPodIsolation::off(),
+            false,
             None,
         )
         .unwrap()
