@@ -10,13 +10,12 @@
 //!   every verdict via service equals the verdict via pod.
 //! - `--proxy ipvs` fails at once naming the missing kernel support (this host has no
 //!   IPVS); on a kernel that has it, the same DNS checks run in ipvs mode.
-//! - With `--services auto`, a subset of the upstream netpol scenarios gives the same
-//!   matrices via pod and via service, both matching the truth tables.
+//! - (The upstream netpol scenarios through kube-proxy, `--services auto`, via pod and via
+//!   service, are cells of tests/tests/netpol_conformance.rs.)
 
 use std::time::{Duration, Instant};
 
-use netpol_scenarios::{compare, scenarios, Addresses, Change};
-use weir_tests::lab::{manifest, netpol_world, Lab, Matrix, Routes};
+use weir_tests::lab::{manifest, Lab, Matrix, Routes};
 
 /// kube-system's DNS (a named UDP and TCP port behind a fixed ClusterIP), an app namespace
 /// with a DNS-only client, an unrestricted pod, a web Service (NodePort, named targetPort)
@@ -311,108 +310,4 @@ fn proxy_ipvs_fails_clearly_without_kernel_support() {
         !out.status.success() && stderr.contains("--api file"),
         "{stderr}"
     );
-}
-
-/// Scenarios of the upstream suite probed via pod and via service: ingress and egress,
-/// named ports, namespace selectors, a pod relabel (the lab keeps its own label on it).
-const SUBSET: &[&str] = &[
-    "default-deny-all",
-    "only from a pod in a different namespace by podSelector and namespaceSelector",
-    "ingress on one named port",
-    "egress on one named port",
-    "ingress from an updated pod (relabel)",
-];
-
-fn auto_services_conformance_subset(dataplane: &str) {
-    let lab = Lab::new(&format!("svc-auto-{dataplane}"));
-    let world = netpol_world();
-    let started = Instant::now();
-    lab.weir(&[
-        "up",
-        "--dataplane",
-        dataplane,
-        "--proxy",
-        "iptables",
-        "--services",
-        "auto",
-        world.to_str().unwrap(),
-    ])
-    .unwrap_or_else(|e| panic!("{dataplane}: lab up --services auto: {e}"));
-    eprintln!(
-        "{dataplane}: lab up with auto Services in {:.1?}",
-        started.elapsed()
-    );
-    let pods: serde_json::Value =
-        serde_json::from_str(&lab.weir(&["pods", "--output", "json"]).unwrap()).unwrap();
-    let ips: Addresses = pods
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|p| {
-            (
-                p["pod"].as_str().unwrap().to_string(),
-                p["ip"].as_str().unwrap().to_string(),
-            )
-        })
-        .collect();
-    let all = scenarios(&ips);
-    let mut failures = Vec::new();
-    for name in SUBSET {
-        let scenario = all
-            .iter()
-            .find(|s| s.name == *name)
-            .unwrap_or_else(|| panic!("no scenario {name:?}"));
-        let mut policies = String::new();
-        let mut relabelled = false;
-        for (s, step) in scenario.steps.iter().enumerate() {
-            let label = format!("{dataplane}: {name} / step {}", s + 1);
-            for (c, change) in step.changes.iter().enumerate() {
-                let (verb, yaml) = match change {
-                    Change::Apply(yaml) => ("apply", yaml),
-                    Change::Delete(yaml) => ("delete", yaml),
-                };
-                match yaml.contains("kind: NetworkPolicy") {
-                    true => policies.push_str(yaml),
-                    false => relabelled = true,
-                }
-                let file = manifest(&lab, &format!("step-{s}-{c}.yaml"), yaml);
-                lab.weir(&[verb, file.to_str().unwrap()])
-                    .unwrap_or_else(|e| panic!("{label}: {e}"));
-            }
-            let routes = lab.probe_routes("both").expect("probe --via both");
-            if !routes.skipped.is_empty() {
-                failures.push(format!("{label}: skipped {:?}", routes.skipped));
-            }
-            if let Err(diff) = compare(&routes.pod, step.expect) {
-                failures.push(format!("{label}: via pod: {diff}"));
-            }
-            if let Err(diff) = compare(&routes.service, step.expect) {
-                failures.push(format!("{label}: via service: {diff}"));
-            }
-        }
-        if !policies.is_empty() {
-            let file = manifest(&lab, "cleanup.yaml", &policies);
-            lab.weir(&["delete", file.to_str().unwrap()]).unwrap();
-        }
-        if relabelled {
-            lab.weir(&["apply", world.to_str().unwrap()]).unwrap();
-        }
-    }
-    eprintln!("{dataplane}: subset in {:.1?}", started.elapsed());
-    assert!(
-        failures.is_empty(),
-        "{} failures:\n{}",
-        failures.len(),
-        failures.join("\n")
-    );
-}
-
-#[test]
-fn auto_services_give_the_pod_matrices_on_iptables() {
-    auto_services_conformance_subset("iptables");
-}
-
-#[test]
-fn auto_services_give_the_pod_matrices_on_ebpf() {
-    auto_services_conformance_subset("ebpf");
 }

@@ -1,25 +1,32 @@
 //! The upstream e2e NetworkPolicy scenarios (the one table in netpol-scenarios, which the
-//! engine harness agent/tests/netpol_e2e.rs also runs) through `weir lab`, on both dataplanes, in both
-//! of the lab's modes (objects from a file; objects through the real kube-apiserver with
-//! the agent in cluster mode and the DaemonSet's RBAC), against hand-written truth tables;
-//! and the differential check that every dataplane and mode gives the same matrix for every
-//! step. One lab per (dataplane, mode) is shared by all scenarios (policies are applied and
-//! deleted between them); the labs run at once.
+//! engine harness agent/tests/netpol_e2e.rs also runs) through `weir lab`, against
+//! hand-written truth tables, on a matrix of cells: dataplane {ebpf, iptables} × node
+//! topology {routed, bridge} × kube-proxy {none, iptables, nftables, ipvs}, and lab mode
+//! (objects from a file, or through the real kube-apiserver with the agent in cluster mode;
+//! kube-proxy needs the server). Cells with kube-proxy run with `--services auto` and probe
+//! every pod both directly and through its Service's ClusterIP (`--via both`): the verdict
+//! through the Service must be the pod's. Every cell must give the same matrices step by
+//! step (the differential check: a difference is a bug in one dataplane).
 //!
-//! Bridged CNIs (`weir lab up --topology bridge`: every pod on one Linux bridge) get one
-//! lab per dataplane in file mode, on [`BRIDGE_SUBSET`] (one scenario of each kind) to
-//! keep CI short; `WEIR_CONFORMANCE_FULL=1` (`cargo xtask conformance`) runs every
-//! scenario there too.
+//! `cargo xtask test` runs [`CI_CELLS`]: every dataplane, topology and proxy mode that can
+//! run on the host kernel at least once, some on a representative subset of scenarios.
+//! `WEIR_CONFORMANCE_FULL=1` (`cargo xtask conformance`) runs every scenario in every cell
+//! and prints the matrix as a table; ipvs cells are listed as not run when the kernel has
+//! no IPVS (the host's has none: `CONFIG_IP_VS` is not built).
+//!
+//! One lab per cell is shared by its scenarios (policies are applied and deleted between
+//! them); at most [`PARALLEL_LABS`] labs run at once.
 
 use std::collections::BTreeMap;
-use std::sync::OnceLock;
-use std::time::Instant;
+use std::fmt::Write;
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::time::{Duration, Instant};
 
 use netpol_scenarios::{compare, scenarios, Addresses, Change};
 use weir_tests::lab::{manifest, netpol_world, Lab, Matrix};
 
-/// Scenarios also probed over IPv6 (the ipBlock ones name IPv4 CIDRs, so they are not):
-/// one of each kind of peer, port and direction keeps the suite short.
+/// Scenarios also probed over IPv6, directly (the ipBlock ones name IPv4 CIDRs, and the
+/// lab's Services are IPv4): one of each kind of peer, port and direction.
 const IPV6_TOO: &[&str] = &[
     "default-deny-all",
     "only from a pod in a different namespace by podSelector and namespaceSelector",
@@ -29,8 +36,7 @@ const IPV6_TOO: &[&str] = &[
     "ingress from an updated pod (relabel)",
 ];
 
-/// Scenarios the bridge-topology labs run, unless `WEIR_CONFORMANCE_FULL=1`: every kind
-/// of peer, port, direction, update and ipBlock once.
+/// Every kind of peer, port, direction, update and ipBlock once.
 const BRIDGE_SUBSET: &[&str] = &[
     "default-deny-all",
     "allow from pods within the server namespace by podSelector",
@@ -44,33 +50,176 @@ const BRIDGE_SUBSET: &[&str] = &[
     "stop enforcing a policy after it is deleted",
 ];
 
-/// What one dataplane did: every step's matrix, and every mismatch with the truth tables.
+/// Through Services: ingress and egress (egress is what DNAT changes), named ports
+/// (targetPort by name resolves per pod), namespace selectors, a relabel, SCTP, ipBlock.
+const PROXY_SUBSET: &[&str] = &[
+    "default-deny-all",
+    "only from a pod in a different namespace by podSelector and namespaceSelector",
+    "ingress on one named port",
+    "egress on one named port",
+    "ingress from an updated pod (relabel)",
+    "egress denied on the client even when the server allows",
+    "ports (SCTP)",
+    "except clause of a CIDR block",
+];
+
+/// Labs running at once: each probes 432 pairs per step with sub-second timeouts, on
+/// machines with two cores.
+const PARALLEL_LABS: usize = 4;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Cell {
+    dataplane: &'static str,
+    /// `--api`: file or server.
+    api: &'static str,
+    /// `--topology`: routed or bridge.
+    topology: &'static str,
+    /// `--proxy`: none, iptables, nftables or ipvs (implies server).
+    proxy: &'static str,
+    /// `None`: every scenario.
+    subset: Option<&'static [&'static str]>,
+}
+
+impl Cell {
+    const fn new(
+        dataplane: &'static str,
+        api: &'static str,
+        topology: &'static str,
+        proxy: &'static str,
+        subset: Option<&'static [&'static str]>,
+    ) -> Cell {
+        Cell {
+            dataplane,
+            api,
+            topology,
+            proxy,
+            subset,
+        }
+    }
+
+    fn name(&self) -> String {
+        format!(
+            "{} ({}, {}, kube-proxy {})",
+            self.dataplane, self.api, self.topology, self.proxy
+        )
+    }
+
+    fn tag(&self) -> String {
+        format!(
+            "conf-{}-{}-{}-{}",
+            self.dataplane, self.api, self.topology, self.proxy
+        )
+    }
+
+    fn through_services(&self) -> bool {
+        self.proxy != "none"
+    }
+}
+
+/// The cells `cargo xtask test` runs: the first is the reference of the differential
+/// check.
+const CI_CELLS: [Cell; 8] = [
+    Cell::new("ebpf", "file", "routed", "none", None),
+    Cell::new("iptables", "file", "routed", "none", None),
+    Cell::new("ebpf", "server", "routed", "none", None),
+    Cell::new("iptables", "server", "routed", "none", None),
+    Cell::new("ebpf", "file", "bridge", "none", Some(BRIDGE_SUBSET)),
+    Cell::new("iptables", "file", "bridge", "none", Some(BRIDGE_SUBSET)),
+    Cell::new("ebpf", "server", "routed", "iptables", Some(PROXY_SUBSET)),
+    Cell::new(
+        "iptables",
+        "server",
+        "bridge",
+        "nftables",
+        Some(PROXY_SUBSET),
+    ),
+];
+
+fn full_matrix_requested() -> bool {
+    std::env::var_os("WEIR_CONFORMANCE_FULL").is_some()
+}
+
+/// The whole matrix, every scenario in every cell.
+fn full_cells() -> Vec<Cell> {
+    let mut cells = Vec::new();
+    for topology in ["routed", "bridge"] {
+        for proxy in ["none", "iptables", "nftables", "ipvs"] {
+            for dataplane in ["ebpf", "iptables"] {
+                let api = if proxy == "none" { "file" } else { "server" };
+                cells.push(Cell::new(dataplane, api, topology, proxy, None));
+            }
+        }
+    }
+    for dataplane in ["ebpf", "iptables"] {
+        cells.push(Cell::new(dataplane, "server", "routed", "none", None));
+    }
+    cells
+}
+
+/// The cells of this run: the CI set, or the whole matrix with every scenario.
+fn cells() -> Vec<Cell> {
+    match full_matrix_requested() {
+        true => full_cells(),
+        false => CI_CELLS.to_vec(),
+    }
+}
+
+/// A CI cell as this run runs it (in the full matrix, with every scenario).
+fn cell(dataplane: &str, api: &str, topology: &str, proxy: &str) -> Cell {
+    cells()
+        .into_iter()
+        .find(|c| (c.dataplane, c.api, c.topology, c.proxy) == (dataplane, api, topology, proxy))
+        .expect("a cell of this run")
+}
+
+/// What one cell did: every step's matrix (labelled `NN scenario / step S`, with ` (ipv6)`
+/// or ` via service`), every mismatch with the truth tables, or why it could not run.
 struct SuiteRun {
     matrices: BTreeMap<String, Matrix>,
     failures: Vec<String>,
+    scenarios: usize,
+    elapsed: Duration,
+    not_run: Option<String>,
 }
 
-/// (dataplane, lab mode `--api file|server`, `--topology routed|bridge`).
-type Setup = (&'static str, &'static str, &'static str);
+/// Whether this kernel has what kube-proxy's ipvs mode needs (`weir lab up --proxy ipvs`
+/// probes it too and says what is missing).
+fn kernel_has_ipvs() -> bool {
+    std::path::Path::new("/proc/net/ip_vs").exists()
+}
 
-fn run_suite((dataplane, api, topology): Setup) -> SuiteRun {
-    let lab = Lab::new(&format!("conf-{dataplane}-{api}-{topology}"));
-    let world = netpol_world();
+fn run_suite(cell: Cell) -> SuiteRun {
+    let _slot = LabSlots::take();
+    let name = cell.name();
     let started = Instant::now();
-    lab.weir(&[
+    if cell.proxy == "ipvs" && !kernel_has_ipvs() {
+        return SuiteRun {
+            matrices: BTreeMap::new(),
+            failures: Vec::new(),
+            scenarios: 0,
+            elapsed: started.elapsed(),
+            not_run: Some(
+                "this kernel has no IPVS (CONFIG_IP_VS): kube-proxy's ipvs mode needs a kernel that has it".into(),
+            ),
+        };
+    }
+    let lab = Lab::new(&cell.tag());
+    let world = netpol_world();
+    let mut up = vec![
         "up",
         "--dataplane",
-        dataplane,
+        cell.dataplane,
         "--api",
-        api,
+        cell.api,
         "--topology",
-        topology,
-        world.to_str().unwrap(),
-    ])
-    .unwrap_or_else(|e| panic!("{dataplane} ({api}, {topology}): {e}"));
-    let dataplane_named = dataplane;
-    let dataplane = format!("{dataplane} ({api}, {topology})");
-    eprintln!("{dataplane}: lab up in {:.1?}", started.elapsed());
+        cell.topology,
+    ];
+    if cell.through_services() {
+        up.extend(["--proxy", cell.proxy, "--services", "auto"]);
+    }
+    up.push(world.to_str().unwrap());
+    lab.weir(&up).unwrap_or_else(|e| panic!("{name}: {e}"));
+    eprintln!("{name}: lab up in {:.1?}", started.elapsed());
     let pods: serde_json::Value =
         serde_json::from_str(&lab.weir(&["pods", "--output", "json"]).unwrap()).unwrap();
     let ips: Addresses = pods
@@ -86,21 +235,24 @@ fn run_suite((dataplane, api, topology): Setup) -> SuiteRun {
         .collect();
 
     let all = scenarios(&ips);
-    for name in IPV6_TOO.iter().chain(BRIDGE_SUBSET) {
+    for name in IPV6_TOO.iter().chain(BRIDGE_SUBSET).chain(PROXY_SUBSET) {
         assert!(
             all.iter().any(|s| s.name == *name),
-            "IPV6_TOO or BRIDGE_SUBSET names no scenario {name:?}"
+            "a subset names no scenario {name:?}"
         );
     }
-    let subset = topology == "bridge" && std::env::var_os("WEIR_CONFORMANCE_FULL").is_none();
     let mut run = SuiteRun {
         matrices: BTreeMap::new(),
         failures: Vec::new(),
+        scenarios: 0,
+        elapsed: Duration::ZERO,
+        not_run: None,
     };
     for (n, scenario) in all.into_iter().enumerate() {
-        if subset && !BRIDGE_SUBSET.contains(&scenario.name) {
+        if cell.subset.is_some_and(|s| !s.contains(&scenario.name)) {
             continue;
         }
+        run.scenarios += 1;
         let began = Instant::now();
         let mut policies = String::new();
         let mut relabelled = false;
@@ -119,37 +271,47 @@ fn run_suite((dataplane, api, topology): Setup) -> SuiteRun {
                 }
                 let file = manifest(&lab, &format!("step-{n}-{s}-{c}.yaml"), yaml);
                 if let Err(e) = lab.weir(&[verb, file.to_str().unwrap()]) {
-                    run.failures.push(format!("{dataplane}: {label}: {e}"));
+                    run.failures.push(format!("{name}: {label}: {e}"));
                     step_ok = false;
                 }
             }
             if !step_ok {
                 continue;
             }
-            let families: &[&str] = if IPV6_TOO.contains(&scenario.name) {
-                &["ipv4", "ipv6"]
-            } else {
-                &["ipv4"]
-            };
-            for family in families {
-                let label = match *family {
-                    "ipv4" => label.clone(),
-                    _ => format!("{label} ({family})"),
-                };
-                match lab.probe(&["--family", family]) {
-                    Ok((reported, matrix)) => {
+            let mut probed: Vec<(String, Result<Matrix, String>)> = Vec::new();
+            if cell.through_services() {
+                match lab.probe_routes("both") {
+                    Ok(routes) => {
                         assert_eq!(
-                            reported, dataplane_named,
-                            "the agent enforces another dataplane"
+                            routes.dataplane, cell.dataplane,
+                            "{name}: another dataplane"
                         );
+                        if !routes.skipped.is_empty() {
+                            run.failures.push(format!(
+                                "{name}: {label}: no Service for {:?}",
+                                routes.skipped
+                            ));
+                        }
+                        probed.push((label.clone(), Ok(routes.pod)));
+                        probed.push((format!("{label} via service"), Ok(routes.service)));
+                    }
+                    Err(e) => probed.push((label.clone(), Err(e.to_string()))),
+                }
+            } else {
+                probed.push((label.clone(), probe(&lab, cell, "ipv4")));
+            }
+            if IPV6_TOO.contains(&scenario.name) {
+                probed.push((format!("{label} (ipv6)"), probe(&lab, cell, "ipv6")));
+            }
+            for (label, matrix) in probed {
+                match matrix {
+                    Ok(matrix) => {
                         if let Err(diff) = compare(&matrix, step.expect) {
-                            run.failures.push(format!("{dataplane}: {label}: {diff}"));
+                            run.failures.push(format!("{name}: {label}: {diff}"));
                         }
                         run.matrices.insert(label, matrix);
                     }
-                    Err(e) => run
-                        .failures
-                        .push(format!("{dataplane}: {label}: probe: {e}")),
+                    Err(e) => run.failures.push(format!("{name}: {label}: probe: {e}")),
                 }
             }
         }
@@ -162,40 +324,80 @@ fn run_suite((dataplane, api, topology): Setup) -> SuiteRun {
             lab.weir(&["apply", world.to_str().unwrap()]).unwrap();
         }
         eprintln!(
-            "{dataplane}: {n:02} {} in {:.1?}",
+            "{name}: {n:02} {} in {:.1?}",
             scenario.name,
             began.elapsed()
         );
     }
-    eprintln!("{dataplane}: suite in {:.1?}", started.elapsed());
+    run.elapsed = started.elapsed();
+    eprintln!("{name}: suite in {:.1?}", run.elapsed);
     run
 }
 
-const SETUPS: [Setup; 4] = [
-    ("ebpf", "file", "routed"),
-    ("iptables", "file", "routed"),
-    ("ebpf", "server", "routed"),
-    ("iptables", "server", "routed"),
-];
-
-/// Labs on a bridge, compared with the routed ones on the steps they run.
-const BRIDGE_SETUPS: [Setup; 2] = [("ebpf", "file", "bridge"), ("iptables", "file", "bridge")];
-
-fn suite(setup: Setup) -> &'static SuiteRun {
-    static RUNS: [OnceLock<SuiteRun>; 6] = [const { OnceLock::new() }; 6];
-    let i = SETUPS
-        .iter()
-        .chain(&BRIDGE_SETUPS)
-        .position(|s| *s == setup)
-        .expect("a known setup");
-    RUNS[i].get_or_init(|| run_suite(setup))
+fn probe(lab: &Lab, cell: Cell, family: &str) -> Result<Matrix, String> {
+    let (reported, matrix) = lab
+        .probe(&["--family", family])
+        .map_err(|e| e.to_string())?;
+    assert_eq!(
+        reported,
+        cell.dataplane,
+        "{}: the agent enforces another dataplane",
+        cell.name()
+    );
+    Ok(matrix)
 }
 
-fn assert_conforms(setup: Setup) {
-    let run = suite(setup);
+/// A counting semaphore over the labs of this process.
+struct LabSlots;
+
+static SLOTS: (Mutex<usize>, Condvar) = (Mutex::new(0), Condvar::new());
+
+impl LabSlots {
+    fn take() -> LabSlots {
+        let (count, freed) = &SLOTS;
+        let mut n = count.lock().unwrap_or_else(|e| e.into_inner());
+        while *n >= PARALLEL_LABS {
+            n = freed.wait(n).unwrap_or_else(|e| e.into_inner());
+        }
+        *n += 1;
+        LabSlots
+    }
+}
+
+impl Drop for LabSlots {
+    fn drop(&mut self) {
+        let (count, freed) = &SLOTS;
+        *count.lock().unwrap_or_else(|e| e.into_inner()) -= 1;
+        freed.notify_one();
+    }
+}
+
+type Runs = Mutex<BTreeMap<String, Arc<OnceLock<SuiteRun>>>>;
+
+/// Each cell's run, once per process, shared by the tests that need it.
+fn suite(cell: Cell) -> Arc<OnceLock<SuiteRun>> {
+    static RUNS: OnceLock<Runs> = OnceLock::new();
+    let runs = RUNS.get_or_init(Default::default);
+    let once = runs
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .entry(cell.name())
+        .or_default()
+        .clone();
+    once.get_or_init(|| run_suite(cell));
+    once
+}
+
+fn assert_conforms(cell: Cell) {
+    let once = suite(cell);
+    let run = once.get().expect("run");
+    if let Some(why) = &run.not_run {
+        panic!("{}: not run: {why}", cell.name());
+    }
     assert!(
         !run.matrices.is_empty(),
-        "{setup:?}: no scenario was probed"
+        "{}: no scenario was probed",
+        cell.name()
     );
     assert!(
         run.failures.is_empty(),
@@ -207,109 +409,171 @@ fn assert_conforms(setup: Setup) {
 
 #[test]
 fn ebpf_dataplane_passes_the_upstream_netpol_scenarios() {
-    assert_conforms(("ebpf", "file", "routed"));
+    assert_conforms(cell("ebpf", "file", "routed", "none"));
 }
 
 #[test]
 fn iptables_dataplane_passes_the_upstream_netpol_scenarios() {
-    assert_conforms(("iptables", "file", "routed"));
+    assert_conforms(cell("iptables", "file", "routed", "none"));
 }
 
 #[test]
 fn ebpf_dataplane_passes_them_through_the_real_api_server() {
-    assert_conforms(("ebpf", "server", "routed"));
+    assert_conforms(cell("ebpf", "server", "routed", "none"));
 }
 
 #[test]
 fn iptables_dataplane_passes_them_through_the_real_api_server() {
-    assert_conforms(("iptables", "server", "routed"));
+    assert_conforms(cell("iptables", "server", "routed", "none"));
 }
 
 #[test]
 fn ebpf_dataplane_on_a_bridge_passes_them() {
-    assert_conforms(BRIDGE_SETUPS[0]);
+    assert_conforms(cell("ebpf", "file", "bridge", "none"));
 }
 
 #[test]
 fn iptables_dataplane_on_a_bridge_passes_them() {
-    assert_conforms(BRIDGE_SETUPS[1]);
-}
-
-/// Each pod's own policy on a bridge: the same matrices as on routed pods, step by step.
-#[test]
-fn a_bridge_gives_the_same_matrices_as_routed_pods() {
-    let runs: Vec<&SuiteRun> = std::thread::scope(|s| {
-        let handles: Vec<_> = std::iter::once(SETUPS[0])
-            .chain(BRIDGE_SETUPS)
-            .map(|setup| s.spawn(move || suite(setup)))
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap()).collect()
-    });
-    for (setup, run) in BRIDGE_SETUPS.iter().zip(&runs[1..]) {
-        let routed = SuiteRun {
-            matrices: runs[0]
-                .matrices
-                .iter()
-                .filter(|(step, _)| run.matrices.contains_key(*step))
-                .map(|(k, v)| (k.clone(), v.clone()))
-                .collect(),
-            failures: Vec::new(),
-        };
-        same_matrices(
-            &format!("{:?}", SETUPS[0]),
-            &routed,
-            &format!("{setup:?}"),
-            run,
-        );
-    }
+    assert_conforms(cell("iptables", "file", "bridge", "none"));
 }
 
 #[test]
-fn every_dataplane_and_mode_gives_the_same_matrices() {
-    let runs: Vec<&SuiteRun> = std::thread::scope(|s| {
-        let handles: Vec<_> = SETUPS
+fn ebpf_dataplane_passes_them_through_kube_proxy_iptables_via_services() {
+    assert_conforms(cell("ebpf", "server", "routed", "iptables"));
+}
+
+#[test]
+fn iptables_dataplane_on_a_bridge_passes_them_through_kube_proxy_nftables_via_services() {
+    assert_conforms(cell("iptables", "server", "bridge", "nftables"));
+}
+
+/// Every cell gives the reference cell's matrices on the steps it runs (a step probed
+/// through Services against the same step probed directly), and full cells run every step
+/// the reference runs. With `WEIR_CONFORMANCE_FULL=1`, over the whole matrix, printed as a
+/// table.
+#[test]
+fn every_cell_gives_the_same_matrices() {
+    let cells = cells();
+    let runs: Vec<(Cell, Arc<OnceLock<SuiteRun>>)> = std::thread::scope(|s| {
+        let handles: Vec<_> = cells
             .iter()
-            .map(|setup| s.spawn(move || suite(*setup)))
+            .map(|cell| s.spawn(move || (*cell, suite(*cell))))
             .collect();
         handles.into_iter().map(|h| h.join().unwrap()).collect()
     });
-    for (setup, run) in SETUPS.iter().zip(&runs).skip(1) {
-        same_matrices(
-            &format!("{:?}", SETUPS[0]),
-            runs[0],
-            &format!("{setup:?}"),
+    let get = |i: usize| runs[i].1.get().expect("run");
+    let reference = get(0);
+    let mut differences = Vec::new();
+    for (i, (cell, _)) in runs.iter().enumerate().skip(1) {
+        let run = get(i);
+        if run.not_run.is_some() {
+            continue;
+        }
+        differences.extend(differ(
+            &runs[0].0.name(),
+            reference,
+            &cell.name(),
             run,
+            cell.subset.is_none(),
+        ));
+    }
+    if full_matrix_requested() {
+        eprintln!(
+            "{}",
+            table(
+                &runs
+                    .iter()
+                    .map(|(c, r)| (*c, r.get().expect("run")))
+                    .collect::<Vec<_>>()
+            )
         );
     }
+    assert!(
+        differences.is_empty(),
+        "{} differences:\n{}",
+        differences.len(),
+        differences.join("\n")
+    );
+    let failed: Vec<String> = runs
+        .iter()
+        .filter_map(|(c, r)| {
+            let r = r.get().expect("run");
+            (!r.failures.is_empty()).then(|| format!("{}: {} failures", c.name(), r.failures.len()))
+        })
+        .collect();
+    assert!(failed.is_empty(), "{}", failed.join("\n"));
 }
 
-fn same_matrices(ebpf_name: &str, ebpf: &SuiteRun, iptables_name: &str, iptables: &SuiteRun) {
-    assert!(!ebpf.matrices.is_empty() && !iptables.matrices.is_empty());
+/// The differences between `run`'s matrices and the reference's on the same steps.
+fn differ(
+    reference_name: &str,
+    reference: &SuiteRun,
+    name: &str,
+    run: &SuiteRun,
+    every_step: bool,
+) -> Vec<String> {
     let mut differences = Vec::new();
-    for (step, e) in &ebpf.matrices {
-        let Some(i) = iptables.matrices.get(step) else {
-            differences.push(format!("{step}: probed on {ebpf_name} only"));
+    for (step, matrix) in &run.matrices {
+        let direct = step.strip_suffix(" via service").unwrap_or(step);
+        let Some(expected) = reference.matrices.get(direct) else {
+            differences.push(format!("{step}: probed on {name}, not on {reference_name}"));
             continue;
         };
-        for (probe, connected) in e {
-            if i.get(probe) != Some(connected) {
+        for (probe, connected) in expected {
+            if matrix.get(probe) != Some(connected) {
                 differences.push(format!(
-                    "{step}: {} -> {} {}/{}: {ebpf_name} {connected}, {iptables_name} {:?}",
+                    "{step}: {} -> {} {}/{}: {reference_name} {connected}, {name} {:?}",
                     probe.0,
                     probe.1,
                     probe.2,
                     probe.3,
-                    i.get(probe)
+                    matrix.get(probe)
                 ));
             }
         }
     }
-    for step in iptables
-        .matrices
-        .keys()
-        .filter(|s| !ebpf.matrices.contains_key(*s))
-    {
-        differences.push(format!("{step}: probed on {iptables_name} only"));
+    if every_step {
+        for step in reference
+            .matrices
+            .keys()
+            .filter(|s| !run.matrices.contains_key(*s))
+        {
+            differences.push(format!("{step}: probed on {reference_name}, not on {name}"));
+        }
     }
-    assert!(differences.is_empty(), "{}", differences.join("\n"));
+    differences
+}
+
+/// The matrix as a table: one row per cell.
+fn table(runs: &[(Cell, &SuiteRun)]) -> String {
+    let mut out = String::from(
+        "\nconformance matrix (upstream netpol scenarios, truth tables and the differential check)\n",
+    );
+    let _ = writeln!(
+        out,
+        "{:<9} {:<7} {:<8} {:<9} {:>9} {:>6} {:>8} {:>8} {:>8}  result",
+        "dataplane", "api", "topology", "proxy", "scenarios", "steps", "probes", "failures", "time"
+    );
+    for (cell, run) in runs {
+        let probes: usize = run.matrices.values().map(|m| m.len()).sum();
+        let result = match &run.not_run {
+            Some(why) => format!("NOT RUN: {why}"),
+            None if run.failures.is_empty() => "pass".to_string(),
+            None => "FAIL".to_string(),
+        };
+        let _ = writeln!(
+            out,
+            "{:<9} {:<7} {:<8} {:<9} {:>9} {:>6} {:>8} {:>8} {:>7.0}s  {result}",
+            cell.dataplane,
+            cell.api,
+            cell.topology,
+            cell.proxy,
+            run.scenarios,
+            run.matrices.len(),
+            probes,
+            run.failures.len(),
+            run.elapsed.as_secs_f64(),
+        );
+    }
+    out
 }

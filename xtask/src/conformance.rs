@@ -1,6 +1,7 @@
-//! `cargo xtask conformance`: every upstream netpol scenario on every dataplane, lab mode
-//! and topology. `cargo xtask test` runs the same suite with the bridge topology on a
-//! representative subset only; this also runs the rest there (about a minute more).
+//! `cargo xtask conformance`: every upstream netpol scenario in every cell of the matrix
+//! dataplane × topology × kube-proxy mode (× lab mode), through Services where kube-proxy
+//! runs, printed as a table. `cargo xtask test` runs a subset of cells that touches every
+//! dataplane, topology and proxy mode the host kernel can run.
 use anyhow::{bail, Result};
 
 use crate::cmd::{cargo, exec};
@@ -16,5 +17,8 @@ pub fn run() -> Result<()> {
         "weir-tests",
         "--test",
         "netpol_conformance",
+        "every_cell_gives_the_same_matrices",
+        "--",
+        "--nocapture",
     ]))
 }
