@@ -9,7 +9,8 @@
 //! - **A backend on another host**: the packet leaves the node through an uplink after
 //!   DNAT, past no pod's hook; the client's egress must still be judged on the backend
 //!   (before the fix: eBPF let an egress-isolated pod reach anything behind a Service whose
-//!   backends are off the node).
+//!   backends are off the node), also through an uplink that appeared after the agent's
+//!   last converge.
 //!
 //! Controls show kube-proxy forwards each path for a pod no policy restricts.
 
@@ -146,7 +147,22 @@ fn service_paths(dataplane: &str) {
     let (client, _) = lab.pod("shop/client");
     let (free, _) = lab.pod("shop/free");
 
-    // A host off the node, behind an uplink of the node namespace.
+    // The Service goes to the API server with `weir lab apply`; its EndpointSlice (no
+    // selector: the lab manages none) with kubectl, as an operator would.
+    let service = manifest(&lab, "remote.yaml", &remote_service());
+    in_netns(
+        &node,
+        "kubectl",
+        &[
+            "--kubeconfig",
+            lab.dir.join("api/kubeconfig-admin").to_str().unwrap(),
+            "apply",
+            "-f",
+            service.to_str().unwrap(),
+        ],
+    );
+    // A host off the node, behind an uplink that appears after the agent converged: the
+    // link watch must cover it at once (the next resync is a minute away).
     let remote = NetNs::new("svc-remote").expect("remote host namespace");
     let uplink = format!("up{}", std::process::id() % 100_000);
     ip(&[
@@ -193,20 +209,6 @@ fn service_paths(dataplane: &str) {
         UPLINK_IP,
     ]);
     let _listener = EchoServers::start(&remote.name, &[REMOTE_PORT]);
-    // The Service goes to the API server with `weir lab apply`; its EndpointSlice (no
-    // selector: the lab manages none) with kubectl, as an operator would.
-    let service = manifest(&lab, "remote.yaml", &remote_service());
-    in_netns(
-        &node,
-        "kubectl",
-        &[
-            "--kubeconfig",
-            lab.dir.join("api/kubeconfig-admin").to_str().unwrap(),
-            "apply",
-            "-f",
-            service.to_str().unwrap(),
-        ],
-    );
     // kube-proxy and the agent take the Service in; wait until the control path works.
     let remote_front = SocketAddrV4::new(REMOTE_CLUSTER_IP, 443);
     let deadline = std::time::Instant::now() + Duration::from_secs(30);

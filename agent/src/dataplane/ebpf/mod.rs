@@ -767,6 +767,10 @@ impl EbpfDataplane {
             );
             match attached {
                 Ok(a) => {
+                    if a.mode == AttachMode::Tcx {
+                        // Its TCX link decides now: the link watch's filter can go.
+                        attach::remove_netlink_filters(&ifname, ifindex);
+                    }
                     self.records.leaving.insert(ifindex, a);
                 }
                 Err(e) => errors.push(ApplyFailure {

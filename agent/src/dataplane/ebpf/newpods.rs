@@ -11,6 +11,9 @@
 //! interfaces, for links that appeared before the watch or while the agent was down
 //! (those are open until then: nothing watches), and drops pending entries whose
 //! interface is gone.
+//!
+//! The same watch puts `weir_to_pod` on the egress of any other new interface at once
+//! (see [`super::attach::Role::Leaving`]).
 
 use std::{
     io,
@@ -98,6 +101,41 @@ impl Isolator {
             ifindex,
             "new pod interface isolated until its endpoint is programmed"
         );
+        Ok(true)
+    }
+
+    /// Puts `weir_to_pod` on the egress of a new interface that is not a pod's (an uplink,
+    /// a tunnel, a bridge) at once, as a netlink filter: pods' Service traffic that leaves
+    /// through it is judged after DNAT from its first packet, not from the next converge
+    /// (which records the interface, attaches its TCX link where the kernel has TCX, and
+    /// removes the filter). Returns whether it attached.
+    pub fn cover_leaving(&self, ifname: &str, ifindex: u32) -> Result<bool, String> {
+        if ifname == "lo"
+            || self.filter.applies_to(ifname)
+            || self.layout.link(ifindex, "egress").exists()
+        {
+            return Ok(false);
+        }
+        if self
+            .endpoint
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&ifindex, 0)
+            .is_ok()
+        {
+            return Ok(false); // a pod's, placed by a converge
+        }
+        let mut programs = self.programs.lock().unwrap_or_else(|e| e.into_inner());
+        attach::attach(
+            &mut programs,
+            &self.layout,
+            ifname,
+            ifindex,
+            AttachMode::Netlink,
+            attach::Role::Leaving,
+            false,
+        )
+        .map_err(|e| e.to_string())?;
         Ok(true)
     }
 
@@ -310,6 +348,17 @@ pub fn watch(isolator: Arc<Isolator>) -> io::Result<LinkWatch> {
                                     interface = name,
                                     "new pod interface not isolated: {e}"
                                 );
+                            }
+                            match isolator.cover_leaving(&name, ifindex) {
+                                Ok(true) => tracing::info!(
+                                    interface = name,
+                                    "new interface: pods' Service traffic leaving through it is judged after DNAT"
+                                ),
+                                Ok(false) => {}
+                                Err(e) => tracing::warn!(
+                                    interface = name,
+                                    "new interface not covered (until the next converge): {e}"
+                                ),
                             }
                         }
                         (RTM_DELLINK, _) => isolator.release(ifindex),
