@@ -41,3 +41,22 @@ impl Drop for PinRoot {
         let _ = std::fs::remove_dir_all(&self.0);
     }
 }
+
+/// Whether this kernel has what kube-proxy's ipvs mode needs (IPVS and dummy devices),
+/// probed independently of weir.
+pub fn kernel_has_ipvs() -> bool {
+    let dummy = {
+        let ns = format!("weir-test-dummy-{}", std::process::id());
+        let ip = |args: &[&str]| {
+            std::process::Command::new("ip")
+                .args(args)
+                .output()
+                .is_ok_and(|o| o.status.success())
+        };
+        ip(&["netns", "add", &ns]);
+        let made = ip(&["-n", &ns, "link", "add", "d0", "type", "dummy"]);
+        ip(&["netns", "delete", &ns]);
+        made
+    };
+    std::path::Path::new("/proc/net/ip_vs").exists() && dummy
+}

@@ -76,18 +76,6 @@ fn node(dataplane: &str) -> String {
     format!("apiVersion: v1\nkind: Node\nmetadata:\n  name: {NODE}\n  labels: {{weir.io/dataplane: {dataplane}}}\n")
 }
 
-fn lab_state(lab: &Lab) -> Value {
-    serde_json::from_str(&std::fs::read_to_string(lab.dir.join("state.json")).expect("lab state"))
-        .expect("lab state is JSON")
-}
-
-fn node_netns(lab: &Lab) -> String {
-    lab_state(lab)["node_netns"]
-        .as_str()
-        .expect("node_netns")
-        .to_string()
-}
-
 /// (client → server:80 connected, intruder → server:80 connected).
 fn probe(lab: &Lab) -> (bool, bool) {
     let (_, matrix) = lab.probe(&["--timeout-ms", "300"]).expect("lab probe");
@@ -116,8 +104,8 @@ fn in_node(netns: &str, program: &str, args: &[&str]) -> String {
 /// Everything either dataplane keeps on the node: weir's rules (without counters), sets
 /// with members, tc filters on the pod interfaces, and the pins.
 fn snapshot(lab: &Lab) -> Vec<String> {
-    let st = lab_state(lab);
-    let netns = node_netns(lab);
+    let st = lab.state();
+    let netns = lab.node_netns();
     let mut out = Vec::new();
     for save in [
         "iptables-legacy-save",
@@ -170,7 +158,7 @@ fn walk(dir: &Path) -> Vec<String> {
 /// Stops every process in the lab's node namespace (its agent) with SIGKILL: a previous
 /// run that died, leaving its enforcement behind.
 fn kill_lab_agent(lab: &Lab) {
-    let netns = node_netns(lab);
+    let netns = lab.node_netns();
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let pids = weir::lab::netns::pids(&netns).expect("ip netns pids");
@@ -267,7 +255,7 @@ fn holds_without_change(
     duration: Duration,
     reason: &[&str],
 ) {
-    let netns = node_netns(lab);
+    let netns = lab.node_netns();
     let end = Instant::now() + duration;
     let mut rounds = 0;
     while Instant::now() < end {
@@ -313,8 +301,8 @@ fn api_server_down_at_boot_changes_nothing(dataplane: &str) {
     kill_lab_agent(&lab);
     let before = snapshot(&lab);
     assert!(!before.is_empty(), "no {dataplane} state on the node");
-    let netns = node_netns(&lab);
-    let bpf_root = lab_state(&lab)["bpf_root"].as_str().unwrap().to_string();
+    let netns = lab.node_netns();
+    let bpf_root = lab.state()["bpf_root"].as_str().unwrap().to_string();
 
     // Cluster mode against an API server address where nothing listens.
     let kubeconfig = manifest(
@@ -480,7 +468,7 @@ fn forward_rules(netns: &str, backend: &str) -> Vec<String> {
 fn a_rule_inserted_ahead_of_weir_filter_is_overtaken_at_the_next_resync() {
     let lab = Lab::new("jump-first");
     lab_up_fast_resync(&lab, "iptables");
-    let netns = node_netns(&lab);
+    let netns = lab.node_netns();
     let backend = weir_backend(&netns);
     assert_eq!(
         forward_rules(&netns, backend).first().map(String::as_str),
@@ -556,7 +544,7 @@ fn status_errors(lab: &Lab) -> (bool, Vec<String>) {
 fn sets_of_the_old_maxelem_are_upgraded_in_place() {
     let lab = Lab::new("maxelem");
     lab_up_fast_resync(&lab, "iptables");
-    let netns = node_netns(&lab);
+    let netns = lab.node_netns();
     let sets = weir_sets(&netns);
     assert!(!sets.is_empty(), "no weir sets in the node");
     // Make them as the previous release did: same name, members, references; old size.
@@ -656,7 +644,7 @@ fn set_members(netns: &str) -> Vec<String> {
 fn reset_leaves_sets_in_place_while_chains_using_them_stay() {
     let lab = Lab::new("reset-keep");
     lab_up_fast_resync(&lab, "iptables");
-    let netns = node_netns(&lab);
+    let netns = lab.node_netns();
     assert_eq!(
         weir_backend(&netns),
         "nft",

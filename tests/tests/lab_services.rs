@@ -244,28 +244,10 @@ fn dns_only_egress_through_kube_proxy_nftables_on_ebpf() {
     dns_only_through_kube_proxy("nftables", "ebpf");
 }
 
-/// Whether this kernel has what ipvs mode needs, probed independently of weir.
-fn kernel_has_ipvs() -> bool {
-    let dummy = {
-        let ns = format!("weir-test-dummy-{}", std::process::id());
-        let ip = |args: &[&str]| {
-            std::process::Command::new("ip")
-                .args(args)
-                .output()
-                .is_ok_and(|o| o.status.success())
-        };
-        ip(&["netns", "add", &ns]);
-        let made = ip(&["-n", &ns, "link", "add", "d0", "type", "dummy"]);
-        ip(&["netns", "delete", &ns]);
-        made
-    };
-    std::path::Path::new("/proc/net/ip_vs").exists() && dummy
-}
-
 #[test]
 fn proxy_ipvs_fails_clearly_without_kernel_support() {
     let lab = Lab::new("svc-ipvs");
-    if kernel_has_ipvs() {
+    if weir_tests::kernel_has_ipvs() {
         eprintln!("this kernel has IPVS and dummy devices: running the DNS checks in ipvs mode");
         drop(lab);
         dns_only_through_kube_proxy("ipvs", "iptables");

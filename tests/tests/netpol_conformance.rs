@@ -182,17 +182,11 @@ struct SuiteRun {
     not_run: Option<String>,
 }
 
-/// Whether this kernel has what kube-proxy's ipvs mode needs (`weir lab up --proxy ipvs`
-/// probes it too and says what is missing).
-fn kernel_has_ipvs() -> bool {
-    std::path::Path::new("/proc/net/ip_vs").exists()
-}
-
 fn run_suite(cell: Cell) -> SuiteRun {
     let _slot = LabSlots::take();
     let name = cell.name();
     let started = Instant::now();
-    if cell.proxy == "ipvs" && !kernel_has_ipvs() {
+    if cell.proxy == "ipvs" && !weir_tests::kernel_has_ipvs() {
         return SuiteRun {
             matrices: BTreeMap::new(),
             failures: Vec::new(),

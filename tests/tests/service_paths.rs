@@ -19,6 +19,7 @@ use std::time::Duration;
 
 use weir_tests::lab::{manifest, Lab};
 use weir_tests::netns::NetNs;
+use weir_tests::pods::ip;
 use weir_tests::probe::EchoServers;
 
 /// The address the lab gives its Node (pods' gateway, on the node's loopback).
@@ -118,19 +119,6 @@ fn connects(ns: &str, to: SocketAddrV4) -> bool {
     })
 }
 
-fn in_netns(ns: &str, cmd: &str, args: &[&str]) {
-    let out = std::process::Command::new("ip")
-        .args(["netns", "exec", ns, cmd])
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| panic!("{cmd}: {e}"));
-    assert!(
-        out.status.success(),
-        "{cmd} {args:?} in {ns}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 fn service_paths(dataplane: &str) {
     let lab = Lab::new(&format!("svcpath-{dataplane}"));
     let world = manifest(&lab, "world.yaml", WORLD);
@@ -150,17 +138,19 @@ fn service_paths(dataplane: &str) {
     // The Service goes to the API server with `weir lab apply`; its EndpointSlice (no
     // selector: the lab manages none) with kubectl, as an operator would.
     let service = manifest(&lab, "remote.yaml", &remote_service());
-    in_netns(
-        &node,
-        "kubectl",
-        &[
-            "--kubeconfig",
-            lab.dir.join("api/kubeconfig-admin").to_str().unwrap(),
-            "apply",
-            "-f",
-            service.to_str().unwrap(),
-        ],
-    );
+    NetNs::attach(&node)
+        .ok(
+            "kubectl",
+            &[
+                "--kubeconfig",
+                lab.dir.join("api/kubeconfig-admin").to_str().unwrap(),
+                "apply",
+                "-f",
+                service.to_str().unwrap(),
+            ],
+            None,
+        )
+        .expect("kubectl apply the remote Service and its EndpointSlice");
     // A host off the node, behind an uplink that appears after the agent converged: the
     // link watch must cover it at once (the next resync is a minute away).
     let remote = NetNs::new("svc-remote").expect("remote host namespace");
@@ -280,10 +270,6 @@ fn service_paths(dataplane: &str) {
         failures.len(),
         failures.join("\n")
     );
-}
-
-fn ip(args: &[&str]) {
-    weir_tests::pods::ip(args);
 }
 
 #[test]

@@ -7,6 +7,7 @@ pub mod ebpf;
 use serde::{Deserialize, Serialize};
 
 pub mod iptables;
+pub mod netlink;
 pub mod new_pods;
 pub mod pod_ports;
 

@@ -334,36 +334,8 @@ fn nsid_of(file: &File) -> Result<Option<i32>, String> {
     req.extend_from_slice(&8u16.to_ne_bytes());
     req.extend_from_slice(&NETNSA_FD.to_ne_bytes());
     req.extend_from_slice(&(file.as_raw_fd() as u32).to_ne_bytes());
-    // SAFETY: plain socket(2); the descriptor is owned from here on.
-    let fd = unsafe {
-        libc::socket(
-            libc::AF_NETLINK,
-            libc::SOCK_RAW | libc::SOCK_CLOEXEC,
-            libc::NETLINK_ROUTE,
-        )
-    };
-    if fd < 0 {
-        return Err(format!(
-            "netlink socket: {}",
-            std::io::Error::last_os_error()
-        ));
-    }
-    // SAFETY: fd is a fresh, valid descriptor.
-    let socket = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
-    let timeout = libc::timeval {
-        tv_sec: 1,
-        tv_usec: 0,
-    };
-    // SAFETY: a valid option value of the size given.
-    unsafe {
-        libc::setsockopt(
-            socket.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_RCVTIMEO,
-            &timeout as *const libc::timeval as *const libc::c_void,
-            std::mem::size_of::<libc::timeval>() as u32,
-        );
-    }
+    let socket = super::netlink::route_socket(0, std::time::Duration::from_secs(1), None)
+        .map_err(|e| format!("netlink socket: {e}"))?;
     // SAFETY: req is valid for reads of its length.
     let sent = unsafe {
         libc::send(

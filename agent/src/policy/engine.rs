@@ -82,6 +82,7 @@ impl Engine {
     /// Adds or replaces an object. A rejected object leaves the engine unchanged.
     pub fn upsert(&mut self, object: Object) -> Result<Delta, PolicyError> {
         let mut change = Change::default();
+        let service = object.kind() == Kind::Service;
         match parse_object(object)? {
             Parsed::Namespace(name, labels) => {
                 self.apply_namespace(&name, Some(labels), &mut change)
@@ -95,7 +96,7 @@ impl Engine {
                 self.services.insert(key, frontends);
             }
         }
-        Ok(self.finish(change))
+        Ok(self.finish(change, service))
     }
 
     /// Removes an object; removing an unknown object changes nothing.
@@ -113,7 +114,7 @@ impl Engine {
                 self.services.remove(&qualified);
             }
         }
-        Ok(self.finish(change))
+        Ok(self.finish(change, key.kind == Kind::Service))
     }
 
     /// Stores many objects, then compiles everything once: the fast path for start-up.
@@ -186,12 +187,16 @@ impl Engine {
         before.diff(&self.desired)
     }
 
-    fn finish(&mut self, mut change: Change) -> Delta {
+    /// `services_changed`: the event was a Service's, so the frontends may have changed.
+    fn finish(&mut self, mut change: Change, services_changed: bool) -> Delta {
         self.registry
             .settle(&self.model, &mut self.desired, &mut change);
         let mut delta = change.into_delta(&self.desired);
-        // Few Services change at once, and two may share a frontend (the same nodePort
-        // cannot, clusterIPs may during a re-creation): recount the union.
+        if !services_changed {
+            return delta;
+        }
+        // Two Services may share a frontend (clusterIPs during a re-creation): recount
+        // the union rather than add and remove this Service's own.
         let frontends = self.all_frontends();
         if frontends != self.desired.frontends {
             delta.frontends_added = frontends

@@ -16,7 +16,7 @@ pub struct KernelState {
     pub endpoint: BTreeMap<u32, EndpointInfo>,
     pub policy: BTreeMap<PolicyEntry, u32>,
     /// Local pods' addresses (IPv4-mapped) → endpoint id.
-    pub local: BTreeMap<[u8; 16], u32>,
+    pub local: BTreeMap<IdentityKey, u32>,
     /// Service frontends (value 1).
     pub service: BTreeMap<ServiceKey, u32>,
     /// ENDPOINT's records by endpoint id.
@@ -59,12 +59,7 @@ impl KernelState {
             .map(|(k, v)| (Prefix::from_trie_key(&k.data(), k.prefix_len()), v))
             .collect();
         let endpoint = maps.endpoint.iter().filter_map(Result::ok).collect();
-        let local = maps
-            .local
-            .iter()
-            .filter_map(Result::ok)
-            .map(|(k, v)| (k.addr, v))
-            .collect();
+        let local = maps.local.iter().filter_map(Result::ok).collect();
         let policy = maps
             .policy
             .iter()
@@ -200,43 +195,6 @@ impl KernelState {
     }
 }
 
-impl KernelState {
-    pub fn upsert_local(
-        &mut self,
-        maps: &mut Maps,
-        want: &KernelState,
-        errors: &mut Vec<ApplyFailure>,
-    ) {
-        let todo: Vec<_> = changed(&self.local, &want.local)
-            .map(|(k, v)| (*k, *v))
-            .collect();
-        for (addr, id) in todo {
-            match maps.local.insert(IdentityKey { addr }, id, 0) {
-                Ok(()) => {
-                    self.local.insert(addr, id);
-                }
-                Err(e) => errors.push(failure(local_object(&addr), e)),
-            }
-        }
-    }
-
-    pub fn delete_local(
-        &mut self,
-        maps: &mut Maps,
-        want: &KernelState,
-        errors: &mut Vec<ApplyFailure>,
-    ) {
-        for addr in gone(&self.local, &want.local) {
-            match maps.local.remove(&IdentityKey { addr }) {
-                Ok(()) => {
-                    self.local.remove(&addr);
-                }
-                Err(e) => errors.push(failure(local_object(&addr), e)),
-            }
-        }
-    }
-}
-
 /// Writes the entries of `want` that `have` lacks or holds otherwise, mirroring each write
 /// the kernel took.
 fn upsert_hash<K: Ord + Copy + aya::Pod, V: PartialEq + Copy + aya::Pod>(
@@ -276,6 +234,26 @@ fn delete_hash<K: Ord + Copy + aya::Pod, V: aya::Pod>(
 }
 
 impl KernelState {
+    pub fn upsert_local(&mut self, maps: &mut Maps, want: &Self, errors: &mut Vec<ApplyFailure>) {
+        upsert_hash(
+            &mut self.local,
+            &want.local,
+            &mut maps.local,
+            local_object,
+            errors,
+        );
+    }
+
+    pub fn delete_local(&mut self, maps: &mut Maps, want: &Self, errors: &mut Vec<ApplyFailure>) {
+        delete_hash(
+            &mut self.local,
+            &want.local,
+            &mut maps.local,
+            local_object,
+            errors,
+        );
+    }
+
     pub fn upsert_service(&mut self, maps: &mut Maps, want: &Self, errors: &mut Vec<ApplyFailure>) {
         upsert_hash(
             &mut self.service,
@@ -359,12 +337,12 @@ fn shown_addr(addr: &[u8; 16]) -> String {
         .map_or(a.to_string(), |v4| v4.to_string())
 }
 
-fn local_object(addr: &[u8; 16]) -> String {
-    let a = std::net::Ipv6Addr::from(*addr);
-    let shown = a
-        .to_ipv4_mapped()
-        .map_or(a.to_string(), |v4| v4.to_string());
-    format!("map {} (address {shown})", map_names::LOCAL)
+fn local_object(key: &IdentityKey) -> String {
+    format!(
+        "map {} (address {})",
+        map_names::LOCAL,
+        shown_addr(&key.addr)
+    )
 }
 
 fn identity_object(p: &Prefix) -> String {

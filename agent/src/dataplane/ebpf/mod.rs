@@ -526,7 +526,7 @@ impl EbpfDataplane {
             .into_iter()
             .flatten()
             {
-                target.local.insert(addr, *id);
+                target.local.insert(weir_common::IdentityKey { addr }, *id);
             }
             owner.insert(*id, pod.clone());
             policy_map::endpoint_entries(

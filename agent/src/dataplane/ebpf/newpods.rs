@@ -17,7 +17,7 @@
 
 use std::{
     io,
-    os::fd::{AsRawFd, FromRawFd, OwnedFd},
+    os::fd::{AsRawFd, OwnedFd},
     sync::{
         atomic::{AtomicBool, Ordering},
         Arc, Mutex,
@@ -216,57 +216,7 @@ const RTM_DELLINK: u16 = 17;
 const IFLA_IFNAME: u16 = 3;
 
 fn netlink_socket() -> io::Result<OwnedFd> {
-    // SAFETY: plain socket(2); the fd is owned from here on.
-    let fd = unsafe {
-        libc::socket(
-            libc::AF_NETLINK,
-            libc::SOCK_RAW | libc::SOCK_CLOEXEC,
-            libc::NETLINK_ROUTE,
-        )
-    };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: fd is a fresh, valid descriptor.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-    // SAFETY: sockaddr_nl is plain data; zero is a valid starting value.
-    let mut addr: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
-    addr.nl_family = libc::AF_NETLINK as u16;
-    addr.nl_groups = RTMGRP_LINK;
-    // SAFETY: addr is a valid sockaddr_nl of the given size.
-    let rc = unsafe {
-        libc::bind(
-            fd.as_raw_fd(),
-            &addr as *const libc::sockaddr_nl as *const libc::sockaddr,
-            std::mem::size_of::<libc::sockaddr_nl>() as u32,
-        )
-    };
-    if rc != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    let timeout = libc::timeval {
-        tv_sec: 0,
-        tv_usec: 200_000,
-    };
-    let rcvbuf: libc::c_int = 1 << 20;
-    // SAFETY: valid option values of the sizes given.
-    unsafe {
-        libc::setsockopt(
-            fd.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_RCVTIMEO,
-            &timeout as *const libc::timeval as *const libc::c_void,
-            std::mem::size_of::<libc::timeval>() as u32,
-        );
-        libc::setsockopt(
-            fd.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_RCVBUF,
-            &rcvbuf as *const libc::c_int as *const libc::c_void,
-            std::mem::size_of::<libc::c_int>() as u32,
-        );
-    }
-    Ok(fd)
+    crate::dataplane::netlink::route_socket(RTMGRP_LINK, Duration::from_millis(200), Some(1 << 20))
 }
 
 /// (message type, ifindex, name) of each link message in a netlink datagram.
