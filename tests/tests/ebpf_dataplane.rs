@@ -336,13 +336,25 @@ fn weir_monitor_streams_rate_limited_drop_events_as_json() {
     })
     .join()
     .unwrap();
-    let monitor = std::process::Command::new(weir)
+    let mut monitor = std::process::Command::new(weir)
         .args(["monitor", "--output", "json", "--bpf-root"])
         .arg(&root.0)
         .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
         .spawn()
         .expect("start weir monitor");
-    std::thread::sleep(Duration::from_millis(300));
+    // Its ready line comes once the ring buffer is open and SIGTERM is handled; a fixed
+    // sleep was too short on a software-emulated kernel (issue 17).
+    let mut ready = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(monitor.stderr.take().unwrap()),
+        &mut ready,
+    )
+    .unwrap();
+    assert!(
+        ready.starts_with("weir monitor: streaming"),
+        "weir monitor did not start: {ready:?}"
+    );
     weir_tests::pods::run_in(&world.pod("a").ns, || {
         let s = std::net::UdpSocket::bind("0.0.0.0:0").unwrap();
         for _ in 0..100 {

@@ -145,6 +145,11 @@ pub fn run(pin_root: &Path, format: OutputFormat, allow: bool) -> Result<(), Dat
         libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
         libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);
     }
+    // On stderr, so stdout stays pure events; callers wait for it before signalling.
+    eprintln!(
+        "weir monitor: streaming events from {} (SIGINT or SIGTERM stops)",
+        pin_root.display()
+    );
     let stdout = std::io::stdout();
     while !STOP.load(Ordering::SeqCst) {
         let mut out = stdout.lock();
