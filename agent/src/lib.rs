@@ -5,6 +5,7 @@
 //! [`dataplane`] (eBPF or ipset/iptables) enforces them; [`reset`] cleans a node.
 pub mod daemon;
 pub mod dataplane;
+pub mod kernel;
 pub mod lab;
 pub mod model;
 pub mod policy;

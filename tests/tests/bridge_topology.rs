@@ -350,6 +350,11 @@ impl BridgedNode {
             "br0",
         ]);
         ip(&["-n", &node, "link", "set", "br0", "up"]);
+        // A module on distribution kernels (Debian's 5.10 and 6.1), built in on the host's.
+        if !std::path::Path::new("/proc/sys/net/bridge").exists() {
+            weir::kernel::load("br_netfilter")
+                .unwrap_or_else(|why| panic!("prerequisite missing: br_netfilter: {why}"));
+        }
         for key in ["bridge/bridge-nf-call-iptables", "ipv4/ip_forward"] {
             let path = format!("/proc/sys/net/{key}");
             run_in(&node, move || std::fs::write(&path, "1")).expect("sysctl");

@@ -128,6 +128,16 @@ pub fn wait_for(
                 }
                 return Ok(status);
             }
+            // No dataplane could start (a kernel module missing, say): the agent retries
+            // at its next resync, but the reason is known now.
+            if let Some(e) = status.errors.iter().find(|e| e.object == "dataplane") {
+                if !status.converged && status.generation >= state.generation {
+                    return Err(LabError::Agent(format!(
+                        "generation {}: the agent could not start a dataplane: {}",
+                        status.generation, e.reason
+                    )));
+                }
+            }
         }
         if !agent_alive(state)? {
             return Err(LabError::Agent(format!(

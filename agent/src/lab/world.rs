@@ -74,7 +74,7 @@ pub fn create_node(node: &str, net: &PodNetwork) -> Result<(), LabError> {
 
 /// The bridge with the gateway addresses, and br_netfilter switched on for this node:
 /// `net.bridge.bridge-nf-call-ip(6)tables` are per network namespace since Linux 5.3, so
-/// a kernel without them here (br_netfilter not loaded, or older) is an error.
+/// a kernel without them here (br_netfilter cannot be loaded, or older) is an error.
 fn create_bridge(node: &str, net: &PodNetwork) -> Result<(), LabError> {
     let (gw4, gw6) = net.bridge_gateways();
     ip(&["-n", node, "link", "add", BRIDGE, "type", "bridge"])?;
@@ -90,6 +90,11 @@ fn create_bridge(node: &str, net: &PodNetwork) -> Result<(), LabError> {
         "nodad",
     ])?;
     ip(&["-n", node, "link", "set", BRIDGE, "up"])?;
+    // A module in distribution kernels, not loaded by creating a bridge (kubelet loads it).
+    if !std::path::Path::new("/proc/sys/net/bridge").exists() {
+        crate::kernel::load("br_netfilter")
+            .map_err(|why| LabError::invalid("--topology bridge", why))?;
+    }
     for key in [
         "net.bridge.bridge-nf-call-iptables",
         "net.bridge.bridge-nf-call-ip6tables",

@@ -126,10 +126,21 @@ pub fn run_with_timeout(
         }
         Err(e) => return Err(spawn_error(e)),
     };
+    let mut stderr = String::from_utf8_lossy(&stderr).into_owned();
+    if !status.success() && program != "modprobe" {
+        // "Cannot open session to kernel" says little; name the module and why.
+        if let Some(module) = crate::kernel::missing_module(program, args, &stderr) {
+            stderr = format!(
+                "{}\n{}",
+                stderr.trim_end(),
+                crate::kernel::why_missing(&module)
+            );
+        }
+    }
     Ok(ToolOutput {
         success: status.success(),
         stdout: String::from_utf8_lossy(&stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&stderr).into_owned(),
+        stderr,
     })
 }
 

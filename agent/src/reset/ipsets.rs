@@ -29,12 +29,21 @@ pub trait SetTool {
     fn restore(&mut self, script: &str) -> Result<(), IpsetRestoreError>;
 }
 
+/// `ipset ARGS` (a listing). Without ip_set in the kernel no set can exist, and listing
+/// would fail ("Kernel error received: Invalid argument"): the listing is empty then.
+pub fn list_output(args: &[&str]) -> Result<String, exec::ExecError> {
+    if !crate::kernel::module_present("ip_set") {
+        return Ok(String::new());
+    }
+    exec::run_ok("ipset", args, None)
+}
+
 /// The kernel's sets in the current network namespace, through the `ipset` tool.
 pub struct KernelSets;
 
 impl SetTool for KernelSets {
     fn list(&mut self) -> Result<Vec<ipset_list::SetInfo>, String> {
-        let text = exec::run_ok("ipset", &["list"], None).map_err(|e| e.to_string())?;
+        let text = list_output(&["list"]).map_err(|e| e.to_string())?;
         ipset_list::parse(&text).map_err(|e| e.to_string())
     }
 

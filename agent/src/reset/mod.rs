@@ -195,7 +195,7 @@ fn keep_referenced_sets(
     kept: &mut BTreeMap<String, Vec<String>>,
     report: &mut ResetReport,
 ) {
-    let listed = exec::run_ok("ipset", &["list", "-t"], None)
+    let listed = ipsets::list_output(&["list", "-t"])
         .map_err(|e| e.to_string())
         .and_then(|text| ipset_list::parse(&text).map_err(|e| e.to_string()));
     match listed {
@@ -221,7 +221,12 @@ fn node_carries_azure_npm(saves: &Rulesets, report: &mut ResetReport) -> bool {
     let chains = saves
         .iter()
         .flat_map(|(_, _, tables)| tables.iter().flat_map(|t| t.chains.iter()));
-    let set_names = match exec::run_ok("ipset", &["list", "-n"], None) {
+    if !crate::kernel::module_present("ip_set") {
+        report
+            .skipped
+            .push("kernel module ip_set is not loaded: there are no ipsets".to_string());
+    }
+    let set_names = match ipsets::list_output(&["list", "-n"]) {
         Ok(text) => text,
         Err(e) => {
             report.errors.push(format!("listing ipset names: {e}"));

@@ -84,11 +84,20 @@ impl IptablesDataplane {
             .iter()
             .flat_map(|f| [backend.save_command(*f), backend.restore_command(*f)]);
         for tool in std::iter::once("ipset").chain(tools) {
-            let works = exec::run(tool, &["--version"], None).is_ok_and(|out| out.success);
-            if !works {
-                return Err(DataplaneError::Unsupported(format!(
-                    "`{tool}` does not run (install the ipset and iptables packages)"
-                )));
+            match exec::run(tool, &["--version"], None) {
+                Ok(out) if out.success => {}
+                // It runs, but the kernel refuses it (stderr names the module when it can).
+                Ok(out) => {
+                    return Err(DataplaneError::Unsupported(format!(
+                        "`{tool} --version` fails: {}",
+                        out.stderr.trim()
+                    )))
+                }
+                Err(e) => {
+                    return Err(DataplaneError::Unsupported(format!(
+                        "`{tool}` does not run (install the ipset and iptables packages): {e}"
+                    )))
+                }
             }
         }
         Ok(IptablesDataplane {
