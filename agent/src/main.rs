@@ -11,7 +11,9 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Print the build's version and the embedded eBPF object's size.
+    /// Print the build's version, the embedded eBPF object's size and the oldest kernel it
+    /// is built for, then what the running kernel lacks that weir would use, with the
+    /// fallback for each (probing the eBPF dataplane needs root).
     Version,
     Reset(weir::reset::cli::ResetArgs),
     Explain(weir::policy::explain_cli::ExplainArgs),
@@ -41,6 +43,15 @@ fn main() -> anyhow::Result<()> {
                 env!("CARGO_PKG_VERSION"),
                 weir::dataplane::ebpf::EMBEDDED_OBJECT.len()
             );
+            let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+            println!("running kernel: {}", release.trim());
+            let lacks = weir::dataplane::ebpf::kernel_lacks();
+            if lacks.is_empty() {
+                println!("it lacks nothing weir uses");
+            }
+            for l in lacks {
+                println!("it lacks {l}");
+            }
         }
         Command::Reset(args) => weir::reset::cli::run(args)?,
         Command::Explain(args) => weir::policy::explain_cli::run(args)?,

@@ -6,13 +6,10 @@
 
 use std::net::IpAddr;
 
-use aya::{
-    programs::{
-        links::{FdLink, Link, PinnedLink},
-        tc::{self, NlOptions, SchedClassifierLink, TcAttachOptions, TcHandle},
-        LinkOrder, SchedClassifier, TcAttachType,
-    },
-    util::KernelVersion,
+use aya::programs::{
+    links::{FdLink, Link, PinnedLink},
+    tc::{self, NlOptions, SchedClassifierLink, TcAttachOptions, TcHandle},
+    LinkOrder, SchedClassifier, TcAttachType,
 };
 use serde::{Deserialize, Serialize};
 
@@ -52,11 +49,14 @@ pub struct Attachment {
     pub role: Role,
 }
 
-pub fn preferred_mode() -> AttachMode {
-    if KernelVersion::current().is_ok_and(|v| v >= KernelVersion::new(6, 6, 0)) {
-        AttachMode::Tcx
-    } else {
-        AttachMode::Netlink
+/// `None` when this kernel has TCX links (Linux 6.6); otherwise why not. Probed with a TCX
+/// query on `lo`, which attaches nothing: kernels without TCX reject its attach type.
+pub fn tcx_missing() -> Option<String> {
+    match SchedClassifier::query_tcx("lo", TcAttachType::Ingress) {
+        Ok(_) => None,
+        Err(e) => Some(format!(
+            "TCX links (Linux 6.6 and later; a TCX query on lo fails: {e})"
+        )),
     }
 }
 

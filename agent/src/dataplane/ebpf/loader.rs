@@ -38,6 +38,44 @@ fn err(context: String) -> impl FnOnce(String) -> DataplaneError {
     move |e| DataplaneError::Other(format!("{context}: {e}"))
 }
 
+/// Lifts RLIMIT_MEMLOCK before maps are created: kernels before 5.11 charge BPF maps and
+/// programs to it, and its usual 64 KiB or 8 MiB holds none of ours (5.11 and later
+/// charge the memory cgroup instead). Without CAP_SYS_RESOURCE this fails; then a kernel
+/// that charges the limit refuses the maps, and that refusal is the error reported.
+pub fn raise_memlock_limit() -> Result<(), std::io::Error> {
+    let unlimited = libc::rlimit {
+        rlim_cur: libc::RLIM_INFINITY,
+        rlim_max: libc::RLIM_INFINITY,
+    };
+    // SAFETY: setrlimit reads the struct it is given.
+    if unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &unlimited) } != 0 {
+        let e = std::io::Error::last_os_error();
+        tracing::debug!(
+            "cannot lift RLIMIT_MEMLOCK ({e}); kernels before 5.11 may refuse the maps"
+        );
+        return Err(e);
+    }
+    Ok(())
+}
+
+/// Why the object could not be loaded: the error with its sources (aya's own message
+/// leaves out the kernel's errno), and the memlock limit when it could not be lifted.
+pub fn load_error(e: &aya::EbpfError, memlock: &Result<(), std::io::Error>) -> String {
+    let mut text = e.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        text.push_str(&format!(": {s}"));
+        source = s.source();
+    }
+    if let Err(why) = memlock {
+        text.push_str(&format!(
+            " (RLIMIT_MEMLOCK could not be lifted: {why}; kernels before 5.11 charge BPF maps \
+             to it, so the agent needs CAP_SYS_RESOURCE there)"
+        ));
+    }
+    text
+}
+
 /// Loads and pins the programs unless pinned programs are already there (adoption).
 /// Returns whether it loaded them now.
 pub fn ensure_loaded(layout: &PinLayout, config: &EbpfConfig) -> Result<bool, DataplaneError> {
@@ -120,6 +158,7 @@ pub fn load_and_pin_into(
     map_pins: &[(String, PathBuf)],
     progs: &Path,
 ) -> Result<(), DataplaneError> {
+    let memlock = raise_memlock_limit();
     let level = log_level(config);
     let mut loader = EbpfLoader::new();
     loader.default_map_pin_directory(layout.maps());
@@ -136,7 +175,7 @@ pub fn load_and_pin_into(
         .override_global("AYA_LOG_LEVEL", &level, true);
     let mut ebpf = loader
         .load(OBJECT)
-        .map_err(|e| err("load eBPF object".into())(format!("{e:#}")))?;
+        .map_err(|e| err("load eBPF object".into())(load_error(&e, &memlock)))?;
     for name in [program_names::FROM_POD, program_names::TO_POD] {
         let prog: &mut SchedClassifier = ebpf
             .program_mut(name)
@@ -191,7 +230,7 @@ pub fn forward_kernel_logs(programs: &Programs) -> Result<(), DataplaneError> {
     Ok(())
 }
 
-fn verifier_message(e: &aya::programs::ProgramError) -> String {
+pub(crate) fn verifier_message(e: &aya::programs::ProgramError) -> String {
     match e {
         aya::programs::ProgramError::LoadError {
             io_error,

@@ -41,13 +41,13 @@ use weir_common::{
     EP_INGRESS_ISOLATED,
 };
 
-pub use attach::{AttachMode, Role};
+pub use attach::{tcx_missing, AttachMode, Role};
 pub use config::{EbpfConfig, DEFAULT_PIN_ROOT};
 pub use events::{MonitorEvent, OutputFormat};
 pub use loader::OBJECT as EMBEDDED_OBJECT;
 pub use migrate::{expected as expected_map_shapes, Shape as MapShape};
 pub use newpods::PENDING_ENDPOINT_ID;
-pub use probe::{probe, MIN_KERNEL};
+pub use probe::{kernel_lacks, probe, MIN_KERNEL};
 
 use self::{
     kernel_state::KernelState,
@@ -75,6 +75,8 @@ pub struct EbpfDataplane {
     maps: Maps,
     records: Records,
     mode: AttachMode,
+    /// Why not TCX, when the kernel lacks it (for status).
+    no_tcx: Option<String>,
     /// What the maps hold (read back at start, then kept in step with every write).
     kernel: KernelState,
     /// The last identity plan and the sets it was made for: most changes leave the sets
@@ -104,6 +106,29 @@ impl EbpfDataplane {
     /// Loads and pins the programs, or adopts the ones pinned under the pin root. Never
     /// detaches anything: what is attached keeps enforcing until [`Dataplane::reconcile`].
     pub fn new(config: EbpfConfig) -> Result<Self, DataplaneError> {
+        let no_tcx = attach::tcx_missing();
+        let mode = match config.attach_mode {
+            Some(AttachMode::Tcx) => match &no_tcx {
+                // Refused before anything is loaded or pinned.
+                Some(why) => {
+                    return Err(DataplaneError::Unsupported(format!(
+                        "attach mode tcx was asked for, but this kernel lacks {why}; without \
+                         a forced mode weir attaches clsact filters over netlink here"
+                    )))
+                }
+                None => AttachMode::Tcx,
+            },
+            Some(mode) => mode,
+            None => match &no_tcx {
+                None => AttachMode::Tcx,
+                Some(why) => {
+                    tracing::info!(
+                        "this kernel lacks {why}: attaching clsact filters over netlink"
+                    );
+                    AttachMode::Netlink
+                }
+            },
+        };
         let layout = PinLayout::new(&config.pin_root);
         layout.prepare()?;
         let migration = migrate::Migration::prepare(&layout, &config)?;
@@ -154,7 +179,6 @@ impl EbpfDataplane {
         }
         let kernel = KernelState::read(&maps);
         let host = host::node_prefixes().map_err(DataplaneError::Other)?;
-        let mode = config.attach_mode.unwrap_or_else(attach::preferred_mode);
         let programs = Arc::new(Mutex::new(programs));
         let (isolator, link_watch) = if config.new_pods.enabled() {
             config.new_pods.validate().map_err(DataplaneError::Other)?;
@@ -195,6 +219,7 @@ impl EbpfDataplane {
             maps,
             records,
             mode,
+            no_tcx,
             kernel,
             host,
             identity_cache: None,
@@ -862,6 +887,9 @@ impl Dataplane for EbpfDataplane {
                 format!("{:?}", self.mode).to_lowercase(),
             ),
         ];
+        if let Some(why) = &self.no_tcx {
+            details.push(("kernel_lacks".into(), why.clone()));
+        }
         if self.isolator.is_some() {
             let pending = self
                 .maps

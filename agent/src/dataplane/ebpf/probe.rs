@@ -40,24 +40,51 @@ pub fn probe() -> Result<(), String> {
     verifier_accepts()
 }
 
+/// What the running kernel lacks that the dataplanes would use, each with the fallback
+/// taken; for `weir version`.
+pub fn kernel_lacks() -> Vec<String> {
+    let mut lacks = Vec::new();
+    if let Some(why) = super::attach::tcx_missing() {
+        lacks.push(format!(
+            "{why}: clsact filters over netlink are attached instead"
+        ));
+    }
+    if let Err(why) = probe() {
+        lacks.push(format!(
+            "what the eBPF dataplane needs ({why}): the agent falls back to iptables"
+        ));
+    }
+    lacks
+}
+
 /// Loads both programs with their maps pinned in a scratch directory that is removed
 /// afterwards, so the real pin root is never touched.
 fn verifier_accepts() -> Result<(), String> {
+    let memlock = super::loader::raise_memlock_limit();
     let scratch = PinLayout::new(format!("/sys/fs/bpf/weir-probe-{}", std::process::id()));
     scratch.prepare().map_err(|e| e.to_string())?;
     let result = (|| {
         let mut ebpf = EbpfLoader::new()
             .default_map_pin_directory(scratch.maps())
             .load(super::loader::OBJECT)
-            .map_err(|e| format!("load eBPF object: {e}"))?;
+            .map_err(|e| {
+                format!(
+                    "load eBPF object: {}",
+                    super::loader::load_error(&e, &memlock)
+                )
+            })?;
         for name in [program_names::FROM_POD, program_names::TO_POD] {
             let prog: &mut SchedClassifier = ebpf
                 .program_mut(name)
                 .ok_or_else(|| format!("program {name} missing"))?
                 .try_into()
                 .map_err(|e| format!("program {name}: {e}"))?;
-            prog.load()
-                .map_err(|e| format!("verifier rejected {name}: {e}"))?;
+            prog.load().map_err(|e| {
+                format!(
+                    "verifier rejected {name}: {}",
+                    super::loader::verifier_message(&e)
+                )
+            })?;
         }
         Ok(())
     })();
