@@ -42,6 +42,36 @@ impl Drop for PinRoot {
     }
 }
 
+/// A test of TCX links on a kernel without TCX (before Linux 6.6) checks the refusal
+/// instead: forcing TCX must fail before anything is pinned, naming the missing feature.
+/// `true` when the kernel has TCX and the test goes on with it.
+pub fn tcx_or_its_refusal(tag: &str) -> bool {
+    use weir::dataplane::ebpf::{tcx_missing, AttachMode, EbpfConfig, EbpfDataplane};
+    let Some(why) = tcx_missing() else {
+        return true;
+    };
+    let root = PinRoot::new(&format!("{tag}-notcx"));
+    let config = EbpfConfig {
+        attach_mode: Some(AttachMode::Tcx),
+        ..EbpfConfig::with_pin_root(root.0.clone())
+    };
+    let err = match EbpfDataplane::new(config) {
+        Ok(_) => panic!("this kernel lacks {why}, yet forcing TCX was accepted"),
+        Err(e) => e.to_string(),
+    };
+    assert!(
+        err.contains("attach mode tcx") && err.contains("TCX links"),
+        "forcing TCX without TCX must name it: {err}"
+    );
+    assert!(
+        !root.0.exists(),
+        "a refused start pinned {}",
+        root.0.display()
+    );
+    eprintln!("this kernel has no TCX: forcing it is refused ({err})");
+    false
+}
+
 /// Whether this kernel has what kube-proxy's ipvs mode needs (IPVS and dummy devices),
 /// probed independently of weir.
 pub fn kernel_has_ipvs() -> bool {

@@ -183,6 +183,9 @@ fn swap_programs(world: &World, root: &PinRoot, mode: Option<AttachMode>) -> ([u
 #[test]
 fn new_programs_are_swapped_into_tcx_links_without_a_gap() {
     require_root_and_tools();
+    if !weir_tests::tcx_or_its_refusal("ebpf7") {
+        return;
+    }
     let world = World::new("ebpf7", &[("a", A), ("b", B)]);
     let root = PinRoot::new("ebpf7");
     let (_, new) = swap_programs(&world, &root, Some(AttachMode::Tcx));

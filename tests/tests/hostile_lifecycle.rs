@@ -232,6 +232,9 @@ fn ebpf_netlink_upgrade_from_pins_of_other_sizes_migrates_them_without_a_gap() {
 
 fn upgrade_from_other_sizes(tag: &str, mode: AttachMode) {
     require_root_and_tools();
+    if mode == AttachMode::Tcx && !weir_tests::tcx_or_its_refusal(tag) {
+        return;
+    }
     let world = World::new(tag, &[("a", A), ("b", B)]);
     let root = PinRoot::new(tag);
     let _servers = EchoServers::start(&world.pod("b").ns, &[80, 81]);
@@ -669,6 +672,9 @@ fn ebpf_netlink_new_pod_is_isolated_from_its_first_packet() {
 
 fn ebpf_new_pod(tag: &str, mode: AttachMode) {
     require_root_and_tools();
+    if mode == AttachMode::Tcx && !weir_tests::tcx_or_its_refusal(tag) {
+        return;
+    }
     let world = World::new(tag, &[("a", A), ("b", B)]);
     let root = PinRoot::new(tag);
     let _servers = EchoServers::start(&world.pod("a").ns, &[80]);

@@ -11,7 +11,8 @@
 //! `cargo xtask test` runs [`CI_CELLS`]: every dataplane, topology and proxy mode that can
 //! run on the host kernel at least once, some on a representative subset of scenarios.
 //! `WEIR_CONFORMANCE_FULL=1` (`cargo xtask conformance`) runs every scenario in every cell
-//! and prints the matrix as a table; ipvs cells are listed as not run when the kernel has
+//! and prints the matrix as a table (`WEIR_CONFORMANCE_CELLS` chooses cells instead, as
+//! `cargo xtask kernels` does for each kernel); ipvs cells are listed as not run when the kernel has
 //! no IPVS (the host's has none: `CONFIG_IP_VS` is not built).
 //!
 //! One lab per cell is shared by its scenarios (policies are applied and deleted between
@@ -156,20 +157,62 @@ fn full_cells() -> Vec<Cell> {
     cells
 }
 
-/// The cells of this run: the CI set, or the whole matrix with every scenario.
+/// The cells of this run: those `WEIR_CONFORMANCE_CELLS` names, the CI set, or the whole
+/// matrix with every scenario.
 fn cells() -> Vec<Cell> {
+    if let Some(chosen) = chosen_cells() {
+        return chosen;
+    }
     match full_matrix_requested() {
         true => full_cells(),
         false => CI_CELLS.to_vec(),
     }
 }
 
+/// `WEIR_CONFORMANCE_CELLS=dataplane/api/topology/proxy[/subset],...` (`cargo xtask
+/// kernels` chooses what each kernel runs); subset is `bridge` or `proxy`, every scenario
+/// without it. The first is the reference of the differential check.
+fn chosen_cells() -> Option<Vec<Cell>> {
+    let spec = std::env::var("WEIR_CONFORMANCE_CELLS").ok()?;
+    let pick = |value: &str, allowed: &[&'static str]| -> &'static str {
+        allowed.iter().find(|a| **a == value).unwrap_or_else(|| {
+            panic!("WEIR_CONFORMANCE_CELLS: {value:?} is not one of {allowed:?}")
+        })
+    };
+    let cells = spec
+        .split(',')
+        .map(|c| {
+            let parts: Vec<&str> = c.trim().split('/').collect();
+            assert!(
+                (4..=5).contains(&parts.len()),
+                "WEIR_CONFORMANCE_CELLS: {c:?} is not dataplane/api/topology/proxy[/subset]"
+            );
+            let subset = parts.get(4).map(|s| match *s {
+                "bridge" => BRIDGE_SUBSET,
+                "proxy" => PROXY_SUBSET,
+                other => panic!("WEIR_CONFORMANCE_CELLS: subset {other:?} is not bridge or proxy"),
+            });
+            Cell::new(
+                pick(parts[0], &["ebpf", "iptables"]),
+                pick(parts[1], &["file", "server"]),
+                pick(parts[2], &["routed", "bridge"]),
+                pick(parts[3], &["none", "iptables", "nftables", "ipvs"]),
+                subset,
+            )
+        })
+        .collect();
+    Some(cells)
+}
+
 /// A CI cell as this run runs it (in the full matrix, with every scenario).
 fn cell(dataplane: &str, api: &str, topology: &str, proxy: &str) -> Cell {
+    let matches =
+        |c: &Cell| (c.dataplane, c.api, c.topology, c.proxy) == (dataplane, api, topology, proxy);
     cells()
         .into_iter()
-        .find(|c| (c.dataplane, c.api, c.topology, c.proxy) == (dataplane, api, topology, proxy))
-        .expect("a cell of this run")
+        .find(matches)
+        .or_else(|| CI_CELLS.into_iter().find(matches))
+        .expect("a CI cell")
 }
 
 /// What one cell did: every step's matrix (labelled `NN scenario / step S`, with ` (ipv6)`
@@ -471,7 +514,7 @@ fn every_cell_gives_the_same_matrices() {
             cell.subset.is_none(),
         ));
     }
-    if full_matrix_requested() {
+    if full_matrix_requested() || chosen_cells().is_some() {
         eprintln!(
             "{}",
             table(

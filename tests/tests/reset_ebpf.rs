@@ -48,6 +48,9 @@ fn weir_filters(world: &World) -> String {
 
 fn removes_everything(mode: AttachMode, tag: &str) {
     require_root_and_tools();
+    if mode == AttachMode::Tcx && !weir_tests::tcx_or_its_refusal(tag) {
+        return;
+    }
     let world = World::new(tag, &[("a", A), ("b", B)]);
     let root = PinRoot::new(tag);
     let _servers = EchoServers::start(&world.pod("b").ns, &[80]);

@@ -86,8 +86,9 @@ pub enum ApiMode {
 
 #[derive(Args)]
 pub struct WaitArgs {
-    /// Seconds to wait for the agent to enforce a change.
-    #[arg(long, default_value_t = 60)]
+    /// Seconds to wait for the agent to enforce a change (more on a slow machine, such as
+    /// a software-emulated kernel: `cargo xtask kernels` sets the variable).
+    #[arg(long, env = "WEIR_LAB_TIMEOUT_SECS", default_value_t = 60)]
     pub timeout_secs: u64,
     /// Write the change and return without waiting for the agent (apply and delete only;
     /// for tests of an agent that is stopped or cut off from its API server). Applying the
@@ -105,7 +106,7 @@ pub struct ProbeArgs {
     pub family: IpFamily,
     /// How long one probe waits for an answer (a local veth answers in microseconds;
     /// the margin is for a loaded machine).
-    #[arg(long, default_value_t = 700)]
+    #[arg(long, env = "WEIR_LAB_PROBE_TIMEOUT_MS", default_value_t = 700)]
     pub timeout_ms: u64,
     /// What to connect to. pod: each pod's own address. service: the ClusterIP and port
     /// of a Service whose backend is that pod on that port (the first by namespace/name;
