@@ -7,6 +7,7 @@ mod components;
 mod conformance;
 mod demo;
 mod image;
+mod kernels;
 mod setup;
 mod test;
 
@@ -52,6 +53,18 @@ enum Command {
         #[arg(long, default_value = "ebpf")]
         dataplane: String,
     },
+    /// The privileged integration tests and conformance scenarios, both dataplanes, on
+    /// Debian's 5.10 and 6.1 kernels (booted under virtme-ng: KVM where it works, software
+    /// emulation otherwise) and on the host's kernel; prints a group × kernel table.
+    Kernels {
+        /// 5.10, 6.1 or host; repeat for several. Default: all three.
+        #[arg(long = "kernel")]
+        kernels: Vec<String>,
+        /// Only the quick groups (eBPF and iptables enforcement, a conformance subset): what
+        /// `cargo xtask test` runs on 5.10.
+        #[arg(long)]
+        quick: bool,
+    },
     /// Measure datapath, convergence, memory and reset against no enforcement and the
     /// iptables path, in one run; prints a table and writes target/bench/latest.json.
     Bench {
@@ -71,6 +84,7 @@ fn main() {
         Command::Image { tag } => image::run(&tag),
         Command::Demo { dataplane } => demo::run(&dataplane),
         Command::Bench { quick } => bench::run(quick),
+        Command::Kernels { kernels, quick } => kernels::run(&kernels, quick),
     };
     if let Err(e) = result {
         eprintln!("xtask: error: {e:#}");

@@ -4,6 +4,7 @@
 //!   libstd-rust-web-dev-bpf) build the kernel programs;
 //! - bpf-linker, built against the same LLVM major as that rustc (llvm-<N>-dev);
 //! - the tools the dataplanes and tests drive: ipset, iptables, iproute2, ping, conntrack, iperf3;
+//! - qemu and virtme-ng (PyPI), which `cargo xtask kernels` boots Debian's kernels with;
 //! - kube-apiserver, kube-proxy and etcd, built with Go from the module proxy (`components`).
 use std::path::PathBuf;
 use std::process::Command;
@@ -24,6 +25,10 @@ const PACKAGES: &[&str] = &[
     // Keys for the loopback kube-apiserver (service account signing).
     "openssl",
     "iperf3",
+    // `cargo xtask kernels` boots Debian's 5.10 and 6.1 under virtme-ng (shared/docs/kernels.md).
+    "qemu-system-x86",
+    "kmod",
+    "busybox-static",
     "rustc-web",
     "cargo-web",
     "libstd-rust-web-dev-bpf",
@@ -32,6 +37,8 @@ const PACKAGES: &[&str] = &[
 const KUBECTL_PACKAGE: &str = "kubernetes-client";
 const BPF_LINKER_VERSION: &str = "0.13.0";
 const CARGO_FUZZ_VERSION: &str = "0.13.1";
+/// virtme-ng, from PyPI: boots an installed kernel with the host's userspace.
+const VIRTME_NG_VERSION: &str = "1.42";
 /// The oldest rustc-web whose LLVM and prebuilt BPF core are known to work.
 const MIN_RUSTC_WEB: (u32, u32) = (1, 96);
 
@@ -90,6 +97,9 @@ fn missing() -> Result<Vec<String>> {
     if tool_version("cargo-fuzz").as_deref() != Some(CARGO_FUZZ_VERSION) {
         missing.push(format!("cargo-fuzz {CARGO_FUZZ_VERSION}"));
     }
+    if tool_version("vng").as_deref() != Some(VIRTME_NG_VERSION) {
+        missing.push(format!("virtme-ng {VIRTME_NG_VERSION}"));
+    }
     Ok(missing)
 }
 
@@ -99,10 +109,11 @@ fn missing_after_install() -> Result<Vec<String>> {
 }
 
 fn install(missing: &[String]) -> Result<()> {
-    let needs_apt = missing
-        .iter()
-        .any(|m| !m.starts_with("bpf-linker") && !m.starts_with("cargo-fuzz"))
-        || rustc_web_llvm_major().is_none();
+    let needs_apt = missing.iter().any(|m| {
+        !["bpf-linker", "cargo-fuzz", "virtme-ng"]
+            .iter()
+            .any(|t| m.starts_with(t))
+    }) || rustc_web_llvm_major().is_none();
     if needs_apt {
         if !is_root() {
             bail!(
@@ -153,6 +164,16 @@ fn install(missing: &[String]) -> Result<()> {
             "--version",
             CARGO_FUZZ_VERSION,
         ]))?;
+    }
+    if tool_version("vng").as_deref() != Some(VIRTME_NG_VERSION) {
+        exec(Command::new("python3").args([
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            &format!("virtme-ng=={VIRTME_NG_VERSION}"),
+        ]))
+        .context("pip install virtme-ng (needs Python 3 with pip)")?;
     }
     Ok(())
 }

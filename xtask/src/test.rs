@@ -1,5 +1,6 @@
 //! `cargo xtask test`, the CI command: formatting, clippy with warnings as errors, unit
-//! tests, then the integration tests against the real kernel, then the fuzz smoke runs.
+//! tests, then the integration tests against the real kernel, the quick groups on Debian's
+//! 5.10 kernel in a virtme-ng guest, then the fuzz smoke runs and the quick bench.
 //! It ends with one line naming what ran. An ignored test fails the run: nothing may pass
 //! by skipping.
 use std::io::{BufRead, BufReader};
@@ -52,6 +53,10 @@ pub fn run() -> Result<()> {
     run_cmd(cargo().args(["build", "--package", "weir", "--bins"]))?;
     let integration = cargo_test(&["--workspace", "--no-fail-fast", "--test", "*"])?;
 
+    // The kernel floor: the quick groups in a Debian 5.10 guest (issue 17).
+    step("kernels (quick: Debian 5.10 under virtme-ng)");
+    let kernels = crate::kernels::run(&["5.10".to_string()], true);
+
     step("fuzz smoke");
     let fuzzed = fuzz_smoke()?;
 
@@ -70,9 +75,10 @@ pub fn run() -> Result<()> {
             );
         }
     }
+    kernels.context("the quick kernel run on 5.10 failed")?;
     bench.context("the quick bench failed")?;
     println!(
-        "xtask test: PASS in {}s: fmt, clippy, {} unit tests, {} integration tests in {} ({}), fuzz smoke {}, quick bench",
+        "xtask test: PASS in {}s: fmt, clippy, {} unit tests, {} integration tests in {} ({}), quick kernels on 5.10, fuzz smoke {}, quick bench",
         started.elapsed().as_secs(),
         unit.passed,
         integration.passed,

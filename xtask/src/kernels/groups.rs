@@ -1,0 +1,158 @@
+//! What runs on each kernel: integration test binaries (each one group), and the script
+//! that runs them in a guest or on the host.
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use crate::cmd::workspace_root;
+
+pub struct Group {
+    /// The table's row, and the log's name.
+    pub name: &'static str,
+    /// The integration test target (tests/tests/<test>.rs).
+    pub test: &'static str,
+    /// libtest arguments: a filter, `--exact`.
+    pub args: &'static [&'static str],
+    pub env: &'static [(&'static str, &'static str)],
+    /// Guests only: the kernel command line to boot with (a boot of its own).
+    pub boot_append: Option<&'static str>,
+    /// In `--quick` (CI on 5.10).
+    pub quick: bool,
+    /// The group is killed after this long.
+    pub timeout_secs: u32,
+}
+
+const fn group(name: &'static str, test: &'static str, quick: bool, timeout_secs: u32) -> Group {
+    Group {
+        name,
+        test,
+        args: &[],
+        env: &[],
+        boot_append: None,
+        quick,
+        timeout_secs,
+    }
+}
+
+/// The conformance cells a kernel run probes: both dataplanes, routed and bridged, from
+/// files (the API-server and kube-proxy cells are userspace above the same dataplane and
+/// run on the host, `cargo xtask conformance`).
+const CONFORMANCE_CELLS: &str = "ebpf/file/routed/none,iptables/file/routed/none,\
+                                 ebpf/file/bridge/none/bridge,iptables/file/bridge/none/bridge";
+/// The quick run's cells: both dataplanes, routed, a scenario of each kind.
+const CONFORMANCE_QUICK_CELLS: &str =
+    "ebpf/file/routed/none/bridge,iptables/file/routed/none/bridge";
+
+pub const GROUPS: &[Group] = &[
+    group("kernel_floor", "kernel_floor", true, 600),
+    // A node whose kernel cannot load br_netfilter or ip_set: the errors must name them.
+    Group {
+        args: &["a_module_the_kernel_cannot_load_is_named", "--exact"],
+        boot_append: Some("modprobe.blacklist=br_netfilter,ip_set"),
+        ..group("missing_modules", "kernel_floor", true, 600)
+    },
+    group("ebpf_dataplane", "ebpf_dataplane", true, 600),
+    group("ebpf_restart", "ebpf_restart", false, 900),
+    group("reset_ebpf", "reset_ebpf", false, 600),
+    group("iptables_enforcement", "iptables_enforcement", true, 900),
+    group("reset", "reset", false, 900),
+    group("dataplane_switch", "dataplane_switch", false, 900),
+    group("agent_npm_migration", "agent_npm_migration", false, 900),
+    group("hostile_packets", "hostile_packets", false, 1200),
+    group("hostile_kill", "hostile_kill", false, 900),
+    group("hostile_lifecycle", "hostile_lifecycle", false, 1200),
+    group("hostile_timing", "hostile_timing", false, 1200),
+    group("lab_world", "lab_world", false, 900),
+    group("bridge_topology", "bridge_topology", false, 1200),
+    // These three run the real kube-apiserver (and kube-proxy) per lab: one lab at a time.
+    Group {
+        args: &["--test-threads=1"],
+        ..group("service_paths", "service_paths", false, 1800)
+    },
+    Group {
+        args: &["--test-threads=1"],
+        ..group("lab_services", "lab_services", false, 2400)
+    },
+    Group {
+        args: &["--test-threads=1"],
+        ..group("cluster_mode", "cluster_mode", false, 2400)
+    },
+    Group {
+        name: "conformance",
+        test: "netpol_conformance",
+        args: &[
+            "every_cell_gives_the_same_matrices",
+            "--exact",
+            "--nocapture",
+        ],
+        env: &[("WEIR_CONFORMANCE_CELLS", CONFORMANCE_CELLS)],
+        boot_append: None,
+        quick: false,
+        timeout_secs: 3600,
+    },
+    Group {
+        name: "conformance_quick",
+        test: "netpol_conformance",
+        args: &[
+            "every_cell_gives_the_same_matrices",
+            "--exact",
+            "--nocapture",
+        ],
+        env: &[("WEIR_CONFORMANCE_CELLS", CONFORMANCE_QUICK_CELLS)],
+        boot_append: None,
+        quick: true,
+        timeout_secs: 1200,
+    },
+];
+
+/// The lab waits this long for the agent to enforce a change in a software-emulated guest
+/// (60 s by default; an agent there starts several times slower).
+const SLOW_LAB_TIMEOUT_SECS: u32 = 300;
+
+/// A POSIX shell script that runs `groups` one after another, each under `timeout`, with
+/// its log, its exit code and seconds in `results`, then touches `done` there. `slow`: the
+/// machine is emulated, so the lab waits longer.
+pub fn script(
+    groups: &[&Group],
+    binaries: &BTreeMap<String, PathBuf>,
+    results: &Path,
+    done: &str,
+    slow: bool,
+) -> String {
+    let r = results.display();
+    let mut s = format!(
+        "# Written by `cargo xtask kernels`; runs in a guest (or on the host) as root.\n\
+         set -u\n\
+         {}\
+         export RUST_BACKTRACE=0\n\
+         export WEIR_BIN={}\n\
+         mountpoint -q /sys/fs/bpf || mount -t bpf bpf /sys/fs/bpf\n\
+         uname -r > {r}/release\n\
+         cd {}\n",
+        if slow {
+            format!("export WEIR_LAB_TIMEOUT_SECS={SLOW_LAB_TIMEOUT_SECS}\n")
+        } else {
+            String::new()
+        },
+        binaries["weir"].display(),
+        workspace_root().join("tests").display()
+    );
+    for g in groups {
+        let exe = &binaries[g.test];
+        let env: String = g.env.iter().map(|(k, v)| format!("{k}='{v}' ")).collect();
+        let args = g.args.join(" ");
+        writeln!(
+            s,
+            "echo '==> {name}'; started=$(date +%s)\n\
+             env {env}timeout --kill-after=10 {t} {exe} {args} > {r}/{name}.log 2>&1\n\
+             echo \"$? $(( $(date +%s) - started ))\" > {r}/{name}.status\n\
+             tail -n 3 {r}/{name}.log",
+            name = g.name,
+            t = g.timeout_secs,
+            exe = exe.display(),
+        )
+        .unwrap();
+    }
+    writeln!(s, "touch {r}/{done}").unwrap();
+    s
+}
