@@ -121,13 +121,14 @@ fn a_kernel_that_refuses_the_maps_gets_iptables_and_the_reason() {
     }
 }
 
-/// Modules the kernel was booted without (`modprobe.blacklist=` on its command line, as
-/// `cargo xtask kernels` boots a guest to stand for a node whose modules are missing).
+/// Modules the kernel refuses to load (`module_blacklist=` on its command line, as `cargo
+/// xtask kernels` boots a guest to stand for a node whose modules are missing; unlike
+/// modprobe.blacklist, which only stops loading by alias, the kernel refuses them).
 fn blacklisted_modules() -> Vec<String> {
     let cmdline = std::fs::read_to_string("/proc/cmdline").expect("/proc/cmdline");
     cmdline
         .split_whitespace()
-        .filter_map(|w| w.strip_prefix("modprobe.blacklist="))
+        .filter_map(|w| w.strip_prefix("module_blacklist="))
         .flat_map(|list| list.split(','))
         .map(str::to_string)
         .collect()

@@ -64,6 +64,9 @@ enum Command {
         /// `cargo xtask test` runs on 5.10.
         #[arg(long)]
         quick: bool,
+        /// Only these groups (a row of the table); repeat for several.
+        #[arg(long = "group")]
+        groups: Vec<String>,
     },
     /// Measure datapath, convergence, memory and reset against no enforcement and the
     /// iptables path, in one run; prints a table and writes target/bench/latest.json.
@@ -84,7 +87,11 @@ fn main() {
         Command::Image { tag } => image::run(&tag),
         Command::Demo { dataplane } => demo::run(&dataplane),
         Command::Bench { quick } => bench::run(quick),
-        Command::Kernels { kernels, quick } => kernels::run(&kernels, quick),
+        Command::Kernels {
+            kernels,
+            quick,
+            groups,
+        } => kernels::run(&kernels, quick, &groups),
     };
     if let Err(e) = result {
         eprintln!("xtask: error: {e:#}");

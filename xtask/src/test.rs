@@ -55,7 +55,7 @@ pub fn run() -> Result<()> {
 
     // The kernel floor: the quick groups in a Debian 5.10 guest (issue 17).
     step("kernels (quick: Debian 5.10 under virtme-ng)");
-    let kernels = crate::kernels::run(&["5.10".to_string()], true);
+    let kernels = crate::kernels::run(&["5.10".to_string()], true, &[]);
 
     step("fuzz smoke");
     let fuzzed = fuzz_smoke()?;

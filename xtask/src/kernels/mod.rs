@@ -40,14 +40,14 @@ struct GroupResult {
     seconds: u64,
     /// Exit code of the test binary; `None` when it never finished.
     exit: Option<i32>,
-    /// `false` for a group that cannot run here (one that boots with its own command line,
-    /// on the host).
-    applicable: bool,
+    /// Why the group does not run on this kernel (one that boots with its own command
+    /// line, on the host; a host-only one, in a guest).
+    not_applicable: Option<&'static str>,
 }
 
 impl GroupResult {
-    /// A group that needs a guest boot, on the host.
-    fn not_applicable(group: &str) -> GroupResult {
+    /// A group that cannot run on this kernel: `why` goes in the table.
+    fn not_applicable(group: &str, why: &'static str) -> GroupResult {
         GroupResult {
             group: group.to_string(),
             passed: 0,
@@ -55,12 +55,12 @@ impl GroupResult {
             ignored: 0,
             seconds: 0,
             exit: None,
-            applicable: false,
+            not_applicable: Some(why),
         }
     }
 
     fn ok(&self) -> bool {
-        !self.applicable
+        self.not_applicable.is_some()
             || (self.exit == Some(0)
                 && self.failed.is_empty()
                 && self.ignored == 0
@@ -68,8 +68,8 @@ impl GroupResult {
     }
 
     fn cell(&self) -> String {
-        if !self.applicable {
-            return "n/a (needs a guest boot)".into();
+        if let Some(why) = self.not_applicable {
+            return format!("n/a: {why}");
         }
         match (self.ok(), self.exit) {
             (true, _) => format!("pass {} ({}s)", self.passed, self.seconds),
@@ -99,7 +99,7 @@ struct KernelRun {
     error: Option<String>,
 }
 
-pub fn run(kernels: &[String], quick: bool) -> Result<()> {
+pub fn run(kernels: &[String], quick: bool, only: &[String]) -> Result<()> {
     if !is_root() {
         bail!("kernels boots VMs and runs the privileged tests: run it as root");
     }
@@ -113,9 +113,15 @@ pub fn run(kernels: &[String], quick: bool) -> Result<()> {
             bail!("--kernel {k}: unknown; one of 5.10, 6.1, host");
         }
     }
+    for name in only {
+        if !groups::GROUPS.iter().any(|g| g.name == name) {
+            bail!("--group {name}: no such group");
+        }
+    }
     let groups: Vec<&Group> = groups::GROUPS
         .iter()
         .filter(|g| !quick || g.quick)
+        .filter(|g| only.is_empty() || only.iter().any(|o| o == g.name))
         .collect();
     let binaries = build_tests()?;
     let started = Instant::now();
@@ -256,11 +262,9 @@ fn run_kernel_inner(
             problems.push(format!("the script did not finish ({status})"));
         }
         run.groups = here.iter().map(|g| collect(g, &results)).collect();
-        run.groups.extend(
-            elsewhere
-                .iter()
-                .map(|g| GroupResult::not_applicable(g.name)),
-        );
+        run.groups.extend(elsewhere.iter().map(|g| {
+            GroupResult::not_applicable(g.name, "needs a guest booted with its command line")
+        }));
     } else {
         let series = debian::series(kernel).expect("checked");
         let release = debian::ensure(series)?;
@@ -268,6 +272,8 @@ fn run_kernel_inner(
         run.machine = accel.to_string();
         let slow = accel == guest::Accel::Tcg;
         // One boot per kernel command line, the plain one first.
+        let (groups, host_only): (Vec<&Group>, Vec<&Group>) =
+            groups.iter().partition(|g| g.host_only.is_none());
         let mut appends: Vec<Option<&str>> = groups.iter().map(|g| g.boot_append).collect();
         appends.sort();
         appends.dedup();
@@ -302,6 +308,11 @@ fn run_kernel_inner(
             }
         }
         run.groups = groups.iter().map(|g| collect(g, &results)).collect();
+        run.groups.extend(
+            host_only
+                .iter()
+                .map(|g| GroupResult::not_applicable(g.name, "host only")),
+        );
     }
     run.release = fs::read_to_string(results.join("release"))
         .unwrap_or_default()
@@ -328,7 +339,7 @@ fn collect(group: &Group, results: &Path) -> GroupResult {
         ignored: 0,
         seconds,
         exit,
-        applicable: true,
+        not_applicable: None,
     };
     for line in log.lines() {
         let Some(rest) = line.trim().strip_prefix("test ") else {

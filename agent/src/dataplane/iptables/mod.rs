@@ -80,6 +80,11 @@ impl IptablesDataplane {
     pub fn new(config: IptablesConfig) -> Result<Self, DataplaneError> {
         let backend = config.backend.unwrap_or_else(backend::detect);
         config.new_pods.validate().map_err(DataplaneError::Other)?;
+        // Loaded by alias on first use, unless the node's modprobe configuration stops
+        // that: load it by name, as kube-proxy does its modules.
+        if !crate::kernel::module_present("ip_set") {
+            crate::kernel::load("ip_set").map_err(DataplaneError::Unsupported)?;
+        }
         let tools = Family::ALL
             .iter()
             .flat_map(|f| [backend.save_command(*f), backend.restore_command(*f)]);
