@@ -62,6 +62,12 @@ pub fn module_present(module: &str) -> bool {
     std::path::Path::new("/sys/module").join(module).exists()
 }
 
+/// Whether IPVS is in the kernel (kube-proxy's ipvs mode loads it): `/proc/net/ip_vs`
+/// exists in every network namespace once it is.
+pub fn has_ipvs() -> bool {
+    std::path::Path::new("/proc/net/ip_vs").exists()
+}
+
 /// Why `module` is not in the kernel: its modules are not installed, modprobe refuses, or
 /// it loads now (a race with its first use, or an autoload that was not attempted).
 pub fn why_missing(module: &str) -> String {

@@ -73,8 +73,12 @@ pub fn tcx_or_its_refusal(tag: &str) -> bool {
 }
 
 /// Whether this kernel has what kube-proxy's ipvs mode needs (IPVS and dummy devices),
-/// probed independently of weir.
+/// probed independently of weir. Distribution kernels build both as modules: they are
+/// loaded first, as a node that runs kube-proxy in ipvs mode has them.
 pub fn kernel_has_ipvs() -> bool {
+    for module in ["ip_vs", "dummy"] {
+        let _ = std::process::Command::new("modprobe").arg(module).output();
+    }
     let dummy = {
         let ns = format!("weir-test-dummy-{}", std::process::id());
         let ip = |args: &[&str]| {

@@ -8,8 +8,9 @@
 //!   ClusterIP (named targetPorts) pass, egress to a Service whose backend it may not reach
 //!   is blocked, a pod without a policy reaches that Service (kube-proxy forwards), and
 //!   every verdict via service equals the verdict via pod.
-//! - `--proxy ipvs` fails at once naming the missing kernel support (this host has no
-//!   IPVS); on a kernel that has it, the same DNS checks run in ipvs mode.
+//! - On a kernel with IPVS (Debian's, in `cargo xtask kernels`), the same DNS checks run
+//!   in ipvs mode on both dataplanes; without it (the host's), `--proxy ipvs` fails at once
+//!   naming the missing kernel support.
 //! - (The upstream netpol scenarios through kube-proxy, `--services auto`, via pod and via
 //!   service, are cells of tests/tests/netpol_conformance.rs.)
 
@@ -244,15 +245,26 @@ fn dns_only_egress_through_kube_proxy_nftables_on_ebpf() {
     dns_only_through_kube_proxy("nftables", "ebpf");
 }
 
+/// On a kernel with IPVS (Debian's, `cargo xtask kernels`): the DNS checks in ipvs mode,
+/// where Service traffic goes INPUT → IPVS → OUTPUT, never FORWARD. Without it: `--proxy
+/// ipvs` fails at once naming what is missing.
 #[test]
-fn proxy_ipvs_fails_clearly_without_kernel_support() {
-    let lab = Lab::new("svc-ipvs");
+fn dns_only_egress_through_kube_proxy_ipvs_on_iptables() {
+    ipvs_or_its_refusal("iptables");
+}
+
+#[test]
+fn dns_only_egress_through_kube_proxy_ipvs_on_ebpf() {
+    ipvs_or_its_refusal("ebpf");
+}
+
+fn ipvs_or_its_refusal(dataplane: &str) {
     if weir_tests::kernel_has_ipvs() {
         eprintln!("this kernel has IPVS and dummy devices: running the DNS checks in ipvs mode");
-        drop(lab);
-        dns_only_through_kube_proxy("ipvs", "iptables");
+        dns_only_through_kube_proxy("ipvs", dataplane);
         return;
     }
+    let lab = Lab::new(&format!("svc-ipvs-{dataplane}"));
     let world = manifest(&lab, "dns-world.yaml", DNS_WORLD);
     let started = Instant::now();
     let out = lab

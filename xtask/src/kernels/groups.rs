@@ -18,6 +18,8 @@ pub struct Group {
     pub boot_append: Option<&'static str>,
     /// Host only, and why: it tests nothing of the kernel's, and takes long emulated.
     pub host_only: Option<&'static str>,
+    /// Guests only, and why: it needs what Debian's kernels have and the host's may not.
+    pub guests_only: Option<&'static str>,
     /// In `--quick` (CI on 5.10).
     pub quick: bool,
     /// The group is killed after this long.
@@ -32,6 +34,7 @@ const fn group(name: &'static str, test: &'static str, quick: bool, timeout_secs
         env: &[],
         boot_append: None,
         host_only: None,
+        guests_only: None,
         quick,
         timeout_secs,
     }
@@ -45,6 +48,35 @@ const CONFORMANCE_CELLS: &str = "ebpf/file/routed/none,iptables/file/routed/none
 /// The quick run's cells: both dataplanes, routed, a scenario of each kind.
 const CONFORMANCE_QUICK_CELLS: &str =
     "ebpf/file/routed/none/bridge,iptables/file/routed/none/bridge";
+/// kube-proxy's ipvs mode, which the host kernel cannot run (no `CONFIG_IP_VS`; Debian's
+/// kernels build it as a module): every scenario, both dataplanes, both topologies.
+const CONFORMANCE_IPVS_CELLS: &str = "ebpf/server/routed/ipvs,iptables/server/routed/ipvs,\
+                                      ebpf/server/bridge/ipvs,iptables/server/bridge/ipvs";
+/// The quick run's ipvs cells: both dataplanes, the Service scenarios.
+const CONFORMANCE_IPVS_QUICK_CELLS: &str =
+    "ebpf/server/routed/ipvs/proxy,iptables/server/bridge/ipvs/proxy";
+const IPVS_GUESTS_ONLY: &str = "needs IPVS, which Debian's kernels have (the host's may not)";
+
+const CELLS: &str = "WEIR_CONFORMANCE_CELLS";
+
+/// The differential conformance check on the cells `env` names (`CELLS`), its table
+/// printed.
+const fn conformance(
+    name: &'static str,
+    env: &'static [(&'static str, &'static str)],
+    quick: bool,
+    timeout_secs: u32,
+) -> Group {
+    Group {
+        args: &[
+            "every_cell_gives_the_same_matrices",
+            "--exact",
+            "--nocapture",
+        ],
+        env,
+        ..group(name, "netpol_conformance", quick, timeout_secs)
+    }
+}
 
 pub const GROUPS: &[Group] = &[
     group("kernel_floor", "kernel_floor", true, 600),
@@ -76,6 +108,11 @@ pub const GROUPS: &[Group] = &[
         args: &["--test-threads=1"],
         ..group("lab_services", "lab_services", false, 2400)
     },
+    // kube-proxy's ipvs mode (where the host has no IPVS, these check the refusal).
+    Group {
+        args: &["ipvs", "--test-threads=1"],
+        ..group("ipvs_services", "lab_services", false, 2400)
+    },
     Group {
         host_only: Some(
             "the agent against the API server (watches, RBAC, restarts): no kernel code, and \
@@ -83,33 +120,30 @@ pub const GROUPS: &[Group] = &[
         ),
         ..group("cluster_mode", "cluster_mode", false, 2400)
     },
+    conformance("conformance", &[(CELLS, CONFORMANCE_CELLS)], false, 3600),
+    conformance(
+        "conformance_quick",
+        &[(CELLS, CONFORMANCE_QUICK_CELLS)],
+        true,
+        1200,
+    ),
     Group {
-        name: "conformance",
-        test: "netpol_conformance",
-        args: &[
-            "every_cell_gives_the_same_matrices",
-            "--exact",
-            "--nocapture",
-        ],
-        env: &[("WEIR_CONFORMANCE_CELLS", CONFORMANCE_CELLS)],
-        boot_append: None,
-        host_only: None,
-        quick: false,
-        timeout_secs: 3600,
+        guests_only: Some(IPVS_GUESTS_ONLY),
+        ..conformance(
+            "conformance_ipvs",
+            &[(CELLS, CONFORMANCE_IPVS_CELLS)],
+            false,
+            3600,
+        )
     },
     Group {
-        name: "conformance_quick",
-        test: "netpol_conformance",
-        args: &[
-            "every_cell_gives_the_same_matrices",
-            "--exact",
-            "--nocapture",
-        ],
-        env: &[("WEIR_CONFORMANCE_CELLS", CONFORMANCE_QUICK_CELLS)],
-        boot_append: None,
-        host_only: None,
-        quick: true,
-        timeout_secs: 1200,
+        guests_only: Some(IPVS_GUESTS_ONLY),
+        ..conformance(
+            "conformance_ipvs_quick",
+            &[(CELLS, CONFORMANCE_IPVS_QUICK_CELLS)],
+            true,
+            1800,
+        )
     },
 ];
 

@@ -247,8 +247,9 @@ fn run_kernel_inner(
     if kernel == "host" {
         run.machine = "host".into();
         // The host cannot be booted with another command line.
-        let (here, elsewhere): (Vec<&Group>, Vec<&Group>) =
-            groups.iter().partition(|g| g.boot_append.is_none());
+        let (here, elsewhere): (Vec<&Group>, Vec<&Group>) = groups
+            .iter()
+            .partition(|g| g.boot_append.is_none() && g.guests_only.is_none());
         let script = dir.join("run.sh");
         fs::write(
             &script,
@@ -263,7 +264,10 @@ fn run_kernel_inner(
         }
         run.groups = here.iter().map(|g| collect(g, &results)).collect();
         run.groups.extend(elsewhere.iter().map(|g| {
-            GroupResult::not_applicable(g.name, "needs a guest booted with its command line")
+            let why = g
+                .guests_only
+                .unwrap_or("needs a guest booted with its command line");
+            GroupResult::not_applicable(g.name, why)
         }));
     } else {
         let series = debian::series(kernel).expect("checked");

@@ -34,6 +34,7 @@ use crate::reset::{exec, ipset_restore, ipsets};
 
 use backend::{Backend, Family};
 use names::ChainNames;
+use tables::NodeShape;
 
 #[derive(Clone, Debug)]
 pub struct IptablesConfig {
@@ -69,9 +70,9 @@ pub struct IptablesDataplane {
     pod_netns_dir: std::path::PathBuf,
     /// Bridge ports found so far, by pod (kept while the port is there).
     bridge_ports: BTreeMap<String, pod_ports::Port>,
-    /// Whether the node had a bridge at the last full write (its rules match bridge ports
-    /// with physdev); a change asks for a full write.
-    bridged: Option<bool>,
+    /// The node at the last full write (a bridge: rules match bridge ports with physdev;
+    /// IPVS: its hook); a change asks for a full write.
+    shape: Option<NodeShape>,
 }
 
 impl IptablesDataplane {
@@ -113,7 +114,7 @@ impl IptablesDataplane {
             spoof: BTreeMap::new(),
             pod_netns_dir: config.pod_netns_dir,
             bridge_ports: BTreeMap::new(),
-            bridged: None,
+            shape: None,
         })
     }
 
@@ -130,9 +131,20 @@ impl IptablesDataplane {
         let links = pod_ports::NodeLinks::read();
         let bridged = match &links {
             Ok(l) => l.has_bridge(),
-            Err(_) => self.bridged.unwrap_or(false),
+            Err(_) => self.shape.is_some_and(|s| s.bridged),
         };
-        let full = full || self.bridged != Some(bridged);
+        let shape = NodeShape {
+            bridged,
+            ipvs: crate::kernel::has_ipvs(),
+        };
+        if self.shape.is_some_and(|s| s.ipvs != shape.ipvs) {
+            tracing::info!(
+                ipvs = shape.ipvs,
+                "IPVS {} this node: the OUTPUT hook follows",
+                if shape.ipvs { "appeared on" } else { "left" }
+            );
+        }
+        let full = full || self.shape != Some(shape);
         let old = if full {
             Desired::default()
         } else {
@@ -225,7 +237,7 @@ impl IptablesDataplane {
                 family,
                 saved.as_deref(),
                 &self.new_pods,
-                bridged,
+                shape,
                 changed.then_some(spoof_rules.as_slice()),
             )
             .map_err(|e| DataplaneError::Other(format!("{family} rules: {e}")))?;
@@ -288,7 +300,7 @@ impl IptablesDataplane {
             }
         }
         self.programmed = Some(desired);
-        self.bridged = Some(bridged);
+        self.shape = Some(shape);
         Ok(())
     }
 

@@ -13,12 +13,44 @@ use super::backend::Family;
 pub const MAX_SET_NAME: usize = 31;
 pub const MAX_CHAIN_NAME: usize = 28;
 
-/// The chain FORWARD jumps to; it dispatches to endpoint chains.
+/// The chain the hooks jump to; it dispatches to endpoint chains.
 pub const DISPATCH_CHAIN: &str = "WEIR-FILTER";
-/// Built-in chains that jump to [`DISPATCH_CHAIN`]. Only FORWARD: traffic between a pod
+
+/// A built-in chain's jump to [`DISPATCH_CHAIN`], always its first rule.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Hook {
+    pub chain: &'static str,
+    /// Matches before `-j`, as `iptables-save` prints them.
+    pub matches: &'static str,
+}
+
+impl Hook {
+    /// The rule spec, after `-A <chain> `.
+    pub fn spec(&self) -> String {
+        match self.matches {
+            "" => format!("-j {DISPATCH_CHAIN}"),
+            m => format!("{m} -j {DISPATCH_CHAIN}"),
+        }
+    }
+}
+
+/// Everything routed or bridged (br_netfilter) to or from a pod. Traffic between a pod
 /// and its own node's addresses (INPUT, OUTPUT) is always allowed, as NetworkPolicy
 /// specifies and as the eBPF dataplane does.
-pub const HOOKS: [&str; 1] = ["FORWARD"];
+pub const FORWARD_HOOK: Hook = Hook {
+    chain: "FORWARD",
+    matches: "",
+};
+/// What IPVS forwards. kube-proxy's ipvs mode puts every Service address on the node
+/// (`kube-ipvs0`), so a pod's packet to one goes to INPUT, where IPVS (LOCAL_IN) picks
+/// the backend and sends it on through OUTPUT: it never crosses FORWARD. `-m ipvs
+/// --ipvs` tells it from the node's own traffic, which is not policed. Only where the
+/// kernel has IPVS (`xt_ipvs` needs it), checked at each write.
+pub const IPVS_HOOK: Hook = Hook {
+    chain: "OUTPUT",
+    matches: "-m ipvs --ipvs",
+};
+pub const HOOKS: [Hook; 2] = [FORWARD_HOOK, IPVS_HOOK];
 /// The table weir's chains live in: mangle's FORWARD runs before filter's, after
 /// kube-proxy's DNAT, so an ACCEPT in filter FORWARD cannot let a packet past a policy
 /// (kube-proxy's iptables mode prepends `KUBE-FORWARD`, which ACCEPTs every packet it

@@ -13,8 +13,8 @@ use crate::reset::owners::WEIR_CHAIN_PREFIX;
 
 use super::backend::Family;
 use super::names::{
-    endpoint_chain, set_name, ChainNames, DISPATCH_CHAIN, FORMER_TABLE, HOOKS, KNOWN_ENDPOINTS_SET,
-    NEW_FROM_POD_CHAIN, NEW_TO_POD_CHAIN, TABLE,
+    endpoint_chain, set_name, ChainNames, DISPATCH_CHAIN, FORMER_TABLE, FORWARD_HOOK, HOOKS,
+    IPVS_HOOK, KNOWN_ENDPOINTS_SET, NEW_FROM_POD_CHAIN, NEW_TO_POD_CHAIN, TABLE,
 };
 use super::rules::{dispatch_rules, endpoint_rules};
 use super::spoof::SPOOF_CHAIN;
@@ -25,10 +25,18 @@ const DIRECTIONS: [Direction; 2] = [Direction::Ingress, Direction::Egress];
 /// Replies and related ICMP errors of connections weir already let through.
 const CONNTRACK_RULE: &str = "-m conntrack --ctstate ESTABLISHED,RELATED -j RETURN";
 
+/// What the node has that shapes the rules; a change asks for a full write.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NodeShape {
+    /// A bridge, whose ports the new-pod catch-all matches with physdev.
+    pub bridged: bool,
+    /// IPVS (kube-proxy's ipvs mode): what it forwards goes through [`IPVS_HOOK`].
+    pub ipvs: bool,
+}
+
 /// `saved` (the backend's current `iptables-save` for `family`) asks for a full
 /// rewrite; without it, only the difference from `old` is written. `spoof`: the
-/// anti-spoofing rules, when they changed (always given for a full rewrite). `bridged`:
-/// the node has a bridge, whose ports the new-pod catch-all matches with physdev. `None`:
+/// anti-spoofing rules, when they changed (always given for a full rewrite). `None`:
 /// nothing to do.
 #[allow(clippy::too_many_arguments)]
 pub fn script(
@@ -38,7 +46,7 @@ pub fn script(
     family: Family,
     saved: Option<&str>,
     new_pods: &NewPodIsolation,
-    bridged: bool,
+    node: NodeShape,
     spoof: Option<&[String]>,
 ) -> Result<Option<String>, SaveParseError> {
     let mut body = String::new();
@@ -52,7 +60,7 @@ pub fn script(
                 family,
                 saved,
                 new_pods,
-                bridged,
+                node,
                 spoof.unwrap_or(&[]),
                 &mut body,
             )?
@@ -81,9 +89,11 @@ fn remove_former(saved: &str, out: &mut String) -> Result<(), SaveParseError> {
     let Some(table) = tables.iter().find(|t| t.name == FORMER_TABLE) else {
         return Ok(());
     };
-    for r in table.rules.iter().filter(|r| {
-        HOOKS.contains(&r.chain.as_str()) && r.target.as_deref() == Some(DISPATCH_CHAIN)
-    }) {
+    for r in table
+        .rules
+        .iter()
+        .filter(|r| r.chain == FORWARD_HOOK.chain && r.target.as_deref() == Some(DISPATCH_CHAIN))
+    {
         let _ = writeln!(out, "-D {} {}", r.chain, r.spec);
     }
     let ours: Vec<&String> = table
@@ -207,7 +217,7 @@ fn full(
     family: Family,
     saved: &str,
     new_pods: &NewPodIsolation,
-    bridged: bool,
+    node: NodeShape,
     spoof: &[String],
     out: &mut String,
 ) -> Result<(), SaveParseError> {
@@ -217,7 +227,7 @@ fn full(
     // Anti-spoofing before anything else, the conntrack shortcut included.
     write_chain(out, SPOOF_CHAIN, spoof);
     let mut dispatch = vec![format!("-j {SPOOF_CHAIN}"), CONNTRACK_RULE.to_string()];
-    if bridged && family == Family::V6 {
+    if node.bridged && family == Family::V6 {
         dispatch.extend(bridged_neighbour_discovery());
     }
     for ep in new.endpoints.values() {
@@ -232,7 +242,7 @@ fn full(
         dispatch.extend(dispatch_rules(ep, hash, family));
     }
     if new_pods.enabled() {
-        dispatch.extend(new_pod_rules(new_pods, family, bridged, out));
+        dispatch.extend(new_pod_rules(new_pods, family, node.bridged, out));
         wanted.insert(NEW_FROM_POD_CHAIN.to_string());
         wanted.insert(NEW_TO_POD_CHAIN.to_string());
     }
@@ -249,23 +259,26 @@ fn full(
         let _ = writeln!(out, "-X {chain}");
     }
     for hook in HOOKS {
+        let wanted = hook != IPVS_HOOK || node.ipvs;
         let rules: Vec<_> = filter
             .into_iter()
             .flat_map(|t| &t.rules)
-            .filter(|r| r.chain == hook)
+            .filter(|r| r.chain == hook.chain)
             .collect();
         let is_jump = |r: &iptables_save::SavedRule| r.target.as_deref() == Some(DISPATCH_CHAIN);
         let jumps: Vec<_> = rules.iter().copied().filter(|r| is_jump(r)).collect();
-        let first = rules.first().is_some_and(|r| is_jump(r));
+        let first = rules
+            .first()
+            .is_some_and(|r| is_jump(r) && r.spec == hook.spec());
         // The jump must be the hook's first rule: kube-proxy or another agent inserting
         // ahead of it (an ACCEPT) would bypass every policy. Re-asserted at each resync,
         // in the same atomic commit: delete every jump but a first one, then insert.
-        let keep = usize::from(first);
+        let keep = usize::from(first && wanted);
         for r in &jumps[keep..] {
-            let _ = writeln!(out, "-D {hook} {}", r.spec);
+            let _ = writeln!(out, "-D {} {}", hook.chain, r.spec);
         }
-        if !first {
-            let _ = writeln!(out, "-I {hook} 1 -j {DISPATCH_CHAIN}");
+        if wanted && !first {
+            let _ = writeln!(out, "-I {} 1 {}", hook.chain, hook.spec());
         }
     }
     Ok(())
@@ -358,7 +371,7 @@ mod tests {
             Family::V4,
             Some(saved),
             &NewPodIsolation::off(),
-            false,
+            NodeShape::default(),
             None,
         )
         .unwrap()
@@ -387,7 +400,7 @@ mod tests {
             Family::V4,
             Some(saved),
             &NewPodIsolation::off(),
-            false,
+            NodeShape::default(),
             None,
         )
         .unwrap()
@@ -406,12 +419,49 @@ mod tests {
             Family::V4,
             Some(first),
             &NewPodIsolation::off(),
-            false,
+            NodeShape::default(),
             None,
         )
         .unwrap()
         .unwrap();
         assert!(!s.contains("FORWARD"), "{s}");
+    }
+
+    #[test]
+    fn the_ipvs_hook_follows_ipvs() {
+        let mut names = ChainNames::default();
+        let full = |names: &mut ChainNames, saved: &str, ipvs: bool| {
+            let node = NodeShape {
+                bridged: false,
+                ipvs,
+            };
+            let (d, off) = (Desired::default(), NewPodIsolation::off());
+            script(names, &d, &d, Family::V4, Some(saved), &off, node, None)
+                .unwrap()
+                .unwrap()
+        };
+        let bare = "*mangle\n:FORWARD ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\nCOMMIT\n";
+        let s = full(&mut names, bare, true);
+        assert!(
+            s.contains("-I OUTPUT 1 -m ipvs --ipvs -j WEIR-FILTER\n"),
+            "{s}"
+        );
+        assert!(s.contains("-I FORWARD 1 -j WEIR-FILTER\n"), "{s}");
+        assert!(!full(&mut names, bare, false).contains("OUTPUT"));
+        // In place and first: left alone; IPVS gone: removed.
+        let hooked = "*mangle\n:OUTPUT ACCEPT [0:0]\n-A OUTPUT -m ipvs --ipvs -j WEIR-FILTER\n\
+                      -A OUTPUT -j ACCEPT\nCOMMIT\n";
+        assert!(!full(&mut names, hooked, true).contains("OUTPUT"));
+        assert!(
+            full(&mut names, hooked, false).contains("-D OUTPUT -m ipvs --ipvs -j WEIR-FILTER\n")
+        );
+        // A jump without the match would police the node's own traffic: replaced.
+        let unmatched = "*mangle\n:OUTPUT ACCEPT [0:0]\n-A OUTPUT -j WEIR-FILTER\nCOMMIT\n";
+        let s = full(&mut names, unmatched, true);
+        assert!(
+            s.contains("-D OUTPUT -j WEIR-FILTER\n-I OUTPUT 1 -m ipvs --ipvs -j WEIR-FILTER\n"),
+            "{s}"
+        );
     }
 
     #[test]
@@ -426,7 +476,7 @@ mod tests {
                 Family::V4,
                 None,
                 &NewPodIsolation::off(),
-                false,
+                NodeShape::default(),
                 None
             )
             .unwrap(),
@@ -441,7 +491,7 @@ mod tests {
             Family::V4,
             None,
             &NewPodIsolation::off(),
-            false,
+            NodeShape::default(),
             None,
         )
         .unwrap()
@@ -470,7 +520,7 @@ mod tests {
             Family::V4,
             Some(saved),
             &NewPodIsolation::off(),
-            false,
+            NodeShape::default(),
             None,
         )
         .unwrap()
