@@ -46,7 +46,10 @@ pub fn start(dir: &LabDir, state: &LabState) -> Result<u32, LabError> {
         .arg("--dataplane")
         .arg(state.dataplane.to_string())
         .arg("--bpf-root")
-        .arg(&state.bpf_root);
+        .arg(&state.bpf_root)
+        // The lab quotes the log's last lines when the agent exits: they must be its error,
+        // not the error's backtrace (anyhow captures one when RUST_BACKTRACE is set).
+        .env("RUST_LIB_BACKTRACE", "0");
     match &state.api {
         // As the DaemonSet runs it: NODE_NAME and the ServiceAccount's credentials.
         Some(api) => {

@@ -76,6 +76,10 @@ pub const AGENT_GROUPS: &[&str] = &[
     "system:serviceaccounts:kube-system",
 ];
 
+/// How long kube-apiserver gets to become ready (it bootstraps RBAC roles, priority
+/// classes and the Service CIDR first: seconds on the host, a minute or more emulated).
+pub const API_READY_WITHIN: Duration = Duration::from_secs(90);
+
 /// The files of one control plane, under `dir`.
 #[derive(Clone, Debug)]
 pub struct ControlPlane {
@@ -101,8 +105,9 @@ impl ControlPlane {
     }
 
     /// Writes keys, tokens, kubeconfigs and the audit policy (once), then starts etcd and
-    /// kube-apiserver in `node` and waits until the server is ready. Returns their pids.
-    pub fn start(&self, node: &str) -> Result<(u32, u32), LabError> {
+    /// kube-apiserver in `node` and waits up to [`API_READY_WITHIN`] for the server to be
+    /// ready, or `ready_within` when that is longer (a slow machine). Returns their pids.
+    pub fn start(&self, node: &str, ready_within: Duration) -> Result<(u32, u32), LabError> {
         let bin = components_dir();
         for b in ["etcd", "kube-apiserver"] {
             if !bin.join(b).is_file() {
@@ -120,7 +125,7 @@ impl ControlPlane {
         self.prepare()?;
         let etcd = self.start_etcd(node)?;
         let apiserver = self.start_apiserver(node)?;
-        self.wait_ready(node, Duration::from_secs(90))?;
+        self.wait_ready(node, ready_within.max(API_READY_WITHIN))?;
         Ok((etcd, apiserver))
     }
 

@@ -12,7 +12,7 @@ use std::time::Duration;
 use ipnet::{Ipv4Net, Ipv6Net};
 use k8s_openapi::api::core::v1::{Pod, PodIP, PodStatus};
 
-use super::control_plane::{ControlPlane, Identity, AGENT_GROUPS, AGENT_USER};
+use super::control_plane::{ControlPlane, Identity, AGENT_GROUPS, AGENT_USER, API_READY_WITHIN};
 use super::objects::{self, ObjectSet};
 use super::proxy::{self, ProxyMode, ProxyState};
 use super::services::{self, ServicesMode};
@@ -79,7 +79,7 @@ pub fn up(dir: &LabDir, opts: &UpOptions, manifests: &[PathBuf]) -> Result<(), L
     let built = world::create_node(&state.node_netns, &state.pod_network())
         .and_then(|()| dir.save(&state))
         .and_then(|()| match opts.api_server {
-            true => start_control_plane(dir, &mut state, &incoming),
+            true => start_control_plane(dir, &mut state, &incoming, opts.timeout),
             false => Ok(()),
         })
         .and_then(|()| {
@@ -108,6 +108,7 @@ fn start_control_plane(
     dir: &LabDir,
     state: &mut LabState,
     incoming: &[Object],
+    ready_within: Duration,
 ) -> Result<(), LabError> {
     let node_name = incoming
         .iter()
@@ -117,7 +118,7 @@ fn start_control_plane(
         })
         .unwrap_or_else(|| DEFAULT_NODE_NAME.to_string());
     let cp = ControlPlane::new(dir.api_dir());
-    let (etcd_pid, apiserver_pid) = cp.start(&state.node_netns)?;
+    let (etcd_pid, apiserver_pid) = cp.start(&state.node_netns, ready_within)?;
     state.api = Some(ApiState {
         node_name,
         etcd_pid,
@@ -173,7 +174,7 @@ fn install_rbac(cp: &ControlPlane, node: &str) -> Result<(), LabError> {
 /// `weir lab kube start`.
 pub fn kube_start(netns: &str, dir: &Path) -> Result<(), LabError> {
     let cp = ControlPlane::new(dir);
-    let (etcd, apiserver) = cp.start(netns)?;
+    let (etcd, apiserver) = cp.start(netns, API_READY_WITHIN)?;
     install_rbac(&cp, netns)?;
     println!(
         "{}",
@@ -341,7 +342,7 @@ pub fn api(dir: &LabDir, action: &super::cli::ApiAction) -> Result<(), LabError>
             netns::stop_pid(api_state.apiserver_pid, APISERVER_GRACE);
             api_state.apiserver_pid = cp.start_apiserver(&state.node_netns)?;
             dir.save(&state)?;
-            cp.wait_ready(&state.node_netns, Duration::from_secs(90))?;
+            cp.wait_ready(&state.node_netns, API_READY_WITHIN)?;
         }
         ApiAction::Compact => println!("{}", cp.compact_etcd(&state.node_netns)?),
     }

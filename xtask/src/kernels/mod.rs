@@ -8,7 +8,8 @@
 //! target/kernels/<kernel>/, which the guest can write.
 //!
 //! `--quick` (what `cargo xtask test` runs, on 5.10 in software emulation) runs the groups
-//! marked quick: eBPF and iptables enforcement, and a conformance subset on both dataplanes.
+//! marked quick: eBPF and iptables enforcement, a conformance subset on both dataplanes, and
+//! DNS through kube-proxy's ipvs mode on both.
 mod debian;
 mod groups;
 mod guest;
