@@ -6,6 +6,7 @@
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::Full;
@@ -51,6 +52,11 @@ fn respond(metrics: &Metrics, health: &Health, path: &str) -> Response<Full<Byte
     response
 }
 
+/// How long a bind to an address in use is retried: the agent this one replaces (a
+/// restarted host-network pod, or a killed process whose other threads are still exiting)
+/// may hold the port for a moment after it is gone.
+const ADDR_IN_USE_RETRY: Duration = Duration::from_secs(15);
+
 /// Binds `addr` and serves until the process ends. Returns the bound address (port 0
 /// picks a free one).
 pub async fn serve(
@@ -58,7 +64,7 @@ pub async fn serve(
     metrics: Arc<Metrics>,
     health: Arc<Health>,
 ) -> std::io::Result<SocketAddr> {
-    let listener = TcpListener::bind(addr).await?;
+    let listener = bind(addr).await?;
     let bound = listener.local_addr()?;
     tokio::spawn(async move {
         loop {
@@ -87,6 +93,27 @@ pub async fn serve(
     Ok(bound)
 }
 
+/// Binds `addr`, retrying for [`ADDR_IN_USE_RETRY`] while it is in use.
+async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    let deadline = tokio::time::Instant::now() + ADDR_IN_USE_RETRY;
+    let mut logged = false;
+    loop {
+        match TcpListener::bind(addr).await {
+            Err(e)
+                if e.kind() == std::io::ErrorKind::AddrInUse
+                    && tokio::time::Instant::now() < deadline =>
+            {
+                if !logged {
+                    tracing::warn!(%addr, "address in use (the agent before this one still exiting?); retrying for {}s", ADDR_IN_USE_RETRY.as_secs());
+                    logged = true;
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            other => return other,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -99,6 +126,23 @@ mod tests {
         let mut response = String::new();
         s.read_to_string(&mut response).await.unwrap();
         response
+    }
+
+    #[tokio::test]
+    async fn a_port_still_held_by_the_agent_before_is_waited_for() {
+        let held = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = held.local_addr().unwrap();
+        let release = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(600));
+            drop(held);
+        });
+        let metrics = Arc::new(Metrics::new());
+        let bound = serve(addr, metrics, Arc::new(Health::default()))
+            .await
+            .expect("bound once the port was free");
+        release.join().unwrap();
+        assert_eq!(bound, addr);
+        assert!(get(addr, "/healthz").await.starts_with("HTTP/1.1 200"));
     }
 
     #[tokio::test]

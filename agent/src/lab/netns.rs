@@ -188,13 +188,18 @@ pub fn stop_processes(netns: &str) -> Result<(), LabError> {
 /// Stops one process: SIGTERM, then SIGKILL after `grace`; waits until it is gone (or a
 /// zombie). A pid that no longer exists is already stopped.
 pub fn stop_pid(pid: u32, grace: std::time::Duration) {
+    // A zombie leader is not enough: its other threads may still be exiting, holding the
+    // process's files (the agent's listening port, say) until the last one is gone.
     let gone = || {
-        std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .map(|stat| {
-                stat.rsplit_once(") ")
-                    .is_some_and(|(_, rest)| rest.starts_with('Z'))
-            })
-            .unwrap_or(true)
+        let zombie = std::fs::read_to_string(format!("/proc/{pid}/stat")).map(|stat| {
+            stat.rsplit_once(") ")
+                .is_some_and(|(_, rest)| rest.starts_with('Z'))
+        });
+        let threads = std::fs::read_dir(format!("/proc/{pid}/task")).map(|d| d.count());
+        match (zombie, threads) {
+            (Err(_), _) | (_, Err(_)) => true,
+            (Ok(zombie), Ok(threads)) => zombie && threads <= 1,
+        }
     };
     let deadline = std::time::Instant::now() + grace;
     // SAFETY: kill only sends a signal to the given process id.

@@ -29,7 +29,7 @@ use groups::Group;
 
 /// How long one kernel's groups may take in all, quick and full (software emulation is
 /// several times slower than the host).
-const QUICK_TIMEOUT: Duration = Duration::from_secs(25 * 60);
+const QUICK_TIMEOUT: Duration = Duration::from_secs(35 * 60);
 const FULL_TIMEOUT: Duration = Duration::from_secs(150 * 60);
 
 #[derive(Clone, Debug, Serialize)]
