@@ -11,3 +11,4 @@ pub mod model;
 pub mod policy;
 pub mod reset;
 pub mod source;
+pub mod stdout;

@@ -38,20 +38,21 @@ fn main() -> anyhow::Result<()> {
     match cli.command {
         Command::Version => {
             let (major, minor) = weir::dataplane::ebpf::MIN_KERNEL;
-            println!(
-                "weir {}\nembedded eBPF object: {} bytes, built for Linux {major}.{minor} or later",
+            let mut text = format!(
+                "weir {}\nembedded eBPF object: {} bytes, built for Linux {major}.{minor} or later\n",
                 env!("CARGO_PKG_VERSION"),
                 weir::dataplane::ebpf::EMBEDDED_OBJECT.len()
             );
             let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
-            println!("running kernel: {}", release.trim());
+            text.push_str(&format!("running kernel: {}\n", release.trim()));
             let lacks = weir::dataplane::ebpf::kernel_lacks();
             if lacks.is_empty() {
-                println!("it lacks nothing weir uses");
+                text.push_str("it lacks nothing weir uses\n");
             }
             for l in lacks {
-                println!("it lacks {l}");
+                text.push_str(&format!("it lacks {l}\n"));
             }
+            weir::stdout::print(&text)?;
         }
         Command::Reset(args) => weir::reset::cli::run(args)?,
         Command::Explain(args) => weir::policy::explain_cli::run(args)?,

@@ -198,3 +198,31 @@ fn bad_arguments_are_clear_errors() {
     let (ok, _, stderr) = explain(&missing, &["--from", "x/a", "--to", "x/b", "--port", "80"]);
     assert!(!ok && stderr.contains("missing.yaml"), "{stderr}");
 }
+
+/// A reader that went away (`weir explain ... | head -1`) ends the command quietly: exit 0,
+/// no panic. The pipe's read end is closed before weir writes, so the write must fail.
+#[test]
+fn output_to_a_closed_pipe_ends_quietly() {
+    let dir = TempDir::new("epipe");
+    let world = dir.write("world.yaml", &world_yaml());
+    for output in ["text", "json"] {
+        let (reader, writer) = std::io::pipe().expect("pipe");
+        drop(reader);
+        let out = Command::new(env!("CARGO_BIN_EXE_weir"))
+            .args(["explain", "--manifests"])
+            .arg(&world)
+            .args([
+                "--from", "x/a", "--to", "x/b", "--port", "80", "--output", output,
+            ])
+            .stdout(writer)
+            .env_remove("RUST_BACKTRACE")
+            .output()
+            .expect("run weir explain");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.success() && !stderr.contains("panicked"),
+            "--output {output} to a closed pipe: {:?}, stderr: {stderr}",
+            out.status
+        );
+    }
+}

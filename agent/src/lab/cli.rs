@@ -341,18 +341,17 @@ fn probe_lab(dir: &LabDir, args: &ProbeArgs) -> anyhow::Result<()> {
         true => super::agent::current_dataplane(dir).unwrap_or(state.dataplane.to_string()),
         false => "none".to_string(),
     };
-    match args.output {
-        OutputFormat::Json => {
-            print_out(&(output::json_with_skipped(&dataplane, &probes, &plan.skipped) + "\n"))
-        }
-        OutputFormat::Table => print_out(&format!(
+    let text = match args.output {
+        OutputFormat::Json => output::json_with_skipped(&dataplane, &probes, &plan.skipped) + "\n",
+        OutputFormat::Table => format!(
             "{}{}{} probes in {:.2?}\n",
             output::table(&dataplane, &probes),
             output::skipped(&plan.skipped),
             probes.len(),
             started.elapsed()
-        )),
-    }
+        ),
+    };
+    Ok(crate::stdout::print(&text)?)
 }
 
 #[derive(Serialize)]
@@ -387,14 +386,5 @@ fn print_pods(dir: &LabDir, output: OutputFormat) -> anyhow::Result<()> {
             })
             .collect(),
     };
-    print_out(&text)
-}
-
-/// Writes to stdout; a closed pipe (`weir lab probe | head`) is not an error.
-fn print_out(text: &str) -> anyhow::Result<()> {
-    use std::io::Write;
-    match std::io::stdout().lock().write_all(text.as_bytes()) {
-        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e.into()),
-        _ => Ok(()),
-    }
+    Ok(crate::stdout::print(&text)?)
 }

@@ -176,10 +176,8 @@ pub fn kube_start(netns: &str, dir: &Path) -> Result<(), LabError> {
     let cp = ControlPlane::new(dir);
     let (etcd, apiserver) = cp.start(netns, API_READY_WITHIN)?;
     install_rbac(&cp, netns)?;
-    println!(
-        "{}",
-        serde_json::json!({ "etcd_pid": etcd, "apiserver_pid": apiserver })
-    );
+    let pids = serde_json::json!({ "etcd_pid": etcd, "apiserver_pid": apiserver });
+    crate::stdout::println(&pids.to_string()).map_err(|e| LabError::io("writing to stdout", e))?;
     Ok(())
 }
 
@@ -209,9 +207,7 @@ pub fn kube_apply(
             // (a Pod's labels) before the last one (its status) is acknowledged.
             let started = monotonic_ns();
             let written = api::sync(&client, &before, &after, None).await?;
-            println!("written {started}");
-            use std::io::Write;
-            let _ = std::io::stdout().flush();
+            crate::stdout::println(&format!("written {started}")).map_err(|e| e.to_string())?;
             let mut versions: BTreeMap<_, _> = match known {
                 Some(k) => k.into_iter().collect(),
                 None => api::list_versions(&client, &node)
@@ -234,7 +230,8 @@ pub fn kube_apply(
         })
         .and_then(|r| r)
         .map_err(|e| LabError::invalid("weir lab kube apply", e))?;
-    println!("digest {}", api::digest(&versions));
+    crate::stdout::println(&format!("digest {}", api::digest(&versions)))
+        .map_err(|e| LabError::io("writing to stdout", e))?;
     let list: Vec<_> = versions.into_iter().collect();
     write_atomic(
         &record,
@@ -344,7 +341,11 @@ pub fn api(dir: &LabDir, action: &super::cli::ApiAction) -> Result<(), LabError>
             dir.save(&state)?;
             cp.wait_ready(&state.node_netns, API_READY_WITHIN)?;
         }
-        ApiAction::Compact => println!("{}", cp.compact_etcd(&state.node_netns)?),
+        ApiAction::Compact => {
+            let revision = cp.compact_etcd(&state.node_netns)?;
+            crate::stdout::println(&revision.to_string())
+                .map_err(|e| LabError::io("writing to stdout", e))?
+        }
     }
     Ok(())
 }

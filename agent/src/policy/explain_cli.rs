@@ -47,8 +47,8 @@ pub fn run(args: ExplainArgs) -> anyhow::Result<()> {
     }
     let explanation = explain(&engine, &args.from, &args.to, args.port)?;
     match args.output {
-        OutputFormat::Text => print!("{explanation}"),
-        OutputFormat::Json => println!("{}", serde_json::to_string_pretty(&explanation)?),
+        OutputFormat::Text => crate::stdout::print(&explanation.to_string())?,
+        OutputFormat::Json => crate::stdout::println(&serde_json::to_string_pretty(&explanation)?)?,
     }
     Ok(())
 }

@@ -71,8 +71,8 @@ pub fn run(args: ResetArgs) -> anyhow::Result<()> {
     };
     let report = reset(&options);
     match args.output {
-        OutputFormat::Text => print!("{}", report.to_text()),
-        OutputFormat::Json => println!("{}", serde_json::to_string_pretty(&report)?),
+        OutputFormat::Text => crate::stdout::print(&report.to_text())?,
+        OutputFormat::Json => crate::stdout::println(&serde_json::to_string_pretty(&report)?)?,
     }
     if !report.succeeded() {
         bail!("reset finished with {} error(s)", report.errors.len());
