@@ -49,9 +49,12 @@ const CONFORMANCE_CELLS: &str = "ebpf/file/routed/none,iptables/file/routed/none
 const CONFORMANCE_QUICK_CELLS: &str =
     "ebpf/file/routed/none/bridge,iptables/file/routed/none/bridge";
 /// kube-proxy's ipvs mode, which the host kernel cannot run (no `CONFIG_IP_VS`; Debian's
-/// kernels build it as a module): every scenario, both dataplanes, both topologies.
-const CONFORMANCE_IPVS_CELLS: &str = "ebpf/server/routed/ipvs,iptables/server/routed/ipvs,\
-                                      ebpf/server/bridge/ipvs,iptables/server/bridge/ipvs";
+/// kernels build it as a module): both dataplanes, both topologies, the Service scenarios
+/// (every scenario in four emulated server cells takes hours; `WEIR_CONFORMANCE_CELLS`
+/// without `/proxy` runs them all).
+const CONFORMANCE_IPVS_CELLS: &str =
+    "ebpf/server/routed/ipvs/proxy,iptables/server/routed/ipvs/proxy,\
+     ebpf/server/bridge/ipvs/proxy,iptables/server/bridge/ipvs/proxy";
 const IPVS_GUESTS_ONLY: &str = "needs IPVS, which Debian's kernels have (the host's may not)";
 
 const CELLS: &str = "WEIR_CONFORMANCE_CELLS";
