@@ -73,13 +73,15 @@ pub fn tcx_or_its_refusal(tag: &str) -> bool {
 }
 
 /// Whether this kernel has what kube-proxy's ipvs mode needs (IPVS and dummy devices),
-/// probed independently of weir. Distribution kernels build both as modules: they are
-/// loaded first, as a node that runs kube-proxy in ipvs mode has them.
+/// probed independently of weir, once per test process (the conformance cells ask from
+/// several threads at once). Distribution kernels build both as modules: they are loaded
+/// first, as a node that runs kube-proxy in ipvs mode has them.
 pub fn kernel_has_ipvs() -> bool {
-    for module in ["ip_vs", "dummy"] {
-        let _ = std::process::Command::new("modprobe").arg(module).output();
-    }
-    let dummy = {
+    static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *HAS.get_or_init(|| {
+        for module in ["ip_vs", "dummy"] {
+            let _ = std::process::Command::new("modprobe").arg(module).output();
+        }
         let ns = format!("weir-test-dummy-{}", std::process::id());
         let ip = |args: &[&str]| {
             std::process::Command::new("ip")
@@ -88,9 +90,8 @@ pub fn kernel_has_ipvs() -> bool {
                 .is_ok_and(|o| o.status.success())
         };
         ip(&["netns", "add", &ns]);
-        let made = ip(&["-n", &ns, "link", "add", "d0", "type", "dummy"]);
+        let dummy = ip(&["-n", &ns, "link", "add", "d0", "type", "dummy"]);
         ip(&["netns", "delete", &ns]);
-        made
-    };
-    std::path::Path::new("/proc/net/ip_vs").exists() && dummy
+        std::path::Path::new("/proc/net/ip_vs").exists() && dummy
+    })
 }
