@@ -255,7 +255,17 @@ fn run_suite(cell: Cell) -> SuiteRun {
         up.extend(["--proxy", cell.proxy, "--services", "auto"]);
     }
     up.push(world.to_str().unwrap());
-    lab.weir(&up).unwrap_or_else(|e| panic!("{name}: {e}"));
+    // A cell that cannot come up fails on its own: the others' results still get printed.
+    if let Err(e) = lab.weir(&up) {
+        eprintln!("{name}: lab up failed: {e}");
+        return SuiteRun {
+            matrices: BTreeMap::new(),
+            failures: vec![format!("{name}: lab up: {e}")],
+            scenarios: 0,
+            elapsed: started.elapsed(),
+            not_run: None,
+        };
+    }
     eprintln!("{name}: lab up in {:.1?}", started.elapsed());
     let pods: serde_json::Value =
         serde_json::from_str(&lab.weir(&["pods", "--output", "json"]).unwrap()).unwrap();
