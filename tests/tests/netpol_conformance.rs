@@ -363,12 +363,21 @@ fn run_suite(cell: Cell) -> SuiteRun {
             }
         }
         // Back to the bare world for the next scenario.
+        // A lab that cannot get back to it fails this cell, not the whole run.
         if !policies.is_empty() {
             let file = manifest(&lab, &format!("cleanup-{n}.yaml"), &policies);
-            lab.weir(&["delete", file.to_str().unwrap()]).unwrap();
+            if let Err(e) = lab.weir(&["delete", file.to_str().unwrap()]) {
+                run.failures
+                    .push(format!("{name}: back to the bare world: {e}"));
+                break;
+            }
         }
         if relabelled {
-            lab.weir(&["apply", world.to_str().unwrap()]).unwrap();
+            if let Err(e) = lab.weir(&["apply", world.to_str().unwrap()]) {
+                run.failures
+                    .push(format!("{name}: back to the bare world: {e}"));
+                break;
+            }
         }
         eprintln!(
             "{name}: {n:02} {} in {:.1?}",
