@@ -147,34 +147,31 @@ fn a_module_the_kernel_cannot_load_is_named() {
         blacklisted.iter().any(|m| m == module) && !std::path::Path::new(sysfs).exists()
     };
 
-    let lab = Lab::new("floor-bridge");
-    let out = lab
-        .weir_raw(&["up", "--without-agent", "--topology", "bridge", world])
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    if missing("br_netfilter", "/proc/sys/net/bridge") {
-        assert!(!out.status.success(), "bridge lab up without br_netfilter");
-        assert!(
-            stderr.contains("kernel module br_netfilter cannot be loaded"),
-            "the error must name br_netfilter: {stderr}"
-        );
-    } else {
-        assert!(out.status.success(), "bridge lab up: {stderr}");
-    }
-    drop(lab);
-
-    let lab = Lab::new("floor-ipset");
-    let out = lab
-        .weir_raw(&["up", "--dataplane", "iptables", world])
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    if missing("ip_set", "/sys/module/ip_set") {
-        assert!(!out.status.success(), "iptables lab up without ip_set");
-        assert!(
-            stderr.contains("kernel module ip_set cannot be loaded"),
-            "the error must name ip_set: {stderr}"
-        );
-    } else {
-        assert!(out.status.success(), "iptables lab up: {stderr}");
-    }
+    let up_names = |tag: &str, args: &[&str], module: &str, sysfs: &str| {
+        let lab = Lab::new(tag);
+        let args: Vec<&str> = ["up"].iter().chain(args).chain(&[world]).copied().collect();
+        let out = lab.weir_raw(&args).unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        if missing(module, sysfs) {
+            assert!(!out.status.success(), "{args:?} without {module}");
+            assert!(
+                stderr.contains(&format!("kernel module {module} cannot be loaded")),
+                "the error must name {module}: {stderr}"
+            );
+        } else {
+            assert!(out.status.success(), "{args:?}: {stderr}");
+        }
+    };
+    up_names(
+        "floor-bridge",
+        &["--without-agent", "--topology", "bridge"],
+        "br_netfilter",
+        "/proc/sys/net/bridge",
+    );
+    up_names(
+        "floor-ipset",
+        &["--dataplane", "iptables"],
+        "ip_set",
+        "/sys/module/ip_set",
+    );
 }
