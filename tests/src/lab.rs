@@ -171,8 +171,39 @@ impl Lab {
     }
 }
 
+/// Set to a directory, every lab's logs (kube-proxy, kube-apiserver, etcd, the agent) are
+/// copied there, under the lab's own name, before it is torn down: a guest's state
+/// directories vanish with it, and a failure under emulation is rarely repeated on demand.
+pub const KEEP_LOGS_ENV: &str = "WEIR_TEST_KEEP_LOGS";
+
+impl Lab {
+    fn keep_logs(&self) {
+        let Some(keep) = std::env::var_os(KEEP_LOGS_ENV) else {
+            return;
+        };
+        let Some(name) = self.dir.file_name() else {
+            return;
+        };
+        let to = Path::new(&keep).join(name);
+        let Ok(entries) = std::fs::read_dir(&self.dir) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            if path.extension().is_some_and(|e| e == "log") {
+                let copied = std::fs::create_dir_all(&to)
+                    .and_then(|()| std::fs::copy(&path, to.join(entry.file_name())));
+                if let Err(e) = copied {
+                    eprintln!("keeping {}: {e}", path.display());
+                }
+            }
+        }
+    }
+}
+
 impl Drop for Lab {
     fn drop(&mut self) {
+        self.keep_logs();
         if let Err(e) = self.weir(&["down"]) {
             eprintln!("tearing down the lab in {}: {e}", self.dir.display());
         }

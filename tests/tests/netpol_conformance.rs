@@ -16,7 +16,7 @@
 //! no IPVS (the host's has none: `CONFIG_IP_VS` is not built).
 //!
 //! One lab per cell is shared by its scenarios (policies are applied and deleted between
-//! them); at most [`PARALLEL_LABS`] labs run at once.
+//! them); at most [`PARALLEL_LABS`] labs run at once (see [`parallel_labs`]).
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
@@ -65,8 +65,20 @@ const PROXY_SUBSET: &[&str] = &[
 ];
 
 /// Labs running at once: each probes 432 pairs per step with sub-second timeouts, on
-/// machines with two cores.
+/// machines with two cores. `WEIR_CONFORMANCE_LABS_AT_ONCE` sets another number (emulated
+/// guests run their API-server cells one at a time: four control planes on two emulated
+/// CPUs starved kube-proxy's first sync).
 const PARALLEL_LABS: usize = 4;
+
+fn parallel_labs() -> usize {
+    static N: OnceLock<usize> = OnceLock::new();
+    *N.get_or_init(|| match std::env::var("WEIR_CONFORMANCE_LABS_AT_ONCE") {
+        Ok(v) => v.parse().ok().filter(|n| *n > 0).unwrap_or_else(|| {
+            panic!("WEIR_CONFORMANCE_LABS_AT_ONCE: {v:?} is not a positive number")
+        }),
+        Err(_) => PARALLEL_LABS,
+    })
+}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Cell {
@@ -412,7 +424,7 @@ impl LabSlots {
     fn take() -> LabSlots {
         let (count, freed) = &SLOTS;
         let mut n = count.lock().unwrap_or_else(|e| e.into_inner());
-        while *n >= PARALLEL_LABS {
+        while *n >= parallel_labs() {
             n = freed.wait(n).unwrap_or_else(|e| e.into_inner());
         }
         *n += 1;

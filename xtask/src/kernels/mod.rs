@@ -30,7 +30,7 @@ use groups::Group;
 /// How long one kernel's groups may take in all, quick and full (software emulation is
 /// several times slower than the host).
 const QUICK_TIMEOUT: Duration = Duration::from_secs(35 * 60);
-const FULL_TIMEOUT: Duration = Duration::from_secs(150 * 60);
+const FULL_TIMEOUT: Duration = Duration::from_secs(5 * 3600);
 
 #[derive(Clone, Debug, Serialize)]
 struct GroupResult {
