@@ -40,11 +40,25 @@ enum Command {
     /// The upstream netpol scenarios on both dataplanes, both lab modes and both lab
     /// topologies, all of them (the test step runs the bridge topology on a subset).
     Conformance,
-    /// Build the release binary and the container image from deploy/Dockerfile (needs a
-    /// running docker or podman engine).
+    /// Build the image deploy/daemonset.yaml runs, with no container engine: the stripped
+    /// release binary and the tools it runs, from the Debian packages pinned in
+    /// deploy/image/packages.lock, as an OCI layout, an oci-archive and a docker-archive in
+    /// target/image/, with its digest (target/image/digest) and bill of materials
+    /// (target/image/packages.txt).
     Image {
+        /// The image's name:tag.
         #[arg(long, default_value = concat!("weir:", env!("CARGO_PKG_VERSION")))]
         tag: String,
+        /// Pin the apt sources' current versions in deploy/image/packages.lock first.
+        #[arg(long)]
+        relock: bool,
+        /// Put the unoptimised (dev) binary in the image, in target/image-dev/ (what `cargo
+        /// xtask test` runs its container tests on).
+        #[arg(long)]
+        dev: bool,
+        /// Build deploy/Dockerfile with this engine (docker or podman) instead.
+        #[arg(long, value_parser = ["docker", "podman"])]
+        engine: Option<String>,
     },
     /// Run the lab on the default example: build a node from network namespaces, enforce
     /// its policies and print the reachability matrix.
@@ -84,7 +98,17 @@ fn main() {
         Command::Build { release } => build::run(release),
         Command::Test => test::run(),
         Command::Conformance => conformance::run(),
-        Command::Image { tag } => image::run(&tag),
+        Command::Image {
+            tag,
+            relock,
+            dev,
+            engine,
+        } => image::run(&image::Options {
+            reference: tag,
+            dev,
+            relock,
+            engine,
+        }),
         Command::Demo { dataplane } => demo::run(&dataplane),
         Command::Bench { quick } => bench::run(quick),
         Command::Kernels {

@@ -29,6 +29,10 @@ const PACKAGES: &[&str] = &[
     "qemu-system-x86",
     "kmod",
     "busybox-static",
+    // `cargo xtask image`: the OCI layout, its archives, and the runtime that runs it.
+    "umoci",
+    "skopeo",
+    "runc",
     "rustc-web",
     "cargo-web",
     "libstd-rust-web-dev-bpf",
