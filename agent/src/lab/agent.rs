@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use serde::Deserialize;
 
+use super::container;
 use super::control_plane::{ControlPlane, Identity};
 use super::netns;
 use super::state::{LabDir, LabState};
@@ -33,42 +34,58 @@ pub struct StatusError {
     pub reason: String,
 }
 
-/// Starts the agent in the node namespace and returns its pid. It is entered with setns
-/// in the child, not with `ip netns exec`, which would remount /sys and hide the host's
-/// bpffs pins.
+/// Starts the agent in the node namespace and returns its pid: this weir binary, or with
+/// `--agent-image` runc running the image (the pid is runc's, which forwards signals). It
+/// is entered with setns in the child, not with `ip netns exec`, which would remount /sys
+/// and hide the host's bpffs pins.
 pub fn start(dir: &LabDir, state: &LabState) -> Result<u32, LabError> {
-    let exe = std::env::current_exe().map_err(|e| LabError::io("locating the weir binary", e))?;
-    let mut command = Command::new(exe);
-    command
-        .arg("agent")
-        .arg("--status-file")
-        .arg(dir.status_file())
-        .arg("--dataplane")
-        .arg(state.dataplane.to_string())
-        .arg("--bpf-root")
-        .arg(&state.bpf_root)
-        // The lab quotes the log's last lines when the agent exits: they must be its error,
-        // not the error's backtrace (anyhow captures one when RUST_BACKTRACE is set).
-        .env("RUST_LIB_BACKTRACE", "0");
+    let mut args: Vec<String> = vec![
+        "--status-file".into(),
+        dir.status_file().to_string_lossy().into(),
+        "--dataplane".into(),
+        state.dataplane.to_string(),
+        "--bpf-root".into(),
+        state.bpf_root.to_string_lossy().into(),
+    ];
+    // The lab quotes the log's last lines when the agent exits: they must be its error,
+    // not the error's backtrace (anyhow captures one when RUST_BACKTRACE is set).
+    let mut env: Vec<(String, String)> = vec![("RUST_LIB_BACKTRACE".into(), "0".into())];
     match &state.api {
         // As the DaemonSet runs it: NODE_NAME and the ServiceAccount's credentials.
         Some(api) => {
-            command
-                .env(
-                    "KUBECONFIG",
-                    ControlPlane::new(dir.api_dir()).kubeconfig(Identity::Agent),
-                )
-                .env("NODE_NAME", &api.node_name)
-                .args(["--log-format", "text"]);
+            let kubeconfig = ControlPlane::new(dir.api_dir()).kubeconfig(Identity::Agent);
+            env.push(("KUBECONFIG".into(), kubeconfig.to_string_lossy().into()));
+            env.push(("NODE_NAME".into(), api.node_name.clone()));
+            args.extend(["--log-format".into(), "text".into()]);
         }
         None => {
-            command
-                .arg("--manifests")
-                .arg(dir.objects_file())
-                // The lab waits for each change: notice it at once.
-                .args(["--poll-ms", "10"]);
+            args.extend([
+                "--manifests".into(),
+                dir.objects_file().to_string_lossy().into(),
+            ]);
+            // The lab waits for each change: notice it at once.
+            args.extend(["--poll-ms".into(), "10".into()]);
         }
     }
+    let mut command = match &state.agent_container {
+        Some(c) => container::command(
+            c,
+            &container::Launch {
+                node_netns: &state.node_netns,
+                node_name: state.api.as_ref().map(|a| a.node_name.as_str()),
+                args,
+                env,
+                binds: vec![dir.dir.clone()],
+            },
+        )?,
+        None => {
+            let exe =
+                std::env::current_exe().map_err(|e| LabError::io("locating the weir binary", e))?;
+            let mut command = Command::new(exe);
+            command.arg("agent").args(args).envs(env);
+            command
+        }
+    };
     let child = netns::spawn_detached(
         &state.node_netns,
         &mut command,

@@ -72,6 +72,15 @@ pub struct UpArgs {
     /// kernel, nftables the `nft` binary; both are checked first.
     #[arg(long, value_enum, default_value_t = ProxyMode::None)]
     pub proxy: ProxyMode,
+    /// Run the agent from weir's image (an OCI layout, PATH[:TAG]; `cargo xtask image`
+    /// writes target/image/oci) under runc, as the DaemonSet's pod: the runtime spec is
+    /// derived from deploy/daemonset.yaml (or the file WEIR_LAB_DAEMONSET names): its
+    /// command and args, env, securityContext, hostNetwork, hostPath volumes and mounts, and
+    /// memory limit. The lab adds its state directory, bound at the same path (status file,
+    /// objects, kubeconfig), and its agent flags. Default: the agent is this weir binary,
+    /// run directly in the node namespace.
+    #[arg(long, value_name = "LAYOUT[:TAG]")]
+    pub agent_image: Option<String>,
     #[command(flatten)]
     pub wait: WaitArgs,
     #[arg(required = true)]
@@ -316,6 +325,7 @@ fn up_lab(dir: &LabDir, up: &UpArgs) -> anyhow::Result<()> {
         api_server,
         services: up.services,
         proxy: up.proxy,
+        agent_image: up.agent_image.clone(),
     };
     ops::up(dir, &opts, &up.manifests).context("weir lab up")
 }

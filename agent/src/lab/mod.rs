@@ -11,6 +11,7 @@ pub mod addr;
 pub mod agent;
 pub mod api;
 pub mod cli;
+pub mod container;
 pub mod control_plane;
 pub mod error;
 pub mod listen;

@@ -17,7 +17,7 @@ use super::objects::{self, ObjectSet};
 use super::proxy::{self, ProxyMode, ProxyState};
 use super::services::{self, ServicesMode};
 use super::state::{write_atomic, ApiState, LabDir, LabState, PodState, ServedPort, Topology};
-use super::{addr, agent, api, netns, world, LabError};
+use super::{addr, agent, api, container, netns, world, LabError};
 use crate::dataplane::DataplaneKind;
 use crate::model::Object;
 use crate::reset::ResetOptions;
@@ -37,6 +37,8 @@ pub struct UpOptions {
     pub services: ServicesMode,
     /// The lab's kube-proxy (server mode only).
     pub proxy: ProxyMode,
+    /// `--agent-image`: the agent runs from this image under runc.
+    pub agent_image: Option<String>,
 }
 
 /// The Node a server-mode lab's agent runs as when the manifests name none.
@@ -75,7 +77,20 @@ pub fn up(dir: &LabDir, opts: &UpOptions, manifests: &[PathBuf]) -> Result<(), L
         agent_pid: None,
         services: opts.services,
         proxy: None,
+        agent_container: None,
     };
+    // The image is unpacked and the DaemonSet read before anything is built: a lab that
+    // cannot run them is refused at once.
+    if let (Some(image), false) = (&opts.agent_image, opts.without_agent) {
+        std::fs::create_dir_all(&dir.dir)
+            .map_err(|e| LabError::io(format!("creating {}", dir.dir.display()), e))?;
+        state.agent_container = Some(container::prepare(
+            &dir.dir,
+            image,
+            &container::default_daemonset(),
+            &state.id,
+        )?);
+    }
     let built = world::create_node(&state.node_netns, &state.pod_network())
         .and_then(|()| dir.save(&state))
         .and_then(|()| match opts.api_server {
@@ -287,8 +302,15 @@ pub fn down(dir: &LabDir) -> Result<(), LabError> {
     let id = dir.lab_id();
     let namespaces = netns::list_with_prefix(&id)?;
     let node = format!("{id}-node");
+    let agent_container = dir.load().ok().and_then(|s| s.agent_container);
     if let Some(agent_ns) = namespaces.iter().find(|ns| **ns == node) {
         netns::stop_processes(agent_ns)?;
+    }
+    if let Some(c) = &agent_container {
+        container::remove(c);
+        for d in [&c.bundle, &c.runc_root] {
+            let _ = std::fs::remove_dir_all(d);
+        }
     }
     reset_node(&node, &bpf_root(&id))?;
     for ns in &namespaces {

@@ -99,6 +99,9 @@ pub struct LabState {
     /// `--proxy`: the lab's kube-proxy, once started. None: no kube-proxy.
     #[serde(default)]
     pub proxy: Option<super::proxy::ProxyState>,
+    /// `--agent-image`: the agent's container. None: the agent runs directly.
+    #[serde(default)]
+    pub agent_container: Option<super::container::AgentContainer>,
 }
 
 /// The control plane of a lab in server mode (files in [`LabDir::api_dir`]).
@@ -246,6 +249,7 @@ mod tests {
             agent_pid: None,
             services: Default::default(),
             proxy: None,
+            agent_container: None,
         };
         let mut json: serde_json::Value = serde_json::to_value(&state).unwrap();
         assert_eq!(json["topology"], "bridge");
