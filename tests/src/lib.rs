@@ -95,3 +95,24 @@ pub fn kernel_has_ipvs() -> bool {
         std::path::Path::new("/proc/net/ip_vs").exists() && dummy
     })
 }
+
+/// weir's image as an OCI layout for `weir lab up --agent-image`: `WEIR_AGENT_IMAGE`, else
+/// target/image-dev/oci (`cargo xtask image --dev`, which `cargo xtask test` builds), else
+/// target/image/oci (`cargo xtask image`). A test that needs it and finds none fails
+/// naming the command.
+pub fn agent_image() -> String {
+    if let Ok(image) = std::env::var("WEIR_AGENT_IMAGE") {
+        return image;
+    }
+    let target = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target");
+    ["image-dev/oci", "image/oci"]
+        .iter()
+        .map(|d| target.join(d))
+        .find(|d| d.join("index.json").exists())
+        .map(|d| d.to_string_lossy().into_owned())
+        .unwrap_or_else(|| {
+            panic!(
+                "no image of weir: build it with `cargo xtask image --dev` (or set WEIR_AGENT_IMAGE to an OCI layout)"
+            )
+        })
+}

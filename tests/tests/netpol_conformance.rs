@@ -91,6 +91,9 @@ struct Cell {
     proxy: &'static str,
     /// `None`: every scenario.
     subset: Option<&'static [&'static str]>,
+    /// The agent runs from weir's image under runc with the DaemonSet's spec
+    /// (`--agent-image`), not as the test's own binary.
+    from_image: bool,
 }
 
 impl Cell {
@@ -107,20 +110,37 @@ impl Cell {
             topology,
             proxy,
             subset,
+            from_image: false,
+        }
+    }
+
+    /// The same cell with the agent in its container.
+    const fn from_image(self) -> Cell {
+        Cell {
+            from_image: true,
+            ..self
         }
     }
 
     fn name(&self) -> String {
         format!(
-            "{} ({}, {}, kube-proxy {})",
-            self.dataplane, self.api, self.topology, self.proxy
+            "{} ({}, {}, kube-proxy {}{})",
+            self.dataplane,
+            self.api,
+            self.topology,
+            self.proxy,
+            if self.from_image { ", agent image" } else { "" }
         )
     }
 
     fn tag(&self) -> String {
         format!(
-            "conf-{}-{}-{}-{}",
-            self.dataplane, self.api, self.topology, self.proxy
+            "conf-{}-{}-{}-{}{}",
+            self.dataplane,
+            self.api,
+            self.topology,
+            self.proxy,
+            if self.from_image { "-image" } else { "" }
         )
     }
 
@@ -130,8 +150,8 @@ impl Cell {
 }
 
 /// The cells `cargo xtask test` runs: the first is the reference of the differential
-/// check.
-const CI_CELLS: [Cell; 8] = [
+/// check. The last two run the agent from the image, as the DaemonSet does.
+const CI_CELLS: [Cell; 10] = [
     Cell::new("ebpf", "file", "routed", "none", None),
     Cell::new("iptables", "file", "routed", "none", None),
     Cell::new("ebpf", "server", "routed", "none", None),
@@ -146,6 +166,8 @@ const CI_CELLS: [Cell; 8] = [
         "nftables",
         Some(PROXY_SUBSET),
     ),
+    Cell::new("ebpf", "file", "routed", "none", Some(BRIDGE_SUBSET)).from_image(),
+    Cell::new("iptables", "server", "bridge", "none", Some(BRIDGE_SUBSET)).from_image(),
 ];
 
 fn full_matrix_requested() -> bool {
@@ -165,6 +187,7 @@ fn full_cells() -> Vec<Cell> {
     }
     for dataplane in ["ebpf", "iptables"] {
         cells.push(Cell::new(dataplane, "server", "routed", "none", None));
+        cells.push(Cell::new(dataplane, "server", "routed", "none", None).from_image());
     }
     cells
 }
@@ -181,9 +204,10 @@ fn cells() -> Vec<Cell> {
     }
 }
 
-/// `WEIR_CONFORMANCE_CELLS=dataplane/api/topology/proxy[/subset],...` (`cargo xtask
-/// kernels` chooses what each kernel runs); subset is `bridge` or `proxy`, every scenario
-/// without it. The first is the reference of the differential check.
+/// `WEIR_CONFORMANCE_CELLS=dataplane/api/topology/proxy[/subset][/image],...` (`cargo
+/// xtask kernels` chooses what each kernel runs); subset is `bridge` or `proxy`, every
+/// scenario without it; `image` runs the agent from weir's image. The first is the
+/// reference of the differential check.
 fn chosen_cells() -> Option<Vec<Cell>> {
     let spec = std::env::var("WEIR_CONFORMANCE_CELLS").ok()?;
     let pick = |value: &str, allowed: &[&'static str]| -> &'static str {
@@ -194,23 +218,31 @@ fn chosen_cells() -> Option<Vec<Cell>> {
     let cells = spec
         .split(',')
         .map(|c| {
-            let parts: Vec<&str> = c.trim().split('/').collect();
+            let mut parts: Vec<&str> = c.trim().split('/').collect();
+            let from_image = parts.last() == Some(&"image");
+            if from_image {
+                parts.pop();
+            }
             assert!(
                 (4..=5).contains(&parts.len()),
-                "WEIR_CONFORMANCE_CELLS: {c:?} is not dataplane/api/topology/proxy[/subset]"
+                "WEIR_CONFORMANCE_CELLS: {c:?} is not dataplane/api/topology/proxy[/subset][/image]"
             );
             let subset = parts.get(4).map(|s| match *s {
                 "bridge" => BRIDGE_SUBSET,
                 "proxy" => PROXY_SUBSET,
                 other => panic!("WEIR_CONFORMANCE_CELLS: subset {other:?} is not bridge or proxy"),
             });
-            Cell::new(
+            let cell = Cell::new(
                 pick(parts[0], &["ebpf", "iptables"]),
                 pick(parts[1], &["file", "server"]),
                 pick(parts[2], &["routed", "bridge"]),
                 pick(parts[3], &["none", "iptables", "nftables", "ipvs"]),
                 subset,
-            )
+            );
+            match from_image {
+                true => cell.from_image(),
+                false => cell,
+            }
         })
         .collect();
     Some(cells)
@@ -218,8 +250,10 @@ fn chosen_cells() -> Option<Vec<Cell>> {
 
 /// A CI cell as this run runs it (in the full matrix, with every scenario).
 fn cell(dataplane: &str, api: &str, topology: &str, proxy: &str) -> Cell {
-    let matches =
-        |c: &Cell| (c.dataplane, c.api, c.topology, c.proxy) == (dataplane, api, topology, proxy);
+    let matches = |c: &Cell| {
+        (c.dataplane, c.api, c.topology, c.proxy) == (dataplane, api, topology, proxy)
+            && !c.from_image
+    };
     cells()
         .into_iter()
         .find(matches)
@@ -265,6 +299,10 @@ fn run_suite(cell: Cell) -> SuiteRun {
     ];
     if cell.through_services() {
         up.extend(["--proxy", cell.proxy, "--services", "auto"]);
+    }
+    let image = cell.from_image.then(weir_tests::agent_image);
+    if let Some(image) = &image {
+        up.extend(["--agent-image", image.as_str()]);
     }
     up.push(world.to_str().unwrap());
     // A cell that cannot come up fails on its own: the others' results still get printed.

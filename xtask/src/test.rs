@@ -49,8 +49,9 @@ pub fn run() -> Result<()> {
 
     step("integration tests (real kernel)");
     check_kernel_prerequisites()?;
-    // The integration tests drive the real binary.
+    // The integration tests drive the real binary, and run it from its image too.
     run_cmd(cargo().args(["build", "--package", "weir", "--bins"]))?;
+    crate::image::for_tests().context("building the image the tests run the agent from")?;
     let integration = cargo_test(&["--workspace", "--no-fail-fast", "--test", "*"])?;
 
     // The kernel floor: the quick groups in a Debian 5.10 guest (issue 17).

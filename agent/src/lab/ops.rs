@@ -80,8 +80,9 @@ pub fn up(dir: &LabDir, opts: &UpOptions, manifests: &[PathBuf]) -> Result<(), L
         agent_container: None,
     };
     // The image is unpacked and the DaemonSet read before anything is built: a lab that
-    // cannot run them is refused at once.
-    if let (Some(image), false) = (&opts.agent_image, opts.without_agent) {
+    // cannot run them is refused at once. (Without an agent too: `weir lab agent start`
+    // starts it later.)
+    if let Some(image) = &opts.agent_image {
         std::fs::create_dir_all(&dir.dir)
             .map_err(|e| LabError::io(format!("creating {}", dir.dir.display()), e))?;
         state.agent_container = Some(container::prepare(

@@ -43,6 +43,17 @@ pub struct Options {
     pub engine: Option<String>,
 }
 
+/// The image from the dev binary (target/image-dev/oci), which the integration tests run
+/// the agent from (`weir lab up --agent-image`).
+pub fn for_tests() -> Result<()> {
+    run(&Options {
+        reference: format!("weir:{}", env!("CARGO_PKG_VERSION")),
+        relock: false,
+        dev: true,
+        engine: None,
+    })
+}
+
 pub fn run(o: &Options) -> Result<()> {
     if let Some(engine) = &o.engine {
         return with_engine(engine, &o.reference);
