@@ -115,7 +115,7 @@ impl Cell {
     }
 
     /// The same cell with the agent in its container.
-    const fn from_image(self) -> Cell {
+    const fn in_container(self) -> Cell {
         Cell {
             from_image: true,
             ..self
@@ -166,8 +166,8 @@ const CI_CELLS: [Cell; 10] = [
         "nftables",
         Some(PROXY_SUBSET),
     ),
-    Cell::new("ebpf", "file", "routed", "none", Some(BRIDGE_SUBSET)).from_image(),
-    Cell::new("iptables", "server", "bridge", "none", Some(BRIDGE_SUBSET)).from_image(),
+    Cell::new("ebpf", "file", "routed", "none", Some(BRIDGE_SUBSET)).in_container(),
+    Cell::new("iptables", "server", "bridge", "none", Some(BRIDGE_SUBSET)).in_container(),
 ];
 
 fn full_matrix_requested() -> bool {
@@ -187,7 +187,7 @@ fn full_cells() -> Vec<Cell> {
     }
     for dataplane in ["ebpf", "iptables"] {
         cells.push(Cell::new(dataplane, "server", "routed", "none", None));
-        cells.push(Cell::new(dataplane, "server", "routed", "none", None).from_image());
+        cells.push(Cell::new(dataplane, "server", "routed", "none", None).in_container());
     }
     cells
 }
@@ -240,7 +240,7 @@ fn chosen_cells() -> Option<Vec<Cell>> {
                 subset,
             );
             match from_image {
-                true => cell.from_image(),
+                true => cell.in_container(),
                 false => cell,
             }
         })
