@@ -455,7 +455,19 @@ fn apply(
                 set.push(name);
             }
         }
-        set
+        // A capability this host cannot grant would fail the start ("unable to apply
+        // caps"), as it would on such a node; the lab runs without it and says so.
+        let bounding = bounding_set();
+        let (kept, lacking): (Vec<String>, Vec<String>) =
+            set.into_iter().partition(|c| bounding.contains(c));
+        if !lacking.is_empty() {
+            eprintln!(
+                "warning: {}: this host's capability bounding set lacks {}; the agent's container runs without",
+                field("securityContext.capabilities.add"),
+                lacking.join(", ")
+            );
+        }
+        kept
     };
     process["capabilities"] = json!({
         "bounding": caps, "effective": caps, "permitted": caps, "ambient": caps,
