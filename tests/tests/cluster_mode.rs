@@ -312,3 +312,45 @@ fn ebpf_watch_semantics_on_the_real_api_server() {
 fn iptables_watch_semantics_on_the_real_api_server() {
     watch_semantics("iptables");
 }
+
+/// deploy/ as the real kube-apiserver admits it: `kubectl apply --dry-run=server -k deploy/`
+/// (admission and validation, such as the rules on privileged containers, capabilities
+/// and mount propagation, which rendering alone does not apply).
+#[test]
+fn the_real_api_server_admits_deploy() {
+    let lab = Lab::new("deploy-admitted");
+    lab.weir(&[
+        "up",
+        "--api",
+        "server",
+        "--without-agent",
+        demo_world().to_str().unwrap(),
+    ])
+    .expect("lab up --api server");
+    let kubeconfig = lab.dir.join("api/kubeconfig-admin");
+    let deploy = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy");
+    let out = weir_tests::netns::NetNs::attach(&lab.node_netns())
+        .run(
+            "kubectl",
+            &[
+                "--kubeconfig",
+                kubeconfig.to_str().unwrap(),
+                "apply",
+                "--dry-run=server",
+                "-k",
+                deploy.to_str().unwrap(),
+            ],
+            None,
+        )
+        .expect("running kubectl (cargo xtask setup installs it)");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "the API server refused deploy/: {}{stdout}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("daemonset.apps/weir created (server dry run)"),
+        "kubectl did not admit the DaemonSet: {stdout}"
+    );
+}
