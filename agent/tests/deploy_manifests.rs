@@ -110,7 +110,7 @@ fn deploy_builds_and_every_object_is_valid() {
         assert!(readable(res), "the agent must list and watch {res}");
     }
 
-    // The DaemonSet: every node, privileged, in the node's network namespace.
+    // The DaemonSet: every Linux node, in the node's network namespace.
     assert_eq!(ds.metadata.namespace.as_deref(), Some(sa_ns.as_str()));
     let pod = ds.spec.template.spec.as_ref().unwrap();
     assert_eq!(pod.service_account_name.as_deref(), Some(sa_name.as_str()));
@@ -128,10 +128,34 @@ fn deploy_builds_and_every_object_is_valid() {
                 && t.effect.is_none()),
         "must tolerate every taint"
     );
-    let c = &pod.containers[0];
     assert_eq!(
-        c.security_context.as_ref().and_then(|s| s.privileged),
-        Some(true)
+        pod.node_selector
+            .as_ref()
+            .and_then(|s| s.get("kubernetes.io/os"))
+            .map(String::as_str),
+        Some("linux"),
+        "Linux nodes only"
+    );
+    // Least privilege: not privileged, these capabilities and no others (each is needed:
+    // tests/tests/agent_image.rs and the conformance cells run the agent with this spec).
+    let c = &pod.containers[0];
+    let security = c.security_context.as_ref().unwrap();
+    assert_eq!(security.privileged, Some(false));
+    let caps = security.capabilities.as_ref().unwrap();
+    assert_eq!(caps.drop.as_deref(), Some(&["ALL".to_string()][..]));
+    let mut added = caps.add.clone().unwrap();
+    added.sort();
+    assert_eq!(
+        added,
+        [
+            "BPF",
+            "NET_ADMIN",
+            "NET_RAW",
+            "PERFMON",
+            "SYS_ADMIN",
+            "SYS_MODULE",
+            "SYS_RESOURCE"
+        ]
     );
     assert_eq!(c.args.as_deref(), Some(&["agent".to_string()][..]));
     let node_name = c

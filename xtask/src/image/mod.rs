@@ -139,6 +139,11 @@ pub fn run(o: &Options) -> Result<()> {
         );
     }
     println!(
+        "image: pin it in deploy/ once pushed: (cd deploy && kustomize edit set image \
+         weir=REGISTRY/weir@{})",
+        built.digest
+    );
+    println!(
         "image: digest in {}/digest; load with `ctr images import {}` or `docker load -i {}`",
         out.display(),
         built.docker_archive.display(),
