@@ -171,10 +171,25 @@ fn leftovers(lab: &Lab) -> (Vec<String>, Vec<String>) {
 
 #[test]
 fn label_flips_switch_live_without_opening_or_leaving_anything() {
-    let lab = Lab::new("switch");
+    switch_live("switch", None);
+}
+
+/// The same, with the agent in its container as the DaemonSet runs it (the image's own
+/// ipset and iptables, the DaemonSet's capabilities and mounts).
+#[test]
+fn from_the_image_label_flips_switch_live_without_opening_or_leaving_anything() {
+    switch_live("switch-image", Some(weir_tests::agent_image()));
+}
+
+fn switch_live(tag: &str, image: Option<String>) {
+    let lab = Lab::new(tag);
     let world = manifest(&lab, "world.yaml", &format!("{}---\n{WORLD}", node("ebpf")));
-    lab.weir(&["up", "--dataplane", "ebpf", world.to_str().unwrap()])
-        .expect("lab up");
+    let mut up = vec!["up", "--dataplane", "ebpf"];
+    if let Some(image) = &image {
+        up.extend(["--agent-image", image.as_str()]);
+    }
+    up.push(world.to_str().unwrap());
+    lab.weir(&up).expect("lab up");
 
     let rounds = Mutex::new(Vec::new());
     let stop = AtomicBool::new(false);
