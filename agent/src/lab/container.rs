@@ -89,6 +89,8 @@ const CAPABILITY_NAMES: &[&str] = &[
     "CHECKPOINT_RESTORE",
 ];
 const RUNC_TIMEOUT: Duration = Duration::from_secs(60);
+/// umoci's runtime spec for the image, kept as unpacked.
+const UMOCI_CONFIG: &str = "config.umoci.json";
 
 /// The lab's record of its agent container.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -154,6 +156,13 @@ pub fn prepare(
         ],
         Duration::from_secs(120),
     )?;
+    // Every start derives its spec from umoci's, untouched.
+    std::fs::rename(bundle.join("config.json"), bundle.join(UMOCI_CONFIG)).map_err(|e| {
+        LabError::io(
+            format!("keeping umoci's config.json in {}", bundle.display()),
+            e,
+        )
+    })?;
     // Read now, so a manifest the lab cannot run is refused before anything starts.
     load_container(daemonset)?;
     Ok(AgentContainer {
@@ -170,7 +179,7 @@ pub fn prepare(
 pub fn command(c: &AgentContainer, launch: &Launch) -> Result<Command, LabError> {
     let agent = load_container(&c.daemonset)?;
     let config_path = c.bundle.join("config.json");
-    let mut spec: Value = read_json(&config_path)?;
+    let mut spec: Value = read_json(&c.bundle.join(UMOCI_CONFIG))?;
     let image_config = image_config(&c.image)?;
     apply(&mut spec, &agent, &image_config, launch, &c.daemonset)?;
     std::fs::write(
@@ -199,6 +208,22 @@ pub fn command(c: &AgentContainer, launch: &Launch) -> Result<Command, LabError>
         .arg(&c.bundle)
         .arg(&c.id);
     Ok(command)
+}
+
+/// Sends `signal` to the agent in its container (runc's own pid would only reach runc,
+/// which cannot pass SIGKILL or SIGSTOP on).
+pub fn signal(c: &AgentContainer, signal: i32) -> Result<(), LabError> {
+    run(
+        "runc",
+        &[
+            "--root",
+            &c.runc_root.to_string_lossy(),
+            "kill",
+            &c.id,
+            &signal.to_string(),
+        ],
+        RUNC_TIMEOUT,
+    )
 }
 
 /// Removes the container whatever its state (a runc killed with SIGKILL leaves it).

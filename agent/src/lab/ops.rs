@@ -379,6 +379,10 @@ pub fn signal_agent(dir: &LabDir, signal: i32) -> Result<(), LabError> {
     let pid = state
         .agent_pid
         .ok_or_else(|| LabError::Agent("this lab has no agent".into()))?;
+    // In its container the agent is not runc (whose pid the lab holds): runc signals it.
+    if let Some(c) = &state.agent_container {
+        return container::signal(c, signal);
+    }
     // SAFETY: kill only sends a signal to the given process id.
     if unsafe { libc::kill(pid as i32, signal) } != 0 {
         return Err(LabError::io(
