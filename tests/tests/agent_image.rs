@@ -87,3 +87,87 @@ fn on_a_legacy_node_the_image_writes_legacy_rules() {
 fn on_an_nft_node_the_image_writes_nft_rules() {
     follows_the_node("nft");
 }
+
+/// The seed's incident under the DaemonSet's spec: 20 leaked weir sets that rules weir
+/// does not own still reference (Azure NPM crash-looped at 16), and 10 that nothing holds.
+/// The agent from the image starts, its boot reset removes what it can, reports the
+/// rest, and it enforces.
+#[test]
+fn the_image_boots_through_leaked_sets_it_cannot_delete() {
+    let lab = Lab::new("image-leaked-sets");
+    let image = weir_tests::agent_image();
+    lab.weir(&[
+        "up",
+        "--dataplane",
+        "iptables",
+        "--without-agent",
+        "--agent-image",
+        &image,
+        weir_tests::lab::netpol_world().to_str().unwrap(),
+    ])
+    .expect("lab up without its agent");
+    let node = NetNs::attach(&lab.node_netns());
+    let mut sets = String::new();
+    let mut rules = String::from("*filter\n");
+    for i in 0..20 {
+        sets.push_str(&format!("create weir-leak{i} hash:net family inet\n"));
+        rules.push_str(&format!(
+            "-A INPUT -m set --match-set weir-leak{i} src -j ACCEPT\n"
+        ));
+    }
+    for i in 0..10 {
+        sets.push_str(&format!("create weir-free{i} hash:net family inet\n"));
+    }
+    rules.push_str("COMMIT\n");
+    node.ok("ipset", &["restore"], Some(&sets))
+        .expect("ipset restore");
+    node.ok("iptables-legacy-restore", &["--noflush"], Some(&rules))
+        .expect("the foreign rules");
+    lab.weir(&["agent", "start"])
+        .expect("starting the agent from the image");
+    // It converges, and names each set it cannot delete, and why.
+    let status = converged(&lab);
+    let errors = status["errors"].as_array().expect("errors");
+    assert_eq!(errors.len(), 20, "{status}");
+    for e in errors {
+        let (object, reason) = (e["object"].as_str().unwrap(), e["reason"].as_str().unwrap());
+        assert!(
+            object.starts_with("ipset weir-leak") && reason.contains("in use"),
+            "{e}"
+        );
+    }
+    let left = node.ok("ipset", &["list", "-n"], None).expect("ipset list");
+    let left: Vec<&str> = left.lines().collect();
+    assert!(
+        !left.iter().any(|s| s.starts_with("weir-free")),
+        "the boot reset left sets nothing held: {left:?}"
+    );
+    let leaked = left.iter().filter(|s| s.starts_with("weir-leak")).count();
+    assert_eq!(leaked, 20, "the referenced sets cannot go: {left:?}");
+    // And it enforces: a default deny in x isolates x/a.
+    let deny = weir_tests::lab::manifest(
+        &lab,
+        "deny.yaml",
+        "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {name: deny, namespace: x}\nspec: {podSelector: {}, policyTypes: [Ingress]}\n",
+    );
+    lab.weir(&["apply", "--no-wait", deny.to_str().unwrap()])
+        .expect("apply");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let (_, matrix) = lab.probe(&[]).expect("probe");
+        let into_x = matrix
+            .iter()
+            .filter(|((from, to, _, _), connected)| {
+                to.starts_with("x/") && !from.starts_with("x/") && **connected
+            })
+            .count();
+        if into_x == 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{into_x} connections into x still pass a default deny"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
