@@ -657,8 +657,17 @@ fn table(runs: &[(Cell, &SuiteRun)]) -> String {
     );
     let _ = writeln!(
         out,
-        "{:<9} {:<7} {:<8} {:<9} {:>9} {:>6} {:>8} {:>8} {:>8}  result",
-        "dataplane", "api", "topology", "proxy", "scenarios", "steps", "probes", "failures", "time"
+        "{:<9} {:<7} {:<8} {:<9} {:<6} {:>9} {:>6} {:>8} {:>8} {:>8}  result",
+        "dataplane",
+        "api",
+        "topology",
+        "proxy",
+        "agent",
+        "scenarios",
+        "steps",
+        "probes",
+        "failures",
+        "time"
     );
     for (cell, run) in runs {
         let probes: usize = run.matrices.values().map(|m| m.len()).sum();
@@ -669,11 +678,12 @@ fn table(runs: &[(Cell, &SuiteRun)]) -> String {
         };
         let _ = writeln!(
             out,
-            "{:<9} {:<7} {:<8} {:<9} {:>9} {:>6} {:>8} {:>8} {:>7.0}s  {result}",
+            "{:<9} {:<7} {:<8} {:<9} {:<6} {:>9} {:>6} {:>8} {:>8} {:>7.0}s  {result}",
             cell.dataplane,
             cell.api,
             cell.topology,
             cell.proxy,
+            if cell.from_image { "image" } else { "binary" },
             run.scenarios,
             run.matrices.len(),
             probes,
