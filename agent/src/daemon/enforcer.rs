@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use super::event::ObjectError;
 use super::select::{resolve, DataplaneChoice, Effective};
-use crate::dataplane::{ApplyFailure, Dataplane, DataplaneError, DataplaneKind};
+use crate::dataplane::{ApplyFailure, ApplyReport, Dataplane, DataplaneError, DataplaneKind};
 use crate::policy::desired::{Delta, Desired};
 
 /// State that must go from this node.
@@ -65,6 +65,8 @@ pub struct Enforcer<B: Backends> {
     pending_sets: Vec<String>,
     /// Objects the dataplane could not enforce at its last apply or reconcile.
     failures: Vec<ApplyFailure>,
+    /// Sets of its own the active dataplane could not destroy at its last write.
+    held_sets: Vec<String>,
     /// Why the last switch did not happen, until one succeeds.
     switch_error: Option<String>,
 }
@@ -105,9 +107,11 @@ impl<B: Backends> Enforcer<B> {
             effective,
             pending: Cleanup::default(),
             pending_sets: Vec::new(),
-            failures: report.failures,
+            failures: Vec::new(),
+            held_sets: Vec::new(),
             switch_error: None,
         };
+        enforcer.take(report);
         let cleanup = Cleanup {
             dataplane: Some(other(enforcer.effective.kind)),
             azure_npm: true,
@@ -131,23 +135,20 @@ impl<B: Backends> Enforcer<B> {
         self.switch_error.as_deref()
     }
 
-    /// Sets of earlier cleanups still waiting to be destroyed.
-    pub fn pending_sets(&self) -> &[String] {
-        &self.pending_sets
-    }
-
     pub fn status(&self) -> crate::dataplane::DataplaneStatus {
         self.active.status()
     }
 
     pub fn apply(&mut self, delta: &Delta, desired: &Desired) -> Result<(), DataplaneError> {
-        self.failures = self.active.apply(delta, desired)?.failures;
+        let report = self.active.apply(delta, desired)?;
+        self.take(report);
         Ok(())
     }
 
     /// Periodic repair: converge the dataplane again and retry pending cleanups.
     pub fn reconcile(&mut self, desired: &Desired) -> Result<Outcome, DataplaneError> {
-        self.failures = self.active.reconcile(desired)?.failures;
+        let report = self.active.reconcile(desired)?;
+        self.take(report);
         let mut outcome = Outcome::default();
         if !self.pending.is_empty() {
             let retry = std::mem::take(&mut self.pending);
@@ -208,7 +209,6 @@ impl<B: Backends> Enforcer<B> {
             "new dataplane converged; removing the old one");
         let old = std::mem::replace(&mut self.active, fresh);
         drop(old);
-        self.failures = report.failures;
         self.effective = next;
         self.switch_error = None;
         // Never clean what now enforces: a set name of the new dataplane may be one an
@@ -220,6 +220,7 @@ impl<B: Backends> Enforcer<B> {
             self.pending_sets
                 .retain(|name| !name.starts_with(WEIR_SET_PREFIX));
         }
+        self.take(report);
         let old_state = Cleanup {
             dataplane: Some(from),
             azure_npm: false,
@@ -227,6 +228,23 @@ impl<B: Backends> Enforcer<B> {
         outcome.cleanups.push(self.clean(old_state));
         outcome.switched = Some((from, self.effective.kind));
         outcome
+    }
+
+    /// A dataplane's report: its failures, and the sets of its own it could not destroy
+    /// (it retries them itself; they are logged, once, and counted like the cleanups').
+    fn take(&mut self, report: ApplyReport) {
+        self.failures = report.failures;
+        for held in &report.held_sets {
+            if !self.held_sets.contains(&held.object) {
+                tracing::warn!(set = %held.object, reason = %held.reason, "could not destroy; will retry");
+            }
+        }
+        self.held_sets = report.held_sets.into_iter().map(|h| h.object).collect();
+    }
+
+    /// Sets that could not be destroyed: the cleanups' and the active dataplane's own.
+    pub fn undeletable_sets(&self) -> usize {
+        self.pending_sets.len() + self.held_sets.len()
     }
 
     /// Runs a cleanup; what could not be removed is kept for the next retry.

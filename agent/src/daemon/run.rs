@@ -442,7 +442,7 @@ impl<B: Backends> Daemon<B> {
         if let Some(enforcer) = &self.enforcer {
             self.metrics.set_effective(enforcer.effective());
             self.metrics
-                .set_undeletable_sets(enforcer.pending_sets().len());
+                .set_undeletable_sets(enforcer.undeletable_sets());
             self.metrics.set_dataplane_status(&enforcer.status());
         }
         if status.converged {

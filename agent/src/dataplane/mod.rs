@@ -41,6 +41,11 @@ pub struct ApplyFailure {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ApplyReport {
     pub failures: Vec<ApplyFailure>,
+    /// Sets weir no longer uses that something else still references: flushed, so they
+    /// enforce nothing; not failures of enforcement. The enforcer retries them with the
+    /// cleanups' undeletable sets and reports them the same way on both dataplanes (log and
+    /// `weir_reset_undeletable_ipsets`).
+    pub held_sets: Vec<ApplyFailure>,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]

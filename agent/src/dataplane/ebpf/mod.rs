@@ -731,7 +731,10 @@ impl EbpfDataplane {
             desired.sets.len(),
             self.records.rules.by_id.len(),
         );
-        Ok(ApplyReport { failures })
+        Ok(ApplyReport {
+            failures,
+            held_sets: Vec::new(),
+        })
     }
 }
 

@@ -282,9 +282,9 @@ impl IptablesDataplane {
             // Tolerant: a set something else still references is flushed and reported.
             let outcome = ipsets::remove(&|n| stale.contains(n));
             report
-                .failures
+                .held_sets
                 .extend(outcome.undeletable.into_iter().map(|u| ApplyFailure {
-                    object: format!("ipset {}", u.name),
+                    object: u.name,
                     reason: u.reason,
                 }));
             report
