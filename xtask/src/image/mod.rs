@@ -225,11 +225,12 @@ fn sbom(lock: &[debs::Locked], used: &BTreeMap<String, usize>, weir: &Path) -> R
     Ok(text)
 }
 
-/// The release binary without its debug info (function names stay, for backtraces).
+/// The release binary without debug info or symbols (backtraces lose function names; the
+/// image is a third smaller: 26 MB with symbols).
 fn strip(binary: &Path, to: &Path) -> Result<PathBuf> {
     exec(
         Command::new("objcopy")
-            .arg("--strip-debug")
+            .arg("--strip-all")
             .arg(binary)
             .arg(to),
     )?;
