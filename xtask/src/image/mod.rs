@@ -226,7 +226,7 @@ fn sbom(lock: &[debs::Locked], used: &BTreeMap<String, usize>, weir: &Path) -> R
 }
 
 /// The release binary without debug info or symbols (backtraces lose function names; the
-/// image is a third smaller: 26 MB with symbols).
+/// binary is 20.8 MiB instead of 26, and the image fits in 15 MB compressed).
 fn strip(binary: &Path, to: &Path) -> Result<PathBuf> {
     exec(
         Command::new("objcopy")
