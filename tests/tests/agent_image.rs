@@ -30,22 +30,28 @@ fn converged(lab: &Lab) -> Value {
     }
 }
 
-/// A node whose existing rules are in `backend` (kubelet's hint chain, as kube-proxy
-/// finds it), then the agent from the image: weir's chains must land in that backend only.
-fn follows_the_node(backend: &str) {
-    let lab = Lab::new(&format!("image-backend-{backend}"));
-    let image = weir_tests::agent_image();
+/// A lab node whose agent (from the image) is not started yet, so that the test can give
+/// the node some state first (`weir lab agent start` starts it).
+fn prepared_node(tag: &str, dataplane: &str) -> (Lab, NetNs) {
+    let lab = Lab::new(tag);
     lab.weir(&[
         "up",
         "--dataplane",
-        "iptables",
+        dataplane,
         "--without-agent",
         "--agent-image",
-        &image,
+        &weir_tests::agent_image(),
         weir_tests::lab::netpol_world().to_str().unwrap(),
     ])
     .expect("lab up without its agent");
     let node = NetNs::attach(&lab.node_netns());
+    (lab, node)
+}
+
+/// A node whose existing rules are in `backend` (kubelet's hint chain, as kube-proxy
+/// finds it), then the agent from the image: weir's chains must land in that backend only.
+fn follows_the_node(backend: &str) {
+    let (lab, node) = prepared_node(&format!("image-backend-{backend}"), "iptables");
     let run = |program: String, args: &[&str]| {
         node.ok(&program, args, None)
             .unwrap_or_else(|e| panic!("{program} {args:?} in the node: {e}"))
@@ -103,19 +109,7 @@ fn the_image_boots_through_leaked_sets_it_cannot_delete_on_ebpf() {
 }
 
 fn boots_through_leaked_sets(dataplane: &str) {
-    let lab = Lab::new(&format!("image-leaked-sets-{dataplane}"));
-    let image = weir_tests::agent_image();
-    lab.weir(&[
-        "up",
-        "--dataplane",
-        dataplane,
-        "--without-agent",
-        "--agent-image",
-        &image,
-        weir_tests::lab::netpol_world().to_str().unwrap(),
-    ])
-    .expect("lab up without its agent");
-    let node = NetNs::attach(&lab.node_netns());
+    let (lab, node) = prepared_node(&format!("image-leaked-sets-{dataplane}"), dataplane);
     let mut sets = String::new();
     let mut rules = String::from("*filter\n");
     for i in 0..20 {
