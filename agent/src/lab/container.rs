@@ -21,7 +21,7 @@ use k8s_openapi::api::core::v1::Container;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
-use super::LabError;
+use super::{netns, LabError};
 use crate::reset::exec;
 
 /// The container deploy/daemonset.yaml runs the agent in.
@@ -138,12 +138,8 @@ pub fn prepare(
     id: &str,
 ) -> Result<AgentContainer, LabError> {
     let (layout, tag) = layout_and_tag(image)?;
-    if which("runc").is_none() {
-        return Err(LabError::invalid(
-            "--agent-image",
-            "runc is not installed (the lab runs the image under runc; `cargo xtask setup` installs it)",
-        ));
-    }
+    // Both are needed before anything is built: umoci now, runc at every start.
+    run("runc", &["--version"], RUNC_TIMEOUT)?;
     let bundle = dir.join("agent-bundle");
     let _ = std::fs::remove_dir_all(&bundle);
     run(
@@ -632,24 +628,9 @@ fn read_json(path: &Path) -> Result<Value, LabError> {
         .map_err(|e| LabError::invalid(path.display().to_string(), e.to_string()))
 }
 
+/// runc and umoci, through the lab's tool runner.
 fn run(program: &str, args: &[&str], timeout: Duration) -> Result<(), LabError> {
-    let out = exec::run_with_timeout(program, args, None, timeout)
-        .map_err(|e| LabError::invalid(format!("{program} {}", args.join(" ")), e.to_string()))?;
-    if !out.success {
-        return Err(LabError::Command {
-            command: format!("{program} {}", args.join(" ")),
-            stderr: out.stderr,
-        });
-    }
-    Ok(())
-}
-
-fn which(program: &str) -> Option<PathBuf> {
-    std::env::var_os("PATH")?
-        .to_str()?
-        .split(':')
-        .map(|d| Path::new(d).join(program))
-        .find(|p| p.is_file())
+    netns::tool(program, program, args, timeout).map(drop)
 }
 
 #[cfg(test)]

@@ -9,19 +9,39 @@ use super::LabError;
 
 /// Runs `ip ARGS...` and returns its stdout; a non-zero exit is an error quoting stderr.
 pub fn ip(args: &[&str]) -> Result<String, LabError> {
+    tool(
+        "ip",
+        "iproute2",
+        args,
+        crate::reset::exec::default_timeout(),
+    )
+}
+
+/// Runs `program ARGS...` (from the package `package`, named when it is missing), killed
+/// after `timeout`, and returns its stdout; a non-zero exit is an error quoting stderr.
+pub fn tool(
+    program: &str,
+    package: &str,
+    args: &[&str],
+    timeout: std::time::Duration,
+) -> Result<String, LabError> {
     use crate::reset::exec::{self, ExecError};
-    let output = exec::run("ip", args, None).map_err(|e| match e {
-        ExecError::Spawn { source, .. } => {
-            LabError::io("running `ip` (is iproute2 installed?)", source)
-        }
+    let command = || format!("{program} {}", args.join(" "));
+    let output = exec::run_with_timeout(program, args, None, timeout).map_err(|e| match e {
+        ExecError::Spawn { source, .. } => LabError::io(
+            format!(
+                "running `{program}` (is {package} installed? `cargo xtask setup` installs it)"
+            ),
+            source,
+        ),
         other => LabError::Command {
-            command: format!("ip {}", args.join(" ")),
+            command: command(),
             stderr: other.to_string(),
         },
     })?;
     if !output.success {
         return Err(LabError::Command {
-            command: format!("ip {}", args.join(" ")),
+            command: command(),
             stderr: output.stderr.trim().to_string(),
         });
     }
