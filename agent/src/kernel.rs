@@ -1,60 +1,9 @@
-//! The running kernel's loadable modules. Distribution kernels build much of what weir
-//! uses as modules (Debian's 5.10 and 6.1: ip_set, xt_set, nf_tables, veth, bridge,
-//! br_netfilter, sch_ingress, cls_bpf), loaded on first use. When one cannot be loaded the
-//! tools say little ("ipset: Cannot open session to kernel", "Unknown device type"), so a
-//! failed tool run that points at a module gets a line naming it and why it is missing.
+//! The running kernel's loadable modules and features, as /sys, /proc and /lib/modules
+//! show them. Distribution kernels build much of what weir uses as modules (Debian's 5.10
+//! and 6.1: ip_set, xt_set, nf_tables, veth, bridge, br_netfilter, sch_ingress, cls_bpf),
+//! loaded on first use; loading one, and naming one a tool's failure points at, is
+//! [`crate::exec::modules`]'s.
 use std::path::PathBuf;
-use std::time::Duration;
-
-/// How long `modprobe` may take.
-const MODPROBE_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// The module a failed run of `program args` points at, read from its stderr.
-pub fn missing_module(program: &str, args: &[&str], stderr: &str) -> Option<String> {
-    let quoted = |after: &str| -> Option<String> {
-        let rest = stderr.split(after).nth(1)?;
-        let end = rest.find(['\'', '`', '"'])?;
-        Some(rest[..end].to_lowercase())
-    };
-    // Without ip_set the tool says "Cannot open session to kernel" or, when the netlink
-    // family is there but not the module, "Kernel error received: Invalid argument".
-    if stderr.contains("Cannot open session to kernel")
-        || (program == "ipset" && !module_present("ip_set"))
-    {
-        return Some("ip_set".into());
-    }
-    if stderr.contains("Failed to initialize nft: Protocol not supported") {
-        return Some("nf_tables".into());
-    }
-    if stderr.contains("Unknown device type") {
-        let kind = args.iter().skip_while(|a| **a != "type").nth(1)?;
-        return Some(kind.to_string());
-    }
-    if stderr.contains("Specified qdisc kind is unknown") {
-        let kind = args.iter().find(|a| ["clsact", "ingress"].contains(a))?;
-        return Some(format!(
-            "sch_{}",
-            if *kind == "clsact" { "ingress" } else { kind }
-        ));
-    }
-    if let Some(m) = quoted("Couldn't load match `") {
-        return Some(format!("xt_{m}"));
-    }
-    if let Some(t) = quoted("Couldn't load target `") {
-        return Some(format!("xt_{t}"));
-    }
-    if let Some(table) = quoted("can't initialize iptables table `")
-        .or_else(|| quoted("can't initialize ip6tables table `"))
-    {
-        let family = if program.starts_with("ip6") {
-            "ip6"
-        } else {
-            "ip"
-        };
-        return Some(format!("{family}table_{table}"));
-    }
-    None
-}
 
 /// Whether `module` is in the running kernel, loaded or built in (/sys/module has an entry
 /// for every loaded module, and for built-in ones with parameters, such as ip_set).
@@ -68,100 +17,8 @@ pub fn has_ipvs() -> bool {
     std::path::Path::new("/proc/net/ip_vs").exists()
 }
 
-/// Why `module` is not in the kernel: its modules are not installed, modprobe refuses, or
-/// it loads now (a race with its first use, or an autoload that was not attempted).
-pub fn why_missing(module: &str) -> String {
-    let dir = modules_dir();
-    if !dir.exists() {
-        return format!(
-            "kernel module {module} is not loaded, and this kernel's modules are not installed \
-             ({} does not exist)",
-            dir.display()
-        );
-    }
-    match modprobe(module) {
-        Ok(()) => format!(
-            "kernel module {module} was not loaded; `modprobe {module}` loaded it just now, so \
-             a retry should work"
-        ),
-        Err(why) => format!("kernel module {module} cannot be loaded: {why}"),
-    }
-}
-
-/// Loads `module` (as kubelet does for br_netfilter); the error says why it cannot be.
-pub fn load(module: &str) -> Result<(), String> {
-    modprobe(module).map_err(|_| why_missing(module))
-}
-
-fn modprobe(module: &str) -> Result<(), String> {
-    match crate::reset::exec::run_with_timeout("modprobe", &[module], None, MODPROBE_TIMEOUT) {
-        Ok(out) if out.success => Ok(()),
-        Ok(out) => Err(format!("`modprobe {module}`: {}", out.stderr.trim())),
-        Err(e) => Err(e.to_string()),
-    }
-}
-
 /// `/lib/modules/<release>` of the running kernel.
-fn modules_dir() -> PathBuf {
+pub fn modules_dir() -> PathBuf {
     let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
     PathBuf::from("/lib/modules").join(release.trim())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::missing_module;
-
-    #[test]
-    fn tools_refusals_name_their_module() {
-        let cases: &[(&str, &[&str], &str, &str)] = &[
-            (
-                "ipset",
-                &["restore"],
-                "ipset v7.17: Cannot open session to kernel.\n",
-                "ip_set",
-            ),
-            (
-                "ip",
-                &["link", "add", "a", "type", "veth", "peer", "name", "b"],
-                "Error: Unknown device type.\n",
-                "veth",
-            ),
-            (
-                "tc",
-                &["qdisc", "add", "dev", "x", "clsact"],
-                "Error: Specified qdisc kind is unknown.\n",
-                "sch_ingress",
-            ),
-            (
-                "iptables-restore",
-                &["-w"],
-                "Warning: Extension set revision 0 not supported, missing kernel module?\n\
-                 iptables-restore v1.8.9 (legacy): Couldn't load match `set':No such file or directory\n",
-                "xt_set",
-            ),
-            (
-                "ip6tables-restore",
-                &[],
-                "ip6tables-restore v1.8.9 (legacy): can't initialize ip6tables table `mangle': Table does not exist (do you need to insmod?)\n",
-                "ip6table_mangle",
-            ),
-            (
-                "nft",
-                &["-f", "-"],
-                "Failed to initialize nft: Protocol not supported\n",
-                "nf_tables",
-            ),
-        ];
-        for (program, args, stderr, module) in cases {
-            assert_eq!(
-                missing_module(program, args, stderr).as_deref(),
-                Some(*module),
-                "{program} {args:?}: {stderr}"
-            );
-        }
-        assert_eq!(
-            missing_module("ip", &["link"], "Error: permission denied"),
-            None
-        );
-    }
 }

@@ -1,14 +1,16 @@
 //! weir: a Kubernetes NetworkPolicy agent for Linux nodes.
 //!
-//! Data flow: a source (kube watchers or manifest files) feeds the cluster [`model`]; the
-//! [`policy`] engine compiles it to a dataplane-neutral desired state and deltas; a
-//! [`dataplane`] (eBPF or ipset/iptables) enforces them; [`reset`] cleans a node.
+//! Data flow: a [`source`] (kube watchers or manifest files) feeds the cluster model; the
+//! policy engine ([`weir_policy`], its own pure crate) compiles it to a dataplane-neutral
+//! desired state and deltas; a [`dataplane`] (eBPF or ipset/iptables) enforces them, driven
+//! by the [`daemon`]; [`reset`] cleans a node; [`lab`] builds a node of network namespaces.
 pub mod daemon;
 pub mod dataplane;
+pub mod exec;
+pub mod explain_cli;
 pub mod kernel;
 pub mod lab;
-pub mod model;
-pub mod policy;
+pub mod netfilter;
 pub mod reset;
 pub mod source;
 pub mod stdout;

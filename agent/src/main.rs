@@ -16,7 +16,7 @@ enum Command {
     /// fallback for each (probing the eBPF dataplane needs root).
     Version,
     Reset(weir::reset::cli::ResetArgs),
-    Explain(weir::policy::explain_cli::ExplainArgs),
+    Explain(weir::explain_cli::ExplainArgs),
     /// A node in network namespaces, built from manifests, with real traffic probes.
     Lab(weir::lab::cli::LabArgs),
     /// Stream the eBPF dataplane's drop events (and allow verdicts with --allow).
@@ -55,7 +55,7 @@ fn main() -> anyhow::Result<()> {
             weir::stdout::print(&text)?;
         }
         Command::Reset(args) => weir::reset::cli::run(args)?,
-        Command::Explain(args) => weir::policy::explain_cli::run(args)?,
+        Command::Explain(args) => weir::explain_cli::run(args)?,
         Command::Lab(args) => weir::lab::cli::run(args)?,
         Command::Monitor {
             output,

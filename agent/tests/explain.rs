@@ -1,6 +1,8 @@
 //! `weir explain` on the e2e world: the verdict and the deciding policies and rules, in
 //! text and JSON, for upstream scenarios.
 
+// The engine tests' world (policy/tests/support), shared rather than copied.
+#[path = "../../policy/tests/support/mod.rs"]
 mod support;
 
 use std::path::PathBuf;

@@ -5,7 +5,7 @@
 //! probes one port/protocol per case; here every step is checked on all six, so the
 //! expectations also say what must stay untouched).
 //!
-//! The one table both harnesses run: the engine harness (agent/tests/netpol_e2e.rs, the
+//! The one table both harnesses run: the engine harness (policy/tests/netpol_e2e.rs, the
 //! compiled model through weir's verdict evaluator) and the lab harness
 //! (tests/tests/netpol_conformance.rs, real packets through `weir lab` on both dataplanes).
 //! Both compare the full matrix of [`probes`] per step with [`compare`]. No I/O here: pod

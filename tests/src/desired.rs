@@ -5,7 +5,7 @@ use std::{
     net::{IpAddr, Ipv4Addr},
 };
 
-use weir::policy::desired::{
+use weir_policy::desired::{
     AddressSet, Desired, DirectionPolicy, Endpoint, Member, Peer, PortRange, Ports, Protocol, Rule,
     RuleOrigin, SetId,
 };

@@ -3,7 +3,7 @@
 
 use weir::dataplane::iptables::{IptablesConfig, IptablesDataplane};
 use weir::dataplane::{ApplyReport, Dataplane, DataplaneError};
-use weir::policy::desired::Desired;
+use weir_policy::desired::Desired;
 
 use crate::pods::run_in;
 

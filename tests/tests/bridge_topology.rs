@@ -352,7 +352,7 @@ impl BridgedNode {
         ip(&["-n", &node, "link", "set", "br0", "up"]);
         // A module on distribution kernels (Debian's 5.10 and 6.1), built in on the host's.
         if !std::path::Path::new("/proc/sys/net/bridge").exists() {
-            weir::kernel::load("br_netfilter")
+            weir::exec::modules::load("br_netfilter")
                 .unwrap_or_else(|why| panic!("prerequisite missing: br_netfilter: {why}"));
         }
         for key in ["bridge/bridge-nf-call-iptables", "ipv4/ip_forward"] {

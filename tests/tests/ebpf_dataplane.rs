@@ -6,13 +6,11 @@ use std::{
     time::{Duration, Instant},
 };
 
-use weir::{
-    dataplane::{
-        ebpf::{monitor::Monitor, EbpfConfig, EbpfDataplane},
-        Dataplane,
-    },
-    policy::desired::{Desired, Peer, Protocol, SetId},
+use weir::dataplane::{
+    ebpf::{monitor::Monitor, EbpfConfig, EbpfDataplane},
+    Dataplane,
 };
+use weir_policy::desired::{Desired, Peer, Protocol, SetId};
 use weir_tests::{
     desired::{addr_set, desired, endpoint, pod_set, port_rule, tcp_rule},
     pods::{enter, World},
@@ -35,7 +33,7 @@ fn policy(first: u16, last: u16) -> Desired {
                 "x/b",
                 B,
                 Some(vec![tcp_rule(
-                    Peer::Set(weir::policy::desired::SetId(1)),
+                    Peer::Set(weir_policy::desired::SetId(1)),
                     first,
                     last,
                     "x/allow-a",

@@ -10,13 +10,11 @@ use std::{
     time::Duration,
 };
 
-use weir::{
-    dataplane::{
-        ebpf::{AttachMode, EbpfConfig, EbpfDataplane},
-        Dataplane,
-    },
-    policy::desired::{Desired, Peer, SetId},
+use weir::dataplane::{
+    ebpf::{AttachMode, EbpfConfig, EbpfDataplane},
+    Dataplane,
 };
+use weir_policy::desired::{Desired, Peer, SetId};
 use weir_tests::{
     desired::{desired, endpoint, pod_set, tcp_rule},
     pods::{enter, World},

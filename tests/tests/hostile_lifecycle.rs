@@ -17,15 +17,13 @@ use std::{
     time::{Duration, Instant},
 };
 
-use weir::{
-    dataplane::{
-        ebpf::{expected_map_shapes, pinned_map_shape, AttachMode, EbpfConfig, EbpfDataplane},
-        iptables::IptablesConfig,
-        new_pods::NewPodIsolation,
-        Dataplane,
-    },
-    policy::desired::{Desired, Peer, Protocol, SetId},
+use weir::dataplane::{
+    ebpf::{expected_map_shapes, pinned_map_shape, AttachMode, EbpfConfig, EbpfDataplane},
+    iptables::IptablesConfig,
+    new_pods::NewPodIsolation,
+    Dataplane,
 };
+use weir_policy::desired::{Desired, Peer, Protocol, SetId};
 use weir_tests::{
     desired::{desired, endpoint, pod_set, port_rule, tcp_rule},
     node_dataplane::NodeDataplane,

@@ -6,10 +6,10 @@
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
-use weir::dataplane::iptables::backend::Backend;
 use weir::dataplane::iptables::IptablesConfig;
 use weir::dataplane::new_pods::NewPodIsolation;
-use weir::policy::desired::{AddressSet, Desired, Member, Peer, Ports, Protocol, Rule, SetId};
+use weir::netfilter::backend::Backend;
+use weir_policy::desired::{AddressSet, Desired, Member, Peer, Ports, Protocol, Rule, SetId};
 use weir_tests::desired::{addr_set, desired, endpoint, pod_set, port_rule, tcp_rule};
 use weir_tests::node_dataplane::NodeDataplane;
 use weir_tests::pods::{run_in, World};

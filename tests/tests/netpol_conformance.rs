@@ -1,5 +1,5 @@
 //! The upstream e2e NetworkPolicy scenarios (the one table in netpol-scenarios, which the
-//! engine harness agent/tests/netpol_e2e.rs also runs) through `weir lab`, against
+//! engine harness policy/tests/netpol_e2e.rs also runs) through `weir lab`, against
 //! hand-written truth tables, on a matrix of cells: dataplane {ebpf, iptables} × node
 //! topology {routed, bridge} × kube-proxy {none, iptables, nftables, ipvs}, and lab mode
 //! (objects from a file, or through the real kube-apiserver with the agent in cluster mode;

@@ -12,7 +12,7 @@ use std::time::Duration;
 use anyhow::{ensure, Context, Result};
 use serde_json::Value;
 use weir::dataplane::iptables::IptablesConfig;
-use weir::policy::desired::{Peer, SetId};
+use weir_policy::desired::{Peer, SetId};
 use weir_tests::desired::{desired, endpoint, pod_set, tcp_rule};
 use weir_tests::kernel_state::{all_rules, set_names, set_sizes};
 use weir_tests::netns::NetNs;

@@ -9,6 +9,7 @@ mod demo;
 mod image;
 mod kernels;
 mod setup;
+mod structure;
 mod test;
 
 use clap::{Parser, Subcommand};
@@ -40,6 +41,10 @@ enum Command {
     /// The upstream netpol scenarios on both dataplanes, both lab modes and both lab
     /// topologies, all of them (the test step runs the bridge topology on a subset).
     Conformance,
+    /// Check the layering: weir-policy's dependencies reach no kernel, Kubernetes client,
+    /// async runtime or HTTP crate, and no crate's top-level modules use each other in a
+    /// cycle. `cargo xtask test` runs it.
+    Structure,
     /// Build the image deploy/daemonset.yaml runs, with no container engine: the stripped
     /// release binary and the tools it runs, from the Debian packages pinned in
     /// deploy/image/packages.lock, as an OCI layout, an oci-archive and a docker-archive in
@@ -98,6 +103,7 @@ fn main() {
         Command::Build { release } => build::run(release),
         Command::Test => test::run(),
         Command::Conformance => conformance::run(),
+        Command::Structure => structure::run(),
         Command::Image {
             tag,
             relock,

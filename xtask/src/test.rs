@@ -44,6 +44,9 @@ pub fn run() -> Result<()> {
         "warnings",
     ]))?;
 
+    step("structure");
+    crate::structure::run()?;
+
     step("unit tests");
     let unit = cargo_test(&["--workspace", "--no-fail-fast", "--lib", "--bins"])?;
 

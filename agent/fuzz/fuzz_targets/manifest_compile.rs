@@ -3,8 +3,8 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use weir::policy::Engine;
-use weir::source::manifest::parse_str;
+use weir_policy::Engine;
+use weir_policy::manifest::parse_str;
 
 fuzz_target!(|data: &[u8]| {
     let Ok(text) = std::str::from_utf8(data) else {

@@ -4,10 +4,10 @@
 
 use std::time::{Duration, Instant};
 
-use super::event::ObjectError;
 use super::select::{resolve, DataplaneChoice, Effective};
 use crate::dataplane::{ApplyFailure, ApplyReport, Dataplane, DataplaneError, DataplaneKind};
-use crate::policy::desired::{Delta, Desired};
+use crate::source::event::ObjectError;
+use weir_policy::desired::{Delta, Desired};
 
 /// State that must go from this node.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

@@ -15,7 +15,6 @@
 
 pub mod config;
 pub mod enforcer;
-pub mod event;
 pub mod http;
 pub mod metrics;
 pub mod node;
@@ -60,9 +59,7 @@ pub fn main(args: AgentArgs, argv: &[String]) -> anyhow::Result<()> {
 
 async fn run_agent(args: AgentArgs) -> anyhow::Result<()> {
     let metrics = Arc::new(metrics::Metrics::new());
-    crate::reset::exec::set_default_timeout(Duration::from_secs(
-        args.command_timeout_seconds.max(1),
-    ));
+    crate::exec::set_default_timeout(Duration::from_secs(args.command_timeout_seconds.max(1)));
     // What the first complete state needs: until the source has read all of it, nothing
     // on the node is changed (see `Daemon::resync`).
     let waiting = match &args.manifests {
@@ -73,7 +70,7 @@ async fn run_agent(args: AgentArgs) -> anyhow::Result<()> {
             .collect(),
     };
     let health = Arc::new(Health::new(
-        Arc::new(event::SyncProgress::new(waiting)),
+        Arc::new(crate::source::event::SyncProgress::new(waiting)),
         Duration::from_secs(args.liveness_seconds.max(1)),
     ));
     if let Some(addr) = args.listen_addr() {
@@ -123,6 +120,8 @@ async fn run_agent(args: AgentArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+#[cfg(test)]
+mod kube_source_tests;
 #[cfg(test)]
 pub(crate) mod testing;
 #[cfg(test)]

@@ -5,12 +5,12 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use super::enforcer::{Backends, Cleanup, CleanupReport};
-use super::event::ObjectError;
 use crate::dataplane::ebpf::{self, EbpfConfig, EbpfDataplane};
 use crate::dataplane::iptables::{IptablesConfig, IptablesDataplane};
 use crate::dataplane::new_pods::NewPodIsolation;
 use crate::dataplane::{Dataplane, DataplaneError, DataplaneKind};
 use crate::reset::{self, AzureNpm, ResetOptions, ResetReport, UndeletableSet};
+use crate::source::event::ObjectError;
 
 pub struct NodeBackends {
     bpf_root: PathBuf,

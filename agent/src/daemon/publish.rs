@@ -14,7 +14,7 @@ use tokio::sync::{mpsc, watch};
 
 use super::run::Publisher;
 use super::status::Status;
-use crate::model::{Kind, ObjectRef};
+use weir_policy::model::{Kind, ObjectRef};
 
 /// The dataplane enforcing on the node.
 pub const EFFECTIVE_ANNOTATION: &str = "weir.io/dataplane-effective";

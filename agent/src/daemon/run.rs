@@ -9,12 +9,12 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::enforcer::{Backends, Enforcer, Outcome};
-use super::event::{Batch, Event, EventSource, ObjectError, SourceError, SyncProgress};
 use super::metrics::Metrics;
 use super::select::{choice_from_labels, DataplaneChoice};
 use super::status::Status;
-use crate::model::{Kind, Object, ObjectRef};
-use crate::policy::Engine;
+use crate::source::event::{Batch, Event, EventSource, ObjectError, SourceError, SyncProgress};
+use weir_policy::model::{Kind, Object, ObjectRef};
+use weir_policy::Engine;
 
 pub struct RunOptions {
     /// Used when this node carries no `weir.io/dataplane` label.

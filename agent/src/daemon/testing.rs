@@ -5,9 +5,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use super::enforcer::{Backends, Cleanup, CleanupReport};
-use super::event::ObjectError;
 use crate::dataplane::{ApplyReport, Dataplane, DataplaneError, DataplaneKind, DataplaneStatus};
-use crate::policy::desired::{Delta, Desired};
+use crate::source::event::ObjectError;
+use weir_policy::desired::{Delta, Desired};
 
 pub type Log = Arc<Mutex<Vec<String>>>;
 

@@ -4,14 +4,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::event::{Batch, Event};
 use super::metrics::Metrics;
 use super::run::{Daemon, Health, RunOptions};
 use super::select::DataplaneChoice;
 use super::status::Status;
 use super::testing::{Log, RecordingNode};
 use crate::dataplane::DataplaneKind;
-use crate::source::manifest::parse_str;
+use crate::source::event::{Batch, Event};
+use weir_policy::manifest::parse_str;
 
 struct World {
     log: Log,
@@ -257,7 +257,7 @@ fn resync_before_the_first_complete_state_touches_nothing() {
 
 #[test]
 fn readiness_names_the_kinds_still_listing_then_the_dataplane_error() {
-    use super::event::SyncProgress;
+    use crate::source::event::SyncProgress;
     let progress = Arc::new(SyncProgress::new(
         ["pods", "namespaces", "networkpolicies", "node"].map(String::from),
     ));

@@ -11,7 +11,7 @@ pub mod netlink;
 pub mod new_pods;
 pub mod pod_ports;
 
-use crate::policy::desired::{Delta, Desired};
+use weir_policy::desired::{Delta, Desired};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]

@@ -22,7 +22,7 @@ use std::path::Path;
 
 use serde::Deserialize;
 
-use crate::reset::exec;
+use crate::exec;
 
 /// Where container runtimes (and `ip netns`, and `weir lab`) keep pods' network
 /// namespaces; the DaemonSet mounts the host's.

@@ -19,8 +19,8 @@ use kube::Client;
 use serde_json::json;
 
 use super::objects::ObjectSet;
-use crate::model::{Kind, Object, ObjectRef};
 use crate::source::digest::StateDigest;
+use weir_policy::model::{Kind, Object, ObjectRef};
 
 const MANAGER: &str = "weir-lab";
 /// Containers need an image on a real server; nothing pulls it here.

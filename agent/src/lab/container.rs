@@ -22,7 +22,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use super::{netns, LabError};
-use crate::reset::exec;
+use crate::exec;
 
 /// The container deploy/daemonset.yaml runs the agent in.
 const CONTAINER: &str = "weir";

@@ -135,13 +135,14 @@ impl ControlPlane {
         let key = self.dir.join("service-account.key");
         if !key.exists() {
             let path = key.display().to_string();
-            crate::reset::exec::run_ok("openssl", &["genrsa", "-out", &path, "2048"], None)
-                .map_err(|e| {
+            crate::exec::run_ok("openssl", &["genrsa", "-out", &path, "2048"], None).map_err(
+                |e| {
                     LabError::invalid(
                         "the service account key",
                         format!("{e} (openssl is installed by `cargo xtask setup`)"),
                     )
-                })?;
+                },
+            )?;
         }
         let agent_groups = format!("\"{}\"", AGENT_GROUPS.join(","));
         let tokens: [(Identity, &str, &str); 3] = [

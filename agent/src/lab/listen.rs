@@ -11,7 +11,7 @@ use socket2::{Domain, Protocol as SockProtocol, Socket, Type};
 use super::sctp::{self, ChunkKind};
 use super::state::ServedPort;
 use super::LabError;
-use crate::policy::desired::Protocol;
+use weir_policy::desired::Protocol;
 
 /// Binds every port, prints `ready` on stdout (the lab waits for it), then serves forever.
 pub fn serve(ports: &[ServedPort]) -> Result<(), LabError> {

@@ -9,12 +9,7 @@ use super::LabError;
 
 /// Runs `ip ARGS...` and returns its stdout; a non-zero exit is an error quoting stderr.
 pub fn ip(args: &[&str]) -> Result<String, LabError> {
-    tool(
-        "ip",
-        "iproute2",
-        args,
-        crate::reset::exec::default_timeout(),
-    )
+    tool("ip", "iproute2", args, crate::exec::default_timeout())
 }
 
 /// Runs `program ARGS...` (from the package `package`, named when it is missing), killed
@@ -25,7 +20,7 @@ pub fn tool(
     args: &[&str],
     timeout: std::time::Duration,
 ) -> Result<String, LabError> {
-    use crate::reset::exec::{self, ExecError};
+    use crate::exec::{self, ExecError};
     let command = || format!("{program} {}", args.join(" "));
     let output = exec::run_with_timeout(program, args, None, timeout).map_err(|e| match e {
         ExecError::Spawn { source, .. } => LabError::io(

@@ -8,17 +8,18 @@ use k8s_openapi::api::core::v1::{Namespace, Pod};
 
 use super::state::{write_atomic, ServedPort};
 use super::LabError;
-use crate::model::{Kind, Object, ObjectRef};
-use crate::policy::desired::Protocol;
-use crate::policy::Engine;
-use crate::source::manifest;
+use crate::source::manifest as manifest_files;
+use weir_policy::desired::Protocol;
+use weir_policy::manifest;
+use weir_policy::model::{Kind, Object, ObjectRef};
+use weir_policy::Engine;
 
 /// The label a real cluster puts on every Namespace.
 pub const NAMESPACE_NAME_LABEL: &str = "kubernetes.io/metadata.name";
 
 /// Reads manifests; an error names the file, the document and the problem.
 pub fn load_files(paths: &[PathBuf]) -> Result<Vec<Object>, LabError> {
-    manifest::load_files(paths).map_err(|e| LabError::invalid("manifest", e.to_string()))
+    manifest_files::load_files(paths).map_err(|e| LabError::invalid("manifest", e.to_string()))
 }
 
 fn to_yaml(object: &Object) -> String {
@@ -130,7 +131,7 @@ impl ObjectSet {
 
 /// A protocol name as Kubernetes spells it (`TCP`, `UDP`, `SCTP`).
 pub fn parse_protocol(name: &str) -> Result<Protocol, String> {
-    crate::model::parse_protocol(Some(name))
+    weir_policy::model::parse_protocol(Some(name))
 }
 
 fn set_namespace(object: &mut Object, namespace: Option<&str>) {
@@ -150,7 +151,7 @@ pub fn pod_key(pod: &Pod) -> String {
         pod.metadata
             .namespace
             .as_deref()
-            .unwrap_or(crate::model::DEFAULT_NAMESPACE),
+            .unwrap_or(weir_policy::model::DEFAULT_NAMESPACE),
         pod.metadata.name.as_deref().unwrap_or_default()
     )
 }
@@ -172,7 +173,7 @@ pub fn served_ports(pod: &Pod) -> Result<Vec<ServedPort>, LabError> {
                         format!("{field}.containerPort {} is not 1-65535", p.container_port),
                     )
                 })?;
-            let protocol = crate::model::parse_protocol(p.protocol.as_deref())
+            let protocol = weir_policy::model::parse_protocol(p.protocol.as_deref())
                 .map_err(|e| LabError::invalid(&name, format!("{field}.protocol: {e}")))?;
             ports.push(ServedPort { port, protocol });
         }

@@ -19,8 +19,8 @@ use super::services::{self, ServicesMode};
 use super::state::{write_atomic, ApiState, LabDir, LabState, PodState, ServedPort, Topology};
 use super::{addr, agent, api, container, netns, world, LabError};
 use crate::dataplane::DataplaneKind;
-use crate::model::Object;
 use crate::reset::ResetOptions;
+use weir_policy::model::Object;
 
 pub struct UpOptions {
     pub dataplane: DataplaneKind,
@@ -213,7 +213,7 @@ pub fn kube_apply(
     };
     let after = ObjectSet::load(file)?;
     let record = dir.join("applied-versions.json");
-    let known: Option<Vec<(crate::model::ObjectRef, String)>> = std::fs::read(&record)
+    let known: Option<Vec<(weir_policy::model::ObjectRef, String)>> = std::fs::read(&record)
         .ok()
         .and_then(|b| serde_json::from_slice(&b).ok());
     let node = node.to_string();
@@ -240,7 +240,7 @@ pub fn kube_apply(
             let fresh = api::list_versions_of_node(&client, &node)
                 .await
                 .map_err(|e| e.to_string())?;
-            versions.retain(|k, _| k.kind != crate::model::Kind::Node);
+            versions.retain(|k, _| k.kind != weir_policy::model::Kind::Node);
             versions.extend(fresh);
             Ok::<_, String>(versions)
         })

@@ -6,7 +6,7 @@ use std::fmt::Write;
 use serde::Serialize;
 
 use super::probe::{Probe, Route, Skipped};
-use crate::policy::desired::Protocol;
+use weir_policy::desired::Protocol;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum OutputFormat {

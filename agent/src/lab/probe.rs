@@ -19,7 +19,7 @@ use super::sctp::{self, ChunkKind};
 use super::services::Frontend;
 use super::state::PodState;
 use super::LabError;
-use crate::policy::desired::Protocol;
+use weir_policy::desired::Protocol;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum IpFamily {
@@ -435,7 +435,7 @@ fn random_u32() -> u32 {
 mod protocol_name {
     use serde::{Deserialize, Deserializer, Serializer};
 
-    use crate::policy::desired::Protocol;
+    use weir_policy::desired::Protocol;
 
     pub fn serialize<S: Serializer>(p: &Protocol, s: S) -> Result<S::Ok, S::Error> {
         s.serialize_str(p.name())

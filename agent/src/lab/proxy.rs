@@ -20,7 +20,7 @@ use super::control_plane::{components_dir, kubernetes_version, ControlPlane, Ide
 use super::objects::ObjectSet;
 use super::state::{LabDir, LabState};
 use super::{netns, services, LabError};
-use crate::reset::exec;
+use crate::exec;
 
 /// `weir lab up --proxy`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]

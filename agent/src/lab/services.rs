@@ -24,8 +24,8 @@ use serde::{Deserialize, Serialize};
 use super::control_plane::SERVICE_CIDR;
 use super::objects::{self, ObjectSet};
 use super::LabError;
-use crate::model::{Kind, Object, ObjectRef};
-use crate::policy::desired::Protocol;
+use weir_policy::desired::Protocol;
+use weir_policy::model::{Kind, Object, ObjectRef};
 
 /// The label `--services auto` puts on every pod, valued with the pod's name.
 pub const LAB_POD_LABEL: &str = "weir.io/lab-pod";
@@ -362,7 +362,7 @@ pub fn frontends(set: &ObjectSet) -> BTreeMap<(String, u16, Protocol), Frontend>
             continue;
         };
         for (port, pod_port) in &b.ports {
-            let Ok(protocol) = crate::model::parse_protocol(port.protocol.as_deref()) else {
+            let Ok(protocol) = weir_policy::model::parse_protocol(port.protocol.as_deref()) else {
                 continue;
             };
             let Ok(service_port) = u16::try_from(port.port) else {
@@ -501,7 +501,7 @@ pub fn has_services(set: &ObjectSet) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::source::manifest;
+    use weir_policy::manifest;
 
     const WORLD: &str = r#"
 apiVersion: v1

@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use super::LabError;
 use crate::dataplane::DataplaneKind;
-use crate::policy::desired::Protocol;
+use weir_policy::desired::Protocol;
 
 pub const DEFAULT_DIR: &str = "/run/weir-lab";
 

@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::dataplane::iptables::backend::{Backend, Family};
+use crate::netfilter::backend::{Backend, Family};
 
 use super::iptables_save::SavedTable;
 

@@ -2,7 +2,7 @@
 //! at the first failing line and reports it as `Error in line N: <reason>`; every line
 //! before N has been applied.
 
-use super::exec;
+use crate::exec;
 
 /// Where and why an `ipset restore` run stopped.
 #[derive(Clone, Debug, PartialEq, Eq)]

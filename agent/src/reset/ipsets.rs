@@ -5,9 +5,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::classify::{classify, SetOp, SetPlan, UndeletableSet};
-use super::exec;
 use super::ipset_list;
 use super::ipset_restore::{self, IpsetRestoreError, RestoreFailure};
+use crate::exec;
 
 #[cfg(test)]
 mod tests;

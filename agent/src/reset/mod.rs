@@ -11,7 +11,6 @@
 pub mod chains;
 pub mod classify;
 pub mod cli;
-pub mod exec;
 pub mod ipset_list;
 pub mod ipset_restore;
 pub mod ipsets;
@@ -28,7 +27,8 @@ use std::time::Instant;
 pub use classify::UndeletableSet;
 pub use report::ResetReport;
 
-use crate::dataplane::iptables::backend::{Backend, Family};
+use crate::exec;
+use crate::netfilter::backend::{Backend, Family};
 use owners::Owners;
 
 /// Whether reset also removes Azure NPM's state.

@@ -1,9 +1,8 @@
 //! Whose state reset removes: weir's own names (unless weir's iptables dataplane is the
 //! one enforcing), Azure NPM's when migrating from it or when the node carries it.
 
-/// weir's chains (`WEIR-*`) and sets (`weir-*`).
-pub const WEIR_CHAIN_PREFIX: &str = "WEIR-";
-pub const WEIR_SET_PREFIX: &str = "weir-";
+use crate::netfilter::{WEIR_CHAIN_PREFIX, WEIR_SET_PREFIX};
+
 /// Azure NPM's chains (`AZURE-NPM`, `AZURE-NPM-INGRESS`, ...) and sets (`azure-npm-<hash>`).
 pub const NPM_CHAIN_PREFIX: &str = "AZURE-NPM";
 pub const NPM_SET_PREFIX: &str = "azure-npm-";

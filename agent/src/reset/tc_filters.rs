@@ -2,7 +2,7 @@
 //! with `weir_`, on every interface of the current network namespace, read from
 //! `tc filter show` output line by line.
 
-use super::exec;
+use crate::exec;
 
 /// One attached BPF filter, as `tc filter del` needs it.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -6,7 +6,7 @@
 
 use std::fmt;
 
-use crate::model::ObjectRef;
+use weir_policy::model::ObjectRef;
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct StateDigest(u64);
@@ -41,7 +41,7 @@ impl fmt::Display for StateDigest {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::Kind;
+    use weir_policy::model::Kind;
 
     #[test]
     fn order_does_not_matter_and_removal_undoes_addition() {

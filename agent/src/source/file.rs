@@ -12,9 +12,9 @@ use std::time::{Duration, SystemTime};
 
 use serde::Deserialize;
 
-use crate::daemon::event::{Batch, Event, EventSource, ObjectError, SourceError};
-use crate::model::{Kind, Object, ObjectRef, DEFAULT_NAMESPACE};
-use crate::source::manifest;
+use crate::source::event::{Batch, Event, EventSource, ObjectError, SourceError};
+use weir_policy::manifest;
+use weir_policy::model::{Kind, Object, ObjectRef, DEFAULT_NAMESPACE};
 
 /// What identifies a version of the file without reading it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

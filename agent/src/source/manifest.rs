@@ -1,43 +1,24 @@
-//! Kubernetes YAML manifests → [`Object`]s: multi-document files of Namespace, Pod,
-//! NetworkPolicy and Node objects (and `kind: List` of them). Anything else is an error
-//! naming the file, the document (1-based) and the kind.
+//! Kubernetes YAML manifest files → [`Object`]s: reads them and hands the text to
+//! [`weir_policy::manifest`], which parses it.
 
 use std::path::{Path, PathBuf};
 
-use serde::Deserialize;
-use serde_yaml::Value;
-
-use crate::model::Object;
-
-/// The name [`parse_str`] reports as the file.
-pub const INLINE: &str = "<inline>";
+use weir_policy::manifest::{parse_named, ManifestError};
+use weir_policy::model::Object;
 
 #[derive(Debug, thiserror::Error)]
-pub enum ManifestError {
+pub enum LoadError {
     #[error("{}: {source}", path.display())]
     Read {
         path: PathBuf,
         source: std::io::Error,
     },
-    #[error("{file}: document {document}: {source}")]
-    Yaml {
-        file: String,
-        document: usize,
-        source: serde_yaml::Error,
-    },
-    #[error("{file}: document {document}: missing `kind` or `apiVersion`")]
-    MissingKind { file: String, document: usize },
-    #[error("{file}: document {document}: unsupported kind {kind:?} (apiVersion {api_version:?}); expected v1 Namespace, Pod or Node, or networking.k8s.io/v1 NetworkPolicy")]
-    UnknownKind {
-        file: String,
-        document: usize,
-        kind: String,
-        api_version: String,
-    },
+    #[error(transparent)]
+    Parse(#[from] ManifestError),
 }
 
 /// Reads every file, in order.
-pub fn load_files(paths: &[PathBuf]) -> Result<Vec<Object>, ManifestError> {
+pub fn load_files(paths: &[PathBuf]) -> Result<Vec<Object>, LoadError> {
     let mut objects = Vec::new();
     for path in paths {
         objects.extend(load_file(path)?);
@@ -45,122 +26,10 @@ pub fn load_files(paths: &[PathBuf]) -> Result<Vec<Object>, ManifestError> {
     Ok(objects)
 }
 
-pub fn load_file(path: &Path) -> Result<Vec<Object>, ManifestError> {
-    let text = std::fs::read_to_string(path).map_err(|source| ManifestError::Read {
+pub fn load_file(path: &Path) -> Result<Vec<Object>, LoadError> {
+    let text = std::fs::read_to_string(path).map_err(|source| LoadError::Read {
         path: path.to_owned(),
         source,
     })?;
-    parse_named(&path.display().to_string(), &text)
-}
-
-/// Parses YAML text; errors name the file as [`INLINE`].
-pub fn parse_str(text: &str) -> Result<Vec<Object>, ManifestError> {
-    parse_named(INLINE, text)
-}
-
-/// Parses YAML text; errors name the file as `file`.
-pub fn parse_named(file: &str, text: &str) -> Result<Vec<Object>, ManifestError> {
-    let mut objects = Vec::new();
-    for (index, document) in serde_yaml::Deserializer::from_str(text).enumerate() {
-        let document_number = index + 1;
-        let yaml_error = |source| ManifestError::Yaml {
-            file: file.to_owned(),
-            document: document_number,
-            source,
-        };
-        let value = Value::deserialize(document).map_err(yaml_error)?;
-        collect(file, document_number, value, &mut objects)?;
-    }
-    Ok(objects)
-}
-
-fn collect(
-    file: &str,
-    document: usize,
-    value: Value,
-    objects: &mut Vec<Object>,
-) -> Result<(), ManifestError> {
-    // Empty documents (a leading `---`, a comment-only header) hold nothing.
-    if value.is_null() {
-        return Ok(());
-    }
-    let text = |key: &str| value.get(key).and_then(Value::as_str).map(str::to_owned);
-    let (Some(kind), Some(api_version)) = (text("kind"), text("apiVersion")) else {
-        return Err(ManifestError::MissingKind {
-            file: file.to_owned(),
-            document,
-        });
-    };
-    let yaml_error = |source| ManifestError::Yaml {
-        file: file.to_owned(),
-        document,
-        source,
-    };
-    let object = match (api_version.as_str(), kind.as_str()) {
-        ("v1", "List") => {
-            let items = value.get("items").cloned().unwrap_or(Value::Null);
-            for item in items.as_sequence().into_iter().flatten() {
-                collect(file, document, item.clone(), objects)?;
-            }
-            return Ok(());
-        }
-        ("v1", "Namespace") => {
-            Object::Namespace(serde_yaml::from_value(value).map_err(yaml_error)?)
-        }
-        ("v1", "Pod") => Object::Pod(serde_yaml::from_value(value).map_err(yaml_error)?),
-        ("v1", "Node") => Object::Node(serde_yaml::from_value(value).map_err(yaml_error)?),
-        ("v1", "Service") => Object::Service(serde_yaml::from_value(value).map_err(yaml_error)?),
-        ("networking.k8s.io/v1", "NetworkPolicy") => {
-            Object::NetworkPolicy(serde_yaml::from_value(value).map_err(yaml_error)?)
-        }
-        _ => {
-            return Err(ManifestError::UnknownKind {
-                file: file.to_owned(),
-                document,
-                kind,
-                api_version,
-            })
-        }
-    };
-    objects.push(object);
-    Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::model::Kind;
-
-    #[test]
-    fn multi_document_with_header_and_list() {
-        let text = "# generation: 3\n---\napiVersion: v1\nkind: Namespace\nmetadata: {name: x}\n---\n---\napiVersion: v1\nkind: List\nitems:\n- apiVersion: v1\n  kind: Pod\n  metadata: {name: a, namespace: x}\n- apiVersion: networking.k8s.io/v1\n  kind: NetworkPolicy\n  metadata: {name: deny}\n  spec: {podSelector: {}}\n";
-        let objects = parse_str(text).unwrap();
-        let keys: Vec<String> = objects.iter().map(|o| o.key().to_string()).collect();
-        assert_eq!(
-            keys,
-            ["namespace x", "pod x/a", "networkpolicy default/deny"]
-        );
-        assert_eq!(objects[1].kind(), Kind::Pod);
-    }
-
-    #[test]
-    fn unknown_kind_names_file_document_and_kind() {
-        let text = "apiVersion: v1\nkind: Namespace\nmetadata: {name: x}\n---\napiVersion: apps/v1\nkind: Deployment\nmetadata: {name: d}\n";
-        let err = parse_named("world.yaml", text).unwrap_err();
-        assert!(
-            matches!(&err, ManifestError::UnknownKind { document: 2, kind, .. } if kind == "Deployment")
-        );
-        let message = err.to_string();
-        assert!(
-            message.starts_with("world.yaml: document 2: unsupported kind \"Deployment\""),
-            "{message}"
-        );
-    }
-
-    #[test]
-    fn bad_documents_are_errors_not_panics() {
-        for text in ["kind: Pod\n", "apiVersion: v1\nkind: Pod\nmetadata: 7\n", "a: [", "apiVersion: v1\nkind: Pod\nspec: {containers: [{name: c, ports: [{containerPort: x}]}]}\n"] {
-            assert!(parse_str(text).is_err(), "{text}");
-        }
-    }
+    Ok(parse_named(&path.display().to_string(), &text)?)
 }

@@ -1,6 +1,7 @@
 //! Sources of cluster state: Kubernetes YAML manifests (lab, explain) and, in cluster
 //! mode, the API server.
 pub mod digest;
+pub mod event;
 pub mod file;
 pub mod kube;
 pub mod manifest;

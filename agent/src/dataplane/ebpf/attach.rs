@@ -67,7 +67,7 @@ struct RouteGet {
 
 /// The interface that routes `addr` in this network namespace, with its index.
 pub fn interface_for(addr: IpAddr) -> Result<(String, u32), String> {
-    let out = crate::reset::exec::run_ok("ip", &["-j", "route", "get", &addr.to_string()], None)
+    let out = crate::exec::run_ok("ip", &["-j", "route", "get", &addr.to_string()], None)
         .map_err(|e| e.to_string())?;
     let routes: Vec<RouteGet> =
         serde_json::from_str(&out).map_err(|e| format!("parse `ip -j route get {addr}`: {e}"))?;

@@ -29,8 +29,8 @@ struct AddrInfo {
 
 /// Addresses of this network namespace (`ip -j addr show`), as host prefixes.
 pub fn node_prefixes() -> Result<Vec<Prefix>, String> {
-    let out = crate::reset::exec::run_ok("ip", &["-j", "addr", "show"], None)
-        .map_err(|e| e.to_string())?;
+    let out =
+        crate::exec::run_ok("ip", &["-j", "addr", "show"], None).map_err(|e| e.to_string())?;
     Ok(node_addresses(&out)?
         .into_iter()
         .map(|a| Prefix::from_net(&a.into()))

@@ -11,7 +11,7 @@ use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 use weir_common::{IdentityKey, IDENTITY_FIRST_DYNAMIC, IDENTITY_WORLD};
 
-use crate::policy::desired::{AddressSet, SetId};
+use weir_policy::desired::{AddressSet, SetId};
 
 /// A prefix in the 128-bit (IPv4-mapped) address space.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -160,7 +160,11 @@ impl IdentityTable {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::desired::tests::set;
+    use weir_policy::desired::AddressSet;
+
+    fn set(id: u64, nets: &[&str]) -> AddressSet {
+        AddressSet::from_cidrs(id, nets).unwrap()
+    }
 
     fn prefix(s: &str) -> Prefix {
         Prefix::from_net(&s.parse().unwrap())

@@ -58,7 +58,7 @@ use self::{
 use super::{
     pod_ports, ApplyFailure, ApplyReport, Dataplane, DataplaneError, DataplaneKind, DataplaneStatus,
 };
-use crate::policy::desired::{AddressSet, Delta, Desired, Endpoint, Frontend, PodKey, SetId};
+use weir_policy::desired::{AddressSet, Delta, Desired, Endpoint, Frontend, PodKey, SetId};
 
 /// Counters (see [`EbpfDataplane::counters`]) that count drops, by reason.
 const DROP_REASONS: [&str; 4] = [
@@ -945,7 +945,7 @@ impl Dataplane for EbpfDataplane {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::desired::DirectionPolicy;
+    use weir_policy::desired::DirectionPolicy;
 
     #[test]
     fn endpoint_record_carries_the_addresses_it_may_send_from() {

@@ -11,7 +11,7 @@ use weir_common::{
     POLICY_PREFIX_ANY_PROTOCOL, RULE_ID_FIRST,
 };
 
-use crate::policy::desired::{Direction, Endpoint, Peer, Ports, Rule, SetId};
+use weir_policy::desired::{Direction, Endpoint, Peer, Ports, Rule, SetId};
 
 /// A POLICY trie key with its prefix length (bits).
 pub type PolicyEntry = (u32, PolicyKey);

@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use weir_common::{RecordChunk, RECORD_CHUNK_BYTES};
 
 use super::{attach::Attachment, identities::IdentityTable, policy_map::RuleTable};
-use crate::policy::desired::PodKey;
+use weir_policy::desired::PodKey;
 
 const MAGIC: u32 = 0x7765_6972; // "weir"
 const HEADER: u32 = 0;

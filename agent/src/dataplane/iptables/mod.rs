@@ -14,7 +14,6 @@
 //! members are written. A failed write forgets what was programmed, so the next call
 //! reconciles in full.
 
-pub mod backend;
 pub mod names;
 pub mod rules;
 pub mod sets;
@@ -29,10 +28,11 @@ use crate::dataplane::pod_ports;
 use crate::dataplane::{
     ApplyFailure, ApplyReport, Dataplane, DataplaneError, DataplaneKind, DataplaneStatus,
 };
-use crate::policy::desired::{AddressSet, Delta, Desired, Direction, Peer, SetId};
-use crate::reset::{exec, ipset_restore, ipsets};
+use crate::exec;
+use crate::reset::{ipset_restore, ipsets};
+use weir_policy::desired::{AddressSet, Delta, Desired, Direction, Peer, SetId};
 
-use backend::{Backend, Family};
+use crate::netfilter::backend::{self, Backend, Family};
 use names::ChainNames;
 use tables::NodeShape;
 
@@ -84,7 +84,7 @@ impl IptablesDataplane {
         // Loaded by alias on first use, unless the node's modprobe configuration stops
         // that: load it by name, as kube-proxy does its modules.
         if !crate::kernel::module_present("ip_set") {
-            crate::kernel::load("ip_set").map_err(DataplaneError::Unsupported)?;
+            crate::exec::modules::load("ip_set").map_err(DataplaneError::Unsupported)?;
         }
         let tools = Family::ALL
             .iter()
@@ -442,7 +442,7 @@ fn known_endpoints(desired: &Desired, except: &BTreeSet<String>) -> AddressSet {
             let v6 = ep.ipv6.map(|a| ipnet::IpNet::from(std::net::IpAddr::V6(a)));
             v4.into_iter().chain(v6)
         })
-        .map(|net| crate::policy::desired::Member { net, except: false })
+        .map(|net| weir_policy::desired::Member { net, except: false })
         .collect();
     AddressSet {
         id: names::KNOWN_ENDPOINTS_SET,
@@ -469,7 +469,7 @@ fn stale_kernel_sets(desired: &Desired) -> Result<BTreeSet<String>, DataplaneErr
     let listed = exec::run_ok("ipset", &["list", "-n"], None).map_err(other)?;
     Ok(listed
         .lines()
-        .filter(|n| n.starts_with(crate::reset::owners::WEIR_SET_PREFIX) && !wanted.contains(*n))
+        .filter(|n| n.starts_with(crate::netfilter::WEIR_SET_PREFIX) && !wanted.contains(*n))
         .map(str::to_string)
         .collect())
 }

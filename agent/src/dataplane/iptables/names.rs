@@ -5,10 +5,10 @@
 
 use std::collections::BTreeMap;
 
-use crate::policy::desired::{Direction, PodKey, SetId};
-use crate::reset::owners::{WEIR_CHAIN_PREFIX, WEIR_SET_PREFIX};
+use crate::netfilter::{WEIR_CHAIN_PREFIX, WEIR_SET_PREFIX};
+use weir_policy::desired::{Direction, PodKey, SetId};
 
-use super::backend::Family;
+use crate::netfilter::backend::Family;
 
 pub const MAX_SET_NAME: usize = 31;
 pub const MAX_CHAIN_NAME: usize = 28;

@@ -5,10 +5,10 @@
 
 use std::net::IpAddr;
 
-use crate::policy::desired::{Direction, Endpoint, Peer, Ports, Protocol, Rule};
+use weir_policy::desired::{Direction, Endpoint, Peer, Ports, Protocol, Rule};
 
-use super::backend::Family;
 use super::names::{endpoint_chain, set_name};
+use crate::netfilter::backend::Family;
 
 /// Longest comment kept on a rule (the kernel allows 256 bytes).
 const MAX_COMMENT: usize = 200;
@@ -123,7 +123,7 @@ fn quote(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::desired::{DirectionPolicy, PortRange, RuleOrigin, SetId};
+    use weir_policy::desired::{DirectionPolicy, PortRange, RuleOrigin, SetId};
 
     fn endpoint(rules: Vec<Rule>) -> Endpoint {
         Endpoint {

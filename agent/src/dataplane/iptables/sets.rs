@@ -7,10 +7,10 @@ use std::fmt::Write;
 
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 
-use crate::policy::desired::{AddressSet, Member, SetId};
+use weir_policy::desired::{AddressSet, Member, SetId};
 
-use super::backend::Family;
 use super::names::{set_name, staging_set_name};
+use crate::netfilter::backend::Family;
 
 /// ipset's default maxelem (65,536) is reached by one namespace selector in a large
 /// cluster; the hash grows on demand, so a high cap costs nothing until it is used.

@@ -18,10 +18,10 @@ use std::net::IpAddr;
 
 use serde::Deserialize;
 
-use crate::policy::desired::Desired;
-use crate::reset::exec;
+use crate::exec;
+use weir_policy::desired::Desired;
 
-use super::backend::Family;
+use crate::netfilter::backend::Family;
 
 /// The chain of anti-spoofing rules, entered first from `WEIR-FILTER`.
 pub const SPOOF_CHAIN: &str = "WEIR-SPOOF";
@@ -139,7 +139,7 @@ pub fn rules(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::desired::{DirectionPolicy, Endpoint};
+    use weir_policy::desired::{DirectionPolicy, Endpoint};
 
     fn ep(pod: &str, v4: Option<&str>, v6: Option<&str>) -> Endpoint {
         Endpoint {

@@ -7,11 +7,10 @@
 use std::collections::BTreeSet;
 use std::fmt::Write;
 
-use crate::policy::desired::{Desired, Direction, Endpoint};
+use crate::netfilter::WEIR_CHAIN_PREFIX;
 use crate::reset::iptables_save::{self, SaveParseError};
-use crate::reset::owners::WEIR_CHAIN_PREFIX;
+use weir_policy::desired::{Desired, Direction, Endpoint};
 
-use super::backend::Family;
 use super::names::{
     endpoint_chain, set_name, ChainNames, DISPATCH_CHAIN, FORMER_TABLE, FORWARD_HOOK, HOOKS,
     IPVS_HOOK, KNOWN_ENDPOINTS_SET, NEW_FROM_POD_CHAIN, NEW_TO_POD_CHAIN, TABLE,
@@ -19,6 +18,7 @@ use super::names::{
 use super::rules::{dispatch_rules, endpoint_rules};
 use super::spoof::SPOOF_CHAIN;
 use crate::dataplane::new_pods::NewPodIsolation;
+use crate::netfilter::backend::Family;
 
 const DIRECTIONS: [Direction; 2] = [Direction::Ingress, Direction::Egress];
 
@@ -328,7 +328,7 @@ fn delta(names: &mut ChainNames, old: &Desired, new: &Desired, family: Family, o
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::desired::{DirectionPolicy, Peer, Ports, Rule, RuleOrigin};
+    use weir_policy::desired::{DirectionPolicy, Peer, Ports, Rule, RuleOrigin};
 
     fn desired(pods: &[(&str, &str, bool)]) -> Desired {
         let mut d = Desired::default();

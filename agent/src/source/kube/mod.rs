@@ -18,9 +18,9 @@ use kube::runtime::watcher::{self, watcher};
 use kube::runtime::WatchStreamExt;
 use kube::{Api, Client};
 
-use crate::daemon::event::{Batch, Event, EventSource, SourceError, SyncProgress};
-use crate::model::{Kind, Object, ObjectRef};
 use crate::source::digest::StateDigest;
+use crate::source::event::{Batch, Event, EventSource, SourceError, SyncProgress};
+use weir_policy::model::{Kind, Object, ObjectRef};
 
 /// Events drained into one batch at most, so a flood still reaches the dataplane.
 const MAX_BATCH: usize = 5000;
@@ -252,7 +252,6 @@ fn digest_entry(key: &ObjectRef, o: &Object) -> u64 {
     StateDigest::entry(key, o.metadata().resource_version.as_deref().unwrap_or(""))
 }
 
+/// The in-test API server, for the daemon's tests of this source.
 #[cfg(test)]
-mod mock_api;
-#[cfg(test)]
-mod tests;
+pub(crate) mod mock_api;

@@ -1,0 +1,152 @@
+//! Which iptables implementation a node uses (legacy xtables or nf_tables), chosen the
+//! way kube-proxy's iptables-wrapper does: follow kubelet's hint chains if present,
+//! otherwise the backend that already holds more rules, and nft when neither does.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use crate::exec;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Backend {
+    Legacy,
+    Nft,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Family {
+    V4,
+    V6,
+}
+
+impl Backend {
+    pub const ALL: [Backend; 2] = [Backend::Legacy, Backend::Nft];
+
+    pub fn save_command(self, family: Family) -> &'static str {
+        match (self, family) {
+            (Backend::Legacy, Family::V4) => "iptables-legacy-save",
+            (Backend::Legacy, Family::V6) => "ip6tables-legacy-save",
+            (Backend::Nft, Family::V4) => "iptables-nft-save",
+            (Backend::Nft, Family::V6) => "ip6tables-nft-save",
+        }
+    }
+
+    pub fn restore_command(self, family: Family) -> &'static str {
+        match (self, family) {
+            (Backend::Legacy, Family::V4) => "iptables-legacy-restore",
+            (Backend::Legacy, Family::V6) => "ip6tables-legacy-restore",
+            (Backend::Nft, Family::V4) => "iptables-nft-restore",
+            (Backend::Nft, Family::V6) => "ip6tables-nft-restore",
+        }
+    }
+
+    /// Reads the whole ruleset of one family; a missing table set reads as empty.
+    pub fn save(self, family: Family) -> Result<String, exec::ExecError> {
+        exec::run_ok(self.save_command(family), &[], None)
+    }
+
+    /// Applies `script` atomically (per table) without flushing anything it does not name.
+    pub fn restore(self, family: Family, script: &str) -> Result<(), exec::ExecError> {
+        exec::run_ok(
+            self.restore_command(family),
+            &["-w", "5", "--noflush"],
+            Some(script),
+        )
+        .map(drop)
+    }
+}
+
+impl Family {
+    pub const ALL: [Family; 2] = [Family::V4, Family::V6];
+
+    /// The `family` argument of `ipset create`.
+    pub fn ipset_family(self) -> &'static str {
+        match self {
+            Family::V4 => "inet",
+            Family::V6 => "inet6",
+        }
+    }
+}
+
+impl fmt::Display for Backend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Backend::Legacy => "legacy",
+            Backend::Nft => "nft",
+        })
+    }
+}
+
+impl fmt::Display for Family {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Family::V4 => "ipv4",
+            Family::V6 => "ipv6",
+        })
+    }
+}
+
+/// kubelet's marker chains: their presence in one backend settles the choice.
+const HINT_CHAINS: [&str; 2] = [":KUBE-IPTABLES-HINT", ":KUBE-KUBELET-CANARY"];
+
+/// Picks the backend from the save outputs of both families of each backend.
+pub fn choose(legacy_saves: &[String], nft_saves: &[String]) -> Backend {
+    let has_hint = |saves: &[String]| {
+        saves
+            .iter()
+            .flat_map(|s| s.lines())
+            .any(|l| HINT_CHAINS.iter().any(|h| l.starts_with(h)))
+    };
+    let rules = |saves: &[String]| {
+        saves
+            .iter()
+            .flat_map(|s| s.lines())
+            .filter(|l| l.starts_with('-'))
+            .count()
+    };
+    if has_hint(nft_saves) {
+        Backend::Nft
+    } else if has_hint(legacy_saves) || rules(legacy_saves) > rules(nft_saves) {
+        Backend::Legacy
+    } else {
+        Backend::Nft
+    }
+}
+
+/// Detects the node's backend from its current rules; a backend whose tools fail counts
+/// as empty, as in the wrapper.
+pub fn detect() -> Backend {
+    let saves = |b: Backend| -> Vec<String> {
+        Family::ALL.iter().filter_map(|f| b.save(*f).ok()).collect()
+    };
+    choose(&saves(Backend::Legacy), &saves(Backend::Nft))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn s(text: &str) -> Vec<String> {
+        vec![text.to_string()]
+    }
+
+    #[test]
+    fn the_backend_with_more_rules_wins_and_nft_breaks_ties() {
+        let two = "*filter\n-A INPUT -j ACCEPT\n-A INPUT -j DROP\nCOMMIT\n";
+        let one = "*filter\n-A INPUT -j ACCEPT\nCOMMIT\n";
+        assert_eq!(choose(&s(two), &s(one)), Backend::Legacy);
+        assert_eq!(choose(&s(one), &s(two)), Backend::Nft);
+        assert_eq!(choose(&s(""), &s("")), Backend::Nft);
+    }
+
+    #[test]
+    fn kubelet_hint_chain_overrides_rule_counts() {
+        let many = "*filter\n-A INPUT -j ACCEPT\n-A INPUT -j DROP\nCOMMIT\n";
+        let hint = "*mangle\n:KUBE-IPTABLES-HINT - [0:0]\nCOMMIT\n";
+        assert_eq!(choose(&s(many), &s(hint)), Backend::Nft);
+        assert_eq!(choose(&s(hint), &s(many)), Backend::Legacy);
+    }
+}

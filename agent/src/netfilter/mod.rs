@@ -1,0 +1,7 @@
+//! What the iptables dataplane and reset share about netfilter: which iptables backend
+//! (legacy or nft) the node uses, and the names that mark weir's chains and sets.
+pub mod backend;
+
+/// weir's chains (`WEIR-*`) and sets (`weir-*`).
+pub const WEIR_CHAIN_PREFIX: &str = "WEIR-";
+pub const WEIR_SET_PREFIX: &str = "weir-";

@@ -1,0 +1,136 @@
+//! What a source hands the run loop: batches of object events. A batch is applied as one
+//! unit (the dataplane sees only the state after the whole batch), so a policy replaced
+//! by another in one file edit never leaves a pod briefly unprotected.
+
+use std::future::Future;
+
+use weir_policy::model::{Object, ObjectRef};
+
+#[derive(Clone, Debug)]
+pub enum Event {
+    Upsert(Box<Object>),
+    Delete(ObjectRef),
+}
+
+/// An object a source could not turn into an event, named so an operator can find it.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ObjectError {
+    pub object: String,
+    pub reason: String,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct Batch {
+    pub events: Vec<Event>,
+    /// Objects of the source's current state that could not be read. Each batch replaces
+    /// the previous batch's list; the objects they name keep their last good version.
+    pub rejected: Vec<ObjectError>,
+    /// The source's version of the state after this batch (the manifest file's
+    /// `# generation: N`), echoed in the status.
+    pub generation: Option<u64>,
+    /// Cluster mode: the digest of every object applied so far at its resourceVersion
+    /// (`source::digest`), echoed in the status.
+    pub state_digest: Option<String>,
+}
+
+/// A source of cluster state: manifest files (lab) or the Kubernetes API (cluster mode).
+pub trait EventSource {
+    /// The next batch. The first batch is the full initial state. Waits until there is one;
+    /// an error is fatal for the source.
+    fn next(&mut self) -> impl Future<Output = Result<Batch, SourceError>> + Send;
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SourceError {
+    #[error("{context}: {source}")]
+    Io {
+        context: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("kubernetes API: {0}")]
+    Kube(String),
+    #[error("source closed")]
+    Closed,
+}
+
+/// How far a source is with its first complete state, shared with the health server:
+/// until it is complete nothing on the node is changed, and `/readyz` says what is still
+/// missing and the last error the source met.
+#[derive(Debug)]
+pub struct SyncProgress {
+    inner: std::sync::Mutex<Progress>,
+}
+
+#[derive(Debug, Default)]
+struct Progress {
+    /// What the first complete state still lacks (`pods`, `the manifest file F`, ...).
+    waiting: Vec<String>,
+    last_error: Option<String>,
+    complete: bool,
+}
+
+impl SyncProgress {
+    /// A source that still has to read everything in `waiting`.
+    pub fn new(waiting: impl IntoIterator<Item = String>) -> Self {
+        SyncProgress {
+            inner: std::sync::Mutex::new(Progress {
+                waiting: waiting.into_iter().collect(),
+                ..Default::default()
+            }),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Progress> {
+        // A panic elsewhere while holding it leaves plain data behind: keep using it.
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// `what` is read completely.
+    pub fn done(&self, what: &str) {
+        self.lock().waiting.retain(|w| w != what);
+    }
+
+    /// The source met an error (retried by the source); kept for `/readyz`.
+    pub fn error(&self, error: impl Into<String>) {
+        self.lock().last_error = Some(error.into());
+    }
+
+    /// The run loop has the first complete state.
+    pub fn complete(&self) {
+        let mut p = self.lock();
+        p.complete = true;
+        p.waiting.clear();
+    }
+
+    pub fn is_complete(&self) -> bool {
+        self.lock().complete
+    }
+
+    /// Why the first complete state is not there yet; `None` once it is.
+    pub fn reason(&self) -> Option<String> {
+        let p = self.lock();
+        if p.complete {
+            return None;
+        }
+        let mut reason = if p.waiting.is_empty() {
+            "waiting for the first complete state from the source".to_string()
+        } else {
+            format!(
+                "waiting for the first complete list of {}",
+                p.waiting.join(", ")
+            )
+        };
+        reason.push_str("; the node's existing enforcement is left untouched until then");
+        if let Some(e) = &p.last_error {
+            reason.push_str(&format!("; last source error: {e}"));
+        }
+        Some(reason)
+    }
+}
+
+impl Default for SyncProgress {
+    fn default() -> Self {
+        SyncProgress::new(Vec::new())
+    }
+}

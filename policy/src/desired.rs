@@ -1,0 +1,319 @@
+//! The dataplane-neutral desired state: what the compiler produces and both dataplanes
+//! enforce. Nothing here knows about Kubernetes objects or about a dataplane.
+//!
+//! - Per local pod ([`Endpoint`]) and [`Direction`]: isolated or not, and the allow
+//!   [`Rule`]s (OR-ed). A non-isolated direction allows everything.
+//! - Peers are [`AddressSet`]s, identified by a stable [`SetId`] derived from what the set
+//!   *selects* (not from its members), so a pod joining a selector is a member delta,
+//!   not a new set.
+//! - [`Desired::diff`] turns two desired states into the [`Delta`] the dataplanes apply.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+use ipnet::IpNet;
+use serde::{Deserialize, Serialize};
+
+// The model's pod key and protocol, which every part of the desired state names.
+pub use crate::model::{PodKey, Protocol};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum Direction {
+    /// Traffic to the pod.
+    Ingress,
+    /// Traffic from the pod.
+    Egress,
+}
+
+/// Inclusive destination port range; `first == last` for a single port.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct PortRange {
+    pub first: u16,
+    pub last: u16,
+}
+
+/// What a rule admits on the (protocol, destination port) axis.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum Ports {
+    /// `ports` absent: every protocol (TCP, UDP, SCTP, ICMP, ...) and every port.
+    All,
+    /// One protocol; `range: None` means every port of it.
+    Protocol {
+        protocol: Protocol,
+        range: Option<PortRange>,
+    },
+}
+
+/// Stable, collision-checked identifier of an address set. Rendered as 16 hex digits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct SetId(pub u64);
+
+impl fmt::Display for SetId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:016x}", self.0)
+    }
+}
+
+/// One entry of an address set. `except` entries carve holes out of the others
+/// (ipBlock `except`; the longest matching prefix decides).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Member {
+    pub net: IpNet,
+    pub except: bool,
+}
+
+/// A resolved peer: pods by selector, namespaces by selector, or a CIDR minus excepts.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AddressSet {
+    pub id: SetId,
+    /// What the set selects, human-readable and canonical (the id is derived from it).
+    pub definition: String,
+    pub members: BTreeSet<Member>,
+}
+
+impl AddressSet {
+    /// A set from CIDR strings (a leading `!` marks an except), defined as `test-<id>`:
+    /// for tests of what consumes sets.
+    pub fn from_cidrs(id: u64, nets: &[&str]) -> Result<AddressSet, ipnet::AddrParseError> {
+        let members = nets
+            .iter()
+            .map(|n| {
+                Ok(Member {
+                    net: n.trim_start_matches('!').parse()?,
+                    except: n.starts_with('!'),
+                })
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(AddressSet {
+            id: SetId(id),
+            definition: format!("test-{id}"),
+            members,
+        })
+    }
+
+    /// Whether `addr` is in the set: the longest matching member decides, and an
+    /// `except` member means "not in the set".
+    pub fn contains(&self, addr: std::net::IpAddr) -> bool {
+        self.members
+            .iter()
+            .filter(|m| m.net.contains(&addr))
+            .max_by_key(|m| (m.net.prefix_len(), m.except))
+            .is_some_and(|m| !m.except)
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum Peer {
+    /// No `from`/`to` in the rule: every source or destination.
+    Any,
+    Set(SetId),
+}
+
+/// Where a rule came from, for `weir explain`, counters and drop events.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct RuleOrigin {
+    /// `namespace/name` of the NetworkPolicy.
+    pub policy: String,
+    /// Index of the rule in the policy's `ingress` or `egress` list.
+    pub rule_index: u32,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Rule {
+    pub peer: Peer,
+    pub ports: Ports,
+    pub origin: RuleOrigin,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DirectionPolicy {
+    /// Selected by at least one policy of this direction: everything not allowed is dropped.
+    pub isolated: bool,
+    pub rules: BTreeSet<Rule>,
+}
+
+/// A pod on this node that the dataplane enforces for.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Endpoint {
+    pub pod: PodKey,
+    pub ipv4: Option<Ipv4Addr>,
+    pub ipv6: Option<Ipv6Addr>,
+    pub ingress: DirectionPolicy,
+    pub egress: DirectionPolicy,
+}
+
+impl Endpoint {
+    pub fn direction(&self, d: Direction) -> &DirectionPolicy {
+        match d {
+            Direction::Ingress => &self.ingress,
+            Direction::Egress => &self.egress,
+        }
+    }
+}
+
+/// A Service address and port that kube-proxy rewrites to a backend: a pod's traffic
+/// to it is judged after that DNAT, against the backend it reaches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Frontend {
+    /// `None`: a nodePort, on every address of the node.
+    pub addr: Option<IpAddr>,
+    pub protocol: Protocol,
+    pub port: u16,
+}
+
+/// Everything a dataplane must enforce on this node.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Desired {
+    pub sets: BTreeMap<SetId, AddressSet>,
+    pub endpoints: BTreeMap<PodKey, Endpoint>,
+    /// Every Service frontend in the cluster.
+    #[serde(default)]
+    pub frontends: BTreeSet<Frontend>,
+}
+
+/// Changes to one endpoint that already existed.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EndpointChange {
+    /// The endpoint as it is now (addresses and isolation flags included).
+    pub after: Option<Endpoint>,
+    pub pod: PodKey,
+    pub addresses_changed: bool,
+    pub isolation_changed: bool,
+    pub rules_added: Vec<(Direction, Rule)>,
+    pub rules_removed: Vec<(Direction, Rule)>,
+}
+
+/// The difference between two desired states, in the order a dataplane applies it:
+/// add sets and members, add/change endpoints, then remove endpoints, members and sets,
+/// so that nothing referenced is ever removed first.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Delta {
+    pub sets_added: Vec<AddressSet>,
+    pub members_added: Vec<(SetId, Member)>,
+    pub endpoints_added: Vec<Endpoint>,
+    pub endpoints_changed: Vec<EndpointChange>,
+    pub endpoints_removed: Vec<PodKey>,
+    pub members_removed: Vec<(SetId, Member)>,
+    pub sets_removed: Vec<SetId>,
+    #[serde(default)]
+    pub frontends_added: Vec<Frontend>,
+    #[serde(default)]
+    pub frontends_removed: Vec<Frontend>,
+}
+
+impl Delta {
+    pub fn is_empty(&self) -> bool {
+        self.sets_added.is_empty()
+            && self.members_added.is_empty()
+            && self.endpoints_added.is_empty()
+            && self.endpoints_changed.is_empty()
+            && self.endpoints_removed.is_empty()
+            && self.members_removed.is_empty()
+            && self.sets_removed.is_empty()
+            && self.frontends_added.is_empty()
+            && self.frontends_removed.is_empty()
+    }
+}
+
+impl Desired {
+    /// The delta that turns `self` into `next`.
+    pub fn diff(&self, next: &Desired) -> Delta {
+        let mut delta = Delta::default();
+        for (id, set) in &next.sets {
+            match self.sets.get(id) {
+                None => delta.sets_added.push(set.clone()),
+                Some(old) => {
+                    delta
+                        .members_added
+                        .extend(set.members.difference(&old.members).map(|m| (*id, *m)));
+                    delta
+                        .members_removed
+                        .extend(old.members.difference(&set.members).map(|m| (*id, *m)));
+                }
+            }
+        }
+        delta
+            .sets_removed
+            .extend(self.sets.keys().filter(|id| !next.sets.contains_key(id)));
+
+        for (pod, ep) in &next.endpoints {
+            let Some(old) = self.endpoints.get(pod) else {
+                delta.endpoints_added.push(ep.clone());
+                continue;
+            };
+            if old == ep {
+                continue;
+            }
+            let mut change = EndpointChange {
+                after: Some(ep.clone()),
+                pod: pod.clone(),
+                addresses_changed: old.ipv4 != ep.ipv4 || old.ipv6 != ep.ipv6,
+                isolation_changed: old.ingress.isolated != ep.ingress.isolated
+                    || old.egress.isolated != ep.egress.isolated,
+                ..Default::default()
+            };
+            for d in [Direction::Ingress, Direction::Egress] {
+                let (o, n) = (&old.direction(d).rules, &ep.direction(d).rules);
+                change
+                    .rules_added
+                    .extend(n.difference(o).map(|r| (d, r.clone())));
+                change
+                    .rules_removed
+                    .extend(o.difference(n).map(|r| (d, r.clone())));
+            }
+            delta.endpoints_changed.push(change);
+        }
+        delta.endpoints_removed.extend(
+            self.endpoints
+                .keys()
+                .filter(|p| !next.endpoints.contains_key(*p))
+                .cloned(),
+        );
+        delta.frontends_added = next
+            .frontends
+            .difference(&self.frontends)
+            .copied()
+            .collect();
+        delta.frontends_removed = self
+            .frontends
+            .difference(&next.frontends)
+            .copied()
+            .collect();
+        delta
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn set(id: u64, nets: &[&str]) -> AddressSet {
+        AddressSet::from_cidrs(id, nets).unwrap()
+    }
+
+    #[test]
+    fn except_is_the_longest_prefix() {
+        let s = set(1, &["10.0.0.0/8", "!10.1.0.0/16", "10.1.2.3/32"]);
+        assert!(s.contains("10.2.0.1".parse().unwrap()));
+        assert!(!s.contains("10.1.0.1".parse().unwrap()));
+        assert!(s.contains("10.1.2.3".parse().unwrap()));
+        assert!(!s.contains("11.0.0.1".parse().unwrap()));
+    }
+
+    #[test]
+    fn diff_reports_member_and_set_changes() {
+        let mut a = Desired::default();
+        a.sets.insert(SetId(1), set(1, &["10.0.0.1/32"]));
+        a.sets.insert(SetId(2), set(2, &["10.0.0.2/32"]));
+        let mut b = Desired::default();
+        b.sets.insert(SetId(1), set(1, &["10.0.0.3/32"]));
+        b.sets.insert(SetId(3), set(3, &["10.0.0.4/32"]));
+        let d = a.diff(&b);
+        assert_eq!(d.sets_added.len(), 1);
+        assert_eq!(d.sets_removed, vec![SetId(2)]);
+        assert_eq!(d.members_added.len(), 1);
+        assert_eq!(d.members_removed.len(), 1);
+        assert!(b.diff(&b).is_empty());
+    }
+}

@@ -1,0 +1,444 @@
+//! The engine: holds the cluster model and the validated policies, and keeps the
+//! compiled [`Desired`] state up to date. Each event recompiles only what it affects (a
+//! pod event: that pod's endpoint and the set members it contributes) and returns the
+//! [`Delta`].
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use super::change::Change;
+use super::compile::{compile_endpoint, named_port_groups};
+use super::error::PolicyError;
+use super::registry::SetRegistry;
+use super::selector::Selector;
+use super::sets::{pods_in_namespace_matching, SetDef};
+use super::spec::PolicySpec;
+use super::validate::parse_policy;
+use crate::desired::{Delta, Desired, Frontend, PodKey, Rule};
+use crate::model::{ClusterModel, FieldError, Kind, Labels, Object, ObjectRef, PodInfo};
+
+#[derive(Debug)]
+pub struct Engine {
+    local_node: Option<String>,
+    model: ClusterModel,
+    policies: BTreeMap<String, PolicySpec>,
+    /// Policy keys (`namespace/name`) by namespace.
+    policies_by_namespace: HashMap<String, BTreeSet<String>>,
+    registry: SetRegistry,
+    /// Frontends by Service (`namespace/name`); their union is `desired.frontends`.
+    services: BTreeMap<String, BTreeSet<Frontend>>,
+    desired: Desired,
+}
+
+/// An object after validation, ready to store.
+enum Parsed {
+    Namespace(String, Labels),
+    Pod(PodInfo),
+    Policy(PolicySpec),
+    Node(String, Box<k8s_openapi::api::core::v1::Node>),
+    Service(String, BTreeSet<Frontend>),
+}
+
+impl Engine {
+    /// `local_node`: the node whose pods are endpoints; `None` makes every pod local.
+    pub fn new(local_node: Option<String>) -> Self {
+        Engine {
+            local_node,
+            model: ClusterModel::default(),
+            policies: BTreeMap::new(),
+            policies_by_namespace: HashMap::new(),
+            registry: SetRegistry::default(),
+            services: BTreeMap::new(),
+            desired: Desired::default(),
+        }
+    }
+
+    pub fn desired(&self) -> &Desired {
+        &self.desired
+    }
+
+    pub fn model(&self) -> &ClusterModel {
+        &self.model
+    }
+
+    pub fn local_node(&self) -> Option<&str> {
+        self.local_node.as_deref()
+    }
+
+    /// The validated policy `namespace/name`.
+    pub fn policy(&self, key: &str) -> Option<&PolicySpec> {
+        self.policies.get(key)
+    }
+
+    /// The policies that select `pod` (in name order).
+    pub fn policies_selecting(&self, pod: &PodInfo) -> Vec<&PolicySpec> {
+        selecting(&self.policies, &self.policies_by_namespace, pod)
+    }
+
+    /// What a set id stands for, while the set is in use.
+    pub fn set_definition(&self, id: crate::desired::SetId) -> Option<&SetDef> {
+        self.registry.definition(id)
+    }
+
+    /// Adds or replaces an object. A rejected object leaves the engine unchanged.
+    pub fn upsert(&mut self, object: Object) -> Result<Delta, PolicyError> {
+        let mut change = Change::default();
+        let service = object.kind() == Kind::Service;
+        match parse_object(object)? {
+            Parsed::Namespace(name, labels) => {
+                self.apply_namespace(&name, Some(labels), &mut change)
+            }
+            Parsed::Pod(pod) => self.apply_pod(&pod.key(), Some(pod), &mut change),
+            Parsed::Policy(spec) => self.apply_policy(&spec.key(), Some(spec), &mut change),
+            Parsed::Node(name, node) => {
+                self.model.upsert_node(&name, *node);
+            }
+            Parsed::Service(key, frontends) => {
+                self.services.insert(key, frontends);
+            }
+        }
+        Ok(self.finish(change, service))
+    }
+
+    /// Removes an object; removing an unknown object changes nothing.
+    pub fn delete(&mut self, key: &ObjectRef) -> Result<Delta, PolicyError> {
+        let mut change = Change::default();
+        let qualified = key.qualified_name();
+        match key.kind {
+            Kind::Namespace => self.apply_namespace(&key.name, None, &mut change),
+            Kind::Pod => self.apply_pod(&qualified, None, &mut change),
+            Kind::NetworkPolicy => self.apply_policy(&qualified, None, &mut change),
+            Kind::Node => {
+                self.model.remove_node(&key.name);
+            }
+            Kind::Service => {
+                self.services.remove(&qualified);
+            }
+        }
+        Ok(self.finish(change, key.kind == Kind::Service))
+    }
+
+    /// Stores many objects, then compiles everything once: the fast path for start-up.
+    /// Returns the delta from the previous state and the objects that were rejected.
+    pub fn load(&mut self, objects: impl IntoIterator<Item = Object>) -> (Delta, Vec<PolicyError>) {
+        let mut errors = Vec::new();
+        for object in objects {
+            match parse_object(object) {
+                Ok(Parsed::Namespace(name, labels)) => {
+                    self.model.upsert_namespace(&name, labels);
+                }
+                Ok(Parsed::Pod(pod)) => {
+                    self.model.upsert_pod(pod);
+                }
+                Ok(Parsed::Policy(spec)) => {
+                    store_policy(
+                        &mut self.policies,
+                        &mut self.policies_by_namespace,
+                        &spec.key(),
+                        Some(spec),
+                    );
+                }
+                Ok(Parsed::Node(name, node)) => {
+                    self.model.upsert_node(&name, *node);
+                }
+                Ok(Parsed::Service(key, frontends)) => {
+                    self.services.insert(key, frontends);
+                }
+                Err(e) => errors.push(e),
+            }
+        }
+        (self.rebuild(), errors)
+    }
+
+    /// Recompiles everything from the model; returns the delta from the previous state.
+    pub fn rebuild(&mut self) -> Delta {
+        let before = std::mem::take(&mut self.desired);
+        self.registry.clear();
+        let mut selected: HashMap<PodKey, Vec<&PolicySpec>> = HashMap::new();
+        for policy in self.policies.values() {
+            for group in named_port_groups(policy) {
+                self.registry
+                    .add_group_user(&self.model, &group, &policy.key());
+            }
+            for pod in
+                pods_in_namespace_matching(&self.model, &policy.namespace, &policy.pod_selector)
+            {
+                if is_endpoint(self.local_node.as_deref(), pod) {
+                    selected.entry(pod.key()).or_default().push(policy);
+                }
+            }
+        }
+        for pod in self.model.pods() {
+            if !is_endpoint(self.local_node.as_deref(), pod) {
+                continue;
+            }
+            let policies = selected
+                .get(&pod.key())
+                .map(Vec::as_slice)
+                .unwrap_or_default();
+            let endpoint = compile_endpoint(&mut self.registry, pod, policies);
+            self.registry.add_refs(endpoint_rules(&endpoint));
+            self.desired
+                .endpoints
+                .insert(endpoint.pod.clone(), endpoint);
+        }
+        self.registry
+            .settle(&self.model, &mut self.desired, &mut Change::default());
+        self.desired.frontends = self.all_frontends();
+        before.diff(&self.desired)
+    }
+
+    /// `services_changed`: the event was a Service's, so the frontends may have changed.
+    fn finish(&mut self, mut change: Change, services_changed: bool) -> Delta {
+        self.registry
+            .settle(&self.model, &mut self.desired, &mut change);
+        let mut delta = change.into_delta(&self.desired);
+        if !services_changed {
+            return delta;
+        }
+        // Two Services may share a frontend (clusterIPs during a re-creation): recount
+        // the union rather than add and remove this Service's own.
+        let frontends = self.all_frontends();
+        if frontends != self.desired.frontends {
+            delta.frontends_added = frontends
+                .difference(&self.desired.frontends)
+                .copied()
+                .collect();
+            delta.frontends_removed = self
+                .desired
+                .frontends
+                .difference(&frontends)
+                .copied()
+                .collect();
+            self.desired.frontends = frontends;
+        }
+        delta
+    }
+
+    fn all_frontends(&self) -> BTreeSet<Frontend> {
+        self.services.values().flatten().copied().collect()
+    }
+
+    fn apply_pod(&mut self, key: &str, new: Option<PodInfo>, change: &mut Change) {
+        let old = match new {
+            Some(pod) => self.model.upsert_pod(pod),
+            None => self.model.remove_pod(key),
+        };
+        let model = &self.model;
+        let new = model.pod(key);
+        let pods: Vec<&PodInfo> = old.iter().chain(new).collect();
+
+        // Members the pod adds to or removes from the sets in use.
+        for (id, def) in self.registry.live() {
+            let before = old
+                .as_ref()
+                .map(|p| def.pod_members(model, p))
+                .unwrap_or_default();
+            let after = new.map(|p| def.pod_members(model, p)).unwrap_or_default();
+            for member in before.iter().filter(|m| !after.contains(m)) {
+                // Another pod may still claim the same address (a stale pod, say).
+                let claimed = model
+                    .pods_with_address(member.net.addr())
+                    .any(|p| p.key() != key && def.pod_members(model, p).contains(member));
+                if !claimed {
+                    change.remove_member(&mut self.desired, id, *member);
+                }
+            }
+            for member in after.iter().filter(|m| !before.contains(m)) {
+                change.add_member(&mut self.desired, id, *member);
+            }
+        }
+
+        // Egress named ports: a new or vanished number changes the rules of every
+        // endpoint that a policy using the name selects.
+        let changed = self
+            .registry
+            .refresh_groups(model, |g| pods.iter().any(|p| g.resolves_on(model, p)));
+        let mut endpoints = self.endpoints_of(&changed);
+        endpoints.insert(key.to_owned());
+        self.recompile(endpoints, change);
+    }
+
+    fn apply_namespace(&mut self, name: &str, labels: Option<Labels>, change: &mut Change) {
+        let before = self.model.namespace_labels(name).into_owned();
+        match labels {
+            Some(labels) => self.model.upsert_namespace(name, labels),
+            None => self.model.remove_namespace(name),
+        };
+        let model = &self.model;
+        let after = model.namespace_labels(name);
+        // Namespace labels only matter to namespaceSelector peers whose verdict on this
+        // namespace changed: recompute those sets.
+        let affected =
+            |sel: Option<&Selector>| sel.is_some_and(|s| s.matches(&before) != s.matches(&after));
+        for (id, def) in self
+            .registry
+            .live()
+            .filter(|(_, d)| affected(d.namespace_selector()))
+        {
+            let members = def.members(model);
+            let current = self
+                .desired
+                .sets
+                .get(&id)
+                .map(|s| s.members.clone())
+                .unwrap_or_default();
+            for m in current.difference(&members) {
+                change.remove_member(&mut self.desired, id, *m);
+            }
+            for m in members.difference(&current) {
+                change.add_member(&mut self.desired, id, *m);
+            }
+        }
+        let changed = self
+            .registry
+            .refresh_groups(model, |g| affected(g.namespace_selector()));
+        let endpoints = self.endpoints_of(&changed);
+        self.recompile(endpoints, change);
+    }
+
+    fn apply_policy(&mut self, key: &str, new: Option<PolicySpec>, change: &mut Change) {
+        if let Some(spec) = &new {
+            for group in named_port_groups(spec) {
+                self.registry.add_group_user(&self.model, &group, key);
+            }
+        }
+        let old = store_policy(
+            &mut self.policies,
+            &mut self.policies_by_namespace,
+            key,
+            new,
+        );
+        if let Some(old) = &old {
+            let still_used = self
+                .policies
+                .get(key)
+                .map(named_port_groups)
+                .unwrap_or_default();
+            for group in named_port_groups(old)
+                .iter()
+                .filter(|g| !still_used.contains(g))
+            {
+                self.registry.remove_group_user(group, key);
+            }
+        }
+        let mut endpoints = self.endpoints_of(&BTreeSet::from([key.to_owned()]));
+        if let Some(old) = &old {
+            endpoints.extend(self.selected_endpoints(old));
+        }
+        self.recompile(endpoints, change);
+    }
+
+    /// Local endpoints selected by the named policies.
+    fn endpoints_of(&self, policies: &BTreeSet<String>) -> BTreeSet<PodKey> {
+        policies
+            .iter()
+            .filter_map(|k| self.policies.get(k))
+            .flat_map(|p| self.selected_endpoints(p))
+            .collect()
+    }
+
+    fn selected_endpoints(&self, policy: &PolicySpec) -> Vec<PodKey> {
+        pods_in_namespace_matching(&self.model, &policy.namespace, &policy.pod_selector)
+            .into_iter()
+            .filter(|p| is_endpoint(self.local_node.as_deref(), p))
+            .map(PodInfo::key)
+            .collect()
+    }
+
+    fn recompile(&mut self, endpoints: BTreeSet<PodKey>, change: &mut Change) {
+        for key in endpoints {
+            change.touch_endpoint(&self.desired, &key);
+            let pod = self
+                .model
+                .pod(&key)
+                .filter(|p| is_endpoint(self.local_node.as_deref(), p));
+            let old = match pod {
+                Some(pod) => {
+                    let policies = selecting(&self.policies, &self.policies_by_namespace, pod);
+                    let endpoint = compile_endpoint(&mut self.registry, pod, &policies);
+                    self.registry.add_refs(endpoint_rules(&endpoint));
+                    self.desired.endpoints.insert(key, endpoint)
+                }
+                None => self.desired.endpoints.remove(&key),
+            };
+            if let Some(old) = old {
+                self.registry.remove_refs(endpoint_rules(&old));
+            }
+        }
+    }
+}
+
+fn parse_object(object: Object) -> Result<Parsed, PolicyError> {
+    let key = object.key();
+    if key.name.is_empty() {
+        return Err(PolicyError::invalid(
+            &key,
+            FieldError::new("metadata.name", "required"),
+        ));
+    }
+    let namespace = key.namespace.as_deref().unwrap_or_default();
+    Ok(match object {
+        Object::Namespace(ns) => {
+            Parsed::Namespace(key.name, ns.metadata.labels.unwrap_or_default())
+        }
+        Object::Pod(pod) => Parsed::Pod(
+            PodInfo::from_pod(namespace, &key.name, &pod)
+                .map_err(|e| PolicyError::invalid(&key, e))?,
+        ),
+        Object::NetworkPolicy(np) => Parsed::Policy(parse_policy(&np)?),
+        Object::Node(node) => Parsed::Node(key.name, Box::new(node)),
+        Object::Service(service) => Parsed::Service(
+            key.qualified_name(),
+            super::service::frontends(&service).map_err(|e| PolicyError::invalid(&key, e))?,
+        ),
+    })
+}
+
+/// A pod the dataplane enforces for: selectable and on the local node.
+fn is_endpoint(local_node: Option<&str>, pod: &PodInfo) -> bool {
+    pod.selectable() && local_node.is_none_or(|n| pod.node.as_deref() == Some(n))
+}
+
+fn selecting<'p>(
+    policies: &'p BTreeMap<String, PolicySpec>,
+    by_namespace: &HashMap<String, BTreeSet<String>>,
+    pod: &PodInfo,
+) -> Vec<&'p PolicySpec> {
+    by_namespace
+        .get(&pod.namespace)
+        .into_iter()
+        .flatten()
+        .filter_map(|key| policies.get(key))
+        .filter(|p| p.selects(pod))
+        .collect()
+}
+
+/// Replaces (or removes, with `None`) policy `key`; returns the previous version.
+fn store_policy(
+    policies: &mut BTreeMap<String, PolicySpec>,
+    by_namespace: &mut HashMap<String, BTreeSet<String>>,
+    key: &str,
+    new: Option<PolicySpec>,
+) -> Option<PolicySpec> {
+    let old = policies.remove(key);
+    if let Some(old) = &old {
+        if let Some(keys) = by_namespace.get_mut(&old.namespace) {
+            keys.remove(key);
+            if keys.is_empty() {
+                by_namespace.remove(&old.namespace);
+            }
+        }
+    }
+    if let Some(spec) = new {
+        by_namespace
+            .entry(spec.namespace.clone())
+            .or_default()
+            .insert(key.to_owned());
+        policies.insert(key.to_owned(), spec);
+    }
+    old
+}
+
+fn endpoint_rules(endpoint: &crate::desired::Endpoint) -> impl Iterator<Item = &Rule> {
+    endpoint.ingress.rules.iter().chain(&endpoint.egress.rules)
+}

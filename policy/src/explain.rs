@@ -1,0 +1,326 @@
+//! Why a connection is allowed or denied: the verdict of both sides (the source's egress,
+//! the destination's ingress) with every policy that isolates the pod and every rule
+//! that admits the connection. Evaluated on the compiled model, as the dataplanes are.
+
+use std::fmt;
+use std::net::IpAddr;
+use std::str::FromStr;
+
+use serde::Serialize;
+
+use super::engine::Engine;
+use super::sets::SetDef;
+use super::verdict::{rule_admits, verdict_between};
+use crate::desired::{Direction, Peer, Ports, Protocol, Rule};
+use crate::model::PodInfo;
+
+/// The destination: a pod (`namespace/name`) or an address.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Target {
+    Pod(String),
+    Address(IpAddr),
+}
+
+impl FromStr for Target {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        if let Ok(addr) = s.parse() {
+            return Ok(Target::Address(addr));
+        }
+        match s.split_once('/') {
+            Some((ns, name)) if !ns.is_empty() && !name.is_empty() && !name.contains('/') => {
+                Ok(Target::Pod(s.to_owned()))
+            }
+            _ => Err(format!("{s:?} is neither NAMESPACE/POD nor an IP address")),
+        }
+    }
+}
+
+/// `PORT[/PROTOCOL]`, protocol TCP by default, case-insensitive.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PortProtocol {
+    pub port: u16,
+    pub protocol: Protocol,
+}
+
+impl FromStr for PortProtocol {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let (port, protocol) = s.split_once('/').unwrap_or((s, "TCP"));
+        let port = port
+            .parse()
+            .ok()
+            .filter(|p| *p != 0)
+            .ok_or_else(|| format!("{port:?} is not a port number (1-65535)"))?;
+        let protocol = match protocol.to_ascii_uppercase().as_str() {
+            "TCP" => Protocol::Tcp,
+            "UDP" => Protocol::Udp,
+            "SCTP" => Protocol::Sctp,
+            other => return Err(format!("unsupported protocol {other:?}: TCP, UDP or SCTP")),
+        };
+        Ok(PortProtocol { port, protocol })
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ExplainError {
+    #[error("pod {0} is not in the manifests")]
+    UnknownPod(String),
+    #[error("pod {0} has no address")]
+    NoAddress(String),
+    #[error("{from} and {to} have no address family in common")]
+    NoCommonFamily { from: String, to: String },
+}
+
+/// A rule that admits the connection.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct RuleExplanation {
+    /// `namespace/name` of the policy.
+    pub policy: String,
+    /// `ingress[i]` or `egress[i]`.
+    pub rule: String,
+    /// What the peer selects (`any` for a rule without from/to).
+    pub peer: String,
+    /// `all`, `TCP`, `TCP/80` or `TCP/80-90`.
+    pub ports: String,
+}
+
+/// One side of the connection.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct SideExplanation {
+    pub direction: Direction,
+    /// The pod whose policy this is; `None` when the side is not a pod.
+    pub pod: Option<String>,
+    /// Whether weir enforces anything for this side (a pod with an address, not on the
+    /// host network).
+    pub enforced: bool,
+    pub isolated: bool,
+    pub allowed: bool,
+    /// Policies that select the pod for this direction.
+    pub isolated_by: Vec<String>,
+    pub allowed_by: Vec<RuleExplanation>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Explanation {
+    pub from: String,
+    pub from_address: IpAddr,
+    pub to: String,
+    pub to_address: IpAddr,
+    pub port: u16,
+    pub protocol: Protocol,
+    pub allowed: bool,
+    /// A pod talking to itself is always allowed.
+    pub to_self: bool,
+    pub egress: SideExplanation,
+    pub ingress: SideExplanation,
+}
+
+/// Explains `from` (a pod, `namespace/name`) connecting to `to` on `port`.
+pub fn explain(
+    engine: &Engine,
+    from: &str,
+    to: &Target,
+    port: PortProtocol,
+) -> Result<Explanation, ExplainError> {
+    let model = engine.model();
+    let pod = |key: &str| {
+        model
+            .pod(key)
+            .ok_or_else(|| ExplainError::UnknownPod(key.to_owned()))
+    };
+    let source = pod(from)?;
+    let (from_address, to_address, to_pod) = match to {
+        Target::Address(addr) => {
+            let from_address = source
+                .addresses()
+                .find(|a| a.is_ipv4() == addr.is_ipv4())
+                .ok_or_else(|| ExplainError::NoCommonFamily {
+                    from: from.to_owned(),
+                    to: addr.to_string(),
+                })?;
+            let to_pod = model.pods_with_address(*addr).find(|p| p.selectable());
+            (from_address, *addr, to_pod)
+        }
+        Target::Pod(key) => {
+            let destination = pod(key)?;
+            if source.addresses().next().is_none() {
+                return Err(ExplainError::NoAddress(from.to_owned()));
+            }
+            if destination.addresses().next().is_none() {
+                return Err(ExplainError::NoAddress(key.clone()));
+            }
+            let pair = source
+                .addresses()
+                .find_map(|f| {
+                    destination
+                        .addresses()
+                        .find(|t| t.is_ipv4() == f.is_ipv4())
+                        .map(|t| (f, t))
+                })
+                .ok_or_else(|| ExplainError::NoCommonFamily {
+                    from: from.to_owned(),
+                    to: key.clone(),
+                })?;
+            (pair.0, pair.1, Some(destination))
+        }
+    };
+    let v = verdict_between(
+        engine.desired(),
+        from_address,
+        to_address,
+        port.port,
+        port.protocol,
+    );
+    let side = |direction, pod: Option<&PodInfo>, peer: IpAddr, allowed: bool, isolated: bool| {
+        side_explanation(engine, direction, pod, peer, port, allowed, isolated)
+    };
+    Ok(Explanation {
+        from: from.to_owned(),
+        from_address,
+        to: match to {
+            Target::Pod(key) => key.clone(),
+            Target::Address(addr) => to_pod.map(PodInfo::key).unwrap_or_else(|| addr.to_string()),
+        },
+        to_address,
+        port: port.port,
+        protocol: port.protocol,
+        allowed: v.allowed,
+        to_self: v.to_self,
+        egress: side(
+            Direction::Egress,
+            Some(source),
+            to_address,
+            v.egress.allowed,
+            v.egress.isolated,
+        ),
+        ingress: side(
+            Direction::Ingress,
+            to_pod,
+            from_address,
+            v.ingress.allowed,
+            v.ingress.isolated,
+        ),
+    })
+}
+
+fn side_explanation(
+    engine: &Engine,
+    direction: Direction,
+    pod: Option<&PodInfo>,
+    peer: IpAddr,
+    port: PortProtocol,
+    allowed: bool,
+    isolated: bool,
+) -> SideExplanation {
+    let endpoint = pod.and_then(|p| engine.desired().endpoints.get(&p.key()));
+    let isolated_by = match (pod, endpoint) {
+        (Some(pod), Some(_)) => engine
+            .policies_selecting(pod)
+            .into_iter()
+            .filter(|p| p.rules(direction).is_some())
+            .map(|p| p.key())
+            .collect(),
+        _ => Vec::new(),
+    };
+    let allowed_by = endpoint
+        .into_iter()
+        .flat_map(|e| &e.direction(direction).rules)
+        .filter(|r| rule_admits(engine.desired(), r, peer, port.port, port.protocol))
+        .map(|r| rule_explanation(engine, direction, r))
+        .collect();
+    SideExplanation {
+        direction,
+        pod: pod.map(PodInfo::key),
+        enforced: endpoint.is_some(),
+        isolated,
+        allowed,
+        isolated_by,
+        allowed_by,
+    }
+}
+
+fn rule_explanation(engine: &Engine, direction: Direction, rule: &Rule) -> RuleExplanation {
+    let side = match direction {
+        Direction::Ingress => "ingress",
+        Direction::Egress => "egress",
+    };
+    RuleExplanation {
+        policy: rule.origin.policy.clone(),
+        rule: format!("{side}[{}]", rule.origin.rule_index),
+        peer: match rule.peer {
+            Peer::Any => "any".to_owned(),
+            Peer::Set(id) => engine
+                .set_definition(id)
+                .map(SetDef::definition)
+                .unwrap_or_else(|| id.to_string()),
+        },
+        ports: match rule.ports {
+            Ports::All => "all".to_owned(),
+            Ports::Protocol {
+                protocol,
+                range: None,
+            } => protocol.to_string(),
+            Ports::Protocol {
+                protocol,
+                range: Some(r),
+            } if r.first == r.last => format!("{protocol}/{}", r.first),
+            Ports::Protocol {
+                protocol,
+                range: Some(r),
+            } => format!("{protocol}/{}-{}", r.first, r.last),
+        },
+    }
+}
+
+impl fmt::Display for SideExplanation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let what = match self.direction {
+            Direction::Ingress => "ingress of",
+            Direction::Egress => "egress of",
+        };
+        let who = self.pod.as_deref().unwrap_or("(not a pod)");
+        if !self.enforced {
+            return write!(f, "{what} {who}: not enforced (not a pod endpoint: host network, no address or unknown)");
+        }
+        if !self.isolated {
+            return write!(f, "{what} {who}: allowed, not isolated");
+        }
+        let verdict = if self.allowed { "allowed" } else { "DENIED" };
+        write!(
+            f,
+            "{what} {who}: {verdict}\n    isolated by: {}",
+            self.isolated_by.join(", ")
+        )?;
+        if self.allowed_by.is_empty() {
+            write!(f, "\n    no rule allows it")?;
+        }
+        for r in &self.allowed_by {
+            write!(
+                f,
+                "\n    allowed by: {} {}: peer {} on {}",
+                r.policy, r.rule, r.peer, r.ports
+            )?;
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Display for Explanation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let verdict = if self.allowed { "ALLOWED" } else { "DENIED" };
+        writeln!(
+            f,
+            "{} ({}) -> {} ({}) port {}/{}: {verdict}",
+            self.from, self.from_address, self.to, self.to_address, self.port, self.protocol
+        )?;
+        if self.to_self {
+            return writeln!(
+                f,
+                "  a pod's traffic to itself is always allowed, whatever its policies"
+            );
+        }
+        writeln!(f, "  {}", self.egress)?;
+        writeln!(f, "  {}", self.ingress)
+    }
+}

@@ -1,0 +1,205 @@
+//! The cluster as the engine sees it: namespaces, pods and nodes, indexed for the
+//! queries the compiler makes (pods by namespace, by label and by address).
+//! NetworkPolicies are kept by the engine in their validated form.
+
+mod index;
+mod object;
+mod pod;
+
+use std::borrow::Cow;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::fmt;
+use std::net::IpAddr;
+
+use k8s_openapi::api::core::v1::Node;
+use serde::{Deserialize, Serialize};
+
+pub use index::LabelIndex;
+pub use object::{Kind, Object, ObjectRef, DEFAULT_NAMESPACE};
+pub use pod::{parse_protocol, ContainerPort, PodInfo};
+
+/// `namespace/name` of a pod.
+pub type PodKey = String;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum Protocol {
+    Tcp,
+    Udp,
+    Sctp,
+}
+
+impl Protocol {
+    /// IANA protocol number, as in the IP header.
+    pub fn number(self) -> u8 {
+        match self {
+            Protocol::Tcp => 6,
+            Protocol::Udp => 17,
+            Protocol::Sctp => 132,
+        }
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            Protocol::Tcp => "TCP",
+            Protocol::Udp => "UDP",
+            Protocol::Sctp => "SCTP",
+        }
+    }
+}
+
+impl fmt::Display for Protocol {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The label the API server puts on every namespace, with the namespace's name.
+pub const NAMESPACE_NAME_LABEL: &str = "kubernetes.io/metadata.name";
+
+pub type Labels = BTreeMap<String, String>;
+
+/// A problem with one field of an object; the engine adds which object.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FieldError {
+    pub field: String,
+    pub reason: String,
+}
+
+impl FieldError {
+    pub fn new(field: &str, reason: impl Into<String>) -> Self {
+        FieldError {
+            field: field.to_owned(),
+            reason: reason.into(),
+        }
+    }
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct ClusterModel {
+    namespaces: BTreeMap<String, Labels>,
+    nodes: BTreeMap<String, Node>,
+    pods: HashMap<PodKey, PodInfo>,
+    pods_by_namespace: HashMap<String, BTreeSet<PodKey>>,
+    pods_by_label: LabelIndex,
+    pods_by_address: HashMap<IpAddr, BTreeSet<PodKey>>,
+}
+
+impl ClusterModel {
+    /// Labels of a namespace with the API server's `kubernetes.io/metadata.name` added,
+    /// as it does on every namespace. A namespace known only from its pods has only that.
+    pub fn namespace_labels(&self, name: &str) -> Cow<'_, Labels> {
+        match self.namespaces.get(name) {
+            Some(labels) => Cow::Borrowed(labels),
+            None => Cow::Owned(Labels::from([(
+                NAMESPACE_NAME_LABEL.to_owned(),
+                name.to_owned(),
+            )])),
+        }
+    }
+
+    /// Every namespace that has an object or a pod.
+    pub fn namespace_names(&self) -> BTreeSet<&str> {
+        self.namespaces
+            .keys()
+            .chain(self.pods_by_namespace.keys())
+            .map(String::as_str)
+            .collect()
+    }
+
+    /// Stores a namespace's labels; returns the previous ones.
+    pub fn upsert_namespace(&mut self, name: &str, mut labels: Labels) -> Option<Labels> {
+        labels.insert(NAMESPACE_NAME_LABEL.to_owned(), name.to_owned());
+        self.namespaces.insert(name.to_owned(), labels)
+    }
+
+    pub fn remove_namespace(&mut self, name: &str) -> Option<Labels> {
+        self.namespaces.remove(name)
+    }
+
+    pub fn upsert_node(&mut self, name: &str, node: Node) -> Option<Node> {
+        self.nodes.insert(name.to_owned(), node)
+    }
+
+    pub fn remove_node(&mut self, name: &str) -> Option<Node> {
+        self.nodes.remove(name)
+    }
+
+    pub fn node(&self, name: &str) -> Option<&Node> {
+        self.nodes.get(name)
+    }
+
+    pub fn pod(&self, key: &str) -> Option<&PodInfo> {
+        self.pods.get(key)
+    }
+
+    pub fn pods(&self) -> impl Iterator<Item = &PodInfo> {
+        self.pods.values()
+    }
+
+    pub fn pod_count(&self) -> usize {
+        self.pods.len()
+    }
+
+    pub fn pods_in_namespace(&self, namespace: &str) -> impl Iterator<Item = &PodInfo> {
+        self.pod_keys_in_namespace(namespace)
+            .into_iter()
+            .flatten()
+            .filter_map(|k| self.pods.get(k))
+    }
+
+    pub fn pod_keys_in_namespace(&self, namespace: &str) -> Option<&BTreeSet<PodKey>> {
+        self.pods_by_namespace.get(namespace)
+    }
+
+    /// Keys of the pods labelled `key=value`.
+    pub fn pods_labelled(&self, key: &str, value: &str) -> Option<&BTreeSet<PodKey>> {
+        self.pods_by_label.get(key, value)
+    }
+
+    /// Pods that currently claim `addr`.
+    pub fn pods_with_address(&self, addr: IpAddr) -> impl Iterator<Item = &PodInfo> {
+        self.pods_by_address
+            .get(&addr)
+            .into_iter()
+            .flatten()
+            .filter_map(|k| self.pods.get(k))
+    }
+
+    /// Stores a pod; returns the previous version.
+    pub fn upsert_pod(&mut self, info: PodInfo) -> Option<PodInfo> {
+        let key = info.key();
+        let old = self.remove_pod(&key);
+        self.pods_by_namespace
+            .entry(info.namespace.clone())
+            .or_default()
+            .insert(key.clone());
+        self.pods_by_label.insert(&key, &info.labels);
+        for addr in info.addresses() {
+            self.pods_by_address
+                .entry(addr)
+                .or_default()
+                .insert(key.clone());
+        }
+        self.pods.insert(key, info);
+        old
+    }
+
+    pub fn remove_pod(&mut self, key: &str) -> Option<PodInfo> {
+        let old = self.pods.remove(key)?;
+        if let Some(keys) = self.pods_by_namespace.get_mut(&old.namespace) {
+            keys.remove(key);
+            if keys.is_empty() {
+                self.pods_by_namespace.remove(&old.namespace);
+            }
+        }
+        self.pods_by_label.remove(key, &old.labels);
+        for addr in old.addresses() {
+            if let Some(keys) = self.pods_by_address.get_mut(&addr) {
+                keys.remove(key);
+                if keys.is_empty() {
+                    self.pods_by_address.remove(&addr);
+                }
+            }
+        }
+        Some(old)
+    }
+}

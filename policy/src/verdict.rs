@@ -1,0 +1,161 @@
+//! Evaluates the compiled [`Desired`] state for one connection, as a dataplane would:
+//! the source's egress policy, then the destination's ingress policy. Used by
+//! `weir explain`, the lab's expected matrices and the tests.
+
+use std::net::IpAddr;
+
+use serde::Serialize;
+
+use crate::desired::{Desired, Direction, Endpoint, Peer, Ports, Protocol, Rule, RuleOrigin};
+
+/// The decision of one side of a connection.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct DirectionVerdict {
+    /// The pod on this side, if it is an endpoint here (`None`: nothing enforced).
+    pub endpoint: Option<String>,
+    pub isolated: bool,
+    pub allowed: bool,
+    /// Every rule that admits the connection.
+    pub matched: Vec<RuleOrigin>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Verdict {
+    pub allowed: bool,
+    /// A pod talking to itself: always allowed, never enforced.
+    pub to_self: bool,
+    /// The source's egress policy.
+    pub egress: DirectionVerdict,
+    /// The destination's ingress policy.
+    pub ingress: DirectionVerdict,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum VerdictError {
+    #[error("pod {0} is not an endpoint (unknown, host-network, not local or without an address)")]
+    NotAnEndpoint(String),
+    #[error("pod {pod} has no {family} address to reach {to}")]
+    NoAddressFamily {
+        pod: String,
+        family: &'static str,
+        to: IpAddr,
+    },
+}
+
+/// The verdict for pod `from_pod` (`namespace/name`) connecting to `to` on
+/// `port`/`protocol`.
+pub fn verdict(
+    desired: &Desired,
+    from_pod: &str,
+    to: IpAddr,
+    port: u16,
+    protocol: Protocol,
+) -> Result<Verdict, VerdictError> {
+    let source = desired
+        .endpoints
+        .get(from_pod)
+        .ok_or_else(|| VerdictError::NotAnEndpoint(from_pod.to_owned()))?;
+    let from = match to {
+        IpAddr::V4(_) => source.ipv4.map(IpAddr::V4),
+        IpAddr::V6(_) => source.ipv6.map(IpAddr::V6),
+    };
+    let from = from.ok_or(VerdictError::NoAddressFamily {
+        pod: from_pod.to_owned(),
+        family: if to.is_ipv4() { "IPv4" } else { "IPv6" },
+        to,
+    })?;
+    Ok(verdict_between(desired, from, to, port, protocol))
+}
+
+/// The verdict for a connection between two addresses; either side is enforced only
+/// if it is an endpoint.
+pub fn verdict_between(
+    desired: &Desired,
+    from: IpAddr,
+    to: IpAddr,
+    port: u16,
+    protocol: Protocol,
+) -> Verdict {
+    let by_address = |addr: IpAddr| {
+        desired
+            .endpoints
+            .values()
+            .find(|e| e.ipv4.map(IpAddr::V4) == Some(addr) || e.ipv6.map(IpAddr::V6) == Some(addr))
+    };
+    let egress = direction_verdict(
+        desired,
+        by_address(from),
+        Direction::Egress,
+        to,
+        port,
+        protocol,
+    );
+    let ingress = direction_verdict(
+        desired,
+        by_address(to),
+        Direction::Ingress,
+        from,
+        port,
+        protocol,
+    );
+    let to_self = from == to;
+    Verdict {
+        allowed: to_self || (egress.allowed && ingress.allowed),
+        to_self,
+        egress,
+        ingress,
+    }
+}
+
+/// One side: `endpoint`'s `direction` policy applied to traffic with `peer`.
+pub fn direction_verdict(
+    desired: &Desired,
+    endpoint: Option<&Endpoint>,
+    direction: Direction,
+    peer: IpAddr,
+    port: u16,
+    protocol: Protocol,
+) -> DirectionVerdict {
+    let Some(endpoint) = endpoint else {
+        return DirectionVerdict {
+            endpoint: None,
+            isolated: false,
+            allowed: true,
+            matched: Vec::new(),
+        };
+    };
+    let policy = endpoint.direction(direction);
+    let matched: Vec<RuleOrigin> = policy
+        .rules
+        .iter()
+        .filter(|r| rule_admits(desired, r, peer, port, protocol))
+        .map(|r| r.origin.clone())
+        .collect();
+    DirectionVerdict {
+        endpoint: Some(endpoint.pod.clone()),
+        isolated: policy.isolated,
+        allowed: !policy.isolated || !matched.is_empty(),
+        matched,
+    }
+}
+
+/// Whether `rule` admits traffic with `peer` on `port`/`protocol`.
+pub fn rule_admits(
+    desired: &Desired,
+    rule: &Rule,
+    peer: IpAddr,
+    port: u16,
+    protocol: Protocol,
+) -> bool {
+    let peer_ok = match rule.peer {
+        Peer::Any => true,
+        Peer::Set(id) => desired.sets.get(&id).is_some_and(|s| s.contains(peer)),
+    };
+    let ports_ok = match rule.ports {
+        Ports::All => true,
+        Ports::Protocol { protocol: p, range } => {
+            p == protocol && range.is_none_or(|r| r.first <= port && port <= r.last)
+        }
+    };
+    peer_ok && ports_ok
+}
