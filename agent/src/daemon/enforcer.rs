@@ -5,9 +5,9 @@
 use std::time::{Duration, Instant};
 
 use super::select::{resolve, DataplaneChoice, Effective};
-use crate::dataplane::{ApplyFailure, ApplyReport, Dataplane, DataplaneError, DataplaneKind};
-use crate::source::event::ObjectError;
+use crate::dataplane::{ApplyReport, Dataplane, DataplaneError, DataplaneKind};
 use weir_policy::desired::{Delta, Desired};
+use weir_policy::model::ObjectError;
 
 /// State that must go from this node.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -64,7 +64,7 @@ pub struct Enforcer<B: Backends> {
     /// Sets that could not be destroyed, retried on every [`Enforcer::reconcile`].
     pending_sets: Vec<String>,
     /// Objects the dataplane could not enforce at its last apply or reconcile.
-    failures: Vec<ApplyFailure>,
+    failures: Vec<ObjectError>,
     /// Sets of its own the active dataplane could not destroy at its last write.
     held_sets: Vec<String>,
     /// Why the last switch did not happen, until one succeeds.
@@ -127,7 +127,7 @@ impl<B: Backends> Enforcer<B> {
         &self.effective
     }
 
-    pub fn failures(&self) -> &[ApplyFailure] {
+    pub fn failures(&self) -> &[ObjectError] {
         &self.failures
     }
 

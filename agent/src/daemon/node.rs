@@ -9,8 +9,7 @@ use crate::dataplane::ebpf::{self, EbpfConfig, EbpfDataplane};
 use crate::dataplane::iptables::{IptablesConfig, IptablesDataplane};
 use crate::dataplane::new_pods::NewPodIsolation;
 use crate::dataplane::{Dataplane, DataplaneError, DataplaneKind};
-use crate::reset::{self, AzureNpm, ResetOptions, ResetReport, UndeletableSet};
-use crate::source::event::ObjectError;
+use crate::reset::{self, AzureNpm, ResetOptions, ResetReport};
 
 pub struct NodeBackends {
     bpf_root: PathBuf,
@@ -40,15 +39,6 @@ impl NodeBackends {
     }
 }
 
-fn undeletable(sets: &[UndeletableSet]) -> Vec<ObjectError> {
-    sets.iter()
-        .map(|u| ObjectError {
-            object: u.name.clone(),
-            reason: u.reason.clone(),
-        })
-        .collect()
-}
-
 impl From<ResetReport> for CleanupReport {
     fn from(r: ResetReport) -> Self {
         CleanupReport {
@@ -56,7 +46,7 @@ impl From<ResetReport> for CleanupReport {
                 + r.destroyed_sets.len()
                 + r.detached_filters.len()
                 + r.removed_pins.len(),
-            undeletable: undeletable(&r.undeletable_sets),
+            undeletable: r.undeletable_sets.clone(),
             errors: r.errors,
             duration: Duration::from_secs_f64(r.duration_ms.max(0.0) / 1000.0),
         }
@@ -106,7 +96,7 @@ impl Backends for NodeBackends {
         let outcome = reset::retry_undeletable(names);
         CleanupReport {
             removed: outcome.destroyed.len(),
-            undeletable: undeletable(&outcome.undeletable),
+            undeletable: outcome.undeletable,
             errors: outcome.errors,
             duration: started.elapsed(),
         }

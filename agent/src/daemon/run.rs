@@ -12,7 +12,8 @@ use super::enforcer::{Backends, Enforcer, Outcome};
 use super::metrics::Metrics;
 use super::select::{choice_from_labels, DataplaneChoice};
 use super::status::Status;
-use crate::source::event::{Batch, Event, EventSource, ObjectError, SourceError, SyncProgress};
+use crate::source::event::{Batch, Event, EventSource, SourceError, SyncProgress};
+use weir_policy::model::ObjectError;
 use weir_policy::model::{Kind, Object, ObjectRef};
 use weir_policy::Engine;
 

@@ -7,7 +7,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use crate::dataplane::DataplaneKind;
-use crate::source::event::ObjectError;
+use weir_policy::model::ObjectError;
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Status {

@@ -6,8 +6,8 @@ use std::sync::{Arc, Mutex};
 
 use super::enforcer::{Backends, Cleanup, CleanupReport};
 use crate::dataplane::{ApplyReport, Dataplane, DataplaneError, DataplaneKind, DataplaneStatus};
-use crate::source::event::ObjectError;
 use weir_policy::desired::{Delta, Desired};
+use weir_policy::model::ObjectError;
 
 pub type Log = Arc<Mutex<Vec<String>>>;
 
@@ -34,7 +34,10 @@ impl Dataplane for Recording {
             .unwrap()
             .push(format!("apply {}", self.kind));
         if self.refuse_applies.load(Ordering::Relaxed) {
-            return Err(DataplaneError::Other("refused by the test".into()));
+            return Err(DataplaneError::Io {
+                context: "apply".into(),
+                source: std::io::Error::other("refused by the test"),
+            });
         }
         Ok(ApplyReport::default())
     }

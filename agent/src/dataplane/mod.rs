@@ -12,6 +12,12 @@ pub mod new_pods;
 pub mod pod_ports;
 
 use weir_policy::desired::{Delta, Desired};
+use weir_policy::model::ObjectError;
+
+use crate::exec::ExecError;
+use crate::netfilter::backend::Family;
+use crate::reset::ipset_restore::IpsetRestoreError;
+use crate::reset::iptables_save::SaveParseError;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
@@ -29,23 +35,14 @@ impl std::fmt::Display for DataplaneKind {
     }
 }
 
-/// One thing a dataplane could not enforce (a full map, a kernel refusal, a failed
-/// restore), named so an operator can find it. Everything else stays enforced.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ApplyFailure {
-    /// What failed: a pod (`ns/name`), a set id, a policy, a map.
-    pub object: String,
-    pub reason: String,
-}
-
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ApplyReport {
-    pub failures: Vec<ApplyFailure>,
+    pub failures: Vec<ObjectError>,
     /// Sets weir no longer uses that something else still references: flushed, so they
     /// enforce nothing; not failures of enforcement. The enforcer retries them with the
     /// cleanups' undeletable sets and reports them the same way on both dataplanes (log and
     /// `weir_reset_undeletable_ipsets`).
-    pub held_sets: Vec<ApplyFailure>,
+    pub held_sets: Vec<ObjectError>,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
@@ -58,20 +55,112 @@ pub struct DataplaneStatus {
     pub details: Vec<(String, String)>,
 }
 
-/// A dataplane error that stopped a whole operation (as opposed to an [`ApplyFailure`]
-/// that concerned one object).
+/// A dataplane error that stopped a whole operation (as opposed to an [`ObjectError`]
+/// that concerned one object). Each variant keeps the error it came from as its source,
+/// boxed: the error stays small on the happy path's `Result`s.
 #[derive(Debug, thiserror::Error)]
 pub enum DataplaneError {
+    /// The kernel lacks what this dataplane needs (a module, TCX, a map type).
     #[error("kernel feature missing: {0}")]
     Unsupported(String),
+    /// The dataplane's configuration is invalid (named field and why).
+    #[error("invalid configuration: {0}")]
+    Config(String),
     #[error("{context}: {source}")]
     Io {
         context: String,
         #[source]
         source: std::io::Error,
     },
-    #[error("{0}")]
-    Other(String),
+    /// A node tool (ipset, iptables-restore, ip, tc) could not run, refused or timed out.
+    #[error("{context}: {source}")]
+    Tool {
+        context: String,
+        #[source]
+        source: Box<ExecError>,
+    },
+    /// A tool's JSON output that could not be read.
+    #[error("`{tool}`: unreadable output: {source}")]
+    ToolOutput {
+        tool: &'static str,
+        #[source]
+        source: serde_json::Error,
+    },
+    /// iptables-save's output for one family that could not be read.
+    #[error("{family} rules: {source}")]
+    SavedRules {
+        family: Family,
+        #[source]
+        source: Box<SaveParseError>,
+    },
+    #[error(transparent)]
+    IpsetRestore(#[from] IpsetRestoreError),
+    /// The kernel refused the eBPF object (maps, BTF, relocations); `detail` adds the
+    /// source chain and the RLIMIT_MEMLOCK hint where it applies.
+    #[error("load eBPF object: {detail}")]
+    Load {
+        detail: String,
+        #[source]
+        source: Box<aya::EbpfError>,
+    },
+    /// The embedded eBPF object could not be parsed.
+    #[error("parse the eBPF object: {0}")]
+    Object(#[source] Box<aya_obj::ParseError>),
+    #[error("program {0} is missing from the eBPF object")]
+    MissingProgram(&'static str),
+    /// Loading (the verifier), pinning, opening or querying a program.
+    #[error("{context}: {source}")]
+    Program {
+        context: String,
+        #[source]
+        source: Box<aya::programs::ProgramError>,
+    },
+    #[error("{context}: {source}")]
+    Pin {
+        context: String,
+        #[source]
+        source: Box<aya::pin::PinError>,
+    },
+    /// The reader of the programs' aya-log records.
+    #[error("kernel log reader: {0}")]
+    KernelLog(#[source] Box<aya_log::Error>),
+    #[error("{context}: {source}")]
+    Map {
+        context: String,
+        #[source]
+        source: Box<aya::maps::MapError>,
+    },
+    /// Attaching to (or inspecting) a pod's interface: TCX links and tc filters.
+    #[error("{what} on interface {ifname}: {source}")]
+    Attach {
+        what: &'static str,
+        ifname: String,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    #[error("pod {0} is not attached")]
+    NotAttached(String),
+}
+
+impl DataplaneError {
+    pub fn map(context: impl Into<String>, source: aya::maps::MapError) -> Self {
+        DataplaneError::Map {
+            context: context.into(),
+            source: Box::new(source),
+        }
+    }
+    pub fn program(context: impl Into<String>, source: aya::programs::ProgramError) -> Self {
+        DataplaneError::Program {
+            context: context.into(),
+            source: Box::new(source),
+        }
+    }
+    pub fn tool(context: impl Into<String>, source: ExecError) -> Self {
+        DataplaneError::Tool {
+            context: context.into(),
+            source: Box::new(source),
+        }
+    }
 }
 
 pub trait Dataplane: Send {

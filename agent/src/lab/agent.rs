@@ -13,6 +13,7 @@ use super::control_plane::{ControlPlane, Identity};
 use super::netns;
 use super::state::{LabDir, LabState};
 use super::LabError;
+use weir_policy::model::ObjectError;
 
 /// What the agent reports in its status file after converging.
 #[derive(Debug, Deserialize)]
@@ -22,16 +23,10 @@ pub struct AgentStatus {
     pub dataplane: Option<String>,
     pub fallback_reason: Option<String>,
     #[serde(default)]
-    pub errors: Vec<StatusError>,
+    pub errors: Vec<ObjectError>,
     /// Cluster mode: the digest of the objects the agent applied.
     #[serde(default)]
     pub state_digest: Option<String>,
-}
-
-#[derive(Debug, Deserialize)]
-pub struct StatusError {
-    pub object: String,
-    pub reason: String,
 }
 
 /// Starts the agent in the node namespace and returns its pid: this weir binary, or with

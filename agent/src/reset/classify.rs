@@ -8,16 +8,9 @@
 
 use std::collections::BTreeMap;
 
-use serde::{Deserialize, Serialize};
+use weir_policy::model::ObjectError;
 
 use super::ipset_list::SetInfo;
-
-/// A set that reset flushed but could not destroy, and why.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct UndeletableSet {
-    pub name: String,
-    pub reason: String,
-}
 
 /// One line of an `ipset restore` script.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -38,7 +31,7 @@ impl SetOp {
 pub struct SetPlan {
     /// Flushes (owned lists first), then destroys: the order of the restore script.
     pub ops: Vec<SetOp>,
-    pub undeletable: Vec<UndeletableSet>,
+    pub undeletable: Vec<ObjectError>,
 }
 
 impl SetPlan {
@@ -97,8 +90,8 @@ pub fn classify(
         if remaining == 0 {
             plan.ops.push(SetOp::Destroy(set.name.clone()));
         } else {
-            plan.undeletable.push(UndeletableSet {
-                name: set.name.clone(),
+            plan.undeletable.push(ObjectError {
+                object: set.name.clone(),
                 reason: reason(remaining, foreign_lists),
             });
         }
@@ -138,7 +131,7 @@ mod tests {
         let sets = parse(include_str!("testdata/ipset-list.txt")).unwrap();
         let plan = classify(&sets, &weir, &BTreeMap::new());
         assert_eq!(plan.destroys().collect::<Vec<_>>(), ["weir-t"]);
-        let undeletable: Vec<_> = plan.undeletable.iter().map(|u| &u.name[..]).collect();
+        let undeletable: Vec<_> = plan.undeletable.iter().map(|u| &u.object[..]).collect();
         assert_eq!(undeletable, ["weir-b", "weir-c", "azure-npm-123"]);
         assert!(plan.undeletable[0].reason.contains("list:set foreign-list"));
         assert!(plan.undeletable[1].reason.contains("2 kernel reference(s)"));

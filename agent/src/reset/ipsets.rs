@@ -4,10 +4,11 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::classify::{classify, SetOp, SetPlan, UndeletableSet};
+use super::classify::{classify, SetOp, SetPlan};
 use super::ipset_list;
 use super::ipset_restore::{self, IpsetRestoreError, RestoreFailure};
 use crate::exec;
+use weir_policy::model::ObjectError;
 
 #[cfg(test)]
 mod tests;
@@ -16,7 +17,7 @@ mod tests;
 #[derive(Clone, Debug, Default)]
 pub struct SetsOutcome {
     pub destroyed: Vec<String>,
-    pub undeletable: Vec<UndeletableSet>,
+    pub undeletable: Vec<ObjectError>,
     pub restore_runs: u32,
     pub errors: Vec<String>,
 }
@@ -141,8 +142,8 @@ fn second_pass(
     if let Some(name) = failed_set.filter(|n| plan.destroys().any(|d| d == *n)) {
         plan.ops
             .retain(|op| *op != SetOp::Destroy(name.to_string()));
-        plan.undeletable.push(UndeletableSet {
-            name: name.to_string(),
+        plan.undeletable.push(ObjectError {
+            object: name.to_string(),
             reason: first_failure.message.clone(),
         });
     }
@@ -160,8 +161,8 @@ fn second_pass(
             let left = plan
                 .destroys()
                 .filter(|n| !destroyed.contains(*n))
-                .map(|n| UndeletableSet {
-                    name: n.to_string(),
+                .map(|n| ObjectError {
+                    object: n.to_string(),
                     reason: format!(
                         "state changed twice during reset (second ipset restore: {}); \
                          left for the background retry",

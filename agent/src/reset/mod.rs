@@ -24,12 +24,12 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Instant;
 
-pub use classify::UndeletableSet;
 pub use report::ResetReport;
 
 use crate::exec;
 use crate::netfilter::backend::{Backend, Family};
 use owners::Owners;
+use weir_policy::model::ObjectError;
 
 /// Whether reset also removes Azure NPM's state.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -98,8 +98,8 @@ pub fn reset(options: &ResetOptions) -> ResetReport {
         report.kept_sets = kept
             .iter()
             .filter(|(set, _)| owners.owns_set(set))
-            .map(|(set, chains)| UndeletableSet {
-                name: set.clone(),
+            .map(|(set, chains)| ObjectError {
+                object: set.clone(),
                 reason: format!(
                     "still used by {}, which could not be removed; left in place unflushed",
                     chains.join(", ")

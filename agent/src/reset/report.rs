@@ -5,7 +5,7 @@ use std::fmt::Write;
 
 use serde::{Deserialize, Serialize};
 
-use super::classify::UndeletableSet;
+use weir_policy::model::ObjectError;
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct ResetReport {
@@ -17,12 +17,12 @@ pub struct ResetReport {
     pub removed_iptables: Vec<String>,
     pub destroyed_sets: Vec<String>,
     /// Flushed but still present: referenced by something weir does not control.
-    pub undeletable_sets: Vec<UndeletableSet>,
+    pub undeletable_sets: Vec<ObjectError>,
     /// Left in place and not even flushed: an owned chain that uses the set could not be
     /// removed, and an empty set would make that chain drop what it allows. Retried with
     /// the chains (the failure is in `errors`).
     #[serde(default)]
-    pub kept_sets: Vec<UndeletableSet>,
+    pub kept_sets: Vec<ObjectError>,
     pub detached_filters: Vec<String>,
     pub removed_pins: Vec<String>,
     /// Failures other than undeletable sets (a tool failing, a restore refused).
@@ -78,7 +78,7 @@ impl ResetReport {
             self.undeletable_sets.len()
         );
         for u in &self.undeletable_sets {
-            let _ = writeln!(s, "  {}: {}", u.name, u.reason);
+            let _ = writeln!(s, "  {}: {}", u.object, u.reason);
         }
         if !self.kept_sets.is_empty() {
             let _ = writeln!(
@@ -88,7 +88,7 @@ impl ResetReport {
             );
         }
         for u in &self.kept_sets {
-            let _ = writeln!(s, "  {}: {}", u.name, u.reason);
+            let _ = writeln!(s, "  {}: {}", u.object, u.reason);
         }
         for note in &self.skipped {
             let _ = writeln!(s, "skipped: {note}");
@@ -108,8 +108,8 @@ mod tests {
     fn text_names_undeletable_sets_and_reasons() {
         let report = ResetReport {
             destroyed_sets: vec!["weir-a".into()],
-            undeletable_sets: vec![UndeletableSet {
-                name: "weir-b".into(),
+            undeletable_sets: vec![ObjectError {
+                object: "weir-b".into(),
                 reason: "in use".into(),
             }],
             ipset_restore_runs: 1,

@@ -4,19 +4,12 @@
 
 use std::future::Future;
 
-use weir_policy::model::{Object, ObjectRef};
+use weir_policy::model::{Object, ObjectError, ObjectRef};
 
 #[derive(Clone, Debug)]
 pub enum Event {
     Upsert(Box<Object>),
     Delete(ObjectRef),
-}
-
-/// An object a source could not turn into an event, named so an operator can find it.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct ObjectError {
-    pub object: String,
-    pub reason: String,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -48,8 +41,6 @@ pub enum SourceError {
         #[source]
         source: std::io::Error,
     },
-    #[error("kubernetes API: {0}")]
-    Kube(String),
     #[error("source closed")]
     Closed,
 }

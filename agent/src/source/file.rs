@@ -12,8 +12,9 @@ use std::time::{Duration, SystemTime};
 
 use serde::Deserialize;
 
-use crate::source::event::{Batch, Event, EventSource, ObjectError, SourceError};
+use crate::source::event::{Batch, Event, EventSource, SourceError};
 use weir_policy::manifest;
+use weir_policy::model::ObjectError;
 use weir_policy::model::{Kind, Object, ObjectRef, DEFAULT_NAMESPACE};
 
 /// What identifies a version of the file without reading it.

@@ -57,6 +57,16 @@ pub const NAMESPACE_NAME_LABEL: &str = "kubernetes.io/metadata.name";
 
 pub type Labels = BTreeMap<String, String>;
 
+/// An object that was refused, or could not be enforced or removed, and why. The object is
+/// named so an operator can find it (`pod x/a`, `networkpolicy x/deny`, `ipset weir-…`, a
+/// map); everything else stays enforced. The one type for every such report: sources'
+/// unreadable objects, dataplanes' failures, reset's undeletable sets, the agent's status.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ObjectError {
+    pub object: String,
+    pub reason: String,
+}
+
 /// A problem with one field of an object; the engine adds which object.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FieldError {

@@ -136,8 +136,16 @@ fn hook_types(role: Role) -> &'static [(TcAttachType, &'static str)] {
     }
 }
 
-fn fail(what: &str, ifname: &str, e: impl std::fmt::Display) -> DataplaneError {
-    DataplaneError::Other(format!("{what} on interface {ifname}: {e}"))
+fn fail(
+    what: &'static str,
+    ifname: &str,
+    e: impl std::error::Error + Send + Sync + 'static,
+) -> DataplaneError {
+    DataplaneError::Attach {
+        what,
+        ifname: ifname.to_owned(),
+        source: Box::new(e),
+    }
 }
 
 /// Attaches the programs of `role`. A hook that already carries one of ours is left

@@ -8,6 +8,7 @@ use std::net::IpAddr;
 use serde::Deserialize;
 
 use super::identities::Prefix;
+use crate::dataplane::DataplaneError;
 
 /// kube-proxy's ipvs mode puts every Service address on this dummy device. They are
 /// Service frontends, judged after IPVS picks a backend, not the node's: were they host
@@ -28,10 +29,14 @@ struct AddrInfo {
 }
 
 /// Addresses of this network namespace (`ip -j addr show`), as host prefixes.
-pub fn node_prefixes() -> Result<Vec<Prefix>, String> {
-    let out =
-        crate::exec::run_ok("ip", &["-j", "addr", "show"], None).map_err(|e| e.to_string())?;
-    Ok(node_addresses(&out)?
+pub fn node_prefixes() -> Result<Vec<Prefix>, DataplaneError> {
+    let out = crate::exec::run_ok("ip", &["-j", "addr", "show"], None)
+        .map_err(|e| DataplaneError::tool("list the node's addresses", e))?;
+    Ok(node_addresses(&out)
+        .map_err(|source| DataplaneError::ToolOutput {
+            tool: "ip -j addr show",
+            source,
+        })?
         .into_iter()
         .map(|a| Prefix::from_net(&a.into()))
         .collect())
@@ -39,9 +44,8 @@ pub fn node_prefixes() -> Result<Vec<Prefix>, String> {
 
 /// The node's addresses in `ip -j addr show` output: every interface's but
 /// [`IPVS_DEVICE`]'s.
-fn node_addresses(json: &str) -> Result<Vec<IpAddr>, String> {
-    let links: Vec<Link> =
-        serde_json::from_str(json).map_err(|e| format!("parse `ip -j addr show`: {e}"))?;
+fn node_addresses(json: &str) -> Result<Vec<IpAddr>, serde_json::Error> {
+    let links: Vec<Link> = serde_json::from_str(json)?;
     Ok(links
         .iter()
         .filter(|l| l.ifname != IPVS_DEVICE)

@@ -8,7 +8,7 @@ use aya::maps::{lpm_trie::Key, HashMap, MapData, MapError};
 use weir_common::{map_names, EndpointInfo, IdentityKey, ServiceKey};
 
 use super::{identities::Prefix, loader::Maps, policy_map::PolicyEntry};
-use crate::dataplane::ApplyFailure;
+use weir_policy::model::ObjectError;
 
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct KernelState {
@@ -23,7 +23,7 @@ pub struct KernelState {
     pub endpoint_by_id: BTreeMap<u32, EndpointInfo>,
 }
 
-fn failure(object: String, e: MapError) -> ApplyFailure {
+fn failure(object: String, e: MapError) -> ObjectError {
     let reason = match &e {
         // Hash maps report a full map as E2BIG, LPM tries as ENOSPC.
         MapError::SyscallError(s)
@@ -33,7 +33,7 @@ fn failure(object: String, e: MapError) -> ApplyFailure {
         }
         _ => e.to_string(),
     };
-    ApplyFailure { object, reason }
+    ObjectError { object, reason }
 }
 
 fn changed<'a, K: Ord, V: PartialEq>(
@@ -83,7 +83,7 @@ impl KernelState {
         maps: &mut Maps,
         want: &KernelState,
         name: impl Fn(&PolicyEntry) -> String,
-        errors: &mut Vec<ApplyFailure>,
+        errors: &mut Vec<ObjectError>,
     ) {
         let todo: Vec<_> = changed(&self.policy, &want.policy)
             .map(|(k, v)| (*k, *v))
@@ -103,7 +103,7 @@ impl KernelState {
         maps: &mut Maps,
         want: &KernelState,
         name: impl Fn(&PolicyEntry) -> String,
-        errors: &mut Vec<ApplyFailure>,
+        errors: &mut Vec<ObjectError>,
     ) {
         for entry in gone(&self.policy, &want.policy) {
             match maps.policy.remove(&Key::new(entry.0, entry.1)) {
@@ -119,7 +119,7 @@ impl KernelState {
         &mut self,
         maps: &mut Maps,
         want: &KernelState,
-        errors: &mut Vec<ApplyFailure>,
+        errors: &mut Vec<ObjectError>,
     ) {
         let todo: Vec<_> = changed(&self.identity, &want.identity)
             .map(|(k, v)| (*k, *v))
@@ -139,7 +139,7 @@ impl KernelState {
         &mut self,
         maps: &mut Maps,
         want: &KernelState,
-        errors: &mut Vec<ApplyFailure>,
+        errors: &mut Vec<ObjectError>,
     ) {
         for prefix in gone(&self.identity, &want.identity) {
             let (key, len) = prefix.trie_key();
@@ -156,7 +156,7 @@ impl KernelState {
         &mut self,
         maps: &mut Maps,
         want: &KernelState,
-        errors: &mut Vec<ApplyFailure>,
+        errors: &mut Vec<ObjectError>,
     ) {
         let todo: Vec<_> = changed(&self.endpoint, &want.endpoint)
             .map(|(k, v)| (*k, *v))
@@ -175,7 +175,7 @@ impl KernelState {
         &mut self,
         maps: &mut Maps,
         want: &KernelState,
-        errors: &mut Vec<ApplyFailure>,
+        errors: &mut Vec<ObjectError>,
     ) {
         for ifindex in gone(&self.endpoint, &want.endpoint) {
             match maps.endpoint.remove(&ifindex) {
@@ -202,7 +202,7 @@ fn upsert_hash<K: Ord + Copy + aya::Pod, V: PartialEq + Copy + aya::Pod>(
     want: &BTreeMap<K, V>,
     map: &mut HashMap<MapData, K, V>,
     name: impl Fn(&K) -> String,
-    errors: &mut Vec<ApplyFailure>,
+    errors: &mut Vec<ObjectError>,
 ) {
     let todo: Vec<_> = changed(have, want).map(|(k, v)| (*k, *v)).collect();
     for (k, v) in todo {
@@ -221,7 +221,7 @@ fn delete_hash<K: Ord + Copy + aya::Pod, V: aya::Pod>(
     want: &BTreeMap<K, V>,
     map: &mut HashMap<MapData, K, V>,
     name: impl Fn(&K) -> String,
-    errors: &mut Vec<ApplyFailure>,
+    errors: &mut Vec<ObjectError>,
 ) {
     for k in gone(have, want) {
         match map.remove(&k) {
@@ -234,7 +234,7 @@ fn delete_hash<K: Ord + Copy + aya::Pod, V: aya::Pod>(
 }
 
 impl KernelState {
-    pub fn upsert_local(&mut self, maps: &mut Maps, want: &Self, errors: &mut Vec<ApplyFailure>) {
+    pub fn upsert_local(&mut self, maps: &mut Maps, want: &Self, errors: &mut Vec<ObjectError>) {
         upsert_hash(
             &mut self.local,
             &want.local,
@@ -244,7 +244,7 @@ impl KernelState {
         );
     }
 
-    pub fn delete_local(&mut self, maps: &mut Maps, want: &Self, errors: &mut Vec<ApplyFailure>) {
+    pub fn delete_local(&mut self, maps: &mut Maps, want: &Self, errors: &mut Vec<ObjectError>) {
         delete_hash(
             &mut self.local,
             &want.local,
@@ -254,7 +254,7 @@ impl KernelState {
         );
     }
 
-    pub fn upsert_service(&mut self, maps: &mut Maps, want: &Self, errors: &mut Vec<ApplyFailure>) {
+    pub fn upsert_service(&mut self, maps: &mut Maps, want: &Self, errors: &mut Vec<ObjectError>) {
         upsert_hash(
             &mut self.service,
             &want.service,
@@ -264,7 +264,7 @@ impl KernelState {
         );
     }
 
-    pub fn delete_service(&mut self, maps: &mut Maps, want: &Self, errors: &mut Vec<ApplyFailure>) {
+    pub fn delete_service(&mut self, maps: &mut Maps, want: &Self, errors: &mut Vec<ObjectError>) {
         delete_hash(
             &mut self.service,
             &want.service,
@@ -278,7 +278,7 @@ impl KernelState {
         &mut self,
         maps: &mut Maps,
         want: &Self,
-        errors: &mut Vec<ApplyFailure>,
+        errors: &mut Vec<ObjectError>,
     ) {
         upsert_hash(
             &mut self.endpoint_by_id,
@@ -293,7 +293,7 @@ impl KernelState {
         &mut self,
         maps: &mut Maps,
         want: &Self,
-        errors: &mut Vec<ApplyFailure>,
+        errors: &mut Vec<ObjectError>,
     ) {
         delete_hash(
             &mut self.endpoint_by_id,

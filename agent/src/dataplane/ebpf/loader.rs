@@ -34,10 +34,6 @@ pub struct Maps {
     pub records: RecordsMap,
 }
 
-fn err(context: String) -> impl FnOnce(String) -> DataplaneError {
-    move |e| DataplaneError::Other(format!("{context}: {e}"))
-}
-
 /// Lifts RLIMIT_MEMLOCK before maps are created: kernels before 5.11 charge BPF maps and
 /// programs to it, and its usual 64 KiB or 8 MiB holds none of ours (5.11 and later
 /// charge the memory cgroup instead). Without CAP_SYS_RESOURCE this fails; then a kernel
@@ -96,7 +92,7 @@ pub fn open_programs(layout: &PinLayout) -> Result<Programs, DataplaneError> {
 pub fn open_programs_in(dir: &Path) -> Result<Programs, DataplaneError> {
     let open = |name: &str| {
         SchedClassifier::from_pin(dir.join(name))
-            .map_err(|e| err(format!("open pinned program {name}"))(e.to_string()))
+            .map_err(|e| DataplaneError::program(format!("open pinned program {name}"), e))
     };
     Ok(Programs {
         from_pod: open(program_names::FROM_POD)?,
@@ -173,21 +169,24 @@ pub fn load_and_pin_into(
         .override_global("CT_NEW_PER_SEC", &config.ct_new_per_sec, true)
         .override_global("CT_NEW_BURST", &config.ct_new_burst, true)
         .override_global("AYA_LOG_LEVEL", &level, true);
-    let mut ebpf = loader
-        .load(OBJECT)
-        .map_err(|e| err("load eBPF object".into())(load_error(&e, &memlock)))?;
+    let mut ebpf = loader.load(OBJECT).map_err(|source| DataplaneError::Load {
+        detail: load_error(&source, &memlock),
+        source: Box::new(source),
+    })?;
     for name in [program_names::FROM_POD, program_names::TO_POD] {
         let prog: &mut SchedClassifier = ebpf
             .program_mut(name)
-            .ok_or_else(|| DataplaneError::Other(format!("program {name} missing from object")))?
+            .ok_or(DataplaneError::MissingProgram(name))?
             .try_into()
-            .map_err(|e| err(format!("program {name}"))(format!("{e}")))?;
+            .map_err(|e| DataplaneError::program(format!("program {name}"), e))?;
         prog.load()
-            .map_err(|e| err(format!("verifier rejected {name}"))(verifier_message(&e)))?;
+            .map_err(|e| DataplaneError::program(format!("verifier rejected {name}"), e))?;
         let pin = progs.join(name);
         let _ = std::fs::remove_file(&pin);
-        prog.pin(&pin)
-            .map_err(|e| err(format!("pin {name} at {}", pin.display()))(e.to_string()))?;
+        prog.pin(&pin).map_err(|source| DataplaneError::Pin {
+            context: format!("pin {name} at {}", pin.display()),
+            source: Box::new(source),
+        })?;
     }
     Ok(())
 }
@@ -207,10 +206,10 @@ pub fn forward_kernel_logs(programs: &Programs) -> Result<(), DataplaneError> {
     let id = programs
         .from_pod
         .info()
-        .map_err(|e| DataplaneError::Other(format!("program info: {e}")))?
+        .map_err(|e| DataplaneError::program("program info", e))?
         .id();
     let mut logger = aya_log::EbpfLogger::init_from_id(id)
-        .map_err(|e| DataplaneError::Other(format!("kernel log reader: {e}")))?;
+        .map_err(|e| DataplaneError::KernelLog(Box::new(e)))?;
     std::thread::Builder::new()
         .name("weir-bpf-log".into())
         .spawn(move || loop {
@@ -244,15 +243,15 @@ pub(crate) fn verifier_message(e: &aya::programs::ProgramError) -> String {
 
 fn open_map(path: &Path, name: &str) -> Result<Map, DataplaneError> {
     let data = MapData::from_pin(path)
-        .map_err(|e| err(format!("open pinned map {}", path.display()))(e.to_string()))?;
-    Map::from_map_data(data).map_err(|e| err(format!("map {name}"))(e.to_string()))
+        .map_err(|e| DataplaneError::map(format!("open pinned map {}", path.display()), e))?;
+    Map::from_map_data(data).map_err(|e| DataplaneError::map(format!("map {name}"), e))
 }
 
 macro_rules! typed {
     ($path:expr, $name:expr) => {
         open_map(&$path($name), $name)?
             .try_into()
-            .map_err(|e: aya::maps::MapError| err(format!("map {}", $name))(e.to_string()))?
+            .map_err(|e: aya::maps::MapError| DataplaneError::map(format!("map {}", $name), e))?
     };
 }
 

@@ -74,8 +74,7 @@ impl std::fmt::Display for Shape {
 
 /// The shape of every pinned map of the embedded object, with the configured sizes.
 pub fn expected(config: &EbpfConfig) -> Result<BTreeMap<String, Shape>, DataplaneError> {
-    let obj = Object::parse(loader::OBJECT)
-        .map_err(|e| DataplaneError::Other(format!("parse the eBPF object: {e}")))?;
+    let obj = Object::parse(loader::OBJECT).map_err(|e| DataplaneError::Object(Box::new(e)))?;
     let sizes = loader::max_entries(config);
     Ok(obj
         .maps

@@ -55,10 +55,9 @@ use self::{
     pins::PinLayout,
     records::{EndpointRecord, Records},
 };
-use super::{
-    pod_ports, ApplyFailure, ApplyReport, Dataplane, DataplaneError, DataplaneKind, DataplaneStatus,
-};
+use super::{pod_ports, ApplyReport, Dataplane, DataplaneError, DataplaneKind, DataplaneStatus};
 use weir_policy::desired::{AddressSet, Delta, Desired, Endpoint, Frontend, PodKey, SetId};
+use weir_policy::model::ObjectError;
 
 /// Counters (see [`EbpfDataplane::counters`]) that count drops, by reason.
 const DROP_REASONS: [&str; 4] = [
@@ -173,26 +172,22 @@ impl EbpfDataplane {
         }
         records.fingerprint = Some(fingerprint);
         records::store(&mut maps.records, &records)
-            .map_err(|e| DataplaneError::Other(format!("map {}: {e}", map_names::RECORDS)))?;
+            .map_err(|e| DataplaneError::map(format!("map {}", map_names::RECORDS), e))?;
         if config.kernel_debug_log {
             loader::forward_kernel_logs(&programs)?;
         }
         let kernel = KernelState::read(&maps);
-        let host = host::node_prefixes().map_err(DataplaneError::Other)?;
+        let host = host::node_prefixes()?;
         let programs = Arc::new(Mutex::new(programs));
         let (isolator, link_watch) = if config.new_pods.enabled() {
-            config.new_pods.validate().map_err(DataplaneError::Other)?;
+            config.new_pods.validate().map_err(DataplaneError::Config)?;
             let endpoint_pin = match &migration {
                 Some(m) => m.map_path(&layout, map_names::ENDPOINT),
                 None => layout.map(map_names::ENDPOINT),
             };
             let endpoint = aya::maps::MapData::from_pin(&endpoint_pin)
-                .map_err(|e| e.to_string())
-                .and_then(|d| {
-                    aya::maps::HashMap::try_from(aya::maps::Map::HashMap(d))
-                        .map_err(|e| e.to_string())
-                })
-                .map_err(|e| DataplaneError::Other(format!("map {}: {e}", map_names::ENDPOINT)))?;
+                .and_then(|d| aya::maps::HashMap::try_from(aya::maps::Map::HashMap(d)))
+                .map_err(|e| DataplaneError::map(format!("map {}", map_names::ENDPOINT), e))?;
             let isolator = Arc::new(newpods::Isolator {
                 layout: layout.clone(),
                 filter: config.new_pods.clone(),
@@ -234,7 +229,7 @@ impl EbpfDataplane {
 
     /// Ends a migration once the new maps hold the desired state: the new programs go
     /// onto every attached hook (atomically each), then the staging pins replace the old.
-    fn finish_migration(&mut self, failures: &mut Vec<ApplyFailure>) {
+    fn finish_migration(&mut self, failures: &mut Vec<ObjectError>) {
         if self.migration.is_none() {
             return;
         }
@@ -291,7 +286,7 @@ impl EbpfDataplane {
                 true,
             ) {
                 swapped = false;
-                failures.push(ApplyFailure {
+                failures.push(ObjectError {
                     object: format!("interface {ifname}"),
                     reason: format!(
                         "new program not swapped in (the old one keeps enforcing): {e}"
@@ -305,7 +300,7 @@ impl EbpfDataplane {
             return;
         }
         if let Err(e) = migration.commit(&self.layout) {
-            failures.push(ApplyFailure {
+            failures.push(ObjectError {
                 object: "pinned maps".into(),
                 reason: format!("migration not committed (retried at the next start): {e}"),
             });
@@ -317,7 +312,7 @@ impl EbpfDataplane {
         let id = |p: &aya::programs::SchedClassifier| {
             p.info()
                 .map(|i| i.id())
-                .map_err(|e| DataplaneError::Other(format!("program info: {e}")))
+                .map_err(|e| DataplaneError::program("program info", e))
         };
         let programs = self.programs.lock().unwrap_or_else(|e| e.into_inner());
         Ok([id(&programs.from_pod)?, id(&programs.to_pod)?])
@@ -383,7 +378,7 @@ impl EbpfDataplane {
             .records
             .endpoints
             .get(pod)
-            .ok_or_else(|| DataplaneError::Other(format!("pod {pod} is not attached")))?;
+            .ok_or_else(|| DataplaneError::NotAttached(pod.to_owned()))?;
         attach::tcx_program_ids(&r.attachment)
     }
 
@@ -395,7 +390,7 @@ impl EbpfDataplane {
     fn place_endpoints(
         &self,
         desired: &Desired,
-        failures: &mut Vec<ApplyFailure>,
+        failures: &mut Vec<ObjectError>,
     ) -> BTreeMap<PodKey, (u32, String, u32)> {
         let mut used: BTreeSet<u32> = self.records.endpoints.values().map(|r| r.id).collect();
         let mut next = 1;
@@ -446,7 +441,7 @@ impl EbpfDataplane {
                     bridged.insert(pod.clone(), endpoint_addrs(ep));
                     bridge_of.insert(pod.clone(), bridge);
                 }
-                Err(reason) => failures.push(ApplyFailure {
+                Err(reason) => failures.push(ObjectError {
                     object: pod.clone(),
                     reason,
                 }),
@@ -465,7 +460,7 @@ impl EbpfDataplane {
                             bridge_of.get(&pod).map_or("?", String::as_str)
                         );
                         tracing::warn!(pod, "{reason}");
-                        failures.push(ApplyFailure {
+                        failures.push(ObjectError {
                             object: pod,
                             reason,
                         });
@@ -481,7 +476,7 @@ impl EbpfDataplane {
         for shared in pods_of.values().filter(|p| p.len() > 1) {
             for pod in shared {
                 if let Some((ifname, _)) = found.remove(pod) {
-                    failures.push(ApplyFailure {
+                    failures.push(ObjectError {
                         object: pod.clone(),
                         reason: format!(
                             "interface {ifname} is the interface of pods {}: not attached",
@@ -651,7 +646,7 @@ impl EbpfDataplane {
                         a
                     }
                     Err(e) => {
-                        errors.push(ApplyFailure {
+                        errors.push(ObjectError {
                             object: pod.clone(),
                             reason: e.to_string(),
                         });
@@ -684,7 +679,7 @@ impl EbpfDataplane {
                 continue;
             }
             if let Err(e) = attach::detach(&self.layout, &record.attachment) {
-                errors.push(ApplyFailure {
+                errors.push(ObjectError {
                     object: pod.clone(),
                     reason: e.to_string(),
                 });
@@ -711,7 +706,7 @@ impl EbpfDataplane {
         }
         if let Some(isolator) = &self.isolator {
             for (ifname, reason) in isolator.scan() {
-                errors.push(ApplyFailure {
+                errors.push(ObjectError {
                     object: format!("interface {ifname}"),
                     reason: format!("new pod interface not isolated: {reason}"),
                 });
@@ -721,7 +716,7 @@ impl EbpfDataplane {
             .delete_policy(&mut self.maps, &target, name_policy, errors);
         self.finish_migration(&mut failures);
         if let Err(e) = records::store(&mut self.maps.records, &self.records) {
-            failures.push(ApplyFailure {
+            failures.push(ObjectError {
                 object: format!("map {}", map_names::RECORDS),
                 reason: e.to_string(),
             });
@@ -743,7 +738,7 @@ impl EbpfDataplane {
     /// tunnels, bridges): a pod's Service traffic whose backend is elsewhere leaves
     /// through one of them and is judged there, after DNAT. Interfaces that went, or
     /// turned out to be pods', lose it.
-    fn converge_leaving(&mut self, target: &KernelState, errors: &mut Vec<ApplyFailure>) {
+    fn converge_leaving(&mut self, target: &KernelState, errors: &mut Vec<ObjectError>) {
         let pods: BTreeSet<u32> = self
             .records
             .endpoints
@@ -772,7 +767,7 @@ impl EbpfDataplane {
         for ifindex in gone {
             let a = &self.records.leaving[&ifindex];
             if let Err(e) = attach::detach(&self.layout, a) {
-                errors.push(ApplyFailure {
+                errors.push(ObjectError {
                     object: format!("interface {}", a.ifname),
                     reason: e.to_string(),
                 });
@@ -801,7 +796,7 @@ impl EbpfDataplane {
                     }
                     self.records.leaving.insert(ifindex, a);
                 }
-                Err(e) => errors.push(ApplyFailure {
+                Err(e) => errors.push(ObjectError {
                     object: format!("interface {ifname}"),
                     reason: format!(
                         "pods' Service traffic leaving through it is not judged after DNAT: {e}"

@@ -33,12 +33,15 @@ pub struct Monitor {
 fn open(layout: &PinLayout, name: &str) -> Result<Map, DataplaneError> {
     let path = layout.map(name);
     let data = MapData::from_pin(&path).map_err(|e| {
-        DataplaneError::Other(format!(
-            "open {} ({e}); is the eBPF dataplane loaded under this pin root?",
-            path.display()
-        ))
+        DataplaneError::map(
+            format!(
+                "open {} (is the eBPF dataplane loaded under this pin root?)",
+                path.display()
+            ),
+            e,
+        )
     })?;
-    Map::from_map_data(data).map_err(|e| DataplaneError::Other(format!("map {name}: {e}")))
+    Map::from_map_data(data).map_err(|e| DataplaneError::map(format!("map {name}"), e))
 }
 
 fn typed<T: TryFrom<Map, Error = aya::maps::MapError>>(
@@ -47,7 +50,7 @@ fn typed<T: TryFrom<Map, Error = aya::maps::MapError>>(
 ) -> Result<T, DataplaneError> {
     open(layout, name)?
         .try_into()
-        .map_err(|e| DataplaneError::Other(format!("map {name}: {e}")))
+        .map_err(|e| DataplaneError::map(format!("map {name}"), e))
 }
 
 impl Monitor {
@@ -59,7 +62,7 @@ impl Monitor {
         if allow {
             settings
                 .set(SETTING_EMIT_ALLOW_EVENTS, 1, 0)
-                .map_err(|e| DataplaneError::Other(format!("enable allow events: {e}")))?;
+                .map_err(|e| DataplaneError::map("enable allow events", e))?;
         }
         let records = records::load(&records_map);
         Ok(Monitor {

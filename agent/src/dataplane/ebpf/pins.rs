@@ -100,8 +100,11 @@ fn mount_bpffs(at: &Path) -> Result<(), DataplaneError> {
         context: format!("create {}", at.display()),
         source,
     })?;
-    let target = CString::new(at.as_os_str().as_encoded_bytes())
-        .map_err(|_| DataplaneError::Other(format!("bad path {}", at.display())))?;
+    let target =
+        CString::new(at.as_os_str().as_encoded_bytes()).map_err(|e| DataplaneError::Io {
+            context: format!("mount bpffs at {}", at.display()),
+            source: std::io::Error::new(std::io::ErrorKind::InvalidInput, e),
+        })?;
     let fstype = c"bpf";
     // SAFETY: all pointers are valid NUL-terminated strings; data is null.
     let rc = unsafe {

@@ -25,12 +25,11 @@ use std::fmt::Write;
 
 use crate::dataplane::new_pods::NewPodIsolation;
 use crate::dataplane::pod_ports;
-use crate::dataplane::{
-    ApplyFailure, ApplyReport, Dataplane, DataplaneError, DataplaneKind, DataplaneStatus,
-};
+use crate::dataplane::{ApplyReport, Dataplane, DataplaneError, DataplaneKind, DataplaneStatus};
 use crate::exec;
 use crate::reset::{ipset_restore, ipsets};
 use weir_policy::desired::{AddressSet, Delta, Desired, Direction, Peer, SetId};
+use weir_policy::model::ObjectError;
 
 use crate::netfilter::backend::{self, Backend, Family};
 use names::ChainNames;
@@ -80,7 +79,7 @@ impl IptablesDataplane {
     /// [`reconcile`](Dataplane::reconcile) does).
     pub fn new(config: IptablesConfig) -> Result<Self, DataplaneError> {
         let backend = config.backend.unwrap_or_else(backend::detect);
-        config.new_pods.validate().map_err(DataplaneError::Other)?;
+        config.new_pods.validate().map_err(DataplaneError::Config)?;
         // Loaded by alias on first use, unless the node's modprobe configuration stops
         // that: load it by name, as kube-proxy does its modules.
         if !crate::kernel::module_present("ip_set") {
@@ -163,7 +162,7 @@ impl IptablesDataplane {
         let routes = match spoof::host_routes() {
             Ok(r) => Some(r),
             Err(e) => {
-                report.failures.push(ApplyFailure {
+                report.failures.push(ObjectError {
                     object: "anti-spoofing".into(),
                     reason: format!("pod interfaces not found (rules left as they were): {e}"),
                 });
@@ -240,10 +239,13 @@ impl IptablesDataplane {
                 shape,
                 changed.then_some(spoof_rules.as_slice()),
             )
-            .map_err(|e| DataplaneError::Other(format!("{family} rules: {e}")))?;
+            .map_err(|e| DataplaneError::SavedRules {
+                family,
+                source: Box::new(e),
+            })?;
             if let Some(script) = script {
                 self.backend.restore(family, &script).map_err(|e| {
-                    DataplaneError::Other(format!("{} {family} restore: {e}", self.backend))
+                    DataplaneError::tool(format!("{} {family} restore", self.backend), e)
                 })?;
             }
             self.spoof.insert(family, spoof_rules);
@@ -281,15 +283,10 @@ impl IptablesDataplane {
         if !stale.is_empty() {
             // Tolerant: a set something else still references is flushed and reported.
             let outcome = ipsets::remove(&|n| stale.contains(n));
-            report
-                .held_sets
-                .extend(outcome.undeletable.into_iter().map(|u| ApplyFailure {
-                    object: u.name,
-                    reason: u.reason,
-                }));
+            report.held_sets.extend(outcome.undeletable);
             report
                 .failures
-                .extend(outcome.errors.into_iter().map(|e| ApplyFailure {
+                .extend(outcome.errors.into_iter().map(|e| ObjectError {
                     object: "ipsets".into(),
                     reason: e,
                 }));
@@ -313,7 +310,7 @@ impl IptablesDataplane {
         desired: &Desired,
         links: &pod_ports::NodeLinks,
         routes: Option<&BTreeMap<std::net::IpAddr, String>>,
-    ) -> Vec<ApplyFailure> {
+    ) -> Vec<ObjectError> {
         self.bridge_ports
             .retain(|pod, port| desired.endpoints.contains_key(pod) && links.has(port));
         let (Some(routes), true) = (routes, links.has_bridge()) else {
@@ -342,7 +339,7 @@ impl IptablesDataplane {
                 Err(reason) => {
                     let reason = format!("no anti-spoofing on a bridge port: {reason}");
                     tracing::warn!(pod, "{reason}");
-                    failures.push(ApplyFailure {
+                    failures.push(ObjectError {
                         object: pod,
                         reason,
                     });
@@ -394,14 +391,14 @@ impl Dataplane for IptablesDataplane {
 }
 
 fn other(e: exec::ExecError) -> DataplaneError {
-    DataplaneError::Other(e.to_string())
+    DataplaneError::tool("iptables dataplane", e)
 }
 
 fn run_ipset(script: &str) -> Result<(), DataplaneError> {
     if script.is_empty() {
         return Ok(());
     }
-    ipset_restore::run(script, true).map_err(|e| DataplaneError::Other(e.to_string()))
+    Ok(ipset_restore::run(script, true)?)
 }
 
 /// A rule that names a set the desired state lacks would make the whole table's restore
@@ -416,7 +413,7 @@ fn with_missing_sets(desired: &Desired, report: &mut ApplyReport) -> Desired {
                 if fixed.sets.contains_key(&id) {
                     continue;
                 }
-                report.failures.push(ApplyFailure {
+                report.failures.push(ObjectError {
                     object: ep.pod.clone(),
                     reason: format!(
                         "rule from {} names address set {id}, which the desired state \

@@ -150,7 +150,7 @@ fn a_reference_that_appears_after_listing_costs_one_more_pass() {
     let out = remove_with(&mut k, &weir);
     assert_eq!(out.restore_runs, 2);
     assert_eq!(out.destroyed, ["weir-b"]);
-    let left: Vec<_> = out.undeletable.iter().map(|u| u.name.as_str()).collect();
+    let left: Vec<_> = out.undeletable.iter().map(|u| u.object.as_str()).collect();
     assert_eq!(left, ["weir-a", "weir-c"]);
     assert!(out.errors.is_empty());
     assert!(
@@ -218,7 +218,7 @@ proptest! {
         }
         for name in k.sets.keys() {
             prop_assert!(
-                out.undeletable.iter().any(|u| &u.name == name),
+                out.undeletable.iter().any(|u| &u.object == name),
                 "{name} left in the kernel but not reported"
             );
         }
