@@ -17,11 +17,12 @@ pub struct ResetReport {
     pub removed_iptables: Vec<String>,
     pub destroyed_sets: Vec<String>,
     /// Flushed but still present: referenced by something weir does not control.
+    #[serde(with = "named_sets")]
     pub undeletable_sets: Vec<ObjectError>,
     /// Left in place and not even flushed: an owned chain that uses the set could not be
     /// removed, and an empty set would make that chain drop what it allows. Retried with
     /// the chains (the failure is in `errors`).
-    #[serde(default)]
+    #[serde(default, with = "named_sets")]
     pub kept_sets: Vec<ObjectError>,
     pub detached_filters: Vec<String>,
     pub removed_pins: Vec<String>,
@@ -32,6 +33,36 @@ pub struct ResetReport {
     pub ipset_restore_runs: u32,
     pub iptables_restore_runs: u32,
     pub duration_ms: f64,
+}
+
+/// `weir reset --output json` has listed sets as `{"name", "reason"}` since its first
+/// release; the shared [`ObjectError`] calls the name `object`. Scripts keep working.
+mod named_sets {
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+    use weir_policy::model::ObjectError;
+
+    #[derive(Serialize, Deserialize)]
+    struct NamedSet {
+        name: String,
+        reason: String,
+    }
+
+    pub fn serialize<S: Serializer>(sets: &[ObjectError], s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(sets.iter().map(|e| NamedSet {
+            name: e.object.clone(),
+            reason: e.reason.clone(),
+        }))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<ObjectError>, D::Error> {
+        Ok(Vec::<NamedSet>::deserialize(d)?
+            .into_iter()
+            .map(|n| ObjectError {
+                object: n.name,
+                reason: n.reason,
+            })
+            .collect())
+    }
 }
 
 impl ResetReport {
