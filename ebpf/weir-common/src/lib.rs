@@ -13,6 +13,8 @@
 //! Pins of the previous release do not match.
 #![no_std]
 
+use core::mem::{offset_of, size_of};
+
 /// Map names, as declared by the kernel programs and pinned under `<root>/maps/`.
 pub mod map_names {
     pub const IDENTITY: &str = "WEIR_IDENTITY";
@@ -176,8 +178,26 @@ pub struct EndpointInfo {
     pub ipv6: [u8; 16],
 }
 
-pub const DIR_INGRESS: u8 = 0;
-pub const DIR_EGRESS: u8 = 1;
+/// The direction a key, entry or event is about, from the pod's side. Stored as its `u8`
+/// (`Direction::Ingress as u8`) in the `direction` fields below; user space decodes it
+/// with `TryFrom<u8>`.
+#[repr(u8)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Direction {
+    /// To the pod (the TC egress hook of its host-side interface).
+    Ingress = 0,
+    /// From the pod (the TC ingress hook).
+    Egress = 1,
+}
+
+impl Direction {
+    pub const fn opposite(self) -> Direction {
+        match self {
+            Direction::Ingress => Direction::Egress,
+            Direction::Egress => Direction::Ingress,
+        }
+    }
+}
 
 /// POLICY trie key. Field order is prefix order: endpoint, identity and direction are
 /// always matched in full (72 bits); protocol (8 bits) and destination port (16 bits,
@@ -194,10 +214,11 @@ pub struct PolicyKey {
     pub port: [u8; 2],
 }
 
-/// Prefix lengths (in bits) of [`PolicyKey`].
-pub const POLICY_PREFIX_ANY_PROTOCOL: u32 = 72;
-pub const POLICY_PREFIX_ANY_PORT: u32 = 80;
-pub const POLICY_PREFIX_FULL: u32 = 96;
+/// Prefix lengths (in bits) of [`PolicyKey`], from its layout: everything before the
+/// protocol (any protocol), everything before the port (any port), the whole key.
+pub const POLICY_PREFIX_ANY_PROTOCOL: u32 = 8 * offset_of!(PolicyKey, protocol) as u32;
+pub const POLICY_PREFIX_ANY_PORT: u32 = 8 * offset_of!(PolicyKey, port) as u32;
+pub const POLICY_PREFIX_FULL: u32 = 8 * size_of::<PolicyKey>() as u32;
 
 /// Conntrack key: the endpoint and direction whose full verdict admitted the flow, and
 /// the tuple as first seen there (the initiator's direction). An entry made at one
@@ -216,7 +237,7 @@ pub struct CtKey {
     pub sport: u16,
     pub dport: u16,
     pub protocol: u8,
-    /// [`DIR_INGRESS`] or [`DIR_EGRESS`]: the hook that admitted the first packet.
+    /// A [`Direction`]: the hook that admitted the first packet.
     pub direction: u8,
     pub _pad: [u8; 2],
 }
@@ -241,7 +262,7 @@ pub struct FragKey {
     pub daddr: [u8; 16],
     pub id: u32,
     pub protocol: u8,
-    /// [`DIR_INGRESS`] or [`DIR_EGRESS`].
+    /// A [`Direction`].
     pub direction: u8,
     pub _pad: [u8; 2],
 }
@@ -275,25 +296,59 @@ pub struct RateState {
     pub last_ns: u64,
 }
 
-pub const VERDICT_DROP: u8 = 0;
-pub const VERDICT_ALLOW: u8 = 1;
+/// A [`VerdictEvent`]'s verdict, stored as its `u8`.
+#[repr(u8)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    Drop = 0,
+    Allow = 1,
+}
 
-pub const REASON_POLICY_DENY: u8 = 1;
-pub const REASON_POLICY_ALLOW: u8 = 2;
-pub const REASON_REPLY: u8 = 3;
-pub const REASON_NOT_ISOLATED: u8 = 4;
-pub const REASON_ICMP_ERROR: u8 = 5;
-pub const REASON_HOST: u8 = 6;
-/// Dropped: the source address is not one of the sending pod's.
-pub const REASON_SPOOFED: u8 = 7;
-/// Dropped: a VLAN/QinQ-tagged frame from a pod.
-pub const REASON_TAGGED: u8 = 8;
-/// Allowed: a later packet of a flow this endpoint's hook admitted (same direction).
-pub const REASON_ESTABLISHED: u8 = 9;
-/// Dropped: an IP packet from a pod whose header cannot be read.
-pub const REASON_MALFORMED: u8 = 10;
-/// Allowed: a packet to a Service frontend, to be judged after DNAT.
-pub const REASON_SERVICE_DEFERRED: u8 = 11;
+/// Why a [`VerdictEvent`] was allowed or dropped, stored as its `u8`.
+#[repr(u8)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reason {
+    PolicyDeny = 1,
+    PolicyAllow = 2,
+    Reply = 3,
+    NotIsolated = 4,
+    IcmpError = 5,
+    Host = 6,
+    /// Dropped: the source address is not one of the sending pod's.
+    Spoofed = 7,
+    /// Dropped: a VLAN/QinQ-tagged frame from a pod.
+    Tagged = 8,
+    /// Allowed: a later packet of a flow this endpoint's hook admitted (same direction).
+    Established = 9,
+    /// Dropped: an IP packet from a pod whose header cannot be read.
+    Malformed = 10,
+    /// Allowed: a packet to a Service frontend, to be judged after DNAT.
+    ServiceDeferred = 11,
+}
+
+/// A byte that names no variant of the enum it was read as.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct UnknownValue(pub u8);
+
+/// `TryFrom<u8>` for the enums above, from their variant lists: user space decodes what
+/// the kernel wrote, and a byte the agent does not know is an error, not a guess.
+macro_rules! decode_u8 {
+    ($enum:ident: $($variant:ident),+ $(,)?) => {
+        impl TryFrom<u8> for $enum {
+            type Error = UnknownValue;
+            fn try_from(value: u8) -> Result<Self, UnknownValue> {
+                $(if value == $enum::$variant as u8 {
+                    return Ok($enum::$variant);
+                })+
+                Err(UnknownValue(value))
+            }
+        }
+    };
+}
+decode_u8!(Direction: Ingress, Egress);
+decode_u8!(Verdict: Drop, Allow);
+decode_u8!(Reason: PolicyDeny, PolicyAllow, Reply, NotIsolated, IcmpError, Host, Spoofed,
+    Tagged, Established, Malformed, ServiceDeferred);
 
 /// One verdict sent to user space through EVENTS.
 #[repr(C)]
@@ -307,9 +362,11 @@ pub struct VerdictEvent {
     pub protocol: u8,
     /// 4 or 6.
     pub family: u8,
-    /// [`DIR_INGRESS`] (to the pod) or [`DIR_EGRESS`] (from the pod).
+    /// A [`Direction`].
     pub direction: u8,
+    /// A [`Verdict`].
     pub verdict: u8,
+    /// A [`Reason`].
     pub reason: u8,
     pub _pad: [u8; 3],
     pub ifindex: u32,
@@ -320,20 +377,47 @@ pub struct VerdictEvent {
     pub packet_len: u32,
 }
 
-// The layouts above cross the kernel/user boundary: no implicit padding, sizes fixed.
-const _: () = {
-    assert!(core::mem::size_of::<EndpointInfo>() == 40);
-    assert!(core::mem::size_of::<CtKey>() == 44);
-    assert!(core::mem::size_of::<CtValue>() == 16);
-    assert!(core::mem::size_of::<FragKey>() == 44);
-    assert!(core::mem::size_of::<FragValue>() == 16);
-    assert!(core::mem::size_of::<RateState>() == 16);
-    assert!(core::mem::size_of::<PolicyKey>() == 12);
-    assert!(core::mem::size_of::<VerdictEvent>() == 72);
-    assert!(core::mem::size_of::<ServiceKey>() == 20);
-    assert!(core::mem::size_of::<DeferKey>() == 8);
-    assert!(core::mem::size_of::<DeferValue>() == 40);
-};
+/// Checks a boundary struct at compile time, on both sides (the programs and the agent
+/// build this crate): its size, every field's offset, and that the fields fill it with no
+/// implicit padding (so the kernel and user space never read different bytes). A change
+/// to a struct that is not made here too fails the build.
+macro_rules! layout {
+    ($t:ty, $size:expr, { $($field:ident: $ft:ty = $offset:expr),+ $(,)? }) => {
+        const _: () = {
+            assert!(size_of::<$t>() == $size);
+            $(assert!(offset_of!($t, $field) == $offset);)+
+            assert!(0 $(+ size_of::<$ft>())+ == $size, "implicit padding");
+        };
+    };
+}
+
+layout!(ServiceKey, 20, { addr: [u8; 16] = 0, port: u16 = 16, protocol: u8 = 18, _pad: u8 = 19 });
+layout!(DeferKey, 8, { endpoint_id: u32 = 0, sport: u16 = 4, protocol: u8 = 6, family: u8 = 7 });
+layout!(DeferValue, 40, { saddr: [u8; 16] = 0, daddr: [u8; 16] = 16, dport: u16 = 32,
+    _pad: [u8; 6] = 34 });
+layout!(IdentityKey, 16, { addr: [u8; 16] = 0 });
+layout!(EndpointInfo, 40, { endpoint_id: u32 = 0, flags: u32 = 4, ipv4: [u8; 16] = 8,
+    ipv6: [u8; 16] = 24 });
+layout!(PolicyKey, 12, { endpoint_id: u32 = 0, identity: u32 = 4, direction: u8 = 8,
+    protocol: u8 = 9, port: [u8; 2] = 10 });
+layout!(CtKey, 44, { endpoint_id: u32 = 0, saddr: [u8; 16] = 4, daddr: [u8; 16] = 20,
+    sport: u16 = 36, dport: u16 = 38, protocol: u8 = 40, direction: u8 = 41,
+    _pad: [u8; 2] = 42 });
+layout!(CtValue, 16, { last_seen_ns: u64 = 0, rule_id: u32 = 8, _pad: u32 = 12 });
+layout!(FragKey, 44, { endpoint_id: u32 = 0, saddr: [u8; 16] = 4, daddr: [u8; 16] = 20,
+    id: u32 = 36, protocol: u8 = 40, direction: u8 = 41, _pad: [u8; 2] = 42 });
+layout!(FragValue, 16, { first_seen_ns: u64 = 0, sport: u16 = 8, dport: u16 = 10,
+    policy_port: u16 = 12, _pad: u16 = 14 });
+layout!(Counter, 16, { packets: u64 = 0, bytes: u64 = 8 });
+layout!(RateState, 16, { tokens: u64 = 0, last_ns: u64 = 8 });
+layout!(VerdictEvent, 72, { timestamp_ns: u64 = 0, saddr: [u8; 16] = 8, daddr: [u8; 16] = 24,
+    sport: u16 = 40, dport: u16 = 42, protocol: u8 = 44, family: u8 = 45, direction: u8 = 46,
+    verdict: u8 = 47, reason: u8 = 48, _pad: [u8; 3] = 49, ifindex: u32 = 52,
+    endpoint_id: u32 = 56, rule_id: u32 = 60, peer_identity: u32 = 64, packet_len: u32 = 68 });
+// The prefix lengths the agent and the programs have always used.
+const _: () = assert!(
+    POLICY_PREFIX_ANY_PROTOCOL == 72 && POLICY_PREFIX_ANY_PORT == 80 && POLICY_PREFIX_FULL == 96
+);
 
 #[cfg(feature = "user")]
 mod pod_impls {

@@ -118,21 +118,12 @@ static WEIR_RECORDS: HashMap<u32, RecordChunk> = HashMap::pinned(1024, BPF_F_NO_
 
 #[classifier]
 pub fn weir_from_pod(ctx: TcContext) -> i32 {
-    decide(&ctx, DIR_EGRESS)
+    decide(&ctx, Direction::Egress)
 }
 
 #[classifier]
 pub fn weir_to_pod(ctx: TcContext) -> i32 {
-    decide(&ctx, DIR_INGRESS)
-}
-
-#[inline(always)]
-fn opposite(direction: u8) -> u8 {
-    if direction == DIR_INGRESS {
-        DIR_EGRESS
-    } else {
-        DIR_INGRESS
-    }
+    decide(&ctx, Direction::Ingress)
 }
 
 /// Whether the pod may send with this source address: its own address of that family;
@@ -187,7 +178,7 @@ fn bridged_nd(pkt: &Packet, from_pod: bool) -> bool {
 }
 
 #[inline(always)]
-fn decide(ctx: &TcContext, direction: u8) -> i32 {
+fn decide(ctx: &TcContext, direction: Direction) -> i32 {
     let ifindex = unsafe { (*ctx.skb.skb).ifindex };
     // No ENDPOINT entry: not (or no longer) a pod we enforce for. The agent writes the
     // entry before it attaches and detaches before it deletes the entry, so this only
@@ -197,7 +188,7 @@ fn decide(ctx: &TcContext, direction: u8) -> i32 {
     let mut deferred_client = 0;
     // The client's own address, when kube-proxy masqueraded a deferred packet.
     let mut original_source = None;
-    if direction == DIR_INGRESS {
+    if direction == Direction::Ingress {
         // A pod's packet to a Service frontend, DNATed on its way here: the client's
         // egress is judged on the backend first.
         let mark = unsafe { (*ctx.skb.skb).mark };
@@ -226,7 +217,7 @@ fn decide(ctx: &TcContext, direction: u8) -> i32 {
         return TC_ACT_OK;
     };
     let isolated = ep.flags
-        & if direction == DIR_INGRESS {
+        & if direction == Direction::Ingress {
             EP_INGRESS_ISOLATED
         } else {
             EP_EGRESS_ISOLATED
@@ -237,7 +228,7 @@ fn decide(ctx: &TcContext, direction: u8) -> i32 {
     };
     let pkt = unsafe { &mut *pkt };
     let now = unsafe { bpf_ktime_get_ns() };
-    let mut v = Verdict {
+    let mut v = Reporter {
         ifindex,
         endpoint_id: ep.endpoint_id,
         direction,
@@ -282,15 +273,15 @@ fn judge_deferred(
     pkt: &mut Packet,
     now: u64,
 ) -> Deferred {
-    let mut v = Verdict {
+    let mut v = Reporter {
         ifindex,
         endpoint_id: client,
-        direction: DIR_EGRESS,
+        direction: Direction::Egress,
         identity: 0,
     };
     if !matches!(packet::parse(ctx, pkt), Ok(Frame::Ip)) {
         // Only an IP packet from a pod is ever marked.
-        v.drop(ctx, &pkt.tuple, COUNTER_MALFORMED, REASON_MALFORMED, now);
+        v.drop(ctx, &pkt.tuple, COUNTER_MALFORMED, Reason::Malformed, now);
         return Deferred::Drop;
     }
     // Masqueraded (a nodePort, a hairpin): the client's own address of the family.
@@ -302,11 +293,19 @@ fn judge_deferred(
         };
         own.filter(|a| !packet::same_addr(a, &pkt.tuple.saddr))
     });
-    if pkt.frag.kind == packet::FRAG_LATER && frag_follow(pkt, client, DIR_EGRESS, now) {
+    if pkt.frag.kind == packet::FRAG_LATER && frag_follow(pkt, client, Direction::Egress, now) {
         count(ctx, COUNTER_FRAGMENT_FOLLOWED);
     }
-    if ct_lookup(&mut pkt.key, client, DIR_EGRESS, &pkt.tuple, false, now) != Seen::No {
-        v.allow(ctx, &pkt.tuple, COUNTER_REPLY, REASON_ESTABLISHED);
+    if ct_lookup(
+        &mut pkt.key,
+        client,
+        Direction::Egress,
+        &pkt.tuple,
+        false,
+        now,
+    ) != Seen::No
+    {
+        v.allow(ctx, &pkt.tuple, COUNTER_REPLY, Reason::Established);
         return Deferred::Allow(original_source);
     }
     let (counter, reason, rule) = if isolated {
@@ -321,28 +320,36 @@ fn judge_deferred(
             .unwrap_or(IDENTITY_WORLD);
         v.identity = identity;
         if identity == IDENTITY_HOST {
-            (COUNTER_HOST, REASON_HOST, 0)
+            (COUNTER_HOST, Reason::Host, 0)
         } else {
             let mut rule = 0;
             if identity != IDENTITY_WORLD {
-                rule = policy_lookup(client, identity, DIR_EGRESS, &pkt.tuple);
+                rule = policy_lookup(client, identity, Direction::Egress, &pkt.tuple);
             }
             if rule == 0 {
-                rule = policy_lookup(client, IDENTITY_ANY, DIR_EGRESS, &pkt.tuple);
+                rule = policy_lookup(client, IDENTITY_ANY, Direction::Egress, &pkt.tuple);
             }
             if rule == 0 {
                 count(ctx, COUNTER_DEFAULT_DENY);
-                v.emit(ctx, &pkt.tuple, VERDICT_DROP, REASON_POLICY_DENY, 0, now);
+                v.emit(ctx, &pkt.tuple, Verdict::Drop, Reason::PolicyDeny, 0, now);
                 return Deferred::Drop;
             }
-            (rule, REASON_POLICY_ALLOW, rule)
+            (rule, Reason::PolicyAllow, rule)
         }
     } else {
-        (COUNTER_NOT_ISOLATED, REASON_NOT_ISOLATED, 0)
+        (COUNTER_NOT_ISOLATED, Reason::NotIsolated, 0)
     };
-    ct_track(ctx, &mut pkt.key, client, DIR_EGRESS, &pkt.tuple, rule, now);
+    ct_track(
+        ctx,
+        &mut pkt.key,
+        client,
+        Direction::Egress,
+        &pkt.tuple,
+        rule,
+        now,
+    );
     if pkt.frag.kind == packet::FRAG_FIRST {
-        frag_record(pkt, client, DIR_EGRESS, now);
+        frag_record(pkt, client, Direction::Egress, now);
     }
     v.allow(ctx, &pkt.tuple, counter, reason);
     Deferred::Allow(original_source)
@@ -351,7 +358,8 @@ fn judge_deferred(
 /// Removes the client's entries for a deferred flow the backend's ingress dropped.
 #[inline(always)]
 fn ct_forget_deferred(pkt: &mut Packet, client: u32) {
-    pkt.tuple.write_key(&mut pkt.key, client, DIR_EGRESS, false);
+    pkt.tuple
+        .write_key(&mut pkt.key, client, Direction::Egress, false);
     let _ = WEIR_CT.remove(&pkt.key);
     let _ = WEIR_CT_OVERFLOW.remove(&pkt.key);
     let defer_key = DeferKey {
@@ -400,7 +408,7 @@ fn defer(
     isolated: bool,
     new_flow: bool,
     pkt: &mut Packet,
-    v: &Verdict,
+    v: &Reporter,
     now: u64,
 ) -> i32 {
     let t = &pkt.tuple;
@@ -421,7 +429,7 @@ fn defer(
             _pad: [0; 6],
         };
         let _ = WEIR_DEFER.insert(&key, &before, 0);
-        ct_track(ctx, &mut pkt.key, endpoint_id, DIR_EGRESS, t, 0, now);
+        ct_track(ctx, &mut pkt.key, endpoint_id, Direction::Egress, t, 0, now);
     }
     unsafe {
         let skb = ctx.skb.skb;
@@ -432,28 +440,28 @@ fn defer(
         };
         (*skb).mark = ((*skb).mark & !DEFER_MARK_ALL) | (endpoint_id << DEFER_MARK_SHIFT) | flag;
     }
-    v.allow(ctx, t, COUNTER_SERVICE_DEFERRED, REASON_SERVICE_DEFERRED)
+    v.allow(ctx, t, COUNTER_SERVICE_DEFERRED, Reason::ServiceDeferred)
 }
 
 /// The verdict on one frame (see the module documentation for the order).
 #[inline(always)]
 fn judge(
     ctx: &TcContext,
-    direction: u8,
+    direction: Direction,
     ep: &EndpointInfo,
     isolated: bool,
     pkt: &mut Packet,
-    v: &mut Verdict,
+    v: &mut Reporter,
     original_source: Option<[u8; 16]>,
     now: u64,
 ) -> i32 {
-    let from_pod = direction == DIR_EGRESS;
+    let from_pod = direction == Direction::Egress;
     let parsed = packet::parse(ctx, pkt);
     if from_pod {
         // A tag the kernel took off before TC shows only in the skb's metadata.
         let offloaded_tag = unsafe { (*ctx.skb.skb).vlan_present } != 0;
         if offloaded_tag || matches!(parsed, Ok(Frame::Tagged)) {
-            return v.drop(ctx, &pkt.tuple, COUNTER_TAGGED, REASON_TAGGED, now);
+            return v.drop(ctx, &pkt.tuple, COUNTER_TAGGED, Reason::Tagged, now);
         }
     }
     match parsed {
@@ -464,13 +472,13 @@ fn judge(
         Err(()) => {
             if from_pod {
                 // Its source cannot be checked.
-                return v.drop(ctx, &pkt.tuple, COUNTER_MALFORMED, REASON_MALFORMED, now);
+                return v.drop(ctx, &pkt.tuple, COUNTER_MALFORMED, Reason::Malformed, now);
             }
             return if isolated { TC_ACT_SHOT } else { TC_ACT_OK };
         }
     }
     if from_pod && !source_ok(ep, &pkt.tuple) {
-        return v.drop(ctx, &pkt.tuple, COUNTER_SPOOFED, REASON_SPOOFED, now);
+        return v.drop(ctx, &pkt.tuple, COUNTER_SPOOFED, Reason::Spoofed, now);
     }
     if link_scoped_nd(pkt, from_pod) {
         count(ctx, COUNTER_NEIGHBOR_DISCOVERY);
@@ -484,12 +492,12 @@ fn judge(
         // The packet it reports on went the other way through this endpoint's hooks: its
         // reverse is a packet in this direction.
         if ct_lookup(&mut pkt.key, id, direction, &pkt.icmp_error_of, true, now) != Seen::No {
-            return v.allow(ctx, &pkt.tuple, COUNTER_ICMP_ERROR, REASON_ICMP_ERROR);
+            return v.allow(ctx, &pkt.tuple, COUNTER_ICMP_ERROR, Reason::IcmpError);
         }
     }
     let seen = ct_lookup(&mut pkt.key, id, direction, &pkt.tuple, false, now);
     if seen == Seen::Reply {
-        return v.allow(ctx, &pkt.tuple, COUNTER_REPLY, REASON_REPLY);
+        return v.allow(ctx, &pkt.tuple, COUNTER_REPLY, Reason::Reply);
     }
     // Every packet to a frontend, established or not, is judged after DNAT: this hook
     // cannot know which backend kube-proxy gave the flow.
@@ -497,15 +505,15 @@ fn judge(
         return defer(ctx, id, isolated, seen == Seen::No, pkt, v, now);
     }
     if seen == Seen::Forward {
-        return v.allow(ctx, &pkt.tuple, COUNTER_REPLY, REASON_ESTABLISHED);
+        return v.allow(ctx, &pkt.tuple, COUNTER_REPLY, Reason::Established);
     }
     if !isolated {
         ct_track(ctx, &mut pkt.key, id, direction, &pkt.tuple, 0, now);
-        return v.allow(ctx, &pkt.tuple, COUNTER_NOT_ISOLATED, REASON_NOT_ISOLATED);
+        return v.allow(ctx, &pkt.tuple, COUNTER_NOT_ISOLATED, Reason::NotIsolated);
     }
     let peer = match (direction, &original_source) {
-        (DIR_INGRESS, Some(client)) => client,
-        (DIR_INGRESS, None) => &pkt.tuple.saddr,
+        (Direction::Ingress, Some(client)) => client,
+        (Direction::Ingress, None) => &pkt.tuple.saddr,
         _ => &pkt.tuple.daddr,
     };
     let identity = WEIR_IDENTITY
@@ -515,7 +523,7 @@ fn judge(
     v.identity = identity;
     if identity == IDENTITY_HOST {
         ct_track(ctx, &mut pkt.key, id, direction, &pkt.tuple, 0, now);
-        return v.allow(ctx, &pkt.tuple, COUNTER_HOST, REASON_HOST);
+        return v.allow(ctx, &pkt.tuple, COUNTER_HOST, Reason::Host);
     }
     let mut rule = 0;
     if identity != IDENTITY_WORLD {
@@ -526,10 +534,10 @@ fn judge(
     }
     if rule != 0 {
         ct_track(ctx, &mut pkt.key, id, direction, &pkt.tuple, rule, now);
-        return v.allow(ctx, &pkt.tuple, rule, REASON_POLICY_ALLOW);
+        return v.allow(ctx, &pkt.tuple, rule, Reason::PolicyAllow);
     }
     count(ctx, COUNTER_DEFAULT_DENY);
-    if direction == DIR_INGRESS {
+    if direction == Direction::Ingress {
         ct_forget_sender(pkt);
     }
     // Compiled out by the verifier unless the agent loads with a log level (rodata).
@@ -537,23 +545,23 @@ fn judge(
         ctx,
         "weir drop ifindex={} direction={} protocol={} dport={} identity={}",
         v.ifindex,
-        direction,
+        direction as u8,
         pkt.tuple.protocol,
         pkt.tuple.dport,
         identity
     );
-    v.emit(ctx, &pkt.tuple, VERDICT_DROP, REASON_POLICY_DENY, 0, now);
+    v.emit(ctx, &pkt.tuple, Verdict::Drop, Reason::PolicyDeny, 0, now);
     TC_ACT_SHOT
 }
 
 #[inline(always)]
-fn policy_lookup(endpoint_id: u32, identity: u32, direction: u8, t: &Tuple) -> u32 {
+fn policy_lookup(endpoint_id: u32, identity: u32, direction: Direction, t: &Tuple) -> u32 {
     let key = Key::new(
         POLICY_PREFIX_FULL,
         PolicyKey {
             endpoint_id,
             identity,
-            direction,
+            direction: direction as u8,
             protocol: t.protocol,
             port: t.policy_port.to_be_bytes(),
         },
@@ -561,37 +569,46 @@ fn policy_lookup(endpoint_id: u32, identity: u32, direction: u8, t: &Tuple) -> u
     WEIR_POLICY.get(&key).copied().unwrap_or(0)
 }
 
-struct Verdict {
+/// Reports this hook's verdicts: counters and, rate-limited, events.
+struct Reporter {
     ifindex: u32,
     endpoint_id: u32,
-    direction: u8,
+    direction: Direction,
     identity: u32,
 }
 
-impl Verdict {
+impl Reporter {
     #[inline(always)]
-    fn allow(&self, ctx: &TcContext, t: &Tuple, counter: u32, reason: u8) -> i32 {
+    fn allow(&self, ctx: &TcContext, t: &Tuple, counter: u32, reason: Reason) -> i32 {
         count(ctx, counter);
         let emit_allow = WEIR_SETTINGS
             .get(SETTING_EMIT_ALLOW_EVENTS)
             .is_some_and(|v| *v != 0);
         if emit_allow {
             let now = unsafe { bpf_ktime_get_ns() };
-            self.emit(ctx, t, VERDICT_ALLOW, reason, counter, now);
+            self.emit(ctx, t, Verdict::Allow, reason, counter, now);
         }
         TC_ACT_OK
     }
 
     /// A drop before policy (spoofed, tagged, malformed): counted and reported.
     #[inline(always)]
-    fn drop(&self, ctx: &TcContext, t: &Tuple, counter: u32, reason: u8, now: u64) -> i32 {
+    fn drop(&self, ctx: &TcContext, t: &Tuple, counter: u32, reason: Reason, now: u64) -> i32 {
         count(ctx, counter);
-        self.emit(ctx, t, VERDICT_DROP, reason, 0, now);
+        self.emit(ctx, t, Verdict::Drop, reason, 0, now);
         TC_ACT_SHOT
     }
 
     #[inline(always)]
-    fn emit(&self, ctx: &TcContext, t: &Tuple, verdict: u8, reason: u8, rule_id: u32, now: u64) {
+    fn emit(
+        &self,
+        ctx: &TcContext,
+        t: &Tuple,
+        verdict: Verdict,
+        reason: Reason,
+        rule_id: u32,
+        now: u64,
+    ) {
         if !take_event_token(now) {
             count(ctx, COUNTER_EVENTS_SUPPRESSED);
             return;
@@ -609,9 +626,9 @@ impl Verdict {
             dport: t.dport,
             protocol: t.protocol,
             family: t.family,
-            direction: self.direction,
-            verdict,
-            reason,
+            direction: self.direction as u8,
+            verdict: verdict as u8,
+            reason: reason as u8,
             _pad: [0; 3],
             ifindex: self.ifindex,
             endpoint_id: self.endpoint_id,
@@ -702,7 +719,7 @@ enum Seen {
 fn ct_lookup(
     key: &mut CtKey,
     endpoint_id: u32,
-    direction: u8,
+    direction: Direction,
     t: &Tuple,
     reversed: bool,
     now: u64,
@@ -712,7 +729,7 @@ fn ct_lookup(
         ct_refresh(v, now);
         return Seen::Forward;
     }
-    t.write_key(key, endpoint_id, opposite(direction), !reversed);
+    t.write_key(key, endpoint_id, direction.opposite(), !reversed);
     if let Some(v) = ct_alive(key, now) {
         ct_refresh(v, now);
         return Seen::Reply;
@@ -721,20 +738,20 @@ fn ct_lookup(
 }
 
 #[inline(always)]
-fn frag_key(pkt: &mut Packet, endpoint_id: u32, direction: u8) {
+fn frag_key(pkt: &mut Packet, endpoint_id: u32, direction: Direction) {
     let k = &mut pkt.frag_key;
     k.endpoint_id = endpoint_id;
     k.saddr = pkt.tuple.saddr;
     k.daddr = pkt.tuple.daddr;
     k.id = pkt.frag.id;
     k.protocol = pkt.tuple.protocol;
-    k.direction = direction;
+    k.direction = direction as u8;
     k._pad = [0; 2];
 }
 
 /// Remembers the ports of an allowed first fragment for the datagram's later fragments.
 #[inline(always)]
-fn frag_record(pkt: &mut Packet, endpoint_id: u32, direction: u8, now: u64) {
+fn frag_record(pkt: &mut Packet, endpoint_id: u32, direction: Direction, now: u64) {
     frag_key(pkt, endpoint_id, direction);
     let value = FragValue {
         first_seen_ns: now,
@@ -751,7 +768,7 @@ fn frag_record(pkt: &mut Packet, endpoint_id: u32, direction: u8, now: u64) {
 /// Without a record it keeps port 0 and is judged as such (dropped where isolated,
 /// unless a rule allows every port of its protocol).
 #[inline(always)]
-fn frag_follow(pkt: &mut Packet, endpoint_id: u32, direction: u8, now: u64) -> bool {
+fn frag_follow(pkt: &mut Packet, endpoint_id: u32, direction: Direction, now: u64) -> bool {
     frag_key(pkt, endpoint_id, direction);
     let Some(r) = WEIR_FRAG.get_ptr(&pkt.frag_key) else {
         return false;
@@ -780,7 +797,8 @@ fn ct_forget_sender(pkt: &mut Packet) {
     .copied() else {
         return;
     };
-    pkt.tuple.write_key(&mut pkt.key, sender, DIR_EGRESS, false);
+    pkt.tuple
+        .write_key(&mut pkt.key, sender, Direction::Egress, false);
     let _ = WEIR_CT.remove(&pkt.key);
     let _ = WEIR_CT_OVERFLOW.remove(&pkt.key);
 }
@@ -814,7 +832,7 @@ fn ct_track(
     ctx: &TcContext,
     key: &mut CtKey,
     endpoint_id: u32,
-    direction: u8,
+    direction: Direction,
     t: &Tuple,
     rule_id: u32,
     now: u64,

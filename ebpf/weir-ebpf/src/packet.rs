@@ -11,7 +11,7 @@
 //! `skb->vlan_present` instead, which the caller checks.
 
 use aya_ebpf::{cty::c_void, helpers::bpf_skb_load_bytes, programs::TcContext};
-use weir_common::{CtKey, FragKey};
+use weir_common::{CtKey, Direction, FragKey};
 
 pub const IPPROTO_ICMP: u8 = 1;
 pub const IPPROTO_TCP: u8 = 6;
@@ -59,9 +59,9 @@ impl Tuple {
     /// Writes the conntrack key of this tuple (or of its reverse) as seen by the hook of
     /// `endpoint_id` in `direction` into `k` (scratch map memory: no stack copy).
     #[inline(always)]
-    pub fn write_key(&self, k: &mut CtKey, endpoint_id: u32, direction: u8, reversed: bool) {
+    pub fn write_key(&self, k: &mut CtKey, endpoint_id: u32, direction: Direction, reversed: bool) {
         k.endpoint_id = endpoint_id;
-        k.direction = direction;
+        k.direction = direction as u8;
         k.protocol = self.protocol;
         k._pad = [0; 2];
         if reversed {

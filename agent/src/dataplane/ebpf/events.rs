@@ -4,11 +4,7 @@
 use std::net::{IpAddr, Ipv6Addr};
 
 use serde::Serialize;
-use weir_common::{
-    VerdictEvent, DIR_INGRESS, REASON_ESTABLISHED, REASON_HOST, REASON_ICMP_ERROR,
-    REASON_MALFORMED, REASON_NOT_ISOLATED, REASON_POLICY_ALLOW, REASON_POLICY_DENY, REASON_REPLY,
-    REASON_SERVICE_DEFERRED, REASON_SPOOFED, REASON_TAGGED, VERDICT_DROP,
-};
+use weir_common::{Direction, Reason, Verdict, VerdictEvent};
 
 use super::records::Records;
 
@@ -51,19 +47,21 @@ fn addr(bytes: [u8; 16], family: u8) -> IpAddr {
 }
 
 fn reason(code: u8) -> &'static str {
-    match code {
-        REASON_POLICY_DENY => "policy-deny",
-        REASON_POLICY_ALLOW => "policy-allow",
-        REASON_REPLY => "reply",
-        REASON_NOT_ISOLATED => "not-isolated",
-        REASON_ICMP_ERROR => "icmp-error-of-tracked-flow",
-        REASON_HOST => "node-address",
-        REASON_SPOOFED => "spoofed-source",
-        REASON_TAGGED => "tagged-frame",
-        REASON_ESTABLISHED => "established",
-        REASON_MALFORMED => "malformed",
-        REASON_SERVICE_DEFERRED => "service-deferred",
-        _ => "unknown",
+    let Ok(reason) = Reason::try_from(code) else {
+        return "unknown";
+    };
+    match reason {
+        Reason::PolicyDeny => "policy-deny",
+        Reason::PolicyAllow => "policy-allow",
+        Reason::Reply => "reply",
+        Reason::NotIsolated => "not-isolated",
+        Reason::IcmpError => "icmp-error-of-tracked-flow",
+        Reason::Host => "node-address",
+        Reason::Spoofed => "spoofed-source",
+        Reason::Tagged => "tagged-frame",
+        Reason::Established => "established",
+        Reason::Malformed => "malformed",
+        Reason::ServiceDeferred => "service-deferred",
     }
 }
 
@@ -80,13 +78,13 @@ fn protocol_name(p: u8) -> String {
 
 impl MonitorEvent {
     pub fn decode(ev: &VerdictEvent, records: Option<&Records>) -> MonitorEvent {
-        let drop = ev.verdict == VERDICT_DROP;
+        let drop = ev.verdict == Verdict::Drop as u8;
         let rule = if drop {
             Some(
-                match ev.reason {
-                    REASON_SPOOFED => "anti-spoofing",
-                    REASON_TAGGED => "no tagged frames from pods",
-                    REASON_MALFORMED => "unreadable IP header",
+                match Reason::try_from(ev.reason) {
+                    Ok(Reason::Spoofed) => "anti-spoofing",
+                    Ok(Reason::Tagged) => "no tagged frames from pods",
+                    Ok(Reason::Malformed) => "unreadable IP header",
                     _ => "default deny",
                 }
                 .to_string(),
@@ -100,10 +98,10 @@ impl MonitorEvent {
             timestamp_ns: ev.timestamp_ns,
             verdict: if drop { "drop" } else { "allow" },
             reason: reason(ev.reason),
-            direction: if ev.direction == DIR_INGRESS {
-                "ingress"
-            } else {
-                "egress"
+            direction: match Direction::try_from(ev.direction) {
+                Ok(Direction::Ingress) => "ingress",
+                Ok(Direction::Egress) => "egress",
+                Err(_) => "unknown",
             },
             protocol: ev.protocol,
             src: addr(ev.saddr, ev.family),
@@ -153,9 +151,9 @@ mod tests {
                 .to_ipv6_mapped()
                 .octets(),
             family: 4,
-            direction: weir_common::DIR_EGRESS,
-            verdict: VERDICT_DROP,
-            reason: REASON_SPOOFED,
+            direction: Direction::Egress as u8,
+            verdict: Verdict::Drop as u8,
+            reason: Reason::Spoofed as u8,
             ..Default::default()
         };
         let e = MonitorEvent::decode(&ev, None);
@@ -167,7 +165,7 @@ mod tests {
         assert_eq!(e.src, std::net::IpAddr::from([10, 0, 0, 9]));
         let tagged = MonitorEvent::decode(
             &VerdictEvent {
-                reason: REASON_TAGGED,
+                reason: Reason::Tagged as u8,
                 ..ev
             },
             None,
@@ -175,8 +173,8 @@ mod tests {
         assert_eq!(tagged.reason, "tagged-frame");
         let established = MonitorEvent::decode(
             &VerdictEvent {
-                verdict: weir_common::VERDICT_ALLOW,
-                reason: REASON_ESTABLISHED,
+                verdict: Verdict::Allow as u8,
+                reason: Reason::Established as u8,
                 ..ev
             },
             None,

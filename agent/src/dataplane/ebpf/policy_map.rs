@@ -7,8 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 use weir_common::{
-    PolicyKey, DIR_EGRESS, DIR_INGRESS, IDENTITY_ANY, POLICY_PREFIX_ANY_PORT,
-    POLICY_PREFIX_ANY_PROTOCOL, RULE_ID_FIRST,
+    PolicyKey, IDENTITY_ANY, POLICY_PREFIX_ANY_PORT, POLICY_PREFIX_ANY_PROTOCOL, RULE_ID_FIRST,
 };
 
 use weir_policy::desired::{Direction, Endpoint, Peer, Ports, Rule, SetId};
@@ -87,8 +86,8 @@ pub fn name(direction: Direction, rule: &Rule) -> RuleName {
 
 pub fn direction_code(d: Direction) -> u8 {
     match d {
-        Direction::Ingress => DIR_INGRESS,
-        Direction::Egress => DIR_EGRESS,
+        Direction::Ingress => weir_common::Direction::Ingress as u8,
+        Direction::Egress => weir_common::Direction::Egress as u8,
     }
 }
 
