@@ -4,6 +4,12 @@
 //! policy engine ([`weir_policy`], its own pure crate) compiles it to a dataplane-neutral
 //! desired state and deltas; a [`dataplane`] (eBPF or ipset/iptables) enforces them, driven
 //! by the [`daemon`]; [`reset`] cleans a node; [`lab`] builds a node of network namespaces.
+//!
+//! **Dependencies:** weir-policy (all policy semantics live there, none here), weir-common
+//! (the kernel ABI), aya, kube-rs, tokio and hyper. Nothing depends on this crate but the
+//! tests, the fuzz targets and the binary. Its top-level modules form no cycle
+//! (`cargo xtask structure`): `kernel` ← `exec` ← `netfilter` ← `reset` ← `dataplane` ←
+//! `daemon`/`lab`, with `source` beside them.
 pub mod daemon;
 pub mod dataplane;
 pub mod exec;

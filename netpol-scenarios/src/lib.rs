@@ -10,6 +10,9 @@
 //! (tests/tests/netpol_conformance.rs, real packets through `weir lab` on both dataplanes).
 //! Both compare the full matrix of [`probes`] per step with [`compare`]. No I/O here: pod
 //! addresses (for the ipBlock cases) come from whoever built the world.
+//!
+//! **Dependencies:** the standard library only, so both harnesses can use it and it can
+//! use neither.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write;

@@ -1,4 +1,8 @@
 //! Shared helpers for the integration tests (network namespaces, prerequisites).
+//!
+//! **Dependencies:** the `weir` and `weir-policy` crates as any user would see them, and the
+//! netpol scenarios. Tests drive the real `weir` binary and the real kernel; nothing in the
+//! agent depends on this crate.
 pub mod desired;
 pub mod kernel_state;
 pub mod lab;

@@ -1,5 +1,8 @@
 //! `cargo xtask <cmd>`: the one entry point for building, testing and demonstrating weir
 //! on a fresh machine. Every install step lives in `setup`, so nothing is done by hand.
+//!
+//! **Dependencies:** none of weir's crates: it drives them through cargo and their
+//! binaries, as CI does.
 mod bench;
 mod build;
 mod cmd;

@@ -11,6 +11,9 @@
 //! WEIR_CT_OVERFLOW ([`CtKey`] → [`CtValue`]), WEIR_CT_BUDGET (array of [`RateState`]) and
 //! WEIR_FRAG ([`FragKey`] → [`FragValue`]) and WEIR_LOCAL ([`IdentityKey`] → endpoint id).
 //! Pins of the previous release do not match.
+//!
+//! **Dependencies:** none (`no_std`); with feature `user`, aya, for `aya::Pod`. Both the
+//! programs and the agent build it, so the layout checks at the end run on both sides.
 #![no_std]
 
 use core::mem::{offset_of, size_of};

@@ -503,8 +503,63 @@ impl EbpfDataplane {
         placed
     }
 
+    /// One convergence, in the order the module documentation gives: the target map
+    /// contents; what is added or changed (policy, identity, endpoint entries); attaches;
+    /// detaches; what goes (endpoints, then policy). Each phase is a method below.
     fn converge(&mut self, desired: &Desired) -> Result<ApplyReport, DataplaneError> {
         let mut failures = Vec::new();
+        let placed = self.place_endpoints(desired, &mut failures);
+        let (mut target, owner) = self.target(desired, &placed);
+        let pending = self.keep_pending(&mut target);
+        let name_policy = |e: &policy_map::PolicyEntry| {
+            let id = e.1.endpoint_id;
+            format!(
+                "map {} (pod {})",
+                map_names::POLICY,
+                owner.get(&id).map_or("?", String::as_str)
+            )
+        };
+        self.write_additions(&target, &name_policy, &mut failures);
+        let attached = self.attach_placed(&placed, &target, &mut failures);
+        self.detach_stale(attached, &pending.turned_pending, &mut failures);
+        self.converge_leaving(&target, &mut failures);
+        self.write_removals(&target, pending.released, &name_policy, &mut failures);
+        self.finish_migration(&mut failures);
+        if let Err(e) = records::store(&mut self.maps.records, &self.records) {
+            failures.push(ObjectError {
+                object: format!("map {}", map_names::RECORDS),
+                reason: e.to_string(),
+            });
+        }
+        self.counts = (
+            self.records.endpoints.len(),
+            desired.sets.len(),
+            self.records.rules.by_id.len(),
+        );
+        Ok(ApplyReport {
+            failures,
+            held_sets: Vec::new(),
+        })
+    }
+}
+
+/// Interfaces isolated as new pods that a convergence keeps isolated or lets go.
+struct Pending {
+    /// Pending interfaces that are gone or no longer match the settings.
+    released: Vec<u32>,
+    /// Pod interfaces whose endpoint went while the interface stayed: pending in place,
+    /// attachment kept.
+    turned_pending: BTreeSet<u32>,
+}
+
+impl EbpfDataplane {
+    /// The map contents `desired` needs, with each endpoint id's pod (for naming
+    /// failures).
+    fn target(
+        &mut self,
+        desired: &Desired,
+        placed: &BTreeMap<PodKey, (u32, String, u32)>,
+    ) -> (KernelState, BTreeMap<u32, String>) {
         let plan = match &self.identity_cache {
             Some((sets, plan)) if *sets == desired.sets => plan.clone(),
             _ => {
@@ -514,8 +569,6 @@ impl EbpfDataplane {
             }
         };
         let rule_ids = self.records.rules.plan(desired.endpoints.values());
-        let placed = self.place_endpoints(desired, &mut failures);
-
         let mut target = KernelState {
             identity: plan.trie,
             ..Default::default()
@@ -527,7 +580,7 @@ impl EbpfDataplane {
             target.service.insert(service_key(f), 1);
         }
         let mut owner: BTreeMap<u32, String> = BTreeMap::new();
-        for (pod, (id, _, ifindex)) in &placed {
+        for (pod, (id, _, ifindex)) in placed {
             let ep = &desired.endpoints[pod];
             let mut flags = 0;
             if ep.ingress.isolated {
@@ -558,8 +611,13 @@ impl EbpfDataplane {
             );
         }
 
-        // Interfaces isolated as new pods stay isolated until an endpoint is placed there;
-        // those that are gone (or no longer match the settings) are released below.
+        (target, owner)
+    }
+
+    /// Interfaces isolated as new pods stay isolated until an endpoint is placed there;
+    /// those that are gone (or no longer match the settings) are released after the
+    /// detaches.
+    fn keep_pending(&self, target: &mut KernelState) -> Pending {
         let mut released = Vec::new();
         for (ifindex, info) in &self.kernel.endpoint {
             if info.endpoint_id != newpods::PENDING_ENDPOINT_ID
@@ -594,15 +652,20 @@ impl EbpfDataplane {
             }
         }
 
-        let errors = &mut failures;
-        let name_policy = |e: &policy_map::PolicyEntry| {
-            let id = e.1.endpoint_id;
-            format!(
-                "map {} (pod {})",
-                map_names::POLICY,
-                owner.get(&id).map_or("?", String::as_str)
-            )
-        };
+        Pending {
+            released,
+            turned_pending,
+        }
+    }
+
+    /// New and changed entries, before any attach: POLICY, IDENTITY, ENDPOINT and the
+    /// maps the Service path reads.
+    fn write_additions(
+        &mut self,
+        target: &KernelState,
+        name_policy: &dyn Fn(&policy_map::PolicyEntry) -> String,
+        errors: &mut Vec<ObjectError>,
+    ) {
         self.kernel
             .upsert_policy(&mut self.maps, &target, name_policy, errors);
         self.kernel.upsert_identity(&mut self.maps, &target, errors);
@@ -613,9 +676,18 @@ impl EbpfDataplane {
         self.kernel
             .upsert_endpoint_by_id(&mut self.maps, &target, errors);
 
-        // Attach pods whose interface is new; endpoint entries are in place already.
+    }
+
+    /// Attaches pods whose interface is new; their ENDPOINT entries are in place already.
+    /// Returns every pod's attachment record.
+    fn attach_placed(
+        &mut self,
+        placed: &BTreeMap<PodKey, (u32, String, u32)>,
+        target: &KernelState,
+        errors: &mut Vec<ObjectError>,
+    ) -> BTreeMap<PodKey, EndpointRecord> {
         let mut attached = BTreeMap::new();
-        for (pod, (id, ifname, ifindex)) in &placed {
+        for (pod, (id, ifname, ifindex)) in placed {
             if !target.endpoint.contains_key(ifindex) || !self.kernel.endpoint.contains_key(ifindex)
             {
                 // Its ENDPOINT entry failed: never attach without it.
@@ -662,7 +734,17 @@ impl EbpfDataplane {
                 },
             );
         }
-        // Detach what is no longer wanted (or moved to another interface).
+        attached
+    }
+
+    /// Detaches what is no longer wanted (or moved to another interface); the records
+    /// become `attached` plus whatever could not be detached.
+    fn detach_stale(
+        &mut self,
+        mut attached: BTreeMap<PodKey, EndpointRecord>,
+        turned_pending: &BTreeSet<u32>,
+        errors: &mut Vec<ObjectError>,
+    ) {
         let stale: Vec<(PodKey, EndpointRecord)> = self
             .records
             .endpoints
@@ -688,8 +770,17 @@ impl EbpfDataplane {
             }
         }
         self.records.endpoints = attached;
-        self.converge_leaving(&target, errors);
+    }
 
+    /// What goes, after the detaches: ENDPOINT and the Service path's entries, released
+    /// pending interfaces, then stale POLICY entries.
+    fn write_removals(
+        &mut self,
+        target: &KernelState,
+        released: Vec<u32>,
+        name_policy: &dyn Fn(&policy_map::PolicyEntry) -> String,
+        errors: &mut Vec<ObjectError>,
+    ) {
         self.kernel.delete_endpoint(&mut self.maps, &target, errors);
         self.kernel.delete_local(&mut self.maps, &target, errors);
         self.kernel.delete_service(&mut self.maps, &target, errors);
@@ -714,22 +805,6 @@ impl EbpfDataplane {
         }
         self.kernel
             .delete_policy(&mut self.maps, &target, name_policy, errors);
-        self.finish_migration(&mut failures);
-        if let Err(e) = records::store(&mut self.maps.records, &self.records) {
-            failures.push(ObjectError {
-                object: format!("map {}", map_names::RECORDS),
-                reason: e.to_string(),
-            });
-        }
-        self.counts = (
-            self.records.endpoints.len(),
-            desired.sets.len(),
-            self.records.rules.by_id.len(),
-        );
-        Ok(ApplyReport {
-            failures,
-            held_sets: Vec::new(),
-        })
     }
 }
 

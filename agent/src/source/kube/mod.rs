@@ -1,7 +1,7 @@
-//! The cluster source: kube-rs watchers on Pods, Namespaces, NetworkPolicies (all of
+//! The cluster source: kube-rs watchers on Pods, Namespaces, NetworkPolicies, Services (all of
 //! them: peers resolve from every pod) and this node's Node object.
 //!
-//! The first batch is the complete initial state of all four kinds. A relist (after a
+//! The first batch is the complete initial state of all five kinds. A relist (after a
 //! 410 Gone, an API server restart or a watch that could not resume) is buffered until
 //! it is complete and then applied as one batch, with deletes for objects that vanished
 //! meanwhile, so the dataplane never sees a half-listed cluster. Watch errors are retried
