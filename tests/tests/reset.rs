@@ -387,6 +387,8 @@ fn nft_only_node_without_legacy_tools_resets_cleanly() -> Result<()> {
     }
     let bin = weir_bin::path()?;
     let path = format!("PATH={}", bin_dir.display());
+    // Its own pin root: bpffs is the host's, whatever the network namespace.
+    let bpf_root = format!("/sys/fs/bpf/weir-test-nftonly-{}", std::process::id());
     let out = ns.run(
         "env",
         &[
@@ -395,6 +397,8 @@ fn nft_only_node_without_legacy_tools_resets_cleanly() -> Result<()> {
             "reset",
             "--output",
             "json",
+            "--bpf-root",
+            &bpf_root,
         ],
         None,
     )?;

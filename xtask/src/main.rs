@@ -9,6 +9,7 @@ mod cmd;
 mod components;
 mod conformance;
 mod demo;
+mod host_guard;
 mod image;
 mod kernels;
 mod setup;

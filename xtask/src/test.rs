@@ -2,7 +2,8 @@
 //! tests, then the integration tests against the real kernel, the quick groups on Debian's
 //! 5.10 kernel in a virtme-ng guest, then the fuzz smoke runs and the quick bench.
 //! It ends with one line naming what ran. An ignored test fails the run: nothing may pass
-//! by skipping.
+//! by skipping, and so does a test that leaves or removes weir state on the host
+//! (`host_guard`).
 use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -55,7 +56,11 @@ pub fn run() -> Result<()> {
     // The integration tests drive the real binary, and run it from its image too.
     run_cmd(cargo().args(["build", "--package", "weir", "--bins"]))?;
     crate::image::for_tests().context("building the image the tests run the agent from")?;
+    let host_before = crate::host_guard::snapshot()?;
     let integration = cargo_test(&["--workspace", "--no-fail-fast", "--test", "*"])?;
+    let host_guard = crate::host_guard::snapshot().and_then(|after| {
+        crate::host_guard::check_unchanged(&host_before, &after, "the integration tests")
+    });
 
     // The kernel floor: the quick groups in a Debian 5.10 guest (issue 17).
     step("kernels (quick: Debian 5.10 under virtme-ng)");
@@ -67,6 +72,9 @@ pub fn run() -> Result<()> {
     // The bench cannot rot: its quick run measures every scenario on the real kernel.
     step("bench (quick)");
     let bench = crate::bench::run(true);
+    let bench_host_guard = crate::host_guard::snapshot().and_then(|after| {
+        crate::host_guard::check_unchanged(&host_before, &after, "the quick bench")
+    });
 
     for (name, t) in [("unit", &unit), ("integration", &integration)] {
         if !t.failed.is_empty() {
@@ -79,6 +87,8 @@ pub fn run() -> Result<()> {
             );
         }
     }
+    host_guard?;
+    bench_host_guard?;
     kernels.context("the quick kernel run on 5.10 failed")?;
     bench.context("the quick bench failed")?;
     println!(
