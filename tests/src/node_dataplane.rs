@@ -2,7 +2,7 @@
 //! from a thread that has joined it, so the tools it runs act on that namespace.
 
 use weir::dataplane::iptables::{IptablesConfig, IptablesDataplane};
-use weir::dataplane::{ApplyReport, Dataplane, DataplaneError};
+use weir::dataplane::{ApplyReport, Dataplane, DataplaneError, DataplaneStatus};
 use weir_policy::desired::Desired;
 
 use crate::pods::run_in;
@@ -49,5 +49,13 @@ impl NodeDataplane {
     ) -> Result<ApplyReport, DataplaneError> {
         let (delta, d) = (before.diff(after), after.clone());
         self.call(Box::new(move |dp| dp.apply(&delta, &d)))
+    }
+
+    /// The dataplane's status (no kernel access: it reports what it last wrote).
+    pub fn status(&self) -> DataplaneStatus {
+        self.dataplane
+            .as_ref()
+            .expect("dataplane present between calls")
+            .status()
     }
 }

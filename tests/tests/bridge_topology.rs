@@ -521,12 +521,9 @@ fn a_new_pod_on_a_bridge_is_isolated_until_programmed_on_iptables() {
         (true, true),
         "iptables: the new pod stayed isolated once programmed"
     );
-    let rules = run_in(&world.node, || {
-        let out = std::process::Command::new("iptables-save")
-            .output()
-            .expect("iptables-save");
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    });
+    let rules = weir_tests::netns::NetNs::attach(&world.node)
+        .ok("iptables-save", &[], None)
+        .unwrap_or_else(|e| panic!("{e}"));
     for (pod, port) in [(A, "lxcbra"), (N, "lxcbrn")] {
         let rule = format!("! -s {pod}/32 -m physdev --physdev-in {port}");
         assert!(

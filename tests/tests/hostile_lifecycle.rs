@@ -749,13 +749,10 @@ fn ebpf_new_pod(tag: &str, mode: AttachMode) {
     );
     check_untouched(&world, tag);
     if mode == AttachMode::Tcx {
-        let hooks = run_in(&world.node, || {
-            let out = std::process::Command::new("tc")
-                .args(["filter", "show", "dev", "lxcnew0", "ingress"])
-                .output()
-                .expect("prerequisite missing: tc (iproute2)");
-            String::from_utf8_lossy(&out.stdout).into_owned()
-        });
+        // A failed listing must not read as "no filters".
+        let hooks = weir_tests::netns::NetNs::attach(&world.node)
+            .ok("tc", &["filter", "show", "dev", "lxcnew0", "ingress"], None)
+            .expect("tc filter show dev lxcnew0 ingress, in the node");
         assert!(
             !hooks.contains("weir_"),
             "the new-pod filter stayed after the TCX link took over: {hooks}"

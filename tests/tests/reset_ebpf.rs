@@ -27,20 +27,11 @@ fn reset_ebpf_in(world: &World, root: &PinRoot) -> ResetReport {
 }
 
 fn weir_filters(world: &World) -> String {
-    let out = std::process::Command::new("tc")
-        .args([
-            "-n",
-            &world.node,
-            "filter",
-            "show",
-            "dev",
-            "lxc-b",
-            "egress",
-        ])
-        .output()
-        .expect("prerequisite missing: tc (iproute2)");
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
+    // A failed listing must not read as "no filters".
+    let out = weir_tests::netns::NetNs::attach(&world.node)
+        .ok("tc", &["filter", "show", "dev", "lxc-b", "egress"], None)
+        .expect("tc filter show dev lxc-b egress, in the node");
+    out.lines()
         .filter(|l| l.contains("weir_"))
         .collect::<Vec<_>>()
         .join("\n")

@@ -9,6 +9,7 @@ mod cmd;
 mod components;
 mod conformance;
 mod demo;
+mod fuzz;
 mod host_guard;
 mod image;
 mod kernels;
@@ -45,6 +46,20 @@ enum Command {
     /// The upstream netpol scenarios on both dataplanes, both lab modes and both lab
     /// topologies, all of them (the test step runs the bridge topology on a subset).
     Conformance,
+    /// Fuzz every cargo-fuzz target (agent/fuzz) from its seeds and dictionary, optimized,
+    /// printing libFuzzer's execution count for each; fails when a target crashes or runs
+    /// fewer than --min-runs inputs. New inputs collect in target/fuzz-corpus/.
+    Fuzz {
+        /// Seconds per target.
+        #[arg(long, default_value_t = 300)]
+        seconds: u32,
+        /// Build unoptimized (what `cargo xtask test` runs: minutes faster to build).
+        #[arg(long)]
+        dev: bool,
+        /// Fewest executions a target must reach.
+        #[arg(long, default_value_t = 100_000)]
+        min_runs: u64,
+    },
     /// Check the layering: weir-policy's dependencies reach no kernel, Kubernetes client,
     /// async runtime or HTTP crate, and no crate's top-level modules use each other in a
     /// cycle. `cargo xtask test` runs it.
@@ -108,6 +123,16 @@ fn main() {
         Command::Test => test::run(),
         Command::Conformance => conformance::run(),
         Command::Structure => structure::run(),
+        Command::Fuzz {
+            seconds,
+            dev,
+            min_runs,
+        } => fuzz::run(&fuzz::FuzzOptions {
+            seconds,
+            optimized: !dev,
+            min_runs,
+        })
+        .map(drop),
         Command::Image {
             tag,
             relock,

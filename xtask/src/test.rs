@@ -1,6 +1,7 @@
 //! `cargo xtask test`, the CI command: formatting, clippy with warnings as errors, unit
 //! tests, then the integration tests against the real kernel, the quick groups on Debian's
-//! 5.10 kernel in a virtme-ng guest, then the fuzz smoke runs and the quick bench.
+//! 5.10 kernel in a virtme-ng guest, then the fuzz targets from their seeds and the quick
+//! bench.
 //! It ends with one line naming what ran. An ignored test fails the run: nothing may pass
 //! by skipping, and so does a test that leaves or removes weir state on the host
 //! (`host_guard`).
@@ -13,15 +14,79 @@ use anyhow::{bail, Context, Result};
 
 use crate::cmd::{cargo, exec as run_cmd, is_root, workspace_root};
 
-/// Seconds each fuzz target runs in the smoke run.
-const FUZZ_SMOKE_SECONDS: u32 = 15;
+/// How CI fuzzes: each target 30 s from its seeds, unoptimized (an optimized sanitizer
+/// build of the agent's dependency tree costs minutes that CI has not got: `cargo xtask
+/// fuzz` is that run). Unoptimized, these targets run a hundred or more inputs a second.
+const CI_FUZZ: crate::fuzz::FuzzOptions = crate::fuzz::FuzzOptions {
+    seconds: 30,
+    optimized: false,
+    min_runs: 1_000,
+};
 
 #[derive(Default)]
 struct Tally {
     passed: usize,
     failed: Vec<String>,
     ignored: Vec<String>,
+    /// Each test binary (its source), in the order cargo ran them.
     binaries: Vec<String>,
+    /// Each binary's "test result:" line: passed, failed (same order as `binaries`).
+    results: Vec<(usize, usize)>,
+}
+
+impl Tally {
+    /// One line per binary with its count; fails when a binary ran no test, or when an
+    /// integration test source (`*/tests/*.rs`) ran as no binary at all: a test file that
+    /// stops compiling into the run, or loses its tests, must not pass unnoticed.
+    fn check_every_binary_ran(&self, expected: &[String]) -> Result<()> {
+        if self.binaries.len() != self.results.len() {
+            bail!(
+                "cargo ran {} test binaries but printed {} results",
+                self.binaries.len(),
+                self.results.len()
+            );
+        }
+        let mut empty = Vec::new();
+        for (binary, (passed, failed)) in self.binaries.iter().zip(&self.results) {
+            println!("  {passed:>4} passed {failed:>3} failed  {binary}");
+            if passed + failed == 0 {
+                empty.push(binary.clone());
+            }
+        }
+        let missing: Vec<&String> = expected
+            .iter()
+            .filter(|e| !self.binaries.iter().any(|b| b == *e))
+            .collect();
+        if !missing.is_empty() {
+            bail!("test sources that ran as no binary: {missing:?}");
+        }
+        if !empty.is_empty() {
+            bail!("test binaries that ran no test: {}", empty.join(", "));
+        }
+        Ok(())
+    }
+}
+
+/// Every integration test source of the workspace, as cargo names it when it runs one
+/// (`tests/foo.rs`, relative to its package).
+fn integration_sources() -> Result<Vec<String>> {
+    let mut found = Vec::new();
+    for package in ["agent", "policy", "tests"] {
+        let dir = workspace_root().join(package).join("tests");
+        for entry in
+            std::fs::read_dir(&dir).with_context(|| format!("reading {}", dir.display()))?
+        {
+            let path = entry?.path();
+            if path.extension().is_some_and(|e| e == "rs") {
+                let name = path.file_name().unwrap_or_default().to_string_lossy();
+                found.push(format!("tests/{name}"));
+            }
+        }
+    }
+    if found.is_empty() {
+        bail!("no integration test sources found");
+    }
+    Ok(found)
 }
 
 pub fn run() -> Result<()> {
@@ -50,6 +115,7 @@ pub fn run() -> Result<()> {
 
     step("unit tests");
     let unit = cargo_test(&["--workspace", "--no-fail-fast", "--lib", "--bins"])?;
+    // Binaries without unit tests (main.rs files) print a result line of 0: not checked.
 
     step("integration tests (real kernel)");
     check_kernel_prerequisites()?;
@@ -58,6 +124,7 @@ pub fn run() -> Result<()> {
     crate::image::for_tests().context("building the image the tests run the agent from")?;
     let host_before = crate::host_guard::snapshot()?;
     let integration = cargo_test(&["--workspace", "--no-fail-fast", "--test", "*"])?;
+    let integration_counts = integration.check_every_binary_ran(&integration_sources()?);
     let host_guard = crate::host_guard::snapshot().and_then(|after| {
         crate::host_guard::check_unchanged(&host_before, &after, "the integration tests")
     });
@@ -66,8 +133,8 @@ pub fn run() -> Result<()> {
     step("kernels (quick: Debian 5.10 under virtme-ng)");
     let kernels = crate::kernels::run(&["5.10".to_string()], true, &[]);
 
-    step("fuzz smoke");
-    let fuzzed = fuzz_smoke()?;
+    step("fuzz");
+    let fuzzed = crate::fuzz::run(&CI_FUZZ)?;
 
     // The bench cannot rot: its quick run measures every scenario on the real kernel.
     step("bench (quick)");
@@ -87,18 +154,23 @@ pub fn run() -> Result<()> {
             );
         }
     }
+    integration_counts?;
     host_guard?;
     bench_host_guard?;
     kernels.context("the quick kernel run on 5.10 failed")?;
     bench.context("the quick bench failed")?;
     println!(
-        "xtask test: PASS in {}s: fmt, clippy, {} unit tests, {} integration tests in {} ({}), quick kernels on 5.10, fuzz smoke {}, quick bench",
+        "xtask test: PASS in {}s: fmt, clippy, {} unit tests, {} integration tests in {} ({}), quick kernels on 5.10, fuzz {}, quick bench",
         started.elapsed().as_secs(),
         unit.passed,
         integration.passed,
         integration.binaries.len(),
         integration.binaries.join(" "),
-        if fuzzed.is_empty() { "none".to_string() } else { fuzzed.join(" ") },
+        fuzzed
+            .iter()
+            .map(|(t, runs)| format!("{t} ({runs} runs)"))
+            .collect::<Vec<_>>()
+            .join(" "),
     );
     Ok(())
 }
@@ -151,6 +223,17 @@ fn tally_line(tally: &mut Tally, line: &str) {
         }
         return;
     }
+    if let Some(rest) = line.strip_prefix("test result: ") {
+        // "ok. 6 passed; 0 failed; 0 ignored; ..."
+        let count = |word: &str| {
+            rest.split(';')
+                .find_map(|part| part.trim().rsplit_once(' ').filter(|(_, w)| *w == word))
+                .and_then(|(n, _)| n.rsplit(' ').next()?.parse::<usize>().ok())
+                .unwrap_or(0)
+        };
+        tally.results.push((count("passed"), count("failed")));
+        return;
+    }
     let Some(rest) = line.strip_prefix("test ") else {
         return;
     };
@@ -192,38 +275,38 @@ fn check_kernel_prerequisites() -> Result<()> {
     Ok(())
 }
 
-/// Runs every cargo-fuzz target briefly so the fuzz harnesses cannot rot.
-fn fuzz_smoke() -> Result<Vec<String>> {
-    let fuzz_dir = workspace_root().join("agent/fuzz");
-    if !fuzz_dir.is_dir() {
-        return Ok(Vec::new());
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn results_pair_with_their_binaries_and_an_empty_binary_fails() {
+        let mut t = Tally::default();
+        for line in [
+            "Running tests/a.rs (target/debug/deps/a-1)",
+            "test x ... ok",
+            "test result: ok. 1 passed; 0 failed; 0 ignored; 0 measured; 0 filtered out; finished in 0.1s",
+            "Running tests/b.rs (target/debug/deps/b-1)",
+            "test result: ok. 0 passed; 0 failed; 0 ignored; 0 measured; 0 filtered out; finished in 0.0s",
+        ] {
+            tally_line(&mut t, line);
+        }
+        assert_eq!(t.results, [(1, 0), (0, 0)]);
+        assert_eq!(t.passed, 1);
+        let err = t
+            .check_every_binary_ran(&["tests/a.rs".into()])
+            .unwrap_err();
+        assert!(err.to_string().contains("tests/b.rs"), "{err}");
+        let err = t
+            .check_every_binary_ran(&["tests/a.rs".into(), "tests/c.rs".into()])
+            .unwrap_err();
+        assert!(err.to_string().contains("tests/c.rs"), "{err}");
     }
-    let list = Command::new("cargo")
-        .current_dir(workspace_root().join("agent"))
-        .args(["fuzz", "list"])
-        .output()
-        .context("cannot run `cargo fuzz list` (cargo-fuzz is installed by `cargo xtask setup`)")?;
-    let targets: Vec<String> = String::from_utf8_lossy(&list.stdout)
-        .lines()
-        .map(str::to_string)
-        .collect();
-    for t in &targets {
-        // Stable rustc with RUSTC_BOOTSTRAP: no nightly toolchain can be fetched here.
-        run_cmd(
-            Command::new("cargo")
-                .current_dir(workspace_root().join("agent"))
-                .env("RUSTC_BOOTSTRAP", "1")
-                .args([
-                    "fuzz",
-                    "run",
-                    // Unoptimized: the smoke run proves the harness builds and runs, and
-                    // an optimized sanitizer build of every dependency costs minutes.
-                    "--dev",
-                    t,
-                    "--",
-                    &format!("-max_total_time={FUZZ_SMOKE_SECONDS}"),
-                ]),
-        )?;
+
+    #[test]
+    fn libfuzzer_runs_are_read_from_its_closing_line() {
+        let log = "#2342\tDONE   cov: 20466 ft: 47722\nDone 2342 runs in 21 second(s)\n";
+        assert_eq!(crate::fuzz::libfuzzer_runs(log), Some(2342));
+        assert_eq!(crate::fuzz::libfuzzer_runs("crashed"), None);
     }
-    Ok(targets)
 }

@@ -130,6 +130,7 @@ async fn cluster_mode_annotates_the_node_switches_and_reports_refused_policies()
         ebpf: Ok(()),
         undeletable: vec![],
         log: log.clone(),
+        given: Arc::default(),
         refuse_applies: Arc::default(),
     };
     let opts = RunOptions {

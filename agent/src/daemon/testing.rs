@@ -10,10 +10,13 @@ use weir_policy::desired::{Delta, Desired};
 use weir_policy::model::ObjectError;
 
 pub type Log = Arc<Mutex<Vec<String>>>;
+/// The desired state a recording dataplane was last given (refused or not).
+pub type Given = Arc<Mutex<Option<Desired>>>;
 
 pub struct Recording {
     kind: DataplaneKind,
     log: Log,
+    given: Given,
     refuse_applies: Arc<AtomicBool>,
 }
 
@@ -21,14 +24,16 @@ impl Dataplane for Recording {
     fn kind(&self) -> DataplaneKind {
         self.kind
     }
-    fn reconcile(&mut self, _: &Desired) -> Result<ApplyReport, DataplaneError> {
+    fn reconcile(&mut self, desired: &Desired) -> Result<ApplyReport, DataplaneError> {
+        *self.given.lock().unwrap() = Some(desired.clone());
         self.log
             .lock()
             .unwrap()
             .push(format!("reconcile {}", self.kind));
         Ok(ApplyReport::default())
     }
-    fn apply(&mut self, _: &Delta, _: &Desired) -> Result<ApplyReport, DataplaneError> {
+    fn apply(&mut self, _: &Delta, desired: &Desired) -> Result<ApplyReport, DataplaneError> {
+        *self.given.lock().unwrap() = Some(desired.clone());
         self.log
             .lock()
             .unwrap()
@@ -53,6 +58,7 @@ pub struct RecordingNode {
     pub ebpf: Result<(), String>,
     pub undeletable: Vec<&'static str>,
     pub log: Log,
+    pub given: Given,
     /// While set, every `apply` fails (a whole-operation dataplane error).
     pub refuse_applies: Arc<AtomicBool>,
 }
@@ -66,6 +72,7 @@ impl Backends for RecordingNode {
         Ok(Box::new(Recording {
             kind,
             log: self.log.clone(),
+            given: self.given.clone(),
             refuse_applies: self.refuse_applies.clone(),
         }))
     }

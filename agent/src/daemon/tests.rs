@@ -8,7 +8,7 @@ use super::metrics::Metrics;
 use super::run::{Daemon, Health, RunOptions};
 use super::select::DataplaneChoice;
 use super::status::Status;
-use super::testing::{Log, RecordingNode};
+use super::testing::{Given, Log, RecordingNode};
 use crate::dataplane::DataplaneKind;
 use crate::source::event::{Batch, Event};
 use weir_policy::manifest::parse_str;
@@ -19,6 +19,7 @@ struct World {
     health: Arc<Health>,
     metrics: Arc<Metrics>,
     refuse_applies: Arc<AtomicBool>,
+    given: Given,
     daemon: Daemon<RecordingNode>,
 }
 
@@ -35,10 +36,12 @@ fn world(tag: &str, ebpf: Result<(), String>, undeletable: Vec<&'static str>) ->
         resync: Duration::from_secs(60),
     };
     let refuse_applies = Arc::new(AtomicBool::new(false));
+    let given = Given::default();
     let node = RecordingNode {
         ebpf,
         undeletable,
         log: log.clone(),
+        given: given.clone(),
         refuse_applies: refuse_applies.clone(),
     };
     let metrics = Arc::new(Metrics::new());
@@ -49,6 +52,7 @@ fn world(tag: &str, ebpf: Result<(), String>, undeletable: Vec<&'static str>) ->
         health,
         metrics,
         refuse_applies,
+        given,
         daemon,
     }
 }
@@ -213,11 +217,20 @@ fn a_failed_apply_is_reported_and_the_next_batch_converges_on_everything() {
         s.errors
     );
     w.refuse_applies.store(false, Ordering::Relaxed);
+    *w.given.lock().unwrap() = None;
     w.daemon.handle(batch(3, vec![]));
-    assert_eq!(
-        w.take_log(),
-        ["reconcile ebpf"],
-        "the missed change is not lost"
+    assert_eq!(w.take_log(), ["reconcile ebpf"]);
+    // The missed change is not lost: the reconcile is given the pod the refused apply had.
+    let given = w
+        .given
+        .lock()
+        .unwrap()
+        .take()
+        .expect("the reconcile's desired state");
+    assert!(
+        given.endpoints.contains_key("x/a"),
+        "the reconcile after a refused apply lacks x/a: {:?}",
+        given.endpoints.keys().collect::<Vec<_>>()
     );
     let s = w.status();
     assert!(s.converged && s.errors.is_empty(), "{s:?}");

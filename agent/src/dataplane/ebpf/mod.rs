@@ -675,7 +675,6 @@ impl EbpfDataplane {
         self.kernel.upsert_service(&mut self.maps, &target, errors);
         self.kernel
             .upsert_endpoint_by_id(&mut self.maps, &target, errors);
-
     }
 
     /// Attaches pods whose interface is new; their ENDPOINT entries are in place already.

@@ -72,6 +72,9 @@ pub struct IptablesDataplane {
     /// The node at the last full write (a bridge: rules match bridge ports with physdev;
     /// IPVS: its hook); a change asks for a full write.
     shape: Option<NodeShape>,
+    /// Script lines (ipset and iptables-restore) the last write sent, in `status()`: a
+    /// change to one endpoint must cost lines for that endpoint, not for the node.
+    last_write_lines: usize,
 }
 
 impl IptablesDataplane {
@@ -114,6 +117,7 @@ impl IptablesDataplane {
             pod_netns_dir: config.pod_netns_dir,
             bridge_ports: BTreeMap::new(),
             shape: None,
+            last_write_lines: 0,
         })
     }
 
@@ -127,6 +131,7 @@ impl IptablesDataplane {
         full: bool,
         report: &mut ApplyReport,
     ) -> Result<(), DataplaneError> {
+        self.last_write_lines = 0;
         let links = pod_ports::NodeLinks::read();
         let bridged = match &links {
             Ok(l) => l.has_bridge(),
@@ -216,7 +221,7 @@ impl IptablesDataplane {
                 );
             }
         }
-        run_ipset(&adds)?;
+        self.run_ipset(&adds)?;
 
         for family in Family::ALL {
             let saved = if full {
@@ -244,6 +249,7 @@ impl IptablesDataplane {
                 source: Box::new(e),
             })?;
             if let Some(script) = script {
+                self.last_write_lines += script.lines().count();
                 self.backend.restore(family, &script).map_err(|e| {
                     DataplaneError::tool(format!("{} {family} restore", self.backend), e)
                 })?;
@@ -267,10 +273,10 @@ impl IptablesDataplane {
                 }
                 _ => sets::replace_script(&k, &existing, &mut script),
             }
-            run_ipset(&script)?;
+            self.run_ipset(&script)?;
             desired.sets.insert(k.id, k);
         }
-        run_ipset(&dels)?;
+        self.run_ipset(&dels)?;
         let stale: BTreeSet<String> = if full {
             stale_kernel_sets(&desired)?
         } else {
@@ -385,6 +391,7 @@ impl Dataplane for IptablesDataplane {
             details: vec![
                 ("backend".into(), self.backend.to_string()),
                 ("in_sync".into(), programmed.is_some().to_string()),
+                ("last_write_lines".into(), self.last_write_lines.to_string()),
             ],
         }
     }
@@ -394,11 +401,14 @@ fn other(e: exec::ExecError) -> DataplaneError {
     DataplaneError::tool("iptables dataplane", e)
 }
 
-fn run_ipset(script: &str) -> Result<(), DataplaneError> {
-    if script.is_empty() {
-        return Ok(());
+impl IptablesDataplane {
+    fn run_ipset(&mut self, script: &str) -> Result<(), DataplaneError> {
+        if script.is_empty() {
+            return Ok(());
+        }
+        self.last_write_lines += script.lines().count();
+        Ok(ipset_restore::run(script, true)?)
     }
-    Ok(ipset_restore::run(script, true)?)
 }
 
 /// A rule that names a set the desired state lacks would make the whole table's restore
