@@ -667,14 +667,14 @@ impl EbpfDataplane {
         errors: &mut Vec<ObjectError>,
     ) {
         self.kernel
-            .upsert_policy(&mut self.maps, &target, name_policy, errors);
-        self.kernel.upsert_identity(&mut self.maps, &target, errors);
-        self.kernel.delete_identity(&mut self.maps, &target, errors);
-        self.kernel.upsert_endpoint(&mut self.maps, &target, errors);
-        self.kernel.upsert_local(&mut self.maps, &target, errors);
-        self.kernel.upsert_service(&mut self.maps, &target, errors);
+            .upsert_policy(&mut self.maps, target, name_policy, errors);
+        self.kernel.upsert_identity(&mut self.maps, target, errors);
+        self.kernel.delete_identity(&mut self.maps, target, errors);
+        self.kernel.upsert_endpoint(&mut self.maps, target, errors);
+        self.kernel.upsert_local(&mut self.maps, target, errors);
+        self.kernel.upsert_service(&mut self.maps, target, errors);
         self.kernel
-            .upsert_endpoint_by_id(&mut self.maps, &target, errors);
+            .upsert_endpoint_by_id(&mut self.maps, target, errors);
     }
 
     /// Attaches pods whose interface is new; their ENDPOINT entries are in place already.
@@ -780,11 +780,11 @@ impl EbpfDataplane {
         name_policy: &dyn Fn(&policy_map::PolicyEntry) -> String,
         errors: &mut Vec<ObjectError>,
     ) {
-        self.kernel.delete_endpoint(&mut self.maps, &target, errors);
-        self.kernel.delete_local(&mut self.maps, &target, errors);
-        self.kernel.delete_service(&mut self.maps, &target, errors);
+        self.kernel.delete_endpoint(&mut self.maps, target, errors);
+        self.kernel.delete_local(&mut self.maps, target, errors);
+        self.kernel.delete_service(&mut self.maps, target, errors);
         self.kernel
-            .delete_endpoint_by_id(&mut self.maps, &target, errors);
+            .delete_endpoint_by_id(&mut self.maps, target, errors);
         for ifindex in released {
             if !self.kernel.endpoint.contains_key(&ifindex) {
                 newpods::release_pins(&self.layout, ifindex);
@@ -803,7 +803,7 @@ impl EbpfDataplane {
             }
         }
         self.kernel
-            .delete_policy(&mut self.maps, &target, name_policy, errors);
+            .delete_policy(&mut self.maps, target, name_policy, errors);
     }
 }
 
