@@ -94,6 +94,10 @@ struct Cell {
     /// The agent runs from weir's image under runc with the DaemonSet's spec
     /// (`--agent-image`), not as the test's own binary.
     from_image: bool,
+    /// A dataplane variant the agent is told to use (`--agent-arg`): `legacy` (the
+    /// iptables dataplane on iptables-legacy), `netlink` (eBPF attached with netlink
+    /// clsact filters, as on 5.10–6.5 kernels), or "" for what the node chooses.
+    variant: &'static str,
 }
 
 impl Cell {
@@ -111,6 +115,22 @@ impl Cell {
             proxy,
             subset,
             from_image: false,
+            variant: "",
+        }
+    }
+
+    /// The same cell on a dataplane variant (see [`Cell::variant`]).
+    const fn with_variant(self, variant: &'static str) -> Cell {
+        Cell { variant, ..self }
+    }
+
+    /// The agent flag that forces the variant, and how to see that it took.
+    fn variant_flag(&self) -> Option<&'static str> {
+        match self.variant {
+            "" => None,
+            "legacy" => Some("--agent-arg=--iptables-backend=legacy"),
+            "netlink" => Some("--agent-arg=--ebpf-attach=netlink"),
+            other => panic!("unknown variant {other:?}"),
         }
     }
 
@@ -129,8 +149,11 @@ impl Cell {
             self.api,
             self.topology,
             self.proxy,
-            if self.from_image { ", agent image" } else { "" }
-        )
+            if self.from_image { ", agent image" } else { "" },
+        ) + &match self.variant {
+            "" => String::new(),
+            v => format!(" [{v}]"),
+        }
     }
 
     fn tag(&self) -> String {
@@ -140,8 +163,11 @@ impl Cell {
             self.api,
             self.topology,
             self.proxy,
-            if self.from_image { "-image" } else { "" }
-        )
+            if self.from_image { "-image" } else { "" },
+        ) + &match self.variant {
+            "" => String::new(),
+            v => format!("-{v}"),
+        }
     }
 
     fn through_services(&self) -> bool {
@@ -150,8 +176,9 @@ impl Cell {
 }
 
 /// The cells `cargo xtask test` runs: the first is the reference of the differential
-/// check. The last two run the agent from the image, as the DaemonSet does.
-const CI_CELLS: [Cell; 10] = [
+/// check. Two run the agent from the image, as the DaemonSet does; the last two each
+/// dataplane's other variant (iptables-legacy, eBPF's netlink attachment).
+const CI_CELLS: [Cell; 12] = [
     Cell::new("ebpf", "file", "routed", "none", None),
     Cell::new("iptables", "file", "routed", "none", None),
     Cell::new("ebpf", "server", "routed", "none", None),
@@ -168,6 +195,8 @@ const CI_CELLS: [Cell; 10] = [
     ),
     Cell::new("ebpf", "file", "routed", "none", Some(BRIDGE_SUBSET)).in_container(),
     Cell::new("iptables", "server", "bridge", "none", Some(BRIDGE_SUBSET)).in_container(),
+    Cell::new("iptables", "file", "routed", "none", Some(BRIDGE_SUBSET)).with_variant("legacy"),
+    Cell::new("ebpf", "file", "routed", "none", Some(BRIDGE_SUBSET)).with_variant("netlink"),
 ];
 
 fn full_matrix_requested() -> bool {
@@ -189,6 +218,8 @@ fn full_cells() -> Vec<Cell> {
         cells.push(Cell::new(dataplane, "server", "routed", "none", None));
         cells.push(Cell::new(dataplane, "server", "routed", "none", None).in_container());
     }
+    cells.push(Cell::new("iptables", "file", "routed", "none", None).with_variant("legacy"));
+    cells.push(Cell::new("ebpf", "file", "routed", "none", None).with_variant("netlink"));
     cells
 }
 
@@ -204,10 +235,11 @@ fn cells() -> Vec<Cell> {
     }
 }
 
-/// `WEIR_CONFORMANCE_CELLS=dataplane/api/topology/proxy[/subset][/image],...` (`cargo
-/// xtask kernels` chooses what each kernel runs); subset is `bridge` or `proxy`, every
-/// scenario without it; `image` runs the agent from weir's image. The first is the
-/// reference of the differential check.
+/// `WEIR_CONFORMANCE_CELLS=dataplane/api/topology/proxy[/subset][/image][/variant],...`
+/// (`cargo xtask kernels` chooses what each kernel runs); subset is `bridge` or `proxy`,
+/// every scenario without it; `image` runs the agent from weir's image; variant is
+/// `legacy` or `netlink` (see [`Cell::variant`]). The first is the reference of the
+/// differential check.
 fn chosen_cells() -> Option<Vec<Cell>> {
     let spec = std::env::var("WEIR_CONFORMANCE_CELLS").ok()?;
     let pick = |value: &str, allowed: &[&'static str]| -> &'static str {
@@ -219,13 +251,21 @@ fn chosen_cells() -> Option<Vec<Cell>> {
         .split(',')
         .map(|c| {
             let mut parts: Vec<&str> = c.trim().split('/').collect();
+            let variant = match parts.last() {
+                Some(&"legacy") => "legacy",
+                Some(&"netlink") => "netlink",
+                _ => "",
+            };
+            if !variant.is_empty() {
+                parts.pop();
+            }
             let from_image = parts.last() == Some(&"image");
             if from_image {
                 parts.pop();
             }
             assert!(
                 (4..=5).contains(&parts.len()),
-                "WEIR_CONFORMANCE_CELLS: {c:?} is not dataplane/api/topology/proxy[/subset][/image]"
+                "WEIR_CONFORMANCE_CELLS: {c:?} is not dataplane/api/topology/proxy[/subset][/image][/variant]"
             );
             let subset = parts.get(4).map(|s| match *s {
                 "bridge" => BRIDGE_SUBSET,
@@ -243,6 +283,7 @@ fn chosen_cells() -> Option<Vec<Cell>> {
                 true => cell.in_container(),
                 false => cell,
             }
+            .with_variant(variant)
         })
         .collect();
     Some(cells)
@@ -253,12 +294,54 @@ fn cell(dataplane: &str, api: &str, topology: &str, proxy: &str) -> Cell {
     let matches = |c: &Cell| {
         (c.dataplane, c.api, c.topology, c.proxy) == (dataplane, api, topology, proxy)
             && !c.from_image
+            && c.variant.is_empty()
     };
     cells()
         .into_iter()
         .find(matches)
         .or_else(|| CI_CELLS.into_iter().find(matches))
         .expect("a CI cell")
+}
+
+/// That the agent runs the cell's variant, as the node shows it: weir's chains in
+/// iptables-legacy and none in nft, or weir's programs as netlink filters on the pods'
+/// interfaces (TCX links show no filter).
+fn variant_took(lab: &Lab, cell: Cell) -> Result<(), String> {
+    let node = weir_tests::netns::NetNs::attach(&lab.node_netns());
+    let run =
+        |program: &str, args: &[&str]| node.ok(program, args, None).map_err(|e| e.to_string());
+    match cell.variant {
+        "" => Ok(()),
+        "legacy" => {
+            let legacy = run("iptables-legacy-save", &[])?;
+            let nft = run("iptables-nft-save", &[])?;
+            match (legacy.contains(":WEIR-"), nft.contains(":WEIR-")) {
+                (true, false) => Ok(()),
+                (l, n) => Err(format!("weir's chains in legacy: {l}, in nft: {n}")),
+            }
+        }
+        "netlink" => {
+            let links = run("ip", &["-o", "link", "show"])?;
+            let pods: Vec<&str> = links
+                .lines()
+                .filter_map(|l| l.split(": ").nth(1)?.split('@').next())
+                .filter(|n| n.starts_with("lxc"))
+                .collect();
+            let with_filter = pods
+                .iter()
+                .filter(|dev| {
+                    run("tc", &["filter", "show", "dev", dev, "ingress"])
+                        .is_ok_and(|f| f.contains("weir_from_pod"))
+                })
+                .count();
+            match (pods.len(), with_filter) {
+                (0, _) => Err(format!("no pod interfaces in the node: {links}")),
+                (n, f) if n == f => Ok(()),
+                (n, f) => Err(format!("{f} of {n} pod interfaces carry a netlink filter")),
+            }
+        }
+        other => Err(format!("unknown variant {other:?}")),
+    }
 }
 
 /// What one cell did: every step's matrix (labelled `NN scenario / step S`, with ` (ipv6)`
@@ -304,6 +387,7 @@ fn run_suite(cell: Cell) -> SuiteRun {
     if let Some(image) = &image {
         up.extend(["--agent-image", image.as_str()]);
     }
+    up.extend(cell.variant_flag());
     up.push(world.to_str().unwrap());
     // A cell that cannot come up fails on its own: the others' results still get printed.
     if let Err(e) = lab.weir(&up) {
@@ -317,6 +401,10 @@ fn run_suite(cell: Cell) -> SuiteRun {
         };
     }
     eprintln!("{name}: lab up in {:.1?}", started.elapsed());
+    let mut variant_failures = Vec::new();
+    if let Err(e) = variant_took(&lab, cell) {
+        variant_failures.push(format!("{name}: variant {}: {e}", cell.variant));
+    }
     let pods: serde_json::Value =
         serde_json::from_str(&lab.weir(&["pods", "--output", "json"]).unwrap()).unwrap();
     let ips: Addresses = pods
@@ -340,7 +428,7 @@ fn run_suite(cell: Cell) -> SuiteRun {
     }
     let mut run = SuiteRun {
         matrices: BTreeMap::new(),
-        failures: Vec::new(),
+        failures: variant_failures,
         scenarios: 0,
         elapsed: Duration::ZERO,
         not_run: None,
@@ -583,16 +671,21 @@ fn every_cell_gives_the_same_matrices() {
             cell.subset.is_none(),
         ));
     }
-    if full_matrix_requested() || chosen_cells().is_some() {
-        eprintln!(
-            "{}",
-            table(
-                &runs
-                    .iter()
-                    .map(|(c, r)| (*c, r.get().expect("run")))
-                    .collect::<Vec<_>>()
-            )
-        );
+    let table = table(
+        &runs
+            .iter()
+            .map(|(c, r)| (*c, r.get().expect("run")))
+            .collect::<Vec<_>>(),
+    );
+    eprintln!("{table}");
+    // Kept where `cargo xtask test` prints it: what ran on which dataplane, variant and
+    // family, even when every cell passes and the test's output is captured.
+    // (A read-only tree, as in `cargo xtask kernels`' guests, keeps it in the log only.)
+    let out = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/conformance");
+    if let Err(e) =
+        std::fs::create_dir_all(&out).and_then(|()| std::fs::write(out.join("latest.txt"), &table))
+    {
+        eprintln!("conformance table not kept in {}: {e}", out.display());
     }
     assert!(
         differences.is_empty(),
@@ -657,14 +750,16 @@ fn table(runs: &[(Cell, &SuiteRun)]) -> String {
     );
     let _ = writeln!(
         out,
-        "{:<9} {:<7} {:<8} {:<9} {:<6} {:>9} {:>6} {:>8} {:>8} {:>8}  result",
+        "{:<9} {:<7} {:<8} {:<9} {:<6} {:<8} {:>9} {:>6} {:>5} {:>8} {:>8} {:>8}  result",
         "dataplane",
         "api",
         "topology",
         "proxy",
         "agent",
+        "variant",
         "scenarios",
         "steps",
+        "ipv6",
         "probes",
         "failures",
         "time"
@@ -678,14 +773,19 @@ fn table(runs: &[(Cell, &SuiteRun)]) -> String {
         };
         let _ = writeln!(
             out,
-            "{:<9} {:<7} {:<8} {:<9} {:<6} {:>9} {:>6} {:>8} {:>8} {:>7.0}s  {result}",
+            "{:<9} {:<7} {:<8} {:<9} {:<6} {:<8} {:>9} {:>6} {:>5} {:>8} {:>8} {:>7.0}s  {result}",
             cell.dataplane,
             cell.api,
             cell.topology,
             cell.proxy,
             if cell.from_image { "image" } else { "binary" },
+            match cell.variant {
+                "" => "auto",
+                v => v,
+            },
             run.scenarios,
             run.matrices.len(),
+            run.matrices.keys().filter(|k| k.contains("(ipv6)")).count(),
             probes,
             run.failures.len(),
             run.elapsed.as_secs_f64(),

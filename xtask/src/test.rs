@@ -123,8 +123,20 @@ pub fn run() -> Result<()> {
     run_cmd(cargo().args(["build", "--package", "weir", "--bins"]))?;
     crate::image::for_tests().context("building the image the tests run the agent from")?;
     let host_before = crate::host_guard::snapshot()?;
+    let conformance_table = workspace_root().join("target/conformance/latest.txt");
+    let _ = std::fs::remove_file(&conformance_table);
     let integration = cargo_test(&["--workspace", "--no-fail-fast", "--test", "*"])?;
     let integration_counts = integration.check_every_binary_ran(&integration_sources()?);
+    // What the conformance suite ran, by cell (dataplane, variant, IPv6 steps).
+    let conformance = std::fs::read_to_string(&conformance_table).with_context(|| {
+        format!(
+            "the conformance suite left no table in {}",
+            conformance_table.display()
+        )
+    });
+    if let Ok(table) = &conformance {
+        println!("{table}");
+    }
     let host_guard = crate::host_guard::snapshot().and_then(|after| {
         crate::host_guard::check_unchanged(&host_before, &after, "the integration tests")
     });
@@ -155,6 +167,7 @@ pub fn run() -> Result<()> {
         }
     }
     integration_counts?;
+    conformance?;
     host_guard?;
     bench_host_guard?;
     kernels.context("the quick kernel run on 5.10 failed")?;

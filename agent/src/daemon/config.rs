@@ -14,6 +14,44 @@ pub enum LogFormat {
     Text,
 }
 
+/// `--ebpf-attach`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum AttachChoice {
+    Auto,
+    Tcx,
+    Netlink,
+}
+
+impl AttachChoice {
+    pub fn mode(self) -> Option<crate::dataplane::ebpf::AttachMode> {
+        use crate::dataplane::ebpf::AttachMode;
+        match self {
+            AttachChoice::Auto => None,
+            AttachChoice::Tcx => Some(AttachMode::Tcx),
+            AttachChoice::Netlink => Some(AttachMode::Netlink),
+        }
+    }
+}
+
+/// `--iptables-backend`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum BackendChoice {
+    Auto,
+    Legacy,
+    Nft,
+}
+
+impl BackendChoice {
+    pub fn backend(self) -> Option<crate::netfilter::backend::Backend> {
+        use crate::netfilter::backend::Backend;
+        match self {
+            BackendChoice::Auto => None,
+            BackendChoice::Legacy => Some(Backend::Legacy),
+            BackendChoice::Nft => Some(Backend::Nft),
+        }
+    }
+}
+
 /// Run the node agent. Without --manifests it watches the Kubernetes API (cluster mode,
 /// in-cluster config or KUBECONFIG); with --manifests it enforces the objects of a file.
 #[derive(Args, Clone, Debug)]
@@ -127,6 +165,19 @@ pub struct AgentArgs {
         default_value = crate::dataplane::pod_ports::DEFAULT_POD_NETNS_DIR
     )]
     pub pod_netns_dir: PathBuf,
+
+    /// How the eBPF dataplane attaches to pod interfaces. auto: a TCX link where the kernel
+    /// has TCX (6.6 and later), a netlink clsact filter otherwise. netlink forces the path
+    /// 5.10–6.5 kernels take, also on a newer kernel (tests run it so); tcx refuses to start
+    /// where the kernel lacks it.
+    #[arg(long, env = "WEIR_EBPF_ATTACH", value_enum, default_value_t = AttachChoice::Auto)]
+    pub ebpf_attach: AttachChoice,
+
+    /// Which iptables backend the iptables dataplane writes. auto: the one the node's
+    /// other rules use (kubelet's and kube-proxy's chains; nft when there are none).
+    /// legacy or nft forces it: weir's rules then live where the others may not look.
+    #[arg(long, env = "WEIR_IPTABLES_BACKEND", value_enum, default_value_t = BackendChoice::Auto)]
+    pub iptables_backend: BackendChoice,
 
     /// Optional YAML file whose keys are these flags' long names (`resync-seconds: 30`).
     #[arg(long, env = "WEIR_CONFIG", value_name = "FILE")]

@@ -87,7 +87,8 @@ async fn run_agent(args: AgentArgs) -> anyhow::Result<()> {
     };
     let backends = node::NodeBackends::new(args.bpf_root.clone())
         .with_new_pods(args.new_pods())
-        .with_pod_netns_dir(args.pod_netns_dir.clone());
+        .with_pod_netns_dir(args.pod_netns_dir.clone())
+        .with_variants(args.ebpf_attach.mode(), args.iptables_backend.backend());
     match &args.manifests {
         Some(path) => {
             tracing::info!(manifests = %path.display(), "file mode");

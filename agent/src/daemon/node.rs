@@ -5,16 +5,21 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use super::enforcer::{Backends, Cleanup, CleanupReport};
-use crate::dataplane::ebpf::{self, EbpfConfig, EbpfDataplane};
+use crate::dataplane::ebpf::{self, AttachMode, EbpfConfig, EbpfDataplane};
 use crate::dataplane::iptables::{IptablesConfig, IptablesDataplane};
 use crate::dataplane::new_pods::NewPodIsolation;
 use crate::dataplane::{Dataplane, DataplaneError, DataplaneKind};
+use crate::netfilter::backend::Backend;
 use crate::reset::{self, AzureNpm, ResetOptions, ResetReport};
 
 pub struct NodeBackends {
     bpf_root: PathBuf,
     new_pods: NewPodIsolation,
     pod_netns_dir: PathBuf,
+    /// None: TCX where the kernel has it.
+    attach_mode: Option<AttachMode>,
+    /// None: detected.
+    iptables_backend: Option<Backend>,
 }
 
 impl NodeBackends {
@@ -23,7 +28,20 @@ impl NodeBackends {
             bpf_root,
             new_pods: NewPodIsolation::default(),
             pod_netns_dir: crate::dataplane::pod_ports::DEFAULT_POD_NETNS_DIR.into(),
+            attach_mode: None,
+            iptables_backend: None,
         }
+    }
+
+    /// `--ebpf-attach` and `--iptables-backend`: None chooses by the kernel and the node.
+    pub fn with_variants(
+        mut self,
+        attach_mode: Option<AttachMode>,
+        iptables_backend: Option<Backend>,
+    ) -> Self {
+        self.attach_mode = attach_mode;
+        self.iptables_backend = iptables_backend;
+        self
     }
 
     /// Where pods' network namespaces are (bridge ports are found through them).
@@ -64,12 +82,13 @@ impl Backends for NodeBackends {
                 pin_root: self.bpf_root.clone(),
                 new_pods: self.new_pods.clone(),
                 pod_netns_dir: self.pod_netns_dir.clone(),
+                attach_mode: self.attach_mode,
                 ..Default::default()
             })?),
             DataplaneKind::Iptables => Box::new(IptablesDataplane::new(IptablesConfig {
                 new_pods: self.new_pods.clone(),
                 pod_netns_dir: self.pod_netns_dir.clone(),
-                ..Default::default()
+                backend: self.iptables_backend,
             })?),
         })
     }

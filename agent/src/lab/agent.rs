@@ -62,6 +62,7 @@ pub fn start(dir: &LabDir, state: &LabState) -> Result<u32, LabError> {
             args.extend(["--poll-ms".into(), "10".into()]);
         }
     }
+    args.extend(state.agent_args.iter().cloned());
     let mut command = match &state.agent_container {
         Some(c) => container::command(
             c,

@@ -81,6 +81,12 @@ pub struct UpArgs {
     /// run directly in the node namespace.
     #[arg(long, value_name = "LAYOUT[:TAG]")]
     pub agent_image: Option<String>,
+    /// A flag for the lab's agent, after the lab's own (repeatable), kept for every later
+    /// start: `--agent-arg=--ebpf-attach=netlink` runs the eBPF dataplane's netlink
+    /// attachment, `--agent-arg=--iptables-backend=legacy` the legacy iptables backend, as
+    /// a node configured so would.
+    #[arg(long = "agent-arg", value_name = "FLAG", allow_hyphen_values = true)]
+    pub agent_args: Vec<String>,
     #[command(flatten)]
     pub wait: WaitArgs,
     #[arg(required = true)]
@@ -326,6 +332,7 @@ fn up_lab(dir: &LabDir, up: &UpArgs) -> anyhow::Result<()> {
         services: up.services,
         proxy: up.proxy,
         agent_image: up.agent_image.clone(),
+        agent_args: up.agent_args.clone(),
     };
     ops::up(dir, &opts, &up.manifests).context("weir lab up")
 }

@@ -39,6 +39,8 @@ pub struct UpOptions {
     pub proxy: ProxyMode,
     /// `--agent-image`: the agent runs from this image under runc.
     pub agent_image: Option<String>,
+    /// `--agent-arg`: flags for the agent, after the lab's.
+    pub agent_args: Vec<String>,
 }
 
 /// The Node a server-mode lab's agent runs as when the manifests name none.
@@ -78,6 +80,7 @@ pub fn up(dir: &LabDir, opts: &UpOptions, manifests: &[PathBuf]) -> Result<(), L
         services: opts.services,
         proxy: None,
         agent_container: None,
+        agent_args: opts.agent_args.clone(),
     };
     // The image is unpacked and the DaemonSet read before anything is built: a lab that
     // cannot run them is refused at once. (Without an agent too: `weir lab agent start`

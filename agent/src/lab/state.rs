@@ -102,6 +102,9 @@ pub struct LabState {
     /// `--agent-image`: the agent's container. None: the agent runs directly.
     #[serde(default)]
     pub agent_container: Option<super::container::AgentContainer>,
+    /// `--agent-arg`: the agent's own flags, after the lab's, at every start.
+    #[serde(default)]
+    pub agent_args: Vec<String>,
 }
 
 /// The control plane of a lab in server mode (files in [`LabDir::api_dir`]).
@@ -250,6 +253,7 @@ mod tests {
             services: Default::default(),
             proxy: None,
             agent_container: None,
+            agent_args: Vec::new(),
         };
         let mut json: serde_json::Value = serde_json::to_value(&state).unwrap();
         assert_eq!(json["topology"], "bridge");
