@@ -2,7 +2,7 @@
 
 use std::{
     collections::BTreeSet,
-    net::{IpAddr, Ipv4Addr},
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
 };
 
 use weir_policy::desired::{
@@ -81,4 +81,44 @@ pub fn desired(sets: Vec<AddressSet>, endpoints: Vec<Endpoint>) -> Desired {
         endpoints: endpoints.into_iter().map(|e| (e.pod.clone(), e)).collect(),
         frontends: Default::default(),
     }
+}
+
+/// Pods `x/a`, `x/b` and `x/c`, where b (at `b` and `b6`) admits every port and protocol from ipBlock `0.0.0.0/0` and
+/// `::/0`, except `except` and `except6`: the whole address space with holes (hash:net
+/// cannot hold a /0; the eBPF trie holds IPv4's as the 96-bit IPv4-mapped prefix). Both
+/// dataplanes' tests run this same state.
+pub fn whole_space_except(
+    a: (Ipv4Addr, Ipv6Addr),
+    (b, b6): (Ipv4Addr, Ipv6Addr),
+    (except, except6): (Ipv4Addr, Ipv6Addr),
+) -> Desired {
+    let block = AddressSet {
+        id: SetId(7),
+        definition: "ipBlock 0.0.0.0/0 and ::/0 except c".into(),
+        members: [
+            ("0.0.0.0/0".to_string(), false),
+            ("::/0".to_string(), false),
+            (format!("{except}/32"), true),
+            (format!("{except6}/128"), true),
+        ]
+        .into_iter()
+        .map(|(net, except)| Member {
+            net: net.parse().expect("a CIDR"),
+            except,
+        })
+        .collect(),
+    };
+    let any_port = Rule {
+        ports: Ports::All,
+        ..tcp_rule(Peer::Set(SetId(7)), 0, 0, "x/block", 0)
+    };
+    let mut target = endpoint("x/b", b, Some(vec![any_port]), None);
+    target.ipv6 = Some(b6);
+    // a and c are local pods too, isolated in neither direction (a pod interface that is
+    // no endpoint's stays isolated as a new pod).
+    let peers = [("x/a", a), ("x/c", (except, except6))].map(|(pod, (ip, ip6))| Endpoint {
+        ipv6: Some(ip6),
+        ..endpoint(pod, ip, None, None)
+    });
+    desired(vec![block], [target].into_iter().chain(peers).collect())
 }

@@ -200,3 +200,18 @@ impl Drop for ContinuousProbe {
         }
     }
 }
+
+/// What [`crate::desired::whole_space_except`] promises on a world of pods a, b and c,
+/// probed: a reaches b over IPv4 (TCP and UDP: every protocol) and IPv6; c, the except,
+/// reaches b over neither family.
+pub fn check_whole_space_except(world: &crate::pods::World, b: Ipv4Addr, b6: Ipv6Addr) {
+    const T: Duration = Duration::from_millis(500);
+    let (a, c) = (&world.pod("a").ns, &world.pod("c").ns);
+    let (to_b, to_b6) = (SocketAddr::from((b, 80)), SocketAddr::from((b6, 80)));
+    assert!(tcp_from(a, to_b, T), "a is in 0.0.0.0/0");
+    assert!(udp_from(a, to_b, T), "every protocol is allowed");
+    // Neighbour discovery may take a few tries; an allowed probe only gets retries.
+    assert!((0..10).any(|_| tcp_from(a, to_b6, T)), "a is in ::/0");
+    assert!(!tcp_from(c, to_b, T), "c is the IPv4 except");
+    assert!(!tcp_from(c, to_b6, T), "c is the IPv6 except");
+}

@@ -12,14 +12,15 @@ use weir::dataplane::{
 };
 use weir_policy::desired::{Desired, Peer, Protocol, SetId};
 use weir_tests::{
-    desired::{addr_set, desired, endpoint, pod_set, port_rule, tcp_rule},
+    desired::{addr_set, desired, endpoint, pod_set, port_rule, tcp_rule, whole_space_except},
     pods::{enter, World},
-    probe::{tcp_from, udp_from, EchoServers},
+    probe::{check_whole_space_except, tcp_from, udp_from, EchoServers},
     require_root_and_tools, PinRoot,
 };
 
 const A: Ipv4Addr = Ipv4Addr::new(10, 200, 0, 1);
 const B: Ipv4Addr = Ipv4Addr::new(10, 200, 0, 2);
+const C: Ipv4Addr = Ipv4Addr::new(10, 200, 0, 3);
 const T: Duration = Duration::from_millis(500);
 
 /// b admits TCP `first..=last` from a only; a admits nothing (so replies to a's own
@@ -73,7 +74,8 @@ fn allowed_passes_denied_drops_replies_pass_and_changes_apply_live() {
     require_root_and_tools();
     let world = World::new("ebpf1", &[("a", A), ("b", B)]);
     let root = PinRoot::new("ebpf1");
-    let _servers = EchoServers::start(&world.pod("b").ns, &[80, 81]);
+    // 79 and 82 are one past each end of the range the rule is widened to below.
+    let _servers = EchoServers::start(&world.pod("b").ns, &[79, 80, 81, 82]);
     let a_ns = world.pod("a").ns.clone();
     let to_b = |port| SocketAddr::from((B, port));
 
@@ -146,10 +148,14 @@ fn allowed_passes_denied_drops_replies_pass_and_changes_apply_live() {
     .join()
     .unwrap();
     eprintln!("map-update latency for one policy change (port 80 -> 80-81): {latency:?}");
-    assert!(
-        tcp_from(&a_ns, to_b(81), T),
-        "a->b:81 must pass after the change"
-    );
+    // The range's edges: its first and last port in, one past each end out.
+    for (port, allowed) in [(79, false), (80, true), (81, true), (82, false)] {
+        assert_eq!(
+            tcp_from(&a_ns, to_b(port), T),
+            allowed,
+            "a->b:{port} with the rule at 80-81"
+        );
+    }
     assert_eq!(dp.program_ids().unwrap(), ids, "programs were reloaded");
 
     // Remove the rule (b stays isolated): new connections to 80 are dropped at once.
@@ -398,4 +404,28 @@ fn weir_monitor_streams_rate_limited_drop_events_as_json() {
         suppressed.unwrap_or(0) > 0,
         "a flood must be counted, not all sent"
     );
+}
+
+/// ipBlock 0.0.0.0/0 and ::/0 except c, as the iptables dataplane's test runs it: the
+/// IPv4 block is the trie's IPv4-mapped /96, IPv6's the /0, and each except a longer
+/// prefix that maps to no set.
+#[test]
+fn ip_block_excepts_carve_holes_out_of_the_whole_address_space() {
+    require_root_and_tools();
+    let world = World::new("ebpf6", &[("a", A), ("b", B), ("c", C)]);
+    let root = PinRoot::new("ebpf6");
+    let ip = |pod: &str| (world.pod(pod).ip, world.pod(pod).ip6);
+    // Bound to [::]: one server for both families.
+    let _servers = EchoServers::start_v6(&world.pod("b").ns, &[80]);
+    let state = whole_space_except(ip("a"), ip("b"), ip("c"));
+    assert!(
+        tcp_from(&world.pod("a").ns, SocketAddr::from((B, 80)), T),
+        "world broken: a cannot reach b:80 without policy"
+    );
+    let _dp = with_dataplane(&world, &root, move |mut dp| {
+        let report = dp.reconcile(&state).expect("reconcile");
+        assert!(report.failures.is_empty(), "{:?}", report.failures);
+        dp
+    });
+    check_whole_space_except(&world, B, world.pod("b").ip6);
 }

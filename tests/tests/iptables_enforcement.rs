@@ -9,11 +9,13 @@ use std::time::{Duration, Instant};
 use weir::dataplane::iptables::IptablesConfig;
 use weir::dataplane::new_pods::NewPodIsolation;
 use weir::netfilter::backend::Backend;
-use weir_policy::desired::{AddressSet, Desired, Member, Peer, Ports, Protocol, Rule, SetId};
-use weir_tests::desired::{addr_set, desired, endpoint, pod_set, port_rule, tcp_rule};
+use weir_policy::desired::{Desired, Peer, Protocol, SetId};
+use weir_tests::desired::{
+    addr_set, desired, endpoint, pod_set, port_rule, tcp_rule, whole_space_except,
+};
 use weir_tests::node_dataplane::NodeDataplane;
 use weir_tests::pods::{run_in, World};
-use weir_tests::probe::{tcp_from, udp_from, EchoServers};
+use weir_tests::probe::{check_whole_space_except, tcp_from, udp_from, EchoServers};
 use weir_tests::require_root_and_tools;
 
 const A: Ipv4Addr = Ipv4Addr::new(10, 201, 0, 1);
@@ -61,7 +63,8 @@ fn start(world: &World, backend: Option<Backend>) -> NodeDataplane {
 fn allowed_denied_and_replies(backend: Backend, tag: &str) {
     require_root_and_tools();
     let world = World::new(tag, &[("a", A), ("b", B), ("c", C)]);
-    let _servers = EchoServers::start(&world.pod("b").ns, &[80, 81]);
+    // 79 and 82 are one past each end of the range the rule is widened to below.
+    let _servers = EchoServers::start(&world.pod("b").ns, &[79, 80, 81, 82]);
     let (a_ns, c_ns) = (world.pod("a").ns.clone(), world.pod("c").ns.clone());
     let to_b = |port| SocketAddr::from((B, port));
     assert!(
@@ -94,6 +97,17 @@ fn allowed_denied_and_replies(backend: Backend, tag: &str) {
         !tcp_from(&c_ns, SocketAddr::from((A, 80)), T),
         "a admits nothing: c->a:80 dropped"
     );
+
+    // Widened to 80-81: the range's first and last port in, one past each end out.
+    let report = dp.apply(&policy(80, 80), &policy(80, 81)).expect("apply");
+    assert!(report.failures.is_empty(), "{:?}", report.failures);
+    for (port, allowed) in [(79, false), (80, true), (81, true), (82, false)] {
+        assert_eq!(
+            tcp_from(&a_ns, to_b(port), T),
+            allowed,
+            "{backend}: a->b:{port} with the rule at 80-81"
+        );
+    }
 }
 
 #[test]
@@ -247,42 +261,21 @@ fn ipv6_allowed_passes_denied_drops_replies_pass() {
     );
 }
 
-/// ipBlock 0.0.0.0/0 except c: hash:net cannot hold /0, so it is split in halves, and
-/// the except is a `nomatch` entry that wins as the longer prefix.
+/// ipBlock 0.0.0.0/0 and ::/0 except c: hash:net cannot hold /0, so it is split in
+/// halves, and the except is a `nomatch` entry that wins as the longer prefix. The eBPF
+/// dataplane's test runs the same state.
 #[test]
 fn ip_block_excepts_carve_holes_out_of_the_whole_address_space() {
     require_root_and_tools();
     let world = World::new("ipt6", &[("a", A), ("b", B), ("c", C)]);
-    let _servers = EchoServers::start(&world.pod("b").ns, &[80]);
-    let block = AddressSet {
-        id: SetId(7),
-        definition: "ipBlock 0.0.0.0/0 except c".into(),
-        members: [("0.0.0.0/0", false), ("10.201.0.3/32", true)]
-            .iter()
-            .map(|(net, except)| Member {
-                net: net.parse().unwrap(),
-                except: *except,
-            })
-            .collect(),
-    };
-    let any_port = Rule {
-        ports: Ports::All,
-        ..tcp_rule(Peer::Set(SetId(7)), 0, 0, "x/block", 0)
-    };
-    let state = desired(
-        vec![block],
-        vec![endpoint("x/b", B, Some(vec![any_port]), None)],
-    );
+    let ip = |pod: &str| (world.pod(pod).ip, world.pod(pod).ip6);
+    // Bound to [::]: one server for both families.
+    let _servers = EchoServers::start_v6(&world.pod("b").ns, &[80]);
+    let state = whole_space_except(ip("a"), ip("b"), ip("c"));
     let mut dp = start(&world, None);
     let report = dp.reconcile(&state).expect("reconcile");
     assert!(report.failures.is_empty(), "{:?}", report.failures);
-    let to_b = SocketAddr::from((B, 80));
-    assert!(tcp_from(&world.pod("a").ns, to_b, T), "a is in 0.0.0.0/0");
-    assert!(
-        udp_from(&world.pod("a").ns, to_b, T),
-        "all protocols allowed"
-    );
-    assert!(!tcp_from(&world.pod("c").ns, to_b, T), "c is the except");
+    check_whole_space_except(&world, B, world.pod("b").ip6);
 }
 
 /// 1000 isolated endpoints with 4 rules each: the full reconcile writes them all, one
