@@ -10,8 +10,7 @@ use crate::cmd::workspace_root;
 #[derive(Clone, Copy)]
 pub struct FuzzOptions {
     pub seconds: u32,
-    /// cargo-fuzz's `-O` (release with debug assertions; see agent/fuzz/Cargo.toml's
-    /// profile) rather than `--dev`.
+    /// cargo-fuzz's `-O` (release with debug assertions) rather than `--dev`.
     pub optimized: bool,
     pub min_runs: u64,
 }
