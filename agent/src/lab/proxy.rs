@@ -258,9 +258,9 @@ pub fn wait_programmed(
             _ => format!("-d {ip}/32 "),
         };
         let backend = |ip: &Ipv4Addr, port: &u16| match mode {
-            ProxyMode::Nftables => format!("to {ip}:{port}"),
-            ProxyMode::Ipvs => format!("-> {:08X}:{port:04X}", u32::from(*ip)),
-            _ => format!("--to-destination {ip}:{port}"),
+            ProxyMode::Nftables => rules.contains(&format!("to {ip}:{port}")),
+            ProxyMode::Ipvs => ipvs_serves(&rules, *ip, *port),
+            _ => rules.contains(&format!("--to-destination {ip}:{port}")),
         };
         missing = ips
             .iter()
@@ -269,7 +269,7 @@ pub fn wait_programmed(
             .chain(
                 endpoints
                     .iter()
-                    .filter(|(ip, port)| !rules.contains(&backend(ip, port)))
+                    .filter(|(ip, port)| !backend(ip, port))
                     .map(|(ip, port)| format!("endpoint {ip}:{port}")),
             )
             .chain(
@@ -280,7 +280,7 @@ pub fn wait_programmed(
             .chain(
                 gone_endpoints
                     .iter()
-                    .filter(|(ip, port)| rules.contains(&backend(ip, port)))
+                    .filter(|(ip, port)| backend(ip, port))
                     .map(|(ip, port)| format!("removed endpoint {ip}:{port} still present")),
             )
             .collect::<Vec<_>>();
@@ -300,6 +300,20 @@ pub fn wait_programmed(
             missing.join(", ")
         ),
     ))
+}
+
+/// Whether /proc/net/ip_vs lists the real server `ip:port` with a weight above zero.
+/// kube-proxy's graceful termination leaves a removed backend listed at weight 0 while
+/// its connections drain, and IPVS sends nothing to it: listed is not serving.
+fn ipvs_serves(table: &str, ip: Ipv4Addr, port: u16) -> bool {
+    let address = format!("{:08X}:{port:04X}", u32::from(ip));
+    table.lines().any(|line| {
+        // "  -> AC120002:1900      Masq    1      0          0"
+        let mut fields = line.split_whitespace();
+        fields.next() == Some("->")
+            && fields.next() == Some(address.as_str())
+            && fields.nth(1).and_then(|w| w.parse::<u32>().ok()) > Some(0)
+    })
 }
 
 /// kube-proxy's rules as text, listed in the node namespace (ipvs: the kernel's table of
@@ -352,4 +366,24 @@ fn not_ready(dir: &LabDir, reason: String) -> LabError {
             lines[lines.len().saturating_sub(15)..].join("\n")
         ),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_ipvs_real_server_at_weight_zero_is_not_serving() {
+        let table = "IP Virtual Server version 1.2.1 (size=4096)
+Prot LocalAddress:Port Scheduler Flags
+  -> RemoteAddress:Port Forward Weight ActiveConn InActConn
+TCP  0A600005:1F90 rr
+  -> 0A0A0003:1F90      Masq    1      0          0
+  -> 0A0A0004:1F90      Masq    0      0          2
+";
+        assert!(ipvs_serves(table, Ipv4Addr::new(10, 10, 0, 3), 8080));
+        assert!(!ipvs_serves(table, Ipv4Addr::new(10, 10, 0, 4), 8080));
+        assert!(!ipvs_serves(table, Ipv4Addr::new(10, 10, 0, 3), 80));
+        assert!(!ipvs_serves(table, Ipv4Addr::new(10, 96, 0, 5), 8080));
+    }
 }
