@@ -265,6 +265,7 @@ pub fn scenarios(ips: &Addresses) -> Vec<Scenario> {
         )
     };
     let x_b = &ips["x/b"];
+    let x_c = &ips["x/c"];
     let y_b = &ips["y/b"];
     let except_x_b = from_a(
         "allow-client-a-via-cidr-egress-rule",
@@ -274,6 +275,13 @@ pub fn scenarios(ips: &Addresses) -> Vec<Scenario> {
             host_cidr(x_b)
         ),
     );
+    let except_b_c = format!(
+        "- to: [{{ipBlock: {{cidr: \"{}\", except: [\"{}\", \"{}\"]}}}}]",
+        large_cidr(x_b),
+        host_cidr(x_b),
+        host_cidr(x_c)
+    );
+    let allow_b = format!("- to: [{{ipBlock: {{cidr: \"{}\"}}}}]", host_cidr(x_b));
     vec![
         Scenario {
             name: "default-deny-ingress",
@@ -778,6 +786,30 @@ pub fn scenarios(ips: &Addresses) -> Vec<Scenario> {
                 ))],
                 |p| !p.to("x", "a") || (p.from_ns == "y" && (p.on(80, "TCP") || p.on(81, "UDP"))),
             ),
+        },
+        // Not upstream: upstream's "IP in both CIDR and except" replaces its one policy, so
+        // the except and the allow never coexist. Here they do, as two rules of one policy
+        // and then as two policies; x/c stays excepted, so the step can fail either way.
+        Scenario {
+            name: "an excepted IP allowed by another rule at the same time",
+            steps: vec![
+                Step {
+                    changes: vec![apply(from_a("except-and-allow", &format!("{except_b_c}\n{allow_b}")))],
+                    expect: |p| !p.from("x", "a") || !p.to("x", "c"),
+                },
+                Step {
+                    changes: vec![
+                        Change::Delete(from_a("except-and-allow", &format!("{except_b_c}\n{allow_b}"))),
+                        apply(from_a("except-b-and-c", &except_b_c)),
+                        apply(from_a("allow-b", &allow_b)),
+                    ],
+                    expect: |p| !p.from("x", "a") || !p.to("x", "c"),
+                },
+                Step {
+                    changes: vec![Change::Delete(from_a("allow-b", &allow_b))],
+                    expect: |p| !p.from("x", "a") || !(p.to("x", "b") || p.to("x", "c")),
+                },
+            ],
         },
     ]
 }
