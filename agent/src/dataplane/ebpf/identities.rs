@@ -71,24 +71,63 @@ pub struct IdentityPlan {
     pub identities_of_set: BTreeMap<SetId, Vec<u32>>,
 }
 
+/// IPv4 lives in the trie as IPv4-mapped IPv6, ::ffff:0:0/96.
+const IPV4_MAPPED: Prefix = Prefix {
+    addr: 0xffff << 32,
+    len: 96,
+};
+
+/// A set's members as trie prefixes, each with whether it is an except. An IPv6 block never
+/// holds an IPv4 peer, but in the trie one that covers ::ffff:0:0/96 (::/0 to ::/96) would
+/// cover every IPv4 address: such a block gets that range as an except (unless the set
+/// holds all of IPv4 anyway). IPv6 members inside that range would stand for IPv4
+/// addresses, so they are left out: the rule then allows less, never more (no pod has
+/// such an address; only a forged IPv6 source could).
+fn trie_members(set: &AddressSet) -> Vec<(Prefix, bool)> {
+    let inside_mapped = |p: &Prefix| {
+        p.len >= IPV4_MAPPED.len && IPV4_MAPPED.last() >= p.addr && p.addr >= IPV4_MAPPED.addr
+    };
+    let mut members: Vec<(Prefix, bool)> = Vec::with_capacity(set.members.len() + 1);
+    let mut v6_covers_ipv4 = false;
+    let mut all_of_ipv4 = false;
+    for m in &set.members {
+        let prefix = Prefix::from_net(&m.net);
+        match m.net {
+            IpNet::V4(_) => all_of_ipv4 |= !m.except && prefix == IPV4_MAPPED,
+            IpNet::V6(_) if inside_mapped(&prefix) => continue,
+            IpNet::V6(_) => {
+                v6_covers_ipv4 |= !m.except
+                    && prefix.len <= IPV4_MAPPED.len
+                    && prefix.addr <= IPV4_MAPPED.addr
+                    && IPV4_MAPPED.last() <= prefix.last()
+            }
+        }
+        members.push((prefix, m.except));
+    }
+    if v6_covers_ipv4 && !all_of_ipv4 {
+        members.push((IPV4_MAPPED, true));
+    }
+    members
+}
+
 /// For each prefix that appears in any set, the sets that contain it (per the longest
 /// member of each set that covers it; `except` wins a tie, as in [`AddressSet::contains`]).
 /// Sets must come in ascending id order (a `BTreeMap`'s values do).
 pub fn signatures<'a>(sets: impl IntoIterator<Item = &'a AddressSet>) -> Vec<(Prefix, Signature)> {
-    let sets: Vec<&AddressSet> = sets.into_iter().collect();
+    let sets: Vec<(SetId, Vec<(Prefix, bool)>)> =
+        sets.into_iter().map(|s| (s.id, trie_members(s))).collect();
     let prefixes: Vec<Prefix> = sets
         .iter()
-        .flat_map(|s| s.members.iter().map(|m| Prefix::from_net(&m.net)))
+        .flat_map(|(_, members)| members.iter().map(|(p, _)| *p))
         .collect::<BTreeSet<_>>()
         .into_iter()
         .collect();
     let mut sigs: Vec<Signature> = vec![Vec::new(); prefixes.len()];
     // Per set: prefix index → (length, except) of the longest covering member.
     let mut best: HashMap<usize, (u8, bool)> = HashMap::new();
-    for set in &sets {
+    for (id, members) in &sets {
         best.clear();
-        for m in &set.members {
-            let mp = Prefix::from_net(&m.net);
+        for &(mp, except) in members {
             let last = mp.last();
             let start = prefixes.partition_point(|p| p.addr < mp.addr);
             for (i, p) in prefixes.iter().enumerate().skip(start) {
@@ -98,7 +137,7 @@ pub fn signatures<'a>(sets: impl IntoIterator<Item = &'a AddressSet>) -> Vec<(Pr
                 if p.len < mp.len {
                     continue;
                 }
-                let cand = (mp.len, m.except);
+                let cand = (mp.len, except);
                 let e = best.entry(i).or_insert(cand);
                 if cand > *e {
                     *e = cand;
@@ -107,7 +146,7 @@ pub fn signatures<'a>(sets: impl IntoIterator<Item = &'a AddressSet>) -> Vec<(Pr
         }
         for (i, (_, except)) in &best {
             if !except {
-                sigs[*i].push(set.id);
+                sigs[*i].push(*id);
             }
         }
     }
@@ -185,6 +224,29 @@ mod tests {
         assert_eq!(table.by_id[&a], vec![SetId(1), SetId(2)]);
         assert_eq!(table.by_id[&c], vec![SetId(1)]);
         assert_eq!(plan.identities_of_set[&SetId(2)].len(), 2);
+    }
+
+    #[test]
+    fn an_ipv6_block_holds_no_ipv4_peer() {
+        let v6_everything = set(1, &["::/0", "!fd00::8/128"]);
+        let v4_pods = set(2, &["10.0.0.1/32"]);
+        let mapped = set(3, &["::ffff:10.0.0.2/128", "fd00::/64"]);
+        let both = set(4, &["0.0.0.0/0", "::/0"]);
+        let mut table = IdentityTable::default();
+        let plan = table.plan([&v6_everything, &v4_pods, &mapped, &both]);
+        let sets_of = |p: &str| {
+            let id = plan.trie[&prefix(p)];
+            table.by_id.get(&id).cloned().unwrap_or_default()
+        };
+        // The IPv4 range: in set 4 only (which holds 0.0.0.0/0); the pod also in set 2.
+        assert_eq!(sets_of("0.0.0.0/0"), vec![SetId(4)]);
+        assert_eq!(sets_of("10.0.0.1/32"), vec![SetId(2), SetId(4)]);
+        // IPv6 outside it: in the IPv6 blocks.
+        assert_eq!(sets_of("::/0"), vec![SetId(1), SetId(4)]);
+        assert_eq!(sets_of("fd00::/64"), vec![SetId(1), SetId(3), SetId(4)]);
+        assert_eq!(sets_of("fd00::8/128"), vec![SetId(3), SetId(4)]);
+        // The mapped address stood for 10.0.0.2: left out.
+        assert!(!plan.trie.contains_key(&prefix("::ffff:10.0.0.2/128")));
     }
 
     #[test]
