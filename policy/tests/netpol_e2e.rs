@@ -18,6 +18,7 @@ mod support;
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{PodIP, PodStatus};
+use netpol_scenarios::generated::{self, DualAddresses, Family};
 use netpol_scenarios::{
     compare, probes, scenarios, world_pods, Addresses, Change, Matrix, Scenario, WORLD,
 };
@@ -28,12 +29,6 @@ use weir_policy::verdict;
 
 /// The lab's one node; the harness's engine is that node's agent.
 const NODE: &str = "node-1";
-
-#[derive(Clone, Copy, Debug, PartialEq)]
-enum Family {
-    V4,
-    V6,
-}
 
 /// `ns/name` → (IPv4, IPv6), as the lab's IPAM allocates them for the world.
 fn world_addresses() -> BTreeMap<String, (String, String)> {
@@ -214,4 +209,61 @@ fn scenario_names_are_unique() {
         assert!(seen.insert(s.name), "two scenarios named {:?}", s.name);
         assert!(!s.steps.is_empty(), "{:?} has no step", s.name);
     }
+}
+
+/// Generated cases (netpol-scenarios' `generated`, the lab's world with random policies):
+/// weir's verdict on the compiled model against the reference evaluator, on every probe the
+/// lab makes. `WEIR_GENERATED_SEED` runs another seed than the fixed one.
+#[test]
+fn generated_cases_agree_with_the_reference_evaluator() {
+    let addresses = world_addresses();
+    let dual: DualAddresses = addresses
+        .iter()
+        .map(|(pod, (v4, v6))| (pod.clone(), (v4.parse().unwrap(), v6.parse().unwrap())))
+        .collect();
+    let world: Vec<Object> = objects(WORLD)
+        .into_iter()
+        .map(|o| scheduled(o, &addresses))
+        .collect();
+    let run_seed = std::env::var("WEIR_GENERATED_SEED")
+        .map(|s| generated::parse_seed(&s).unwrap())
+        .unwrap_or(0x5eed);
+    let mut failures = Vec::new();
+    let seeds = generated::case_seeds(run_seed, 400);
+    for &seed in &seeds {
+        let case = generated::draw(seed, &dual);
+        let mut harness = Harness::new(Some(NODE));
+        for object in &world {
+            harness.upsert_object(object.clone()).expect("the world");
+        }
+        let refused: Vec<String> = objects(&case.manifests())
+            .into_iter()
+            .filter_map(|object| harness.upsert_object(object).err())
+            .map(|e| e.to_string())
+            .collect();
+        if !refused.is_empty() {
+            failures.push(format!("{}refused: {refused:?}", case.describe()));
+            continue;
+        }
+        match matrix(&harness, &addresses, case.family) {
+            Ok(m) => {
+                if let Err(diff) = compare(&m, case.truth()) {
+                    failures.push(format!("{}{diff}", case.describe()));
+                }
+            }
+            Err(e) => failures.push(format!("{}verdict: {e}", case.describe())),
+        }
+    }
+    eprintln!(
+        "{} generated cases of run seed {run_seed:#x}, {} probes each",
+        seeds.len(),
+        probes().len()
+    );
+    assert!(
+        failures.is_empty(),
+        "{} of {} cases failed:\n{}",
+        failures.len(),
+        seeds.len(),
+        failures.join("\n")
+    );
 }

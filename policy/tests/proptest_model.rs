@@ -1,310 +1,38 @@
 //! Property tests: on random worlds and random policies, the compiled model (evaluated
-//! with weir's verdict) agrees with a deliberately naive evaluator written here straight
-//! from the NetworkPolicy API documentation, over the objects themselves; and building
+//! with weir's verdict) agrees with the reference evaluator (netpol-scenarios' `reference`,
+//! written naively from the NetworkPolicy API documentation, over the objects themselves); and building
 //! the world event by event gives exact deltas and the same state as a cold compile.
 
 mod support;
 
-use std::collections::BTreeMap;
-use std::net::IpAddr;
-
 use ipnet::IpNet;
+use netpol_scenarios::reference::{
+    self, Labels, Ns, Peer, Pod, Policy, Port, PortValue, Protocol, Rule, Sel, World,
+};
 use proptest::prelude::*;
-use serde_json::{json, Value};
 use support::Harness;
-use weir_policy::desired::Protocol;
 use weir_policy::model::{Kind, Object, ObjectRef};
 use weir_policy::verdict;
 
-type Labels = BTreeMap<String, String>;
-
-#[derive(Clone, Debug)]
-struct Ns {
-    name: String,
-    labels: Labels,
-}
-
-#[derive(Clone, Debug)]
-struct Pod {
-    ns: String,
-    name: String,
-    labels: Labels,
-    v4: Option<IpAddr>,
-    v6: Option<IpAddr>,
-    host: bool,
-    /// (name, number, protocol)
-    ports: Vec<(String, u16, Protocol)>,
-}
-
-#[derive(Clone, Debug)]
-struct Sel {
-    labels: Labels,
-    /// (key, operator, values)
-    exprs: Vec<(String, &'static str, Vec<String>)>,
-}
-
-#[derive(Clone, Debug)]
-enum PeerT {
-    Pods { ns: Option<Sel>, pod: Option<Sel> },
-    Block { cidr: IpNet, except: Vec<IpNet> },
-}
-
-#[derive(Clone, Debug)]
-enum PortValue {
-    Number(u16),
-    Name(String),
-}
-
-#[derive(Clone, Debug)]
-struct PortT {
-    protocol: Option<Protocol>,
-    port: Option<PortValue>,
-    end: Option<u16>,
-}
-
-#[derive(Clone, Debug)]
-struct RuleT {
-    peers: Vec<PeerT>,
-    ports: Vec<PortT>,
-}
-
-#[derive(Clone, Debug)]
-struct PolicyT {
-    ns: String,
-    name: String,
-    selector: Sel,
-    types: Option<Vec<&'static str>>,
-    ingress: Vec<RuleT>,
-    egress: Vec<RuleT>,
-}
-
-#[derive(Clone, Debug)]
-struct World {
-    namespaces: Vec<Ns>,
-    pods: Vec<Pod>,
-    policies: Vec<PolicyT>,
-}
-
-// ---------- the naive evaluator ----------
-
-fn ns_labels(w: &World, ns: &str) -> Labels {
-    let mut labels = w
-        .namespaces
-        .iter()
-        .find(|n| n.name == ns)
-        .map(|n| n.labels.clone())
-        .unwrap_or_default();
-    labels.insert("kubernetes.io/metadata.name".into(), ns.into());
-    labels
-}
-
-fn sel_matches(sel: &Sel, labels: &Labels) -> bool {
-    sel.labels.iter().all(|(k, v)| labels.get(k) == Some(v))
-        && sel.exprs.iter().all(|(k, op, values)| {
-            let v = labels.get(k);
-            match *op {
-                "In" => v.is_some_and(|v| values.contains(v)),
-                "NotIn" => v.is_none_or(|v| !values.contains(v)),
-                "Exists" => v.is_some(),
-                _ => v.is_none(),
-            }
-        })
-}
-
-fn applies(p: &PolicyT, ingress: bool) -> bool {
-    match &p.types {
-        Some(t) => t.contains(&if ingress { "Ingress" } else { "Egress" }),
-        None => ingress || !p.egress.is_empty(),
-    }
-}
-
-/// Whether `peer` (from the policy in `policy_ns`) covers the other side, which is
-/// `addr` and, if a pod owns it, `pod`.
-fn peer_matches(w: &World, policy_ns: &str, peer: &PeerT, addr: IpAddr, pod: Option<&Pod>) -> bool {
-    match peer {
-        PeerT::Block { cidr, except } => {
-            cidr.contains(&addr) && !except.iter().any(|e| e.contains(&addr))
-        }
-        PeerT::Pods { ns, pod: pod_sel } => {
-            let Some(pod) = pod.filter(|p| !p.host) else {
-                return false;
-            };
-            let ns_ok = match ns {
-                None => pod.ns == policy_ns,
-                Some(sel) => sel_matches(sel, &ns_labels(w, &pod.ns)),
-            };
-            ns_ok && pod_sel.as_ref().is_none_or(|s| sel_matches(s, &pod.labels))
-        }
-    }
-}
-
-/// Host-network pods are never selected, so their ports never resolve a name (their
-/// address is the node's: a named port there would open the node).
-fn named(pod: Option<&Pod>, name: &str, protocol: Protocol) -> Option<u16> {
-    pod.filter(|p| !p.host)?
-        .ports
-        .iter()
-        .find(|(n, _, p)| n == name && *p == protocol)
-        .map(|(_, number, _)| *number)
-}
-
-/// `server` is the pod that serves the port (the destination), for named ports.
-fn port_matches(ports: &[PortT], port: u16, protocol: Protocol, server: Option<&Pod>) -> bool {
-    ports.is_empty()
-        || ports.iter().any(|p| {
-            p.protocol.unwrap_or(Protocol::Tcp) == protocol
-                && match &p.port {
-                    None => true,
-                    Some(PortValue::Number(n)) => *n <= port && port <= p.end.unwrap_or(*n),
-                    Some(PortValue::Name(name)) => named(server, name, protocol) == Some(port),
-                }
-        })
-}
-
-/// Whether `local`'s policies for the direction admit the connection with the peer.
-fn side_allows(
-    w: &World,
-    local: &Pod,
-    ingress: bool,
-    peer_addr: IpAddr,
-    peer: Option<&Pod>,
-    port: u16,
-    protocol: Protocol,
-) -> bool {
-    if local.host {
-        return true;
-    }
-    let policies: Vec<&PolicyT> = w
-        .policies
-        .iter()
-        .filter(|p| {
-            p.ns == local.ns && sel_matches(&p.selector, &local.labels) && applies(p, ingress)
-        })
-        .collect();
-    if policies.is_empty() {
-        return true;
-    }
-    let server = if ingress { Some(local) } else { peer };
-    policies.iter().any(|p| {
-        let rules = if ingress { &p.ingress } else { &p.egress };
-        rules.iter().any(|r| {
-            (r.peers.is_empty()
-                || r.peers
-                    .iter()
-                    .any(|peer_t| peer_matches(w, &p.ns, peer_t, peer_addr, peer)))
-                && port_matches(&r.ports, port, protocol, server)
-        })
-    })
-}
-
-fn naive_allowed(
-    w: &World,
-    from: &Pod,
-    from_addr: IpAddr,
-    to: &Pod,
-    to_addr: IpAddr,
-    port: u16,
-    protocol: Protocol,
-) -> bool {
-    from_addr == to_addr
-        || (side_allows(w, from, false, to_addr, Some(to), port, protocol)
-            && side_allows(w, to, true, from_addr, Some(from), port, protocol))
-}
-
-// ---------- rendering to Kubernetes objects ----------
-
-fn sel_json(sel: &Sel) -> Value {
-    let exprs: Vec<Value> = sel
-        .exprs
-        .iter()
-        .map(|(k, op, values)| {
-            if values.is_empty() {
-                json!({"key": k, "operator": op})
-            } else {
-                json!({"key": k, "operator": op, "values": values})
-            }
-        })
-        .collect();
-    json!({"matchLabels": sel.labels, "matchExpressions": exprs})
-}
-
-fn rule_json(r: &RuleT, peers_key: &str) -> Value {
-    let peers: Vec<Value> = r
-        .peers
-        .iter()
-        .map(|p| match p {
-            PeerT::Block { cidr, except } => {
-                let except: Vec<String> = except.iter().map(|e| e.to_string()).collect();
-                json!({"ipBlock": {"cidr": cidr.to_string(), "except": except}})
-            }
-            PeerT::Pods { ns, pod } => {
-                let mut v = json!({});
-                if let Some(ns) = ns {
-                    v["namespaceSelector"] = sel_json(ns);
-                }
-                if let Some(pod) = pod {
-                    v["podSelector"] = sel_json(pod);
-                }
-                v
-            }
-        })
-        .collect();
-    let ports: Vec<Value> = r
-        .ports
-        .iter()
-        .map(|p| {
-            let mut v = json!({});
-            if let Some(proto) = p.protocol {
-                v["protocol"] = json!(proto.name());
-            }
-            match &p.port {
-                Some(PortValue::Number(n)) => v["port"] = json!(n),
-                Some(PortValue::Name(s)) => v["port"] = json!(s),
-                None => {}
-            }
-            if let Some(e) = p.end {
-                v["endPort"] = json!(e);
-            }
-            v
-        })
-        .collect();
-    json!({peers_key: peers, "ports": ports})
-}
-
+/// The reference model's objects as weir's.
 fn objects(w: &World) -> Vec<Object> {
-    let mut out = Vec::new();
-    for ns in &w.namespaces {
-        let v = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns.name, "labels": ns.labels}});
-        out.push(Object::Namespace(serde_json::from_value(v).unwrap()));
+    reference::manifests(w)
+        .into_iter()
+        .map(|v| match v["kind"].as_str() {
+            Some("Namespace") => Object::Namespace(serde_json::from_value(v).unwrap()),
+            Some("Pod") => Object::Pod(serde_json::from_value(v).unwrap()),
+            _ => Object::NetworkPolicy(serde_json::from_value(v).unwrap()),
+        })
+        .collect()
+}
+
+/// The reference model's protocol as weir's.
+fn weir_protocol(p: Protocol) -> weir_policy::desired::Protocol {
+    match p {
+        Protocol::Tcp => weir_policy::desired::Protocol::Tcp,
+        Protocol::Udp => weir_policy::desired::Protocol::Udp,
+        Protocol::Sctp => weir_policy::desired::Protocol::Sctp,
     }
-    for p in &w.pods {
-        let ips: Vec<Value> =
-            p.v4.iter()
-                .chain(&p.v6)
-                .map(|ip| json!({"ip": ip.to_string()}))
-                .collect();
-        let ports: Vec<Value> = p.ports.iter().map(|(n, num, proto)| json!({"name": n, "containerPort": num, "protocol": proto.name()})).collect();
-        let v = json!({
-            "apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": p.name, "namespace": p.ns, "labels": p.labels},
-            "spec": {"hostNetwork": p.host, "containers": [{"name": "c", "ports": ports}]},
-            "status": {"podIPs": ips},
-        });
-        out.push(Object::Pod(serde_json::from_value(v).unwrap()));
-    }
-    for p in &w.policies {
-        let mut spec = json!({
-            "podSelector": sel_json(&p.selector),
-            "ingress": p.ingress.iter().map(|r| rule_json(r, "from")).collect::<Vec<_>>(),
-            "egress": p.egress.iter().map(|r| rule_json(r, "to")).collect::<Vec<_>>(),
-        });
-        if let Some(types) = &p.types {
-            spec["policyTypes"] = json!(types);
-        }
-        let v = json!({"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "metadata": {"name": p.name, "namespace": p.ns}, "spec": spec});
-        out.push(Object::NetworkPolicy(serde_json::from_value(v).unwrap()));
-    }
-    out
 }
 
 // ---------- strategies ----------
@@ -358,7 +86,7 @@ const POD_VALUES: &[&str] = &["w", "x", "y"];
 const NS_KEYS: &[&str] = &["env", "kubernetes.io/metadata.name"];
 const NS_VALUES: &[&str] = &["a", "b", "n0", "n1"];
 
-fn peer() -> impl Strategy<Value = PeerT> {
+fn peer() -> impl Strategy<Value = Peer> {
     let cidrs = vec![
         "10.0.0.0/8",
         "10.0.1.0/24",
@@ -386,7 +114,7 @@ fn peer() -> impl Strategy<Value = PeerT> {
                 .map(|e| e.parse::<IpNet>().unwrap())
                 .filter(|e| cidr.contains(e) && e.prefix_len() > cidr.prefix_len())
                 .collect();
-            PeerT::Block { cidr, except }
+            Peer::Block { cidr, except }
         });
     let pods = (
         prop::option::of(selector(NS_KEYS, NS_VALUES)),
@@ -401,12 +129,12 @@ fn peer() -> impl Strategy<Value = PeerT> {
             } else {
                 pod
             };
-            PeerT::Pods { ns, pod }
+            Peer::Pods { ns, pod }
         });
     prop_oneof![1 => block, 3 => pods]
 }
 
-fn port() -> impl Strategy<Value = PortT> {
+fn port() -> impl Strategy<Value = Port> {
     let value = prop_oneof![
         1 => Just(None),
         2 => prop::sample::select(PORT_NUMBERS.to_vec()).prop_map(|n| Some(PortValue::Number(n))),
@@ -422,7 +150,7 @@ fn port() -> impl Strategy<Value = PortT> {
                 Some(PortValue::Number(n)) => end.map(|e| n + e),
                 _ => None,
             };
-            PortT {
+            Port {
                 protocol,
                 port,
                 end,
@@ -430,12 +158,12 @@ fn port() -> impl Strategy<Value = PortT> {
         })
 }
 
-fn rule() -> impl Strategy<Value = RuleT> {
+fn rule() -> impl Strategy<Value = Rule> {
     (
         prop::collection::vec(peer(), 0..3),
         prop::collection::vec(port(), 0..3),
     )
-        .prop_map(|(peers, ports)| RuleT { peers, ports })
+        .prop_map(|(peers, ports)| Rule { peers, ports })
 }
 
 fn world() -> impl Strategy<Value = World> {
@@ -497,7 +225,7 @@ fn world() -> impl Strategy<Value = World> {
             let policies = policies
                 .into_iter()
                 .enumerate()
-                .map(|(i, (ns, selector, types, ingress, egress))| PolicyT {
+                .map(|(i, (ns, selector, types, ingress, egress))| Policy {
                     ns: ns.to_owned(),
                     name: format!("pol{i}"),
                     selector,
@@ -581,10 +309,12 @@ fn assert_agrees(h: &Harness, w: &World) -> Result<(), TestCaseError> {
                 for port in PORT_NUMBERS {
                     for protocol in PROTOCOLS {
                         let key = format!("{}/{}", from.ns, from.name);
-                        let compiled = verdict(desired, &key, to_addr, port, protocol)
-                            .unwrap()
-                            .allowed;
-                        let naive = naive_allowed(w, from, from_addr, to, to_addr, port, protocol);
+                        let compiled =
+                            verdict(desired, &key, to_addr, port, weir_protocol(protocol))
+                                .unwrap()
+                                .allowed;
+                        let naive =
+                            reference::allowed(w, from, from_addr, to, to_addr, port, protocol);
                         prop_assert_eq!(
                             compiled,
                             naive,
@@ -594,7 +324,7 @@ fn assert_agrees(h: &Harness, w: &World) -> Result<(), TestCaseError> {
                             to.name,
                             to_addr,
                             port,
-                            protocol
+                            protocol.name()
                         );
                     }
                 }

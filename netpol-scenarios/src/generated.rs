@@ -1,0 +1,456 @@
+//! Generated cases: random NetworkPolicies over the netpol world (x/y/z × a/b/c), drawn
+//! from a seed, each with the matrix the reference evaluator ([`crate::reference`]) expects
+//! for every probe the lab makes. The engine harness runs hundreds of them through weir's
+//! verdict; the lab harness runs a few dozen with real packets on both dataplanes.
+//!
+//! The draws aim at the edges the hand-written table leaves out: ipBlocks sized around the
+//! pods' own addresses (host routes, small blocks, /4, the whole space) with excepts that
+//! carve pods out, in the probed family and sometimes the other one; port ranges that end
+//! on, or one short of, a probed port; named ports with the wrong protocol; several
+//! policies and rules that overlap; match expressions of every operator.
+//!
+//! A run is a seed and a count; every case has its own seed, so one failing case replays
+//! alone ([`draw`] with that seed).
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+use std::net::IpAddr;
+
+use ipnet::IpNet;
+
+use crate::reference::{
+    self, Labels, Ns, Peer, Pod, Policy, Port, PortValue, Protocol, Rule, Sel, World,
+};
+use crate::{probes, Matrix, Pair, NAMESPACES, PODS, PORTS};
+
+/// The address family a case is probed over.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Family {
+    V4,
+    V6,
+}
+
+impl Family {
+    /// As `weir lab probe --family` takes it.
+    pub fn flag(self) -> &'static str {
+        match self {
+            Family::V4 => "ipv4",
+            Family::V6 => "ipv6",
+        }
+    }
+}
+
+/// `ns/name` → (IPv4, IPv6) of every pod of the world.
+pub type DualAddresses = BTreeMap<String, (IpAddr, IpAddr)>;
+
+/// One generated case: policies over the world, and the family it is probed over.
+pub struct Case {
+    pub seed: u64,
+    pub family: Family,
+    /// The world with the case's policies, as the reference evaluator reads it.
+    pub world: World,
+}
+
+impl Case {
+    /// The case's policies as one YAML stream (JSON documents, which YAML reads), for
+    /// `weir lab apply` and `delete`.
+    pub fn manifests(&self) -> String {
+        let policies = World {
+            namespaces: Vec::new(),
+            pods: Vec::new(),
+            policies: self.world.policies.clone(),
+        };
+        reference::manifests(&policies)
+            .iter()
+            .map(|v| format!("---\n{v}\n"))
+            .collect()
+    }
+
+    /// Whether the reference evaluator allows the probe (pods as `ns/name`).
+    pub fn allowed(&self, from: &str, to: &str, port: u16, protocol: &str) -> bool {
+        let pod = |key: &str| {
+            self.world
+                .pods
+                .iter()
+                .find(|p| format!("{}/{}", p.ns, p.name) == key)
+                .unwrap_or_else(|| panic!("{key} is not a pod of the world"))
+        };
+        let (from, to) = (pod(from), pod(to));
+        let address = |p: &Pod| match self.family {
+            Family::V4 => p.v4.expect("world pods have IPv4"),
+            Family::V6 => p.v6.expect("world pods have IPv6"),
+        };
+        let protocol = Protocol::parse(protocol).expect("a probed protocol");
+        reference::allowed(
+            &self.world,
+            from,
+            address(from),
+            to,
+            address(to),
+            port,
+            protocol,
+        )
+    }
+
+    /// The reference's verdicts as a truth table for [`crate::compare`].
+    pub fn truth(&self) -> impl Fn(&Pair) -> bool + '_ {
+        move |p| {
+            let from = format!("{}/{}", p.from_ns, p.from_pod);
+            let to = format!("{}/{}", p.to_ns, p.to_pod);
+            self.allowed(&from, &to, p.port, p.protocol)
+        }
+    }
+
+    /// The expected matrix: every probe the lab makes.
+    pub fn expected(&self) -> Matrix {
+        probes()
+            .into_iter()
+            .map(|(from, to, port, protocol)| {
+                let allowed = self.allowed(&from, &to, port, protocol);
+                ((from, to, port, protocol.to_string()), allowed)
+            })
+            .collect()
+    }
+
+    /// How to name the case in a failure: its seed, family and policies.
+    pub fn describe(&self) -> String {
+        let mut out = format!(
+            "generated case {:#018x} over {} (replay alone: WEIR_GENERATED_CASE={:#018x}):\n",
+            self.seed,
+            self.family.flag(),
+            self.seed
+        );
+        for policy in reference::manifests(&World {
+            namespaces: Vec::new(),
+            pods: Vec::new(),
+            policies: self.world.policies.clone(),
+        }) {
+            let _ = writeln!(out, "  {policy}");
+        }
+        out
+    }
+}
+
+/// The seeds of `count` cases of the run `run_seed`.
+pub fn case_seeds(run_seed: u64, count: usize) -> Vec<u64> {
+    let mut rng = Rng(run_seed);
+    (0..count).map(|_| rng.next()).collect()
+}
+
+/// Reads a seed as given to the harnesses: decimal or `0x` hexadecimal.
+pub fn parse_seed(text: &str) -> Result<u64, String> {
+    let text = text.trim();
+    match text.strip_prefix("0x") {
+        Some(hex) => u64::from_str_radix(hex, 16),
+        None => text.parse(),
+    }
+    .map_err(|e| format!("{text:?} is not a seed (decimal or 0x hex): {e}"))
+}
+
+/// The world's namespaces and pods with their addresses and ports, as in
+/// deploy/examples/netpol-world.yaml.
+pub fn world(addresses: &DualAddresses) -> World {
+    let namespaces = NAMESPACES
+        .iter()
+        .map(|ns| Ns {
+            name: ns.to_string(),
+            labels: Labels::from([("ns".to_string(), ns.to_string())]),
+        })
+        .collect();
+    let ports: Vec<(String, u16, Protocol)> = PORTS
+        .iter()
+        .flat_map(|port| {
+            Protocol::ALL.into_iter().map(move |p| {
+                let name = format!("serve-{port}-{}", p.name().to_lowercase());
+                (name, *port, p)
+            })
+        })
+        .collect();
+    let pods = NAMESPACES
+        .iter()
+        .flat_map(|ns| PODS.iter().map(move |pod| (*ns, *pod)))
+        .map(|(ns, name)| {
+            let key = format!("{ns}/{name}");
+            let (v4, v6) = addresses
+                .get(&key)
+                .unwrap_or_else(|| panic!("no addresses for {key}"));
+            Pod {
+                ns: ns.to_string(),
+                name: name.to_string(),
+                labels: Labels::from([("pod".to_string(), name.to_string())]),
+                v4: Some(*v4),
+                v6: Some(*v6),
+                host: false,
+                ports: ports.clone(),
+            }
+        })
+        .collect();
+    World {
+        namespaces,
+        pods,
+        policies: Vec::new(),
+    }
+}
+
+/// The case of `seed` over the world with `addresses`.
+pub fn draw(seed: u64, addresses: &DualAddresses) -> Case {
+    let mut rng = Rng(seed);
+    let family = if rng.chance(50) {
+        Family::V4
+    } else {
+        Family::V6
+    };
+    let mut world = world(addresses);
+    let count = 1 + rng.below(3);
+    let policies = (0..count)
+        .map(|i| draw_policy(&mut rng, &world, family, i))
+        .collect();
+    world.policies = policies;
+    Case {
+        seed,
+        family,
+        world,
+    }
+}
+
+fn draw_policy(rng: &mut Rng, world: &World, family: Family, i: usize) -> Policy {
+    let ns = rng.pick(&NAMESPACES).to_string();
+    let types = match rng.below(5) {
+        0 | 1 => None,
+        2 => Some(vec!["Ingress"]),
+        3 => Some(vec!["Egress"]),
+        _ => Some(vec!["Ingress", "Egress"]),
+    };
+    let rules = |rng: &mut Rng| {
+        (0..rng.below(3))
+            .map(|_| draw_rule(rng, world, family))
+            .collect::<Vec<_>>()
+    };
+    let ingress = rules(rng);
+    let egress = rules(rng);
+    Policy {
+        ns,
+        name: format!("generated-{i}"),
+        selector: pod_selector(rng),
+        types,
+        ingress,
+        egress,
+    }
+}
+
+fn draw_rule(rng: &mut Rng, world: &World, family: Family) -> Rule {
+    let peers = (0..rng.below(3))
+        .map(|_| match rng.below(3) {
+            0 => ip_block(rng, world, family),
+            _ => {
+                let ns = match rng.below(4) {
+                    0 => None,
+                    _ => Some(namespace_selector(rng)),
+                };
+                let pod = match (rng.below(3), &ns) {
+                    (0, Some(_)) => None,
+                    _ => Some(pod_selector(rng)),
+                };
+                Peer::Pods { ns, pod }
+            }
+        })
+        .collect();
+    let ports = (0..rng.below(3)).map(|_| port(rng)).collect();
+    Rule { peers, ports }
+}
+
+fn selector(labels: &[(&str, &str)], exprs: Vec<(&str, &'static str, &[&str])>) -> Sel {
+    Sel {
+        labels: labels
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        exprs: exprs
+            .into_iter()
+            .map(|(k, op, values)| {
+                (
+                    k.to_string(),
+                    op,
+                    values.iter().map(|v| v.to_string()).collect(),
+                )
+            })
+            .collect(),
+    }
+}
+
+fn pod_selector(rng: &mut Rng) -> Sel {
+    let pod = *rng.pick(&PODS);
+    let other = *rng.pick(&PODS);
+    match rng.below(7) {
+        0 => selector(&[], vec![]),
+        1 | 2 => selector(&[("pod", pod)], vec![]),
+        3 => selector(&[], vec![("pod", "In", &[pod, other])]),
+        4 => selector(&[], vec![("pod", "NotIn", &[pod])]),
+        5 => selector(&[], vec![("pod", "Exists", &[])]),
+        _ => selector(&[], vec![("app", "DoesNotExist", &[])]),
+    }
+}
+
+fn namespace_selector(rng: &mut Rng) -> Sel {
+    let ns = *rng.pick(&NAMESPACES);
+    let other = *rng.pick(&NAMESPACES);
+    match rng.below(5) {
+        0 => selector(&[], vec![]),
+        1 | 2 => selector(&[("ns", ns)], vec![]),
+        3 => selector(
+            &[],
+            vec![("kubernetes.io/metadata.name", "In", &[ns, other])],
+        ),
+        _ => selector(&[], vec![("ns", "NotIn", &[ns])]),
+    }
+}
+
+/// A block sized around one pod's address (host, a few neighbours, /4, everything), in the
+/// probed family five times in six, with up to two pods' addresses excepted.
+fn ip_block(rng: &mut Rng, world: &World, family: Family) -> Peer {
+    let v4 = match family {
+        Family::V4 => !rng.chance(17),
+        Family::V6 => rng.chance(17),
+    };
+    let address = |pod: &Pod| match v4 {
+        true => pod.v4.expect("world pods have IPv4"),
+        false => pod.v6.expect("world pods have IPv6"),
+    };
+    let bits = if v4 { 32 } else { 128 };
+    let around = address(rng.pick(&world.pods));
+    let prefix = match rng.below(6) {
+        0 => bits,
+        1 => bits - 2,
+        2 => bits - 3,
+        3 => bits - 4,
+        4 => 4,
+        _ => 0,
+    };
+    let cidr = IpNet::new(around, prefix)
+        .expect("a prefix within the family")
+        .trunc();
+    let except = (0..rng.below(3))
+        .map(|_| {
+            let carved = rng.below(2) as u8;
+            IpNet::new(address(rng.pick(&world.pods)), bits - carved)
+                .expect("a prefix within the family")
+                .trunc()
+        })
+        // The API takes only strict subsets of the block.
+        .filter(|e| cidr.contains(e) && e.prefix_len() > cidr.prefix_len())
+        .collect();
+    Peer::Block { cidr, except }
+}
+
+fn port(rng: &mut Rng) -> Port {
+    let protocol = match rng.below(5) {
+        0 | 1 => None,
+        2 => Some(Protocol::Tcp),
+        3 => Some(Protocol::Udp),
+        _ => Some(Protocol::Sctp),
+    };
+    let (port, end) = match rng.below(8) {
+        0 => (None, None),
+        1 | 2 => (Some(PortValue::Number(*rng.pick(&PORTS))), None),
+        // Ranges that end on a probed port, start on one, hold both, or stop one short.
+        3 => (Some(PortValue::Number(79)), Some(80)),
+        4 => (Some(PortValue::Number(81)), Some(82)),
+        5 => (Some(PortValue::Number(80)), Some(81)),
+        6 => (Some(PortValue::Number(70)), Some(79)),
+        // A named port, with the protocol it is served on or another.
+        _ => {
+            let served = match protocol {
+                Some(p) if rng.chance(75) => p,
+                _ => *rng.pick(&Protocol::ALL),
+            };
+            let name = format!(
+                "serve-{}-{}",
+                rng.pick(&PORTS),
+                served.name().to_lowercase()
+            );
+            (Some(PortValue::Name(name)), None)
+        }
+    };
+    Port {
+        protocol,
+        port,
+        end,
+    }
+}
+
+/// splitmix64: small, fast and the same everywhere, so a seed replays on any machine.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+
+    fn chance(&mut self, percent: u64) -> bool {
+        self.next() % 100 < percent
+    }
+
+    fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
+        &items[self.below(items.len())]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn addresses() -> DualAddresses {
+        crate::world_pods()
+            .into_iter()
+            .enumerate()
+            .map(|(i, pod)| {
+                let host = i + 2;
+                let v4 = format!("10.244.0.{host}").parse().unwrap();
+                let v6 = format!("fd00:10:244::{host:x}").parse().unwrap();
+                (pod, (v4, v6))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_seed_draws_the_same_case_and_seeds_differ() {
+        let a = draw(7, &addresses());
+        let b = draw(7, &addresses());
+        assert_eq!(a.manifests(), b.manifests());
+        assert_eq!(a.expected(), b.expected());
+        let seeds = case_seeds(1, 50);
+        let distinct: std::collections::BTreeSet<String> = seeds
+            .iter()
+            .map(|s| draw(*s, &addresses()).manifests())
+            .collect();
+        assert!(distinct.len() > 45, "{} distinct of 50", distinct.len());
+    }
+
+    #[test]
+    fn cases_are_neither_all_open_nor_all_closed() {
+        let mut mixed = 0;
+        for seed in case_seeds(2, 100) {
+            let expected = draw(seed, &addresses()).expected();
+            let open = expected.values().filter(|v| **v).count();
+            if open > 0 && open < expected.len() {
+                mixed += 1;
+            }
+        }
+        assert!(mixed > 50, "only {mixed} of 100 cases both allow and deny");
+    }
+
+    #[test]
+    fn seeds_parse_in_decimal_and_hex() {
+        assert_eq!(parse_seed("42"), Ok(42));
+        assert_eq!(parse_seed("0x2a"), Ok(42));
+        assert!(parse_seed("x").unwrap_err().contains("not a seed"));
+    }
+}
