@@ -287,6 +287,10 @@ pub fn scenarios(ips: &Addresses) -> Vec<Scenario> {
         host_cidr(x_b),
         host_cidr(x_c)
     );
+    let other_family_everything = match x_b.parse::<IpAddr>() {
+        Ok(IpAddr::V6(_)) => "0.0.0.0/0",
+        _ => "::/0",
+    };
     let allow_b = format!("- to: [{{ipBlock: {{cidr: \"{}\"}}}}]", host_cidr(x_b));
     vec![
         Scenario {
@@ -791,6 +795,18 @@ pub fn scenarios(ips: &Addresses) -> Vec<Scenario> {
                     "- from: [{namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: y}}}]\n  ports: [{port: 70, endPort: 80, protocol: TCP}, {port: 81, endPort: 81, protocol: UDP}]",
                 ))],
                 |p| !p.to("x", "a") || (p.from_ns == "y" && (p.on(80, "TCP") || p.on(81, "UDP"))),
+            ),
+        },
+        // Not upstream: an IPv6 block never holds an IPv4 peer, nor an IPv4 block an IPv6
+        // one, even when it is the whole space (eBPF once let ::/0 admit every IPv4 peer).
+        Scenario {
+            name: "an ipBlock of the other family admits nobody",
+            steps: one(
+                vec![apply(to_a(
+                    "allow-the-other-family",
+                    &format!("- from: [{{ipBlock: {{cidr: \"{other_family_everything}\"}}}}]"),
+                ))],
+                |p| !p.to("x", "a"),
             ),
         },
         // Not upstream: upstream's "IP in both CIDR and except" replaces its one policy, so
