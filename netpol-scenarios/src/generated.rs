@@ -66,27 +66,45 @@ impl Case {
             .collect()
     }
 
-    /// Whether the reference evaluator allows the probe (pods as `ns/name`).
+    /// Whether the reference evaluator allows the probe (pods as `ns/name`) over the
+    /// case's family.
     pub fn allowed(&self, from: &str, to: &str, port: u16, protocol: &str) -> bool {
-        let pod = |key: &str| {
-            self.world
-                .pods
-                .iter()
-                .find(|p| format!("{}/{}", p.ns, p.name) == key)
-                .unwrap_or_else(|| panic!("{key} is not a pod of the world"))
-        };
-        let (from, to) = (pod(from), pod(to));
-        let address = |p: &Pod| match self.family {
+        self.allowed_over(self.family, from, to, port, protocol)
+    }
+
+    /// The address of pod `ns/name` in `family`.
+    pub fn address(&self, family: Family, pod: &str) -> IpAddr {
+        let p = self.pod(pod);
+        match family {
             Family::V4 => p.v4.expect("world pods have IPv4"),
             Family::V6 => p.v6.expect("world pods have IPv6"),
-        };
+        }
+    }
+
+    fn pod(&self, key: &str) -> &Pod {
+        self.world
+            .pods
+            .iter()
+            .find(|p| format!("{}/{}", p.ns, p.name) == key)
+            .unwrap_or_else(|| panic!("{key} is not a pod of the world"))
+    }
+
+    /// Whether the reference evaluator allows the probe over `family`.
+    pub fn allowed_over(
+        &self,
+        family: Family,
+        from: &str,
+        to: &str,
+        port: u16,
+        protocol: &str,
+    ) -> bool {
         let protocol = Protocol::parse(protocol).expect("a probed protocol");
         reference::allowed(
             &self.world,
-            from,
-            address(from),
-            to,
-            address(to),
+            self.pod(from),
+            self.address(family, from),
+            self.pod(to),
+            self.address(family, to),
             port,
             protocol,
         )
@@ -133,7 +151,7 @@ impl Case {
 
 /// The seeds of `count` cases of the run `run_seed`.
 pub fn case_seeds(run_seed: u64, count: usize) -> Vec<u64> {
-    let mut rng = Rng(run_seed);
+    let mut rng = Rng::Seeded(run_seed);
     (0..count).map(|_| rng.next()).collect()
 }
 
@@ -194,7 +212,20 @@ pub fn world(addresses: &DualAddresses) -> World {
 
 /// The case of `seed` over the world with `addresses`.
 pub fn draw(seed: u64, addresses: &DualAddresses) -> Case {
-    let mut rng = Rng(seed);
+    draw_with(Rng::Seeded(seed), seed, addresses)
+}
+
+/// A case whose every choice is read from `bytes` (zeros once they run out): for a
+/// fuzzer, whose mutations of the bytes then steer the choices. Its seed is a hash of the
+/// bytes, for naming only.
+pub fn draw_from_bytes(bytes: &[u8], addresses: &DualAddresses) -> Case {
+    let name = bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
+    });
+    draw_with(Rng::Bytes(bytes, 0), name, addresses)
+}
+
+fn draw_with(mut rng: Rng, seed: u64, addresses: &DualAddresses) -> Case {
     let family = if rng.chance(50) {
         Family::V4
     } else {
@@ -378,16 +409,30 @@ fn port(rng: &mut Rng) -> Port {
     }
 }
 
-/// splitmix64: small, fast and the same everywhere, so a seed replays on any machine.
-struct Rng(u64);
+/// Where the choices come from: splitmix64 (small, fast and the same everywhere, so a
+/// seed replays on any machine), or a fuzzer's bytes.
+enum Rng<'a> {
+    Seeded(u64),
+    Bytes(&'a [u8], usize),
+}
 
-impl Rng {
+impl Rng<'_> {
     fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
+        match self {
+            Rng::Seeded(state) => {
+                *state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+                let mut z = *state;
+                z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+                z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+                z ^ (z >> 31)
+            }
+            // One byte a choice: every choice is below 256.
+            Rng::Bytes(bytes, at) => {
+                let b = bytes.get(*at).copied().unwrap_or(0);
+                *at += 1;
+                u64::from(b)
+            }
+        }
     }
 
     fn below(&mut self, n: usize) -> usize {
@@ -398,7 +443,7 @@ impl Rng {
         self.next() % 100 < percent
     }
 
-    fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
+    fn pick<'b, T>(&mut self, items: &'b [T]) -> &'b T {
         &items[self.below(items.len())]
     }
 }

@@ -18,6 +18,7 @@
 
 mod attach;
 mod config;
+pub mod decode;
 mod events;
 mod host;
 mod identities;
@@ -569,49 +570,7 @@ impl EbpfDataplane {
             }
         };
         let rule_ids = self.records.rules.plan(desired.endpoints.values());
-        let mut target = KernelState {
-            identity: plan.trie,
-            ..Default::default()
-        };
-        for prefix in &self.host {
-            target.identity.insert(*prefix, weir_common::IDENTITY_HOST);
-        }
-        for f in &desired.frontends {
-            target.service.insert(service_key(f), 1);
-        }
-        let mut owner: BTreeMap<u32, String> = BTreeMap::new();
-        for (pod, (id, _, ifindex)) in placed {
-            let ep = &desired.endpoints[pod];
-            let mut flags = 0;
-            if ep.ingress.isolated {
-                flags |= EP_INGRESS_ISOLATED;
-            }
-            if ep.egress.isolated {
-                flags |= EP_EGRESS_ISOLATED;
-            }
-            let info = endpoint_info(*id, flags, ep);
-            target.endpoint.insert(*ifindex, info);
-            target.endpoint_by_id.insert(*id, info);
-            for addr in [
-                ep.ipv4.map(|a| a.to_ipv6_mapped().octets()),
-                ep.ipv6.map(|a| a.octets()),
-            ]
-            .into_iter()
-            .flatten()
-            {
-                target.local.insert(weir_common::IdentityKey { addr }, *id);
-            }
-            owner.insert(*id, pod.clone());
-            policy_map::endpoint_entries(
-                *id,
-                ep,
-                &plan.identities_of_set,
-                &rule_ids,
-                &mut target.policy,
-            );
-        }
-
-        (target, owner)
+        planned_state(desired, placed, plan, &rule_ids, &self.host)
     }
 
     /// Interfaces isolated as new pods stay isolated until an endpoint is placed there;
@@ -883,6 +842,61 @@ impl EbpfDataplane {
 
 /// The ENDPOINT record: id, isolation, and the addresses the pod may send from
 /// (anti-spoofing: a family without an address is dropped whole).
+/// The map contents `desired` needs, with each endpoint id's pod (for naming failures):
+/// `placed` gives each placed pod's (endpoint id, interface name, ifindex), `plan` and
+/// `rule_ids` the identities and rule ids, `host` the node's own prefixes.
+pub(crate) fn planned_state(
+    desired: &Desired,
+    placed: &BTreeMap<PodKey, (u32, String, u32)>,
+    plan: identities::IdentityPlan,
+    rule_ids: &BTreeMap<policy_map::RuleName, u32>,
+    host: &[identities::Prefix],
+) -> (KernelState, BTreeMap<u32, String>) {
+    let mut target = KernelState {
+        identity: plan.trie,
+        ..Default::default()
+    };
+    for prefix in host {
+        target.identity.insert(*prefix, weir_common::IDENTITY_HOST);
+    }
+    for f in &desired.frontends {
+        target.service.insert(service_key(f), 1);
+    }
+    let mut owner: BTreeMap<u32, String> = BTreeMap::new();
+    for (pod, (id, _, ifindex)) in placed {
+        let ep = &desired.endpoints[pod];
+        let mut flags = 0;
+        if ep.ingress.isolated {
+            flags |= EP_INGRESS_ISOLATED;
+        }
+        if ep.egress.isolated {
+            flags |= EP_EGRESS_ISOLATED;
+        }
+        let info = endpoint_info(*id, flags, ep);
+        target.endpoint.insert(*ifindex, info);
+        target.endpoint_by_id.insert(*id, info);
+        for addr in [
+            ep.ipv4.map(|a| a.to_ipv6_mapped().octets()),
+            ep.ipv6.map(|a| a.octets()),
+        ]
+        .into_iter()
+        .flatten()
+        {
+            target.local.insert(weir_common::IdentityKey { addr }, *id);
+        }
+        owner.insert(*id, pod.clone());
+        policy_map::endpoint_entries(
+            *id,
+            ep,
+            &plan.identities_of_set,
+            rule_ids,
+            &mut target.policy,
+        );
+    }
+
+    (target, owner)
+}
+
 fn endpoint_info(endpoint_id: u32, mut flags: u32, ep: &Endpoint) -> EndpointInfo {
     let mut info = EndpointInfo {
         endpoint_id,
