@@ -1,7 +1,8 @@
 //! Bridged CNIs (issue 12, defect 3) in a `weir lab --topology bridge`, on both
 //! dataplanes: every pod's host-side veth is a port of one bridge (cni0), so the route to
 //! every pod leads to the bridge. Each pod must still get its own policy and no other's,
-//! also after pods are deleted and re-created with each other's addresses on new ports,
+//! also after pods are deleted and re-created with each other's addresses on new ports
+//! (checked on routed pods too),
 //! and a pod on the bridge must not send from another local pod's address, whether the
 //! bridge passes the frame to its target directly or the node routes it.
 
@@ -50,27 +51,27 @@ struct PodAddrs {
     v6: IpAddr,
 }
 
-/// Builds a bridge-topology lab of `manifests` (YAML texts, written into its directory).
-fn up(tag: &str, dataplane: &str, manifests: &[(&str, &str)]) -> Lab {
-    let lab = Lab::new(&format!("bridge-{tag}-{dataplane}"));
+/// Builds a lab of `manifests` (YAML texts, written into its directory) on `topology`.
+fn up(tag: &str, dataplane: &str, topology: &str, manifests: &[(&str, &str)]) -> Lab {
+    let lab = Lab::new(&format!("{topology}-{tag}-{dataplane}"));
     let files: Vec<String> = manifests
         .iter()
         .map(|(name, yaml)| manifest(&lab, name, yaml).display().to_string())
         .collect();
-    let mut args = vec!["up", "--topology", "bridge", "--dataplane", dataplane];
+    let mut args = vec!["up", "--topology", topology, "--dataplane", dataplane];
     args.extend(files.iter().map(String::as_str));
     lab.weir(&args)
-        .unwrap_or_else(|e| panic!("{dataplane}: weir lab up --topology bridge: {e}"));
+        .unwrap_or_else(|e| panic!("{dataplane}: weir lab up --topology {topology}: {e}"));
     lab
 }
 
 /// Pods and the node namespace from the lab's state.json (which records the topology).
-fn state(lab: &Lab) -> (String, BTreeMap<String, PodAddrs>) {
+fn state(lab: &Lab, topology: &str) -> (String, BTreeMap<String, PodAddrs>) {
     let state: Value =
         serde_json::from_str(&std::fs::read_to_string(lab.dir.join("state.json")).unwrap())
             .unwrap();
     assert_eq!(
-        state["topology"], "bridge",
+        state["topology"], topology,
         "state.json records the topology"
     );
     let pods = state["pods"]
@@ -143,18 +144,19 @@ fn pod_with_addresses(ns: &str, name: &str, v4: IpAddr, v6: IpAddr) -> String {
     )
 }
 
-/// Nine pods on one bridge, two policies; then the two policed pods are deleted and
-/// re-created with each other's addresses (new ports, reused addresses): each must get
-/// its own policy again.
-fn reused_addresses(dataplane: &str) -> Vec<Matrix> {
+/// Nine pods (on one bridge, or routed), two policies; then the two policed pods are
+/// deleted and re-created with each other's addresses (new ports, reused addresses):
+/// each must get its own policy again.
+fn reused_addresses(dataplane: &str, topology: &str) -> Vec<Matrix> {
     let world = std::fs::read_to_string(netpol_world()).unwrap();
     let lab = up(
         "reuse",
         dataplane,
+        topology,
         &[("world.yaml", &world), ("policies.yaml", POLICIES)],
     );
     let mut matrices = check(&lab, dataplane, "at first", Duration::ZERO);
-    let (_, pods) = state(&lab);
+    let (_, pods) = state(&lab, topology);
     let (a, b) = (&pods["x/a"], &pods["y/b"]);
     let both = pod_with_addresses("x", "a", a.v4, a.v6) + &pod_with_addresses("y", "b", b.v4, b.v6);
     let gone = manifest(&lab, "gone.yaml", &both);
@@ -163,7 +165,7 @@ fn reused_addresses(dataplane: &str) -> Vec<Matrix> {
         pod_with_addresses("x", "a", b.v4, b.v6) + &pod_with_addresses("y", "b", a.v4, a.v6);
     let back = manifest(&lab, "swapped.yaml", &swapped);
     lab.weir(&["apply", back.to_str().unwrap()]).unwrap();
-    let (_, after) = state(&lab);
+    let (_, after) = state(&lab, topology);
     assert_eq!(after["x/a"].v4, b.v4, "x/a reuses y/b's old address");
     assert_eq!(after["y/b"].v4, a.v4, "y/b reuses x/a's old address");
     matrices.extend(check(
@@ -175,19 +177,30 @@ fn reused_addresses(dataplane: &str) -> Vec<Matrix> {
     matrices
 }
 
-#[test]
-fn reused_addresses_on_a_bridge_get_their_own_policy() {
+/// Address reuse on both dataplanes; their matrices must be the same.
+fn reused_addresses_on(topology: &str) {
     let runs: Vec<Vec<Matrix>> = std::thread::scope(|s| {
         let handles: Vec<_> = ["ebpf", "iptables"]
-            .map(|d| s.spawn(move || reused_addresses(d)))
+            .map(|d| s.spawn(move || reused_addresses(d, topology)))
             .into_iter()
             .collect();
         handles.into_iter().map(|h| h.join().unwrap()).collect()
     });
     assert_eq!(
         runs[0], runs[1],
-        "eBPF and iptables give different matrices"
+        "{topology}: eBPF and iptables give different matrices"
     );
+}
+
+#[test]
+fn reused_addresses_on_a_bridge_get_their_own_policy() {
+    reused_addresses_on("bridge");
+}
+
+/// The same on routed pods (each pod's own route and veth), the other topology.
+#[test]
+fn reused_addresses_on_routed_pods_get_their_own_policy() {
+    reused_addresses_on("routed");
 }
 
 const SPOOF_WORLD: &str = r#"
@@ -235,8 +248,8 @@ const LINGER: Duration = Duration::from_millis(300);
 /// db's and from an off-cluster one, framed to web's MAC (the bridge passes it) or to the
 /// bridge's (the node routes it). Returns case → whether a datagram reached web.
 fn spoofing(dataplane: &str) -> BTreeMap<String, bool> {
-    let lab = up("spoof", dataplane, &[("world.yaml", SPOOF_WORLD)]);
-    let (node, pods) = state(&lab);
+    let lab = up("spoof", dataplane, "bridge", &[("world.yaml", SPOOF_WORLD)]);
+    let (node, pods) = state(&lab, "bridge");
     let (cli, db, web) = (&pods["red/cli"], &pods["red/db"], &pods["red/web"]);
     let cli_mac = raw::mac(&cli.netns, "eth0");
     let web_mac = raw::mac(&web.netns, "eth0");
