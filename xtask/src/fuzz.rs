@@ -99,12 +99,24 @@ pub fn run(options: &FuzzOptions) -> Result<Vec<(String, u64)>> {
                 "unoptimized"
             }
         );
-        if runs < min_runs {
-            bail!("fuzz target {t} ran {runs} inputs, fewer than {min_runs}: it explores nothing");
+        let floor = floor(t, min_runs);
+        if runs < floor {
+            bail!("fuzz target {t} ran {runs} inputs, fewer than {floor}: it explores nothing");
         }
         ran.push((t.clone(), runs));
     }
     Ok(ran)
+}
+
+/// The executions `target` must reach where the others must reach `min_runs`. Each input of
+/// ebpf_encoding compiles a world of policies, plans its maps and decides 32 probes three
+/// ways (about ten inputs a second unoptimized, against a thousand for the parsers), so
+/// its floor is a fifth.
+fn floor(target: &str, min_runs: u64) -> u64 {
+    match target {
+        "ebpf_encoding" => min_runs / 5,
+        _ => min_runs,
+    }
 }
 
 /// The executions in libFuzzer's closing line, `Done 123456 runs in 30 second(s)`.

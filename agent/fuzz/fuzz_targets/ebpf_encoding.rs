@@ -10,8 +10,13 @@ use netpol_scenarios::generated;
 #[path = "../../tests/support/encoding.rs"]
 mod encoding;
 
+/// Probes checked per input: one in this many (an unoptimized, instrumented build decides
+/// about one input a second on all 864); which ones turns with the input.
+const SAMPLE: usize = 27;
+
 fuzz_target!(|data: &[u8]| {
     let case = generated::draw_from_bytes(data, &encoding::addresses());
-    let wrong = encoding::disagreements(&case);
+    let offset = (case.seed % SAMPLE as u64) as usize;
+    let wrong = encoding::disagreements(&case, |i| i % SAMPLE == offset);
     assert!(wrong.is_empty(), "{}{wrong:#?}", case.describe());
 });

@@ -3,8 +3,8 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use weir_policy::Engine;
 use weir_policy::manifest::parse_str;
+use weir_policy::Engine;
 
 fuzz_target!(|data: &[u8]| {
     let Ok(text) = std::str::from_utf8(data) else {
@@ -25,7 +25,9 @@ fuzz_target!(|data: &[u8]| {
     let _ = cold.load(objects.iter().cloned());
     assert_eq!(incremental.desired(), cold.desired());
     for object in &objects {
-        incremental.delete(&object.key()).expect("deletes never fail");
+        incremental
+            .delete(&object.key())
+            .expect("deletes never fail");
     }
     assert!(incremental.desired().endpoints.is_empty());
     assert!(incremental.desired().sets.is_empty());

@@ -5,9 +5,13 @@
 
 use netpol_scenarios::generated::{Case, DualAddresses, Family};
 use netpol_scenarios::{probes, reference};
+use std::sync::OnceLock;
 use weir::dataplane::ebpf::decode;
 use weir_policy::desired::Protocol;
-use weir_policy::manifest::parse_str;
+
+use netpol_scenarios::reference::World;
+use serde_json::Value;
+use weir_policy::model::Object;
 use weir_policy::{verdict, Engine};
 
 /// The addresses the lab gives the world (10.244.0.2.., fd00:10:244::2.., in world order).
@@ -32,23 +36,54 @@ fn protocol(name: &str) -> Protocol {
     }
 }
 
-/// Every disagreement of the case (the reference, weir's verdict, the decoded maps).
-pub fn disagreements(case: &Case) -> Vec<String> {
-    let text: String = reference::manifests(&case.world)
+/// A rendered object as weir's (JSON straight to the API types: no YAML on this path,
+/// which a fuzzer runs as often as it can).
+fn object(v: Value) -> Object {
+    match v["kind"].as_str() {
+        Some("Namespace") => Object::Namespace(serde_json::from_value(v).expect("a Namespace")),
+        Some("Pod") => Object::Pod(serde_json::from_value(v).expect("a Pod")),
+        _ => Object::NetworkPolicy(serde_json::from_value(v).expect("a NetworkPolicy")),
+    }
+}
+
+/// The world's namespaces and pods at [`addresses`], converted once.
+fn world_objects() -> &'static [Object] {
+    static OBJECTS: OnceLock<Vec<Object>> = OnceLock::new();
+    OBJECTS.get_or_init(|| {
+        let world = netpol_scenarios::generated::world(&addresses());
+        reference::manifests(&world)
+            .into_iter()
+            .map(object)
+            .collect()
+    })
+}
+
+/// Every disagreement of the case (the reference, weir's verdict, the decoded maps) on
+/// the probes whose index (over both families) `keep` takes.
+pub fn disagreements(case: &Case, keep: impl Fn(usize) -> bool) -> Vec<String> {
+    let policies = World {
+        namespaces: Vec::new(),
+        pods: Vec::new(),
+        policies: case.world.policies.clone(),
+    };
+    let objects = world_objects()
         .iter()
-        .map(|v| format!("---\n{v}\n"))
-        .collect();
+        .cloned()
+        .chain(reference::manifests(&policies).into_iter().map(object));
+    // One cold compile: the fuzzer's inputs a second are what it explores with.
     let mut engine = Engine::new(None);
-    for object in parse_str(&text).expect("generated objects parse") {
-        if let Err(e) = engine.upsert(object) {
-            return vec![format!("refused: {e}")];
-        }
+    let (_, refused) = engine.load(objects);
+    if !refused.is_empty() {
+        return refused.iter().map(|e| format!("refused: {e}")).collect();
     }
     let desired = engine.desired();
     let encoded = decode::encode(desired);
     let mut out = Vec::new();
-    for family in [Family::V4, Family::V6] {
-        for (from, to, port, proto) in probes() {
+    let all = [Family::V4, Family::V6]
+        .into_iter()
+        .flat_map(|family| probes().into_iter().map(move |p| (family, p)));
+    for (_, (family, (from, to, port, proto))) in all.enumerate().filter(|(i, _)| keep(*i)) {
+        {
             let expected = case.allowed_over(family, &from, &to, port, proto);
             let (from_addr, to_addr) = (case.address(family, &from), case.address(family, &to));
             let compiled = verdict(desired, &from, to_addr, port, protocol(proto))
