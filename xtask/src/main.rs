@@ -9,6 +9,7 @@ mod cmd;
 mod components;
 mod conformance;
 mod demo;
+mod disk;
 mod fuzz;
 mod host_guard;
 mod image;
@@ -56,7 +57,8 @@ enum Command {
         /// Build unoptimized (what `cargo xtask test` runs: minutes faster to build).
         #[arg(long)]
         dev: bool,
-        /// Fewest executions a target must reach.
+        /// Fewest executions a target must reach (ebpf_encoding: a fifth, its inputs are
+        /// whole policy worlds).
         #[arg(long, default_value_t = 100_000)]
         min_runs: u64,
     },

@@ -6,7 +6,7 @@
 //! by skipping, and so does a test that leaves or removes weir state on the host
 //! (`host_guard`).
 use std::io::{BufRead, BufReader};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Instant;
 
@@ -22,6 +22,16 @@ const CI_FUZZ: crate::fuzz::FuzzOptions = crate::fuzz::FuzzOptions {
     optimized: false,
     min_runs: 1_000,
 };
+
+/// Free disk a run needs: a cold run's build directories peaked at 10.4 GiB (2026-12-03,
+/// 7.9 GiB target/ and 2.3 GiB agent/fuzz/target/, line tables only), plus a third.
+const COLD_RUN_DISK: u64 = 14 << 30;
+
+/// Where a run builds: the workspace's target directory and the fuzz workspace's.
+fn build_dirs() -> Vec<PathBuf> {
+    let root = workspace_root();
+    vec![root.join("target"), root.join("agent/fuzz/target")]
+}
 
 #[derive(Default)]
 struct Tally {
@@ -92,6 +102,9 @@ fn integration_sources() -> Result<Vec<String>> {
 pub fn run() -> Result<()> {
     let started = Instant::now();
     crate::setup::ensure()?;
+    let build_dirs = build_dirs();
+    let build_dirs: Vec<&Path> = build_dirs.iter().map(PathBuf::as_path).collect();
+    crate::disk::check_room(&build_dirs, COLD_RUN_DISK, "a cold `cargo xtask test`")?;
     step("formatting");
     run_cmd(cargo().args(["fmt", "--all", "--check"]))?;
     run_cmd(cargo().args([
@@ -172,6 +185,10 @@ pub fn run() -> Result<()> {
     bench_host_guard?;
     kernels.context("the quick kernel run on 5.10 failed")?;
     bench.context("the quick bench failed")?;
+    println!(
+        "disk: the build directories hold {} after the run",
+        crate::disk::gib(crate::disk::used_bytes(&build_dirs))
+    );
     println!(
         "xtask test: PASS in {}s: fmt, clippy, {} unit tests, {} integration tests in {} ({}), quick kernels on 5.10, fuzz {}, quick bench",
         started.elapsed().as_secs(),
