@@ -8,10 +8,7 @@
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 
-use weir_common::{
-    IDENTITY_ANY, IDENTITY_WORLD, POLICY_PREFIX_ANY_PORT, POLICY_PREFIX_ANY_PROTOCOL,
-    POLICY_PREFIX_FULL,
-};
+use weir_common::{PolicyKey, IDENTITY_ANY, IDENTITY_WORLD, POLICY_PREFIX_FULL};
 use weir_policy::desired::{Desired, Direction, PodKey, Protocol};
 
 use super::identities::{IdentityTable, Prefix};
@@ -105,8 +102,8 @@ impl Encoded {
             .map_or(IDENTITY_WORLD, |(_, id)| *id)
     }
 
-    /// The POLICY trie's longest match for the full key, or 0: the bits past the
-    /// direction are the protocol, then the port, most significant first.
+    /// The POLICY trie's longest match for the full key, or 0, over the key's bytes in
+    /// memory order as the kernel's LPM trie compares them.
     fn policy_lookup(
         &self,
         endpoint_id: u32,
@@ -115,24 +112,56 @@ impl Encoded {
         port: u16,
         protocol: Protocol,
     ) -> u32 {
+        let wanted = key_bytes(&PolicyKey {
+            endpoint_id,
+            identity,
+            direction: direction_code(direction),
+            protocol: protocol.number(),
+            port: port.to_be_bytes(),
+        });
         self.state
             .policy
             .iter()
             .filter(|((prefix, key), _)| {
-                let port_bits = prefix.saturating_sub(POLICY_PREFIX_ANY_PORT);
-                let port_mask = match port_bits {
-                    0 => 0,
-                    bits => u16::MAX << (16 - bits.min(16)),
-                };
-                *prefix >= POLICY_PREFIX_ANY_PROTOCOL
-                    && *prefix <= POLICY_PREFIX_FULL
-                    && key.endpoint_id == endpoint_id
-                    && key.identity == identity
-                    && key.direction == direction_code(direction)
-                    && (*prefix < POLICY_PREFIX_ANY_PORT || key.protocol == protocol.number())
-                    && u16::from_be_bytes(key.port) & port_mask == port & port_mask
+                assert!(
+                    *prefix <= POLICY_PREFIX_FULL,
+                    "a POLICY entry of {prefix} bits, longer than its key"
+                );
+                same_leading_bits(&key_bytes(key), &wanted, *prefix)
             })
             .max_by_key(|((prefix, _), _)| *prefix)
             .map_or(0, |(_, rule)| *rule)
+    }
+}
+
+/// A POLICY key as the map stores it: its fields in declaration order, native-endian, no
+/// padding (weir-common's layout checks).
+fn key_bytes(key: &PolicyKey) -> Vec<u8> {
+    let mut bytes = Vec::with_capacity(POLICY_PREFIX_FULL as usize / 8);
+    bytes.extend(key.endpoint_id.to_ne_bytes());
+    bytes.extend(key.identity.to_ne_bytes());
+    bytes.push(key.direction);
+    bytes.push(key.protocol);
+    bytes.extend(key.port);
+    debug_assert_eq!(bytes.len(), std::mem::size_of::<PolicyKey>());
+    bytes
+}
+
+/// Whether the first `bits` bits of `a` and `b` are equal, most significant bit first.
+fn same_leading_bits(a: &[u8], b: &[u8], bits: u32) -> bool {
+    let (whole, rest) = ((bits / 8) as usize, bits % 8);
+    a[..whole] == b[..whole] && (rest == 0 || (a[whole] ^ b[whole]) & (0xff_u8 << (8 - rest)) == 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn leading_bits_compare_most_significant_first() {
+        assert!(same_leading_bits(&[0xab, 0xf0], &[0xab, 0xff], 12));
+        assert!(!same_leading_bits(&[0xab, 0xf0], &[0xab, 0xff], 13));
+        assert!(same_leading_bits(&[0x00], &[0xff], 0));
+        assert!(!same_leading_bits(&[0x80], &[0x00], 1));
     }
 }
