@@ -77,12 +77,11 @@ const IPV4_MAPPED: Prefix = Prefix {
     len: 96,
 };
 
-/// A set's members as trie prefixes, each with whether it is an except. An IPv6 block never
-/// holds an IPv4 peer, but in the trie one that covers ::ffff:0:0/96 (::/0 to ::/96) would
-/// cover every IPv4 address: such a block gets that range as an except (unless the set
-/// holds all of IPv4 anyway). IPv6 members inside that range would stand for IPv4
-/// addresses, so they are left out: the rule then allows less, never more (no pod has
-/// such an address; only a forged IPv6 source could).
+/// A set's members as trie prefixes, each with whether it is an except. An IPv6 block
+/// never holds an IPv4 peer, but in the trie one that covers ::ffff:0:0/96 (::/0 to ::/80,
+/// or that /96 itself) would cover every IPv4 address: such a block gets that range as an
+/// except (unless the set holds all of IPv4 anyway). IPv6 members inside that range would
+/// stand for IPv4 addresses, so they are left out: the rule allows less, never more.
 fn trie_members(set: &AddressSet) -> Vec<(Prefix, bool)> {
     let inside_mapped = |p: &Prefix| {
         p.len >= IPV4_MAPPED.len && IPV4_MAPPED.last() >= p.addr && p.addr >= IPV4_MAPPED.addr

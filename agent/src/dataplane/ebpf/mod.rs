@@ -840,8 +840,6 @@ impl EbpfDataplane {
     }
 }
 
-/// The ENDPOINT record: id, isolation, and the addresses the pod may send from
-/// (anti-spoofing: a family without an address is dropped whole).
 /// The map contents `desired` needs, with each endpoint id's pod (for naming failures):
 /// `placed` gives each placed pod's (endpoint id, interface name, ifindex), `plan` and
 /// `rule_ids` the identities and rule ids, `host` the node's own prefixes.
@@ -897,6 +895,8 @@ pub(crate) fn planned_state(
     (target, owner)
 }
 
+/// The ENDPOINT record: id, isolation, and the addresses the pod may send from
+/// (anti-spoofing: a family without an address is dropped whole).
 fn endpoint_info(endpoint_id: u32, mut flags: u32, ep: &Endpoint) -> EndpointInfo {
     let mut info = EndpointInfo {
         endpoint_id,
