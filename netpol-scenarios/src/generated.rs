@@ -55,15 +55,19 @@ impl Case {
     /// The case's policies as one YAML stream (JSON documents, which YAML reads), for
     /// `weir lab apply` and `delete`.
     pub fn manifests(&self) -> String {
-        let policies = World {
-            namespaces: Vec::new(),
-            pods: Vec::new(),
-            policies: self.world.policies.clone(),
-        };
-        reference::manifests(&policies)
+        self.policy_objects()
             .iter()
             .map(|v| format!("---\n{v}\n"))
             .collect()
+    }
+
+    /// The case's policies as Kubernetes objects (JSON).
+    pub fn policy_objects(&self) -> Vec<serde_json::Value> {
+        reference::manifests(&World {
+            namespaces: Vec::new(),
+            pods: Vec::new(),
+            policies: self.world.policies.clone(),
+        })
     }
 
     /// Whether the reference evaluator allows the probe (pods as `ns/name`) over the
@@ -138,11 +142,7 @@ impl Case {
             self.family.flag(),
             self.seed
         );
-        for policy in reference::manifests(&World {
-            namespaces: Vec::new(),
-            pods: Vec::new(),
-            policies: self.world.policies.clone(),
-        }) {
+        for policy in self.policy_objects() {
             let _ = writeln!(out, "  {policy}");
         }
         out
@@ -163,6 +163,20 @@ pub fn parse_seed(text: &str) -> Result<u64, String> {
         None => text.parse(),
     }
     .map_err(|e| format!("{text:?} is not a seed (decimal or 0x hex): {e}"))
+}
+
+/// The addresses the lab's IPAM gives the world's pods, in world order: 10.244.0.2.. and
+/// fd00:10:244::2.. (.1 is the gateway). Harnesses without a lab use them.
+pub fn lab_addresses() -> DualAddresses {
+    crate::world_pods()
+        .into_iter()
+        .zip(2u8..)
+        .map(|(pod, host)| {
+            let v4 = IpAddr::from([10, 244, 0, host]);
+            let v6 = IpAddr::from([0xfd00, 0x10, 0x244, 0, 0, 0, 0, u16::from(host)]);
+            (pod, (v4, v6))
+        })
+        .collect()
 }
 
 /// The world's namespaces and pods with their addresses and ports, as in
@@ -312,27 +326,31 @@ fn selector(labels: &[(&str, &str)], exprs: Vec<(&str, &'static str, &[&str])>) 
 fn pod_selector(rng: &mut Rng) -> Sel {
     let pod = *rng.pick(&PODS);
     let other = *rng.pick(&PODS);
-    match rng.below(7) {
+    match rng.below(8) {
         0 => selector(&[], vec![]),
         1 | 2 => selector(&[("pod", pod)], vec![]),
         3 => selector(&[], vec![("pod", "In", &[pod, other])]),
         4 => selector(&[], vec![("pod", "NotIn", &[pod])]),
         5 => selector(&[], vec![("pod", "Exists", &[])]),
-        _ => selector(&[], vec![("app", "DoesNotExist", &[])]),
+        6 => selector(&[], vec![("app", "DoesNotExist", &[])]),
+        // Labels and expressions together must both hold.
+        _ => selector(&[("pod", pod)], vec![("pod", "In", &[other])]),
     }
 }
 
 fn namespace_selector(rng: &mut Rng) -> Sel {
     let ns = *rng.pick(&NAMESPACES);
     let other = *rng.pick(&NAMESPACES);
-    match rng.below(5) {
+    match rng.below(7) {
         0 => selector(&[], vec![]),
         1 | 2 => selector(&[("ns", ns)], vec![]),
         3 => selector(
             &[],
             vec![("kubernetes.io/metadata.name", "In", &[ns, other])],
         ),
-        _ => selector(&[], vec![("ns", "NotIn", &[ns])]),
+        4 => selector(&[], vec![("ns", "NotIn", &[ns])]),
+        5 => selector(&[], vec![("ns", "Exists", &[])]),
+        _ => selector(&[("ns", ns)], vec![("env", "DoesNotExist", &[])]),
     }
 }
 
@@ -349,12 +367,15 @@ fn ip_block(rng: &mut Rng, world: &World, family: Family) -> Peer {
     };
     let bits = if v4 { 32 } else { 128 };
     let around = address(rng.pick(&world.pods));
-    let prefix = match rng.below(6) {
+    let prefix = match rng.below(8) {
         0 => bits,
         1 => bits - 2,
         2 => bits - 3,
         3 => bits - 4,
-        4 => 4,
+        4 if v4 => 24,
+        4 => 64,
+        5 => 4,
+        6 if !v4 => return ipv4_in_ipv6(rng, world),
         _ => 0,
     };
     let cidr = IpNet::new(around, prefix)
@@ -362,7 +383,11 @@ fn ip_block(rng: &mut Rng, world: &World, family: Family) -> Peer {
         .trunc();
     let except = (0..rng.below(3))
         .map(|_| {
-            let carved = rng.below(2) as u8;
+            let carved = match rng.below(4) {
+                0 | 1 => rng.below(2) as u8,
+                2 => 4,
+                _ => 8,
+            };
             IpNet::new(address(rng.pick(&world.pods)), bits - carved)
                 .expect("a prefix within the family")
                 .trunc()
@@ -371,6 +396,26 @@ fn ip_block(rng: &mut Rng, world: &World, family: Family) -> Peer {
         .filter(|e| cidr.contains(e) && e.prefix_len() > cidr.prefix_len())
         .collect();
     Peer::Block { cidr, except }
+}
+
+/// An IPv6 block where IPv4 meets IPv6: one that covers the IPv4-mapped range
+/// ::ffff:0:0/96 (::/80, or that range itself), or a pod's IPv4 address written
+/// IPv4-mapped. None holds an IPv4 peer, nor any pod's IPv6 address.
+fn ipv4_in_ipv6(rng: &mut Rng, world: &World) -> Peer {
+    let cidr = match rng.below(3) {
+        0 => "::/80".parse().expect("a CIDR"),
+        1 => "::ffff:0:0/96".parse().expect("a CIDR"),
+        _ => match rng.pick(&world.pods).v4 {
+            Some(IpAddr::V4(v4)) => {
+                IpNet::new(IpAddr::V6(v4.to_ipv6_mapped()), 128).expect("a host prefix")
+            }
+            other => panic!("a world pod's IPv4 address is {other:?}"),
+        },
+    };
+    Peer::Block {
+        cidr,
+        except: Vec::new(),
+    }
 }
 
 fn port(rng: &mut Rng) -> Port {
@@ -388,17 +433,20 @@ fn port(rng: &mut Rng) -> Port {
         4 => (Some(PortValue::Number(81)), Some(82)),
         5 => (Some(PortValue::Number(80)), Some(81)),
         6 => (Some(PortValue::Number(70)), Some(79)),
-        // A named port, with the protocol it is served on or another.
+        // A named port, with the protocol it is served on or another, or that no pod has.
         _ => {
             let served = match protocol {
                 Some(p) if rng.chance(75) => p,
                 _ => *rng.pick(&Protocol::ALL),
             };
-            let name = format!(
-                "serve-{}-{}",
-                rng.pick(&PORTS),
-                served.name().to_lowercase()
-            );
+            let name = match rng.chance(10) {
+                true => "no-such-port".to_string(),
+                false => format!(
+                    "serve-{}-{}",
+                    rng.pick(&PORTS),
+                    served.name().to_lowercase()
+                ),
+            };
             (Some(PortValue::Name(name)), None)
         }
     };
@@ -453,16 +501,7 @@ mod tests {
     use super::*;
 
     fn addresses() -> DualAddresses {
-        crate::world_pods()
-            .into_iter()
-            .enumerate()
-            .map(|(i, pod)| {
-                let host = i + 2;
-                let v4 = format!("10.244.0.{host}").parse().unwrap();
-                let v6 = format!("fd00:10:244::{host:x}").parse().unwrap();
-                (pod, (v4, v6))
-            })
-            .collect()
+        lab_addresses()
     }
 
     #[test]

@@ -18,10 +18,8 @@ mod support;
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{PodIP, PodStatus};
-use netpol_scenarios::generated::{self, DualAddresses, Family};
-use netpol_scenarios::{
-    compare, probes, scenarios, world_pods, Addresses, Change, Matrix, Scenario, WORLD,
-};
+use netpol_scenarios::generated::{self, Family};
+use netpol_scenarios::{compare, probes, scenarios, Addresses, Change, Matrix, Scenario, WORLD};
 use support::{objects, Harness};
 use weir_policy::desired::Protocol;
 use weir_policy::model::Object;
@@ -32,16 +30,9 @@ const NODE: &str = "node-1";
 
 /// `ns/name` → (IPv4, IPv6), as the lab's IPAM allocates them for the world.
 fn world_addresses() -> BTreeMap<String, (String, String)> {
-    world_pods()
+    generated::lab_addresses()
         .into_iter()
-        .enumerate()
-        .map(|(i, pod)| {
-            let host = i + 2; // .1 is the gateway, as in the lab
-            (
-                pod,
-                (format!("10.244.0.{host}"), format!("fd00:10:244::{host:x}")),
-            )
-        })
+        .map(|(pod, (v4, v6))| (pod, (v4.to_string(), v6.to_string())))
         .collect()
 }
 
@@ -217,10 +208,7 @@ fn scenario_names_are_unique() {
 #[test]
 fn generated_cases_agree_with_the_reference_evaluator() {
     let addresses = world_addresses();
-    let dual: DualAddresses = addresses
-        .iter()
-        .map(|(pod, (v4, v6))| (pod.clone(), (v4.parse().unwrap(), v6.parse().unwrap())))
-        .collect();
+    let dual = generated::lab_addresses();
     let world: Vec<Object> = objects(WORLD)
         .into_iter()
         .map(|o| scheduled(o, &addresses))

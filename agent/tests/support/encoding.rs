@@ -3,29 +3,19 @@
 //! programs decide (`dataplane::ebpf::decode`), weir's verdict and the reference
 //! evaluator, on every probe the lab makes over IPv4 and IPv6.
 
-use netpol_scenarios::generated::{Case, DualAddresses, Family};
+use netpol_scenarios::generated::{self, Case, DualAddresses, Family};
 use netpol_scenarios::{probes, reference};
 use std::sync::OnceLock;
 use weir::dataplane::ebpf::decode;
 use weir_policy::desired::Protocol;
 
-use netpol_scenarios::reference::World;
 use serde_json::Value;
 use weir_policy::model::Object;
 use weir_policy::{verdict, Engine};
 
-/// The addresses the lab gives the world (10.244.0.2.., fd00:10:244::2.., in world order).
+/// The addresses the lab gives the world.
 pub fn addresses() -> DualAddresses {
-    netpol_scenarios::world_pods()
-        .into_iter()
-        .enumerate()
-        .map(|(i, pod)| {
-            let host = i + 2;
-            let v4 = format!("10.244.0.{host}").parse().unwrap();
-            let v6 = format!("fd00:10:244::{host:x}").parse().unwrap();
-            (pod, (v4, v6))
-        })
-        .collect()
+    generated::lab_addresses()
 }
 
 fn protocol(name: &str) -> Protocol {
@@ -50,7 +40,7 @@ fn object(v: Value) -> Object {
 fn world_objects() -> &'static [Object] {
     static OBJECTS: OnceLock<Vec<Object>> = OnceLock::new();
     OBJECTS.get_or_init(|| {
-        let world = netpol_scenarios::generated::world(&addresses());
+        let world = generated::world(&addresses());
         reference::manifests(&world)
             .into_iter()
             .map(object)
@@ -61,15 +51,10 @@ fn world_objects() -> &'static [Object] {
 /// Every disagreement of the case (the reference, weir's verdict, the decoded maps) on
 /// the probes whose index (over both families) `keep` takes.
 pub fn disagreements(case: &Case, keep: impl Fn(usize) -> bool) -> Vec<String> {
-    let policies = World {
-        namespaces: Vec::new(),
-        pods: Vec::new(),
-        policies: case.world.policies.clone(),
-    };
     let objects = world_objects()
         .iter()
         .cloned()
-        .chain(reference::manifests(&policies).into_iter().map(object));
+        .chain(case.policy_objects().into_iter().map(object));
     // One cold compile: the fuzzer's inputs a second are what it explores with.
     let mut engine = Engine::new(None);
     let (_, refused) = engine.load(objects);
