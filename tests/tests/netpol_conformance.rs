@@ -6,7 +6,10 @@
 //! kube-proxy needs the server). Cells with kube-proxy run with `--services auto` and probe
 //! every pod both directly and through its Service's ClusterIP (`--via both`): the verdict
 //! through the Service must be the pod's. Every cell must give the same matrices step by
-//! step (the differential check: a difference is a bug in one dataplane).
+//! step (the differential check: a difference is a bug in one dataplane). Cells that run
+//! every scenario directly run them all over IPv6 as well, built from the pods' IPv6
+//! addresses so that their ipBlocks are IPv6 ([`Pass::Ipv6`]); every cell probes
+//! [`IPV6_TOO`] over IPv6 as the scenarios stand.
 //!
 //! `cargo xtask test` runs [`CI_CELLS`]: every dataplane, topology and proxy mode that can
 //! run on the host kernel at least once, some on a representative subset of scenarios.
@@ -23,11 +26,12 @@ use std::fmt::Write;
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use netpol_scenarios::{compare, scenarios, Addresses, Change};
+use netpol_scenarios::{compare, scenarios, Addresses, Change, Scenario};
 use weir_tests::lab::{manifest, netpol_world, Lab, Matrix};
 
-/// Scenarios also probed over IPv6, directly (the ipBlock ones name IPv4 CIDRs, and the
-/// lab's Services are IPv4): one of each kind of peer, port and direction.
+/// Scenarios probed over IPv6 in every cell, directly and as built for IPv4 (none names an
+/// address; the lab's Services are IPv4): one of each kind of peer, port and direction.
+/// Cells that run every scenario directly run the rest over IPv6 too ([`Pass::Ipv6`]).
 const IPV6_TOO: &[&str] = &[
     "default-deny-all",
     "only from a pod in a different namespace by podSelector and namespaceSelector",
@@ -348,6 +352,8 @@ fn variant_took(lab: &Lab, cell: Cell) -> Result<(), String> {
 /// or ` via service`), every mismatch with the truth tables, or why it could not run.
 struct SuiteRun {
     matrices: BTreeMap<String, Matrix>,
+    /// Every scenario was also run over IPv6 (see [`Pass::Ipv6`]).
+    ipv6_pass: bool,
     failures: Vec<String>,
     scenarios: usize,
     elapsed: Duration,
@@ -361,6 +367,7 @@ fn run_suite(cell: Cell) -> SuiteRun {
     if cell.proxy == "ipvs" && !weir_tests::kernel_has_ipvs() {
         return SuiteRun {
             matrices: BTreeMap::new(),
+            ipv6_pass: false,
             failures: Vec::new(),
             scenarios: 0,
             elapsed: started.elapsed(),
@@ -394,6 +401,7 @@ fn run_suite(cell: Cell) -> SuiteRun {
         eprintln!("{name}: lab up failed: {e}");
         return SuiteRun {
             matrices: BTreeMap::new(),
+            ipv6_pass: false,
             failures: vec![format!("{name}: lab up: {e}")],
             scenarios: 0,
             elapsed: started.elapsed(),
@@ -407,17 +415,18 @@ fn run_suite(cell: Cell) -> SuiteRun {
     }
     let pods: serde_json::Value =
         serde_json::from_str(&lab.weir(&["pods", "--output", "json"]).unwrap()).unwrap();
-    let ips: Addresses = pods
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|p| {
-            (
-                p["pod"].as_str().unwrap().to_string(),
-                p["ip"].as_str().unwrap().to_string(),
-            )
-        })
-        .collect();
+    let addresses = |field: &str| -> Addresses {
+        pods.as_array()
+            .unwrap()
+            .iter()
+            .map(|p| {
+                let ip = p[field].as_str();
+                let ip = ip.unwrap_or_else(|| panic!("{name}: pod {p} has no {field}"));
+                (p["pod"].as_str().unwrap().to_string(), ip.to_string())
+            })
+            .collect()
+    };
+    let (ips, ips6) = (addresses("ip"), addresses("ipv6"));
 
     let all = scenarios(&ips);
     for name in IPV6_TOO.iter().chain(BRIDGE_SUBSET).chain(PROXY_SUBSET) {
@@ -428,104 +437,158 @@ fn run_suite(cell: Cell) -> SuiteRun {
     }
     let mut run = SuiteRun {
         matrices: BTreeMap::new(),
+        ipv6_pass: cell.subset.is_none() && !cell.through_services(),
         failures: variant_failures,
         scenarios: 0,
         elapsed: Duration::ZERO,
         not_run: None,
     };
-    for (n, scenario) in all.into_iter().enumerate() {
+    for (n, scenario) in all.iter().enumerate() {
         if cell.subset.is_some_and(|s| !s.contains(&scenario.name)) {
             continue;
         }
         run.scenarios += 1;
-        let began = Instant::now();
-        let mut policies = String::new();
-        let mut relabelled = false;
-        for (s, step) in scenario.steps.iter().enumerate() {
-            let label = format!("{n:02} {} / step {}", scenario.name, s + 1);
-            let mut step_ok = true;
-            for (c, change) in step.changes.iter().enumerate() {
-                let (verb, yaml) = match change {
-                    Change::Apply(yaml) => ("apply", yaml),
-                    Change::Delete(yaml) => ("delete", yaml),
-                };
-                if yaml.contains("kind: NetworkPolicy") {
-                    policies.push_str(yaml);
-                } else {
-                    relabelled = true;
-                }
-                let file = manifest(&lab, &format!("step-{n}-{s}-{c}.yaml"), yaml);
-                if let Err(e) = lab.weir(&[verb, file.to_str().unwrap()]) {
-                    run.failures.push(format!("{name}: {label}: {e}"));
-                    step_ok = false;
-                }
-            }
-            if !step_ok {
+        if !run_scenario(&lab, cell, &world, n, scenario, Pass::Cell, &mut run) {
+            break;
+        }
+    }
+    // Every other scenario over IPv6 too, its ipBlocks from the pods' IPv6 addresses, in
+    // the cells that run them all directly (the lab's Services are IPv4).
+    if run.ipv6_pass {
+        for (n, scenario) in scenarios(&ips6).iter().enumerate() {
+            if IPV6_TOO.contains(&scenario.name) {
                 continue;
             }
-            let mut probed: Vec<(String, Result<Matrix, String>)> = Vec::new();
-            if cell.through_services() {
-                match lab.probe_routes("both") {
-                    Ok(routes) => {
-                        assert_eq!(
-                            routes.dataplane, cell.dataplane,
-                            "{name}: another dataplane"
-                        );
-                        if !routes.skipped.is_empty() {
-                            run.failures.push(format!(
-                                "{name}: {label}: no Service for {:?}",
-                                routes.skipped
-                            ));
-                        }
-                        probed.push((label.clone(), Ok(routes.pod)));
-                        probed.push((format!("{label} via service"), Ok(routes.service)));
-                    }
-                    Err(e) => probed.push((label.clone(), Err(e.to_string()))),
-                }
-            } else {
-                probed.push((label.clone(), probe(&lab, cell, "ipv4")));
-            }
-            if IPV6_TOO.contains(&scenario.name) {
-                probed.push((format!("{label} (ipv6)"), probe(&lab, cell, "ipv6")));
-            }
-            for (label, matrix) in probed {
-                match matrix {
-                    Ok(matrix) => {
-                        if let Err(diff) = compare(&matrix, step.expect) {
-                            run.failures.push(format!("{name}: {label}: {diff}"));
-                        }
-                        run.matrices.insert(label, matrix);
-                    }
-                    Err(e) => run.failures.push(format!("{name}: {label}: probe: {e}")),
-                }
-            }
-        }
-        // Back to the bare world for the next scenario.
-        // A lab that cannot get back to it fails this cell, not the whole run.
-        if !policies.is_empty() {
-            let file = manifest(&lab, &format!("cleanup-{n}.yaml"), &policies);
-            if let Err(e) = lab.weir(&["delete", file.to_str().unwrap()]) {
-                run.failures
-                    .push(format!("{name}: back to the bare world: {e}"));
+            if !run_scenario(&lab, cell, &world, n, scenario, Pass::Ipv6, &mut run) {
                 break;
             }
         }
-        if relabelled {
-            if let Err(e) = lab.weir(&["apply", world.to_str().unwrap()]) {
-                run.failures
-                    .push(format!("{name}: back to the bare world: {e}"));
-                break;
-            }
-        }
-        eprintln!(
-            "{name}: {n:02} {} in {:.1?}",
-            scenario.name,
-            began.elapsed()
-        );
     }
     run.elapsed = started.elapsed();
     eprintln!("{name}: suite in {:.1?}", run.elapsed);
     run
+}
+
+/// Which probes a scenario's steps get: the cell's (IPv4, through Services where the cell
+/// has them, and IPv6 too for [`IPV6_TOO`]), or IPv6 alone (the scenario built from the
+/// pods' IPv6 addresses, so its ipBlocks are IPv6).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Pass {
+    Cell,
+    Ipv6,
+}
+
+impl Pass {
+    /// Told apart in the lab's manifest file names.
+    fn tag(self) -> &'static str {
+        match self {
+            Pass::Cell => "",
+            Pass::Ipv6 => "-v6",
+        }
+    }
+}
+
+/// Runs scenario `n`'s steps on the lab with `pass`'s probes, recording matrices and
+/// failures in `run`, then takes the lab back to the bare world (`world`). False when it
+/// cannot get back there: the cell's other scenarios cannot run.
+fn run_scenario(
+    lab: &Lab,
+    cell: Cell,
+    world: &std::path::Path,
+    n: usize,
+    scenario: &Scenario,
+    pass: Pass,
+    run: &mut SuiteRun,
+) -> bool {
+    let name = cell.name();
+    let began = Instant::now();
+    let mut policies = String::new();
+    let mut relabelled = false;
+    for (s, step) in scenario.steps.iter().enumerate() {
+        let label = format!("{n:02} {} / step {}", scenario.name, s + 1);
+        let mut step_ok = true;
+        for (c, change) in step.changes.iter().enumerate() {
+            let (verb, yaml) = match change {
+                Change::Apply(yaml) => ("apply", yaml),
+                Change::Delete(yaml) => ("delete", yaml),
+            };
+            if yaml.contains("kind: NetworkPolicy") {
+                policies.push_str(yaml);
+            } else {
+                relabelled = true;
+            }
+            let file = manifest(lab, &format!("step{}-{n}-{s}-{c}.yaml", pass.tag()), yaml);
+            if let Err(e) = lab.weir(&[verb, file.to_str().unwrap()]) {
+                run.failures.push(format!("{name}: {label}: {e}"));
+                step_ok = false;
+            }
+        }
+        if !step_ok {
+            continue;
+        }
+        let mut probed: Vec<(String, Result<Matrix, String>)> = Vec::new();
+        if pass == Pass::Ipv6 {
+            probed.push((format!("{label} (ipv6)"), probe(lab, cell, "ipv6")));
+        } else if cell.through_services() {
+            match lab.probe_routes("both") {
+                Ok(routes) => {
+                    assert_eq!(
+                        routes.dataplane, cell.dataplane,
+                        "{name}: another dataplane"
+                    );
+                    if !routes.skipped.is_empty() {
+                        run.failures.push(format!(
+                            "{name}: {label}: no Service for {:?}",
+                            routes.skipped
+                        ));
+                    }
+                    probed.push((label.clone(), Ok(routes.pod)));
+                    probed.push((format!("{label} via service"), Ok(routes.service)));
+                }
+                Err(e) => probed.push((label.clone(), Err(e.to_string()))),
+            }
+        } else {
+            probed.push((label.clone(), probe(lab, cell, "ipv4")));
+        }
+        if pass == Pass::Cell && IPV6_TOO.contains(&scenario.name) {
+            probed.push((format!("{label} (ipv6)"), probe(lab, cell, "ipv6")));
+        }
+        for (label, matrix) in probed {
+            match matrix {
+                Ok(matrix) => {
+                    if let Err(diff) = compare(&matrix, step.expect) {
+                        run.failures.push(format!("{name}: {label}: {diff}"));
+                    }
+                    run.matrices.insert(label, matrix);
+                }
+                Err(e) => run.failures.push(format!("{name}: {label}: probe: {e}")),
+            }
+        }
+    }
+    // Back to the bare world for the next scenario.
+    // A lab that cannot get back to it fails this cell, not the whole run.
+    if !policies.is_empty() {
+        let file = manifest(lab, &format!("cleanup{}-{n}.yaml", pass.tag()), &policies);
+        if let Err(e) = lab.weir(&["delete", file.to_str().unwrap()]) {
+            run.failures
+                .push(format!("{name}: back to the bare world: {e}"));
+            return false;
+        }
+    }
+    if relabelled {
+        if let Err(e) = lab.weir(&["apply", world.to_str().unwrap()]) {
+            run.failures
+                .push(format!("{name}: back to the bare world: {e}"));
+            return false;
+        }
+    }
+    eprintln!(
+        "{name}: {n:02} {}{} in {:.1?}",
+        scenario.name,
+        if pass == Pass::Ipv6 { " (ipv6)" } else { "" },
+        began.elapsed()
+    );
+    true
 }
 
 fn probe(lab: &Lab, cell: Cell, family: &str) -> Result<Matrix, String> {
@@ -732,10 +795,14 @@ fn differ(
         }
     }
     if every_step {
+        // A cell without the IPv6 pass (through Services) runs only IPV6_TOO over IPv6.
+        let runs_it = |s: &str| {
+            run.ipv6_pass || !s.ends_with("(ipv6)") || IPV6_TOO.iter().any(|n| s.contains(n))
+        };
         for step in reference
             .matrices
             .keys()
-            .filter(|s| !run.matrices.contains_key(*s))
+            .filter(|s| !run.matrices.contains_key(*s) && runs_it(s))
         {
             differences.push(format!("{step}: probed on {reference_name}, not on {name}"));
         }
