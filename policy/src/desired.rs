@@ -12,7 +12,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use ipnet::IpNet;
+use ipnet::{IpNet, Ipv6Net};
 use serde::{Deserialize, Serialize};
 
 // The model's pod key and protocol, which every part of the desired state names.
@@ -93,14 +93,58 @@ impl AddressSet {
     }
 
     /// Whether `addr` is in the set: the longest matching member decides, and an
-    /// `except` member means "not in the set".
+    /// `except` member means "not in the set". An IPv4-mapped IPv6 address is in no set
+    /// (see [`is_ipv4_mapped`]).
     pub fn contains(&self, addr: std::net::IpAddr) -> bool {
-        self.members
-            .iter()
-            .filter(|m| m.net.contains(&addr))
-            .max_by_key(|m| (m.net.prefix_len(), m.except))
-            .is_some_and(|m| !m.except)
+        !is_ipv4_mapped(addr)
+            && self
+                .members
+                .iter()
+                .filter(|m| m.net.contains(&addr))
+                .max_by_key(|m| (m.net.prefix_len(), m.except))
+                .is_some_and(|m| !m.except)
     }
+}
+
+/// The IPv4-mapped IPv6 range, ::ffff:0:0/96.
+pub fn ipv4_mapped_range() -> Ipv6Net {
+    Ipv6Net::new(Ipv6Addr::new(0, 0, 0, 0, 0, 0xffff, 0, 0), 96).expect("a /96")
+}
+
+/// Whether `addr` is an IPv6 address inside ::ffff:0:0/96. weir places such a peer in no
+/// address set, so only rules without peers admit it: no pod has one, on the wire it can
+/// only be forged (Linux accepts such a source and shows it to a dual-stack socket as the
+/// IPv4 address), and eBPF's identity trie keeps IPv4 there.
+pub fn is_ipv4_mapped(addr: IpAddr) -> bool {
+    matches!(addr, IpAddr::V6(v6) if ipv4_mapped_range().contains(&v6))
+}
+
+/// `members` as the dataplanes program them (see [`is_ipv4_mapped`]): IPv6 members inside
+/// ::ffff:0:0/96 are left out, and the range is an except of any set with an IPv6 member
+/// that covers it (::/0 to ::/80, or the /96 itself).
+pub fn programmed_members<'a>(members: impl IntoIterator<Item = &'a Member>) -> Vec<Member> {
+    let mapped = IpNet::V6(ipv4_mapped_range());
+    let mut out = Vec::new();
+    let mut covers = false;
+    for m in members {
+        match m.net.trunc() {
+            IpNet::V6(net) if ipv4_mapped_range().contains(&net) => {
+                covers |= !m.except && net == ipv4_mapped_range();
+            }
+            IpNet::V6(net) if net.contains(&ipv4_mapped_range()) => {
+                covers |= !m.except;
+                out.push(*m);
+            }
+            _ => out.push(*m),
+        }
+    }
+    if covers {
+        out.push(Member {
+            net: mapped,
+            except: true,
+        });
+    }
+    out
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -299,6 +343,34 @@ mod tests {
         assert!(!s.contains("10.1.0.1".parse().unwrap()));
         assert!(s.contains("10.1.2.3".parse().unwrap()));
         assert!(!s.contains("11.0.0.1".parse().unwrap()));
+    }
+
+    #[test]
+    fn an_ipv4_mapped_address_is_in_no_set_and_no_ipv6_block_holds_the_range() {
+        let everything = set(1, &["::/0", "0.0.0.0/0"]);
+        assert!(everything.contains("10.0.0.1".parse().unwrap()));
+        assert!(everything.contains("fd00::1".parse().unwrap()));
+        assert!(!everything.contains("::ffff:10.0.0.1".parse().unwrap()));
+        let mapped = set(2, &["::ffff:10.0.0.1/128"]);
+        assert!(!mapped.contains("::ffff:10.0.0.1".parse().unwrap()));
+
+        let shown = |s: &AddressSet| -> Vec<String> {
+            programmed_members(&s.members)
+                .iter()
+                .map(|m| format!("{}{}", if m.except { "!" } else { "" }, m.net))
+                .collect()
+        };
+        assert_eq!(
+            shown(&everything),
+            ["0.0.0.0/0", "::/0", "!::ffff:0.0.0.0/96"]
+        );
+        assert!(shown(&mapped).is_empty());
+        // A block that does not reach the range is left alone.
+        assert_eq!(
+            shown(&set(3, &["fd00::/8", "!fd00::1/128"])),
+            ["fd00::/8", "!fd00::1/128"]
+        );
+        assert_eq!(shown(&set(4, &["::/80"])), ["::/80", "!::ffff:0.0.0.0/96"]);
     }
 
     #[test]

@@ -309,15 +309,7 @@ fn judge_deferred(
         return Deferred::Allow(original_source);
     }
     let (counter, reason, rule) = if isolated {
-        let identity = WEIR_IDENTITY
-            .get(&Key::new(
-                128,
-                IdentityKey {
-                    addr: pkt.tuple.daddr,
-                },
-            ))
-            .copied()
-            .unwrap_or(IDENTITY_WORLD);
+        let identity = identity_of(pkt.tuple.family, &pkt.tuple.daddr);
         v.identity = identity;
         if identity == IDENTITY_HOST {
             (COUNTER_HOST, Reason::Host, 0)
@@ -516,10 +508,7 @@ fn judge(
         (Direction::Ingress, None) => &pkt.tuple.saddr,
         _ => &pkt.tuple.daddr,
     };
-    let identity = WEIR_IDENTITY
-        .get(&Key::new(128, IdentityKey { addr: *peer }))
-        .copied()
-        .unwrap_or(IDENTITY_WORLD);
+    let identity = identity_of(pkt.tuple.family, peer);
     v.identity = identity;
     if identity == IDENTITY_HOST {
         ct_track(ctx, &mut pkt.key, id, direction, &pkt.tuple, 0, now);
@@ -552,6 +541,20 @@ fn judge(
     );
     v.emit(ctx, &pkt.tuple, Verdict::Drop, Reason::PolicyDeny, 0, now);
     TC_ACT_SHOT
+}
+
+/// A peer's identity: the IDENTITY trie's longest match, or the world's. An IPv6 packet's
+/// address inside ::ffff:0:0/96 (IPv4-mapped, which only a forged packet carries) is the
+/// world's: the trie keeps IPv4 addresses there, and no IPv6 block holds that range.
+#[inline(always)]
+fn identity_of(family: u8, addr: &[u8; 16]) -> u32 {
+    if family == 6 && packet::is_ipv4_mapped(addr) {
+        return IDENTITY_WORLD;
+    }
+    WEIR_IDENTITY
+        .get(&Key::new(128, IdentityKey { addr: *addr }))
+        .copied()
+        .unwrap_or(IDENTITY_WORLD)
 }
 
 #[inline(always)]

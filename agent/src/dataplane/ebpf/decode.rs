@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::net::IpAddr;
 
 use weir_common::{PolicyKey, IDENTITY_ANY, IDENTITY_WORLD, POLICY_PREFIX_FULL};
-use weir_policy::desired::{Desired, Direction, PodKey, Protocol};
+use weir_policy::desired::{is_ipv4_mapped, Desired, Direction, PodKey, Protocol};
 
 use super::identities::{IdentityTable, Prefix};
 use super::kernel_state::KernelState;
@@ -88,8 +88,12 @@ impl Encoded {
         rule != 0
     }
 
-    /// The IDENTITY trie's longest match for `peer` (IPv4 as IPv4-mapped), or the world.
+    /// The IDENTITY trie's longest match for `peer` (IPv4 as IPv4-mapped), or the world;
+    /// an IPv4-mapped IPv6 peer is the world's, as in the programs' `identity_of`.
     fn identity_of(&self, peer: IpAddr) -> u32 {
+        if is_ipv4_mapped(peer) {
+            return IDENTITY_WORLD;
+        }
         let addr = match peer {
             IpAddr::V4(v4) => u128::from(v4.to_ipv6_mapped()),
             IpAddr::V6(v6) => u128::from(v6),

@@ -11,7 +11,7 @@ use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 use weir_common::{IdentityKey, IDENTITY_FIRST_DYNAMIC, IDENTITY_WORLD};
 
-use weir_policy::desired::{AddressSet, SetId};
+use weir_policy::desired::{programmed_members, AddressSet, SetId};
 
 /// A prefix in the 128-bit (IPv4-mapped) address space.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -77,36 +77,20 @@ const IPV4_MAPPED: Prefix = Prefix {
     len: 96,
 };
 
-/// A set's members as trie prefixes, each with whether it is an except. An IPv6 block
-/// never holds an IPv4 peer, but in the trie one that covers ::ffff:0:0/96 (::/0 to ::/80,
-/// or that /96 itself) would cover every IPv4 address: such a block gets that range as an
-/// except (unless the set holds all of IPv4 anyway). IPv6 members inside that range would
-/// stand for IPv4 addresses, so they are left out: the rule allows less, never more.
+/// A set's members as trie prefixes, each with whether it is an except, as the dataplanes
+/// program them ([`programmed_members`]: no IPv6 block holds an IPv4-mapped address,
+/// which is where the trie keeps IPv4). The range's except then shares its prefix with
+/// IPv4's 0.0.0.0/0, and a tie goes to the except: a set holding all of IPv4 keeps it.
 fn trie_members(set: &AddressSet) -> Vec<(Prefix, bool)> {
-    let inside_mapped = |p: &Prefix| {
-        p.len >= IPV4_MAPPED.len && IPV4_MAPPED.last() >= p.addr && p.addr >= IPV4_MAPPED.addr
-    };
-    let mut members: Vec<(Prefix, bool)> = Vec::with_capacity(set.members.len() + 1);
-    let mut v6_covers_ipv4 = false;
-    let mut all_of_ipv4 = false;
-    for m in &set.members {
-        let prefix = Prefix::from_net(&m.net);
-        match m.net {
-            IpNet::V4(_) => all_of_ipv4 |= !m.except && prefix == IPV4_MAPPED,
-            IpNet::V6(_) if inside_mapped(&prefix) => continue,
-            IpNet::V6(_) => {
-                v6_covers_ipv4 |= !m.except
-                    && prefix.len <= IPV4_MAPPED.len
-                    && prefix.addr <= IPV4_MAPPED.addr
-                    && IPV4_MAPPED.last() <= prefix.last()
-            }
-        }
-        members.push((prefix, m.except));
-    }
-    if v6_covers_ipv4 && !all_of_ipv4 {
-        members.push((IPV4_MAPPED, true));
-    }
-    members
+    let all_of_ipv4 = set
+        .members
+        .iter()
+        .any(|m| !m.except && matches!(m.net, IpNet::V4(n) if n.prefix_len() == 0));
+    programmed_members(&set.members)
+        .iter()
+        .map(|m| (Prefix::from_net(&m.net), m.except))
+        .filter(|(p, except)| !(all_of_ipv4 && *except && *p == IPV4_MAPPED))
+        .collect()
 }
 
 /// For each prefix that appears in any set, the sets that contain it (per the longest

@@ -7,7 +7,7 @@ use std::fmt::Write;
 
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 
-use weir_policy::desired::{AddressSet, Member, SetId};
+use weir_policy::desired::{programmed_members, AddressSet, Member, SetId};
 
 use super::names::{set_name, staging_set_name};
 use crate::netfilter::backend::Family;
@@ -78,15 +78,17 @@ impl Entry {
     }
 }
 
+/// The kernel entries of `members` in `family`, as the dataplanes program them
+/// ([`programmed_members`]: no IPv6 block holds an IPv4-mapped address).
 pub fn entries<'a>(
     members: impl IntoIterator<Item = &'a Member>,
     family: Family,
 ) -> BTreeSet<Entry> {
-    members
+    programmed_members(members)
         .into_iter()
         .filter(|m| in_family(&m.net, family))
         .flat_map(|m| {
-            split_zero(m.net.trunc()).into_iter().map(|net| Entry {
+            split_zero(m.net.trunc()).into_iter().map(move |net| Entry {
                 net,
                 nomatch: m.except,
             })
@@ -186,8 +188,14 @@ mod tests {
             ["0.0.0.0/1", "10.1.0.0/16 nomatch", "128.0.0.0/1"]
         );
         assert!(entries(&members, Family::V6).is_empty());
-        let v6 = entries(&[member("::/0", false)], Family::V6);
-        assert_eq!(v6.len(), 2);
+        // ::/0 holds no IPv4-mapped address: that range becomes a hole.
+        let v6: Vec<_> = entries(&[member("::/0", false)], Family::V6)
+            .iter()
+            .map(Entry::render)
+            .collect();
+        assert_eq!(v6, ["::/1", "::ffff:0.0.0.0/96 nomatch", "8000::/1"]);
+        // An IPv4-mapped member stands for an IPv4 address: left out.
+        assert!(entries(&[member("::ffff:10.0.0.1/128", false)], Family::V6).is_empty());
     }
 
     #[test]
