@@ -1,7 +1,8 @@
 //! The hostile pod, with real frames in a `weir lab`, on both dataplanes (issue 13):
 //! spoofed sources, the conntrack-forgery attack, VLAN/QinQ-tagged frames, forged ICMP
-//! errors, fragmented datagrams and IPv6 extension headers, and a conntrack flood against
-//! another pod's long-lived flow. Both dataplanes
+//! errors, fragmented datagrams and IPv6 extension headers, a conntrack flood against
+//! another pod's long-lived flow, and from off the node an IPv6 packet whose source is a
+//! pod's IPv4 address written IPv4-mapped. Both dataplanes
 //! run the same manifest and must give the same outcome for every case, which is also
 //! the expected one. The attacking pod sends hand-made Ethernet frames out of its own
 //! `eth0` with an AF_PACKET socket (any pod with CAP_NET_RAW can); arrival is judged by a
@@ -733,6 +734,81 @@ fn fragments(w: &World, out: &mut Outcomes) {
     }
 }
 
+/// A host off the node (its own namespace behind a veth into the node, routed through it
+/// as another node's traffic is) sends TCP SYNs over IPv6 to red/api:7200, which admits
+/// only red/cli. From cli's IPv6 address it gets through (an off-node forgery of a real
+/// address looks like the pod: NetworkPolicy cannot tell them apart), from its own address
+/// it does not, and from cli's IPv4 address written IPv4-mapped it must not either: Linux
+/// delivers such a packet to a dual-stack socket as if from the IPv4 pod, and eBPF once
+/// looked it up as that pod.
+fn mapped_source(w: &World, out: &mut Outcomes) {
+    let outside = weir_tests::netns::NetNs::new("out").expect("the outside namespace");
+    let node_if = format!("wo{}", std::process::id() % 100_000);
+    ip(&[
+        "-n",
+        &w.node,
+        "link",
+        "add",
+        &node_if,
+        "type",
+        "veth",
+        "peer",
+        "name",
+        "eth0",
+        "netns",
+        &outside.name,
+    ]);
+    ip(&[
+        "-n",
+        &w.node,
+        "addr",
+        "add",
+        "fd99::1/64",
+        "dev",
+        &node_if,
+        "nodad",
+    ]);
+    ip(&["-n", &w.node, "link", "set", &node_if, "up"]);
+    outside
+        .sh("ip addr add fd99::2/64 dev eth0 nodad && ip link set eth0 up && ip -6 route add default via fd99::1")
+        .expect("the outside host's address and route");
+    let api = w.pod("api").v6;
+    let IpAddr::V4(cli_v4) = w.pod("cli").v4 else {
+        panic!("cli's IPv4 address")
+    };
+    let cases = [
+        ("off-node: cli's IPv6 address → api:7200", w.pod("cli").v6),
+        (
+            "off-node: its own address → api:7200",
+            "fd99::2".parse().unwrap(),
+        ),
+        (
+            "off-node: cli's IPv4 address, IPv4-mapped → api:7200",
+            IpAddr::V6(cli_v4.to_ipv6_mapped()),
+        ),
+    ];
+    let (node_mac, outside_mac) = (raw::mac(&w.node, &node_if), raw::mac(&outside.name, "eth0"));
+    for (i, (name, src)) in cases.into_iter().enumerate() {
+        let marker = format!("weir-mapped-{i}");
+        let seg = raw::tcp(
+            SocketAddr::new(src, 41000 + i as u16),
+            SocketAddr::new(api, 7200),
+            raw::TCP_SYN,
+            marker.as_bytes(),
+        );
+        let frame = raw::ethernet(
+            node_mac,
+            outside_mac,
+            &[],
+            &raw::ip(src, api, raw::IPPROTO_TCP, &seg),
+        );
+        let sniffer = Sniffer::start(&w.pod("api").netns, "eth0", marker.as_bytes());
+        raw::send_frames(&outside.name, "eth0", vec![frame.clone(), frame]);
+        out.insert(name.to_string(), sniffer.stop(LINGER) > 0);
+    }
+    ip(&["-n", &w.node, "link", "del", &node_if]);
+}
+
 /// What established flows do when a policy stops allowing them: red/api (ingress
 /// isolated) allows TCP 7200 from red/cli; cli holds a connection; the allowing policy
 /// is deleted. On both dataplanes the established connection keeps working (iptables
@@ -800,6 +876,12 @@ fn policy_change(w: &World, out: &mut Outcomes) {
 
 fn expected() -> Outcomes {
     let mut e = Outcomes::new();
+    e.insert("off-node: cli's IPv6 address → api:7200".into(), true);
+    e.insert("off-node: its own address → api:7200".into(), false);
+    e.insert(
+        "off-node: cli's IPv4 address, IPv4-mapped → api:7200".into(),
+        false,
+    );
     for f in ["v4", "v6"] {
         e.insert(
             format!("{f} control: cli → web from cli's own address"),
@@ -902,7 +984,7 @@ fn run(dataplane: &str) {
             .unwrap_or_else(|e| panic!("weir monitor on {}: {e}", w.bpf_root))
     });
     let mut out = Outcomes::new();
-    let cases: [(&str, Case); 10] = [
+    let cases: [(&str, Case); 11] = [
         ("spoofing", spoofing),
         ("forgery", forgery),
         ("tagged", tagged),
@@ -910,6 +992,8 @@ fn run(dataplane: &str) {
         ("forwarded_nd", forwarded_nd),
         ("dropped_not_tracked", dropped_not_tracked),
         ("fragments", fragments),
+        // Before policy_change, which deletes api's policy.
+        ("mapped_source", mapped_source),
         ("policy_change", policy_change),
         // Last: on iptables the flood fills the node's conntrack table for a while.
         ("ct_flood", ct_flood),
