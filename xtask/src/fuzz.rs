@@ -110,11 +110,12 @@ pub fn run(options: &FuzzOptions) -> Result<Vec<(String, u64)>> {
 
 /// The executions `target` must reach where the others must reach `min_runs`. Each input of
 /// ebpf_encoding compiles a world of policies, plans its maps and decides 32 probes three
-/// ways (about ten inputs a second unoptimized, against a thousand for the parsers), so
-/// its floor is a fifth.
+/// ways: unoptimized, 5 to 11 inputs a second (150 in CI's 30 s after the kernel guest,
+/// 215 in 20 s on a quiet machine), against hundreds for the parsers. Its floor is a
+/// fortieth, about one input a second.
 fn floor(target: &str, min_runs: u64) -> u64 {
     match target {
-        "ebpf_encoding" => min_runs / 5,
+        "ebpf_encoding" => min_runs / 40,
         _ => min_runs,
     }
 }

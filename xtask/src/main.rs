@@ -57,7 +57,7 @@ enum Command {
         /// Build unoptimized (what `cargo xtask test` runs: minutes faster to build).
         #[arg(long)]
         dev: bool,
-        /// Fewest executions a target must reach (ebpf_encoding: a fifth, its inputs are
+        /// Fewest executions a target must reach (ebpf_encoding: a fortieth, its inputs are
         /// whole policy worlds).
         #[arg(long, default_value_t = 100_000)]
         min_runs: u64,
