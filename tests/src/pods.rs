@@ -190,3 +190,41 @@ impl Drop for World {
         }
     }
 }
+
+/// A host off the node: its own namespace (`tag`, deleted on drop, and the veth with it)
+/// whose `eth0` is the peer of `uplink` in `node`, addressed `host_cidr` and `node_cidr`
+/// (one family; IPv6 without duplicate address detection), with a default route via the
+/// node. Its traffic reaches the pods routed through the node, as another node's does.
+pub fn off_node_host(
+    node: &str,
+    tag: &str,
+    uplink: &str,
+    node_cidr: &str,
+    host_cidr: &str,
+) -> crate::netns::NetNs {
+    let host = crate::netns::NetNs::new(tag).expect("the off-node host's namespace");
+    ip(&[
+        "-n", node, "link", "add", uplink, "type", "veth", "peer", "name", "eth0", "netns",
+        &host.name,
+    ]);
+    let nodad: &[&str] = if node_cidr.contains(':') {
+        &["nodad"]
+    } else {
+        &[]
+    };
+    ip(&[
+        &["-n", node, "addr", "add", node_cidr, "dev", uplink],
+        nodad,
+    ]
+    .concat());
+    ip(&["-n", node, "link", "set", uplink, "up"]);
+    ip(&[
+        &["-n", &host.name, "addr", "add", host_cidr, "dev", "eth0"],
+        nodad,
+    ]
+    .concat());
+    ip(&["-n", &host.name, "link", "set", "eth0", "up"]);
+    let gateway = node_cidr.split('/').next().expect("an address");
+    ip(&["-n", &host.name, "route", "add", "default", "via", gateway]);
+    host
+}

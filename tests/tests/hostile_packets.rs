@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use weir::dataplane::ebpf::monitor::Monitor;
 use weir_tests::lab::{manifest, Lab};
-use weir_tests::pods::{enter, ip};
+use weir_tests::pods::{enter, ip, off_node_host};
 use weir_tests::raw::{self, Sniffer};
 
 /// Deleted in the middle of [`policy_change`] (also in [`MANIFEST`]).
@@ -742,36 +742,8 @@ fn fragments(w: &World, out: &mut Outcomes) {
 /// delivers such a packet to a dual-stack socket as if from the IPv4 pod, and eBPF once
 /// looked it up as that pod.
 fn mapped_source(w: &World, out: &mut Outcomes) {
-    let outside = weir_tests::netns::NetNs::new("out").expect("the outside namespace");
     let node_if = format!("wo{}", std::process::id() % 100_000);
-    ip(&[
-        "-n",
-        &w.node,
-        "link",
-        "add",
-        &node_if,
-        "type",
-        "veth",
-        "peer",
-        "name",
-        "eth0",
-        "netns",
-        &outside.name,
-    ]);
-    ip(&[
-        "-n",
-        &w.node,
-        "addr",
-        "add",
-        "fd99::1/64",
-        "dev",
-        &node_if,
-        "nodad",
-    ]);
-    ip(&["-n", &w.node, "link", "set", &node_if, "up"]);
-    outside
-        .sh("ip addr add fd99::2/64 dev eth0 nodad && ip link set eth0 up && ip -6 route add default via fd99::1")
-        .expect("the outside host's address and route");
+    let outside = off_node_host(&w.node, "out", &node_if, "fd99::1/64", "fd99::2/64");
     let api = w.pod("api").v6;
     let IpAddr::V4(cli_v4) = w.pod("cli").v4 else {
         panic!("cli's IPv4 address")
@@ -806,7 +778,6 @@ fn mapped_source(w: &World, out: &mut Outcomes) {
         raw::send_frames(&outside.name, "eth0", vec![frame.clone(), frame]);
         out.insert(name.to_string(), sniffer.stop(LINGER) > 0);
     }
-    ip(&["-n", &w.node, "link", "del", &node_if]);
 }
 
 /// What established flows do when a policy stops allowing them: red/api (ingress

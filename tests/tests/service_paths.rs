@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use weir_tests::lab::{manifest, Lab};
 use weir_tests::netns::NetNs;
-use weir_tests::pods::ip;
+use weir_tests::pods::off_node_host;
 use weir_tests::probe::EchoServers;
 
 /// The address the lab gives its Node (pods' gateway, on the node's loopback).
@@ -153,51 +153,14 @@ fn service_paths(dataplane: &str) {
         .expect("kubectl apply the remote Service and its EndpointSlice");
     // A host off the node, behind an uplink that appears after the agent converged: the
     // link watch must cover it at once (the next resync is a minute away).
-    let remote = NetNs::new("svc-remote").expect("remote host namespace");
     let uplink = format!("up{}", std::process::id() % 100_000);
-    ip(&[
-        "-n",
+    let remote = off_node_host(
         &node,
-        "link",
-        "add",
+        "svc-remote",
         &uplink,
-        "type",
-        "veth",
-        "peer",
-        "name",
-        "eth0",
-        "netns",
-        &remote.name,
-    ]);
-    ip(&[
-        "-n",
-        &node,
-        "addr",
-        "add",
         &format!("{UPLINK_IP}/24"),
-        "dev",
-        &uplink,
-    ]);
-    ip(&["-n", &node, "link", "set", &uplink, "up"]);
-    ip(&[
-        "-n",
-        &remote.name,
-        "addr",
-        "add",
         &format!("{REMOTE_IP}/24"),
-        "dev",
-        "eth0",
-    ]);
-    ip(&["-n", &remote.name, "link", "set", "eth0", "up"]);
-    ip(&[
-        "-n",
-        &remote.name,
-        "route",
-        "add",
-        "default",
-        "via",
-        UPLINK_IP,
-    ]);
+    );
     let _listener = EchoServers::start(&remote.name, &[REMOTE_PORT]);
     // kube-proxy and the agent take the Service in; wait until the control path works.
     let remote_front = SocketAddrV4::new(REMOTE_CLUSTER_IP, 443);
