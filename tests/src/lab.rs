@@ -1,6 +1,7 @@
 //! Drives `weir lab` through its command line, each lab in its own state directory
 //! (and so its own namespaces and pins), torn down by a Drop guard even on failure.
 
+use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -49,6 +50,30 @@ impl Lab {
             .parse()
             .expect("an IPv4 address");
         (netns, ip)
+    }
+
+    /// Every pod's `NAMESPACE/NAME` → (IPv4, IPv6), from `weir lab pods --output json`.
+    pub fn pod_addresses(&self) -> std::collections::BTreeMap<String, (IpAddr, IpAddr)> {
+        let pods: Value = serde_json::from_str(
+            &self
+                .weir(&["pods", "--output", "json"])
+                .expect("weir lab pods"),
+        )
+        .expect("weir lab pods prints JSON");
+        pods.as_array()
+            .expect("pods as a list")
+            .iter()
+            .map(|p| {
+                let ip = |field: &str| {
+                    p[field]
+                        .as_str()
+                        .and_then(|ip| ip.parse().ok())
+                        .unwrap_or_else(|| panic!("pod {}: no {field} in {p}", p["pod"]))
+                };
+                let key = p["pod"].as_str().expect("pod").to_string();
+                (key, (ip("ip"), ip("ipv6")))
+            })
+            .collect()
     }
 
     /// A fresh, empty state directory named after the test and the process.

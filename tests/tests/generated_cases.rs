@@ -51,25 +51,7 @@ fn generated_cases_hold_on(dataplane: &str) {
     let world = netpol_world();
     lab.weir(&["up", "--dataplane", dataplane, world.to_str().unwrap()])
         .unwrap_or_else(|e| panic!("{dataplane}: lab up: {e}"));
-    let pods: serde_json::Value =
-        serde_json::from_str(&lab.weir(&["pods", "--output", "json"]).unwrap()).unwrap();
-    let addresses: DualAddresses = pods
-        .as_array()
-        .expect("pods as a list")
-        .iter()
-        .map(|p| {
-            let ip = |field: &str| {
-                p[field]
-                    .as_str()
-                    .and_then(|ip| ip.parse().ok())
-                    .unwrap_or_else(|| panic!("pod {}: no {field} in {p}", p["pod"]))
-            };
-            (
-                p["pod"].as_str().unwrap().to_string(),
-                (ip("ip"), ip("ipv6")),
-            )
-        })
-        .collect();
+    let addresses: DualAddresses = lab.pod_addresses();
 
     let started = Instant::now();
     let mut failures = Vec::new();

@@ -413,20 +413,13 @@ fn run_suite(cell: Cell) -> SuiteRun {
     if let Err(e) = variant_took(&lab, cell) {
         variant_failures.push(format!("{name}: variant {}: {e}", cell.variant));
     }
-    let pods: serde_json::Value =
-        serde_json::from_str(&lab.weir(&["pods", "--output", "json"]).unwrap()).unwrap();
-    let addresses = |field: &str| -> Addresses {
-        pods.as_array()
-            .unwrap()
-            .iter()
-            .map(|p| {
-                let ip = p[field].as_str();
-                let ip = ip.unwrap_or_else(|| panic!("{name}: pod {p} has no {field}"));
-                (p["pod"].as_str().unwrap().to_string(), ip.to_string())
-            })
+    let pods = lab.pod_addresses();
+    let addresses = |v6: bool| -> Addresses {
+        pods.iter()
+            .map(|(pod, (v4, ip6))| (pod.clone(), if v6 { ip6 } else { v4 }.to_string()))
             .collect()
     };
-    let (ips, ips6) = (addresses("ip"), addresses("ipv6"));
+    let (ips, ips6) = (addresses(false), addresses(true));
 
     let all = scenarios(&ips);
     for name in IPV6_TOO.iter().chain(BRIDGE_SUBSET).chain(PROXY_SUBSET) {
