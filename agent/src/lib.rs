@@ -19,4 +19,5 @@ pub mod lab;
 pub mod netfilter;
 pub mod reset;
 pub mod source;
+pub mod status_cli;
 pub mod stdout;

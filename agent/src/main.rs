@@ -31,6 +31,7 @@ enum Command {
     },
     /// Run the node agent (cluster mode, or file mode with --manifests).
     Agent(weir::daemon::AgentArgs),
+    Status(weir::status_cli::StatusArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -57,6 +58,7 @@ fn main() -> anyhow::Result<()> {
         Command::Reset(args) => weir::reset::cli::run(args)?,
         Command::Explain(args) => weir::explain_cli::run(args)?,
         Command::Lab(args) => weir::lab::cli::run(args)?,
+        Command::Status(args) => weir::status_cli::run(args)?,
         Command::Monitor {
             output,
             allow,

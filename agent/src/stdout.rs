@@ -4,6 +4,13 @@
 
 use std::io::Write;
 
+/// `--output` of the commands that print a table for people or JSON for tools.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum OutputFormat {
+    Table,
+    Json,
+}
+
 /// Writes `text` to stdout; a closed pipe is not an error.
 pub fn print(text: &str) -> std::io::Result<()> {
     let mut out = std::io::stdout().lock();

@@ -294,6 +294,17 @@ fn watch_semantics(dataplane: &'static str) {
         closed_matrix,
         "{dataplane}: an agent that could not reach its API server changed enforcement"
     );
+    // `weir status` says why: nothing listed yet, and the source's error.
+    let waiting = status(&lab);
+    assert_eq!(waiting["sync"]["complete"], false, "{waiting:#}");
+    assert!(
+        waiting["sync"]["waiting"]
+            .as_array()
+            .is_some_and(|w| w.iter().any(|k| k == "pods")),
+        "{waiting:#}"
+    );
+    assert!(waiting["sync"]["last_error"].is_string(), "{waiting:#}");
+    assert!(waiting["dataplane"].is_null(), "{waiting:#}");
     lab.weir(&["api", "start"]).unwrap();
     lab.weir(&["delete", path]).unwrap();
     assert_eq!(
@@ -301,6 +312,22 @@ fn watch_semantics(dataplane: &'static str) {
         open,
         "{dataplane}: after the late start"
     );
+    let synced = status(&lab);
+    assert_eq!(synced["node"], "lab-node", "{synced:#}");
+    assert_eq!(synced["dataplane"], dataplane, "{synced:#}");
+    assert_eq!(synced["converged"], true, "{synced:#}");
+    assert_eq!(synced["sync"]["complete"], true, "{synced:#}");
+    // The demo's five policies (CLOSE_PROMETHEUS deleted again).
+    assert_eq!(synced["enforced"]["policies"], 5, "{synced:#}");
+    assert_eq!(synced["enforced"]["endpoints"], 4, "{synced:#}");
+}
+
+/// `weir lab status --output json`: the lab agent's `/status`.
+fn status(lab: &Lab) -> serde_json::Value {
+    let text = lab
+        .weir(&["status", "--output", "json"])
+        .expect("weir lab status");
+    serde_json::from_str(&text).expect("weir lab status prints JSON")
 }
 
 #[test]

@@ -1,7 +1,7 @@
 //! The agent's HTTP endpoints: /metrics (Prometheus text), /healthz (the run loop turned
 //! within `--liveness-seconds`), /readyz (the dataplane converged at least once; until
 //! then a 503 whose body says why: the source still listing, with its last error, or the
-//! dataplane's error).
+//! dataplane's error), /status (the node report `weir status` reads, JSON).
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -17,9 +17,31 @@ use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 
 use super::metrics::Metrics;
+use super::report::{NodeReport, ReportBoard};
 use super::run::Health;
 
-fn respond(metrics: &Metrics, health: &Health, path: &str) -> Response<Full<Bytes>> {
+/// What the HTTP server answers from.
+#[derive(Clone)]
+struct Shared {
+    metrics: Arc<Metrics>,
+    health: Arc<Health>,
+    reports: Arc<ReportBoard>,
+}
+
+/// `/status` before the run loop's first report: only the sources' progress is known.
+fn starting_report(health: &Health) -> NodeReport {
+    NodeReport {
+        sync: health.sync().state(),
+        ..Default::default()
+    }
+}
+
+fn respond(shared: &Shared, path: &str) -> Response<Full<Bytes>> {
+    let Shared {
+        metrics,
+        health,
+        reports,
+    } = shared;
     let text = |result: Result<(), String>, ok: &str| match result {
         Ok(()) => (StatusCode::OK, "text/plain", format!("{ok}\n")),
         Err(reason) => (
@@ -36,6 +58,17 @@ fn respond(metrics: &Metrics, health: &Health, path: &str) -> Response<Full<Byte
         ),
         "/healthz" => text(health.liveness(), "ok"),
         "/readyz" => text(health.readiness(), "ready"),
+        "/status" => {
+            let report = reports.latest().unwrap_or_else(|| starting_report(health));
+            match serde_json::to_string_pretty(&report) {
+                Ok(json) => (StatusCode::OK, "application/json", json + "\n"),
+                Err(e) => (
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "text/plain",
+                    format!("encode the status: {e}\n"),
+                ),
+            }
+        }
         _ => (
             StatusCode::NOT_FOUND,
             "text/plain",
@@ -63,7 +96,13 @@ pub async fn serve(
     addr: SocketAddr,
     metrics: Arc<Metrics>,
     health: Arc<Health>,
+    reports: Arc<ReportBoard>,
 ) -> std::io::Result<SocketAddr> {
+    let shared = Shared {
+        metrics,
+        health,
+        reports,
+    };
     let listener = bind(addr).await?;
     let bound = listener.local_addr()?;
     tokio::spawn(async move {
@@ -75,10 +114,10 @@ pub async fn serve(
                     continue;
                 }
             };
-            let (metrics, health) = (metrics.clone(), health.clone());
+            let shared = shared.clone();
             tokio::spawn(async move {
                 let service = service_fn(move |req: Request<hyper::body::Incoming>| {
-                    let r = respond(&metrics, &health, req.uri().path());
+                    let r = respond(&shared, req.uri().path());
                     async move { Ok::<_, Infallible>(r) }
                 });
                 if let Err(e) = http1::Builder::new()
@@ -137,9 +176,14 @@ mod tests {
             drop(held);
         });
         let metrics = Arc::new(Metrics::new());
-        let bound = serve(addr, metrics, Arc::new(Health::default()))
-            .await
-            .expect("bound once the port was free");
+        let bound = serve(
+            addr,
+            metrics,
+            Arc::new(Health::default()),
+            Arc::new(ReportBoard::default()),
+        )
+        .await
+        .expect("bound once the port was free");
         release.join().unwrap();
         assert_eq!(bound, addr);
         assert!(get(addr, "/healthz").await.starts_with("HTTP/1.1 200"));
@@ -149,9 +193,15 @@ mod tests {
     async fn health_readiness_and_metrics_are_served() {
         let metrics = Arc::new(Metrics::new());
         let health = Arc::new(Health::default());
-        let addr = serve("127.0.0.1:0".parse().unwrap(), metrics, health.clone())
-            .await
-            .unwrap();
+        let reports = Arc::new(ReportBoard::default());
+        let addr = serve(
+            "127.0.0.1:0".parse().unwrap(),
+            metrics,
+            health.clone(),
+            reports.clone(),
+        )
+        .await
+        .unwrap();
         assert!(get(addr, "/healthz").await.starts_with("HTTP/1.1 200"));
         let not_ready = get(addr, "/readyz").await;
         assert!(not_ready.starts_with("HTTP/1.1 503"), "{not_ready}");
@@ -168,5 +218,41 @@ mod tests {
             "{text}"
         );
         assert!(get(addr, "/nope").await.starts_with("HTTP/1.1 404"));
+    }
+
+    #[tokio::test]
+    async fn status_is_served_before_and_after_the_first_report() {
+        let health = Arc::new(Health::new(
+            Arc::new(crate::source::event::SyncProgress::new(
+                ["pods".to_string()],
+            )),
+            crate::daemon::run::DEFAULT_STALL,
+        ));
+        let reports = Arc::new(ReportBoard::default());
+        let addr = serve(
+            "127.0.0.1:0".parse().unwrap(),
+            Arc::new(Metrics::new()),
+            health,
+            reports.clone(),
+        )
+        .await
+        .unwrap();
+        let fetch = move || tokio::task::spawn_blocking(move || super::super::report::fetch(addr));
+        let early = fetch()
+            .await
+            .unwrap()
+            .expect("a report before the first batch");
+        assert!(!early.sync.complete);
+        assert_eq!(early.sync.waiting, ["pods"]);
+        assert_eq!(early.dataplane, None);
+        reports.publish(NodeReport {
+            node: Some("node-a".into()),
+            dataplane: Some(crate::dataplane::DataplaneKind::Ebpf),
+            converged: true,
+            ..Default::default()
+        });
+        let later = fetch().await.unwrap().unwrap();
+        assert_eq!(later.node.as_deref(), Some("node-a"));
+        assert!(later.converged);
     }
 }

@@ -19,6 +19,7 @@ pub mod http;
 pub mod metrics;
 pub mod node;
 pub mod publish;
+pub mod report;
 pub mod run;
 pub mod select;
 pub mod status;
@@ -73,11 +74,12 @@ async fn run_agent(args: AgentArgs) -> anyhow::Result<()> {
         Arc::new(crate::source::event::SyncProgress::new(waiting)),
         Duration::from_secs(args.liveness_seconds.max(1)),
     ));
+    let reports = Arc::new(report::ReportBoard::default());
     if let Some(addr) = args.listen_addr() {
-        let bound = http::serve(addr, metrics.clone(), health.clone())
+        let bound = http::serve(addr, metrics.clone(), health.clone(), reports.clone())
             .await
             .with_context(|| format!("listen on {addr}"))?;
-        tracing::info!(%bound, "serving /metrics, /healthz, /readyz");
+        tracing::info!(%bound, "serving /metrics, /healthz, /readyz, /status");
     }
     let opts = RunOptions {
         default_choice: args.dataplane,
@@ -97,6 +99,7 @@ async fn run_agent(args: AgentArgs) -> anyhow::Result<()> {
                 Duration::from_millis(args.poll_ms.max(1)),
             );
             Daemon::new(opts, backends, metrics, health)
+                .with_reports(reports)
                 .run(source)
                 .await?;
         }
@@ -113,6 +116,7 @@ async fn run_agent(args: AgentArgs) -> anyhow::Result<()> {
                 .with_progress(health.sync().clone());
             let publisher = publish::KubePublisher::spawn(client, node);
             Daemon::new(opts, backends, metrics, health)
+                .with_reports(reports)
                 .with_publisher(Box::new(publisher))
                 .run(source)
                 .await?;

@@ -29,6 +29,28 @@ pub struct AgentStatus {
     pub state_digest: Option<String>,
 }
 
+/// Where the lab's agent serves /status, /metrics, /healthz and /readyz, inside the node
+/// namespace (each lab has its own, so the port never collides). Not the DaemonSet's
+/// 9402: tests start agents of their own in the node namespace on that one.
+pub const LISTEN: &str = "127.0.0.1:9419";
+
+/// The agent's --listen address: the lab's, unless `--agent-arg` gave one.
+pub fn listen_address(state: &LabState) -> Result<std::net::SocketAddr, LabError> {
+    let mut given = None;
+    let mut args = state.agent_args.iter();
+    while let Some(a) = args.next() {
+        if a == "--listen" {
+            given = args.next().cloned();
+        } else if let Some(v) = a.strip_prefix("--listen=") {
+            given = Some(v.to_string());
+        }
+    }
+    let text = given.unwrap_or_else(|| LISTEN.to_string());
+    text.parse().map_err(|e: std::net::AddrParseError| {
+        LabError::invalid(format!("the agent's --listen {text}"), e.to_string())
+    })
+}
+
 /// Starts the agent in the node namespace and returns its pid: this weir binary, or with
 /// `--agent-image` runc running the image (the pid is runc's, which forwards signals). It
 /// is entered with setns in the child, not with `ip netns exec`, which would remount /sys
@@ -41,6 +63,9 @@ pub fn start(dir: &LabDir, state: &LabState) -> Result<u32, LabError> {
         state.dataplane.to_string(),
         "--bpf-root".into(),
         state.bpf_root.to_string_lossy().into(),
+        // Before --agent-arg, which may override it.
+        "--listen".into(),
+        LISTEN.into(),
     ];
     // The lab quotes the log's last lines when the agent exits: they must be its error,
     // not the error's backtrace (anyhow captures one when RUST_BACKTRACE is set).
@@ -89,6 +114,14 @@ pub fn start(dir: &LabDir, state: &LabState) -> Result<u32, LabError> {
         netns::Stdout::Log,
     )?;
     Ok(child.id())
+}
+
+/// The agent's node report (`GET /status` inside the node namespace).
+pub fn report(state: &LabState) -> Result<crate::daemon::report::NodeReport, LabError> {
+    let addr = listen_address(state)?;
+    Ok(netns::in_netns(&state.node_netns, move || {
+        crate::daemon::report::fetch(addr)
+    })??)
 }
 
 /// Whether the agent enforces the lab's current objects: in file mode the status names

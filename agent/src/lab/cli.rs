@@ -157,6 +157,13 @@ pub enum LabCommand {
         #[arg(long, value_enum, default_value_t = OutputFormat::Table)]
         output: OutputFormat,
     },
+    /// Ask the lab's agent what it enforces, as `weir status` asks a node's: the dataplane
+    /// and why, sync state, what is enforced and refused, map pressure, undeletable sets
+    /// and the last converge.
+    Status {
+        #[arg(long, value_enum, default_value_t = OutputFormat::Table)]
+        output: OutputFormat,
+    },
     /// Remove the whole lab: agent, listeners, namespaces, pins. Safe to run twice.
     Down,
     /// up, probe, down in one command (down also on failure): the demo.
@@ -274,6 +281,12 @@ pub fn run(args: LabArgs) -> anyhow::Result<()> {
         }
         LabCommand::Probe(probe) => probe_lab(&dir, &probe),
         LabCommand::Pods { output } => print_pods(&dir, output),
+        LabCommand::Status { output } => dir
+            .load()
+            .and_then(|state| super::agent::report(&state))
+            .map_err(anyhow::Error::from)
+            .and_then(|report| crate::status_cli::print(&report, output))
+            .context("weir lab status"),
         LabCommand::Down => ops::down(&dir).context("weir lab down"),
         LabCommand::Run { up, probe } => {
             let result = up_lab(&dir, &up).and_then(|()| probe_lab(&dir, &probe));

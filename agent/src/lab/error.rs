@@ -22,6 +22,9 @@ pub enum LabError {
     AddressesExhausted(String),
     #[error("agent: {0}")]
     Agent(String),
+    /// The agent's /status could not be read.
+    #[error("the lab's agent: {0}")]
+    AgentStatus(#[from] crate::daemon::report::FetchError),
 }
 
 impl LabError {

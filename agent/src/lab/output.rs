@@ -8,11 +8,7 @@ use serde::Serialize;
 use super::probe::{Probe, Route, Skipped};
 use weir_policy::desired::Protocol;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum OutputFormat {
-    Table,
-    Json,
-}
+pub use crate::stdout::OutputFormat;
 
 /// (from, to) → connected, for one port and protocol.
 type Matrix<'a> = BTreeMap<(&'a str, &'a str), bool>;

@@ -53,6 +53,17 @@ pub struct SyncProgress {
     inner: std::sync::Mutex<Progress>,
 }
 
+/// The sources' progress towards their first complete state, as `weir status` shows it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct SyncState {
+    /// The first complete state arrived; only from then on is the node changed.
+    pub complete: bool,
+    /// What the first complete state still lacks (`pods`, `the manifest file F`).
+    pub waiting: Vec<String>,
+    /// The sources' last error (they retry).
+    pub last_error: Option<String>,
+}
+
 #[derive(Debug, Default)]
 struct Progress {
     /// What the first complete state still lacks (`pods`, `the manifest file F`, ...).
@@ -96,6 +107,15 @@ impl SyncProgress {
 
     pub fn is_complete(&self) -> bool {
         self.lock().complete
+    }
+
+    pub fn state(&self) -> SyncState {
+        let p = self.lock();
+        SyncState {
+            complete: p.complete,
+            waiting: p.waiting.clone(),
+            last_error: p.last_error.clone(),
+        }
     }
 
     /// Why the first complete state is not there yet; `None` once it is.
