@@ -121,15 +121,19 @@ fn allowed_passes_denied_drops_replies_pass_and_changes_apply_live() {
         .unwrap_or_else(|| panic!("no allow event for a->b:80 in {events:#?}"));
     assert_eq!(allow.rule.as_deref(), Some("x/allow-a ingress rule 0"));
     assert_eq!(allow.src, std::net::IpAddr::from(A));
-    let drops = dp
-        .status()
-        .details
-        .into_iter()
-        .find(|(k, _)| k == "drops.default-deny")
-        .and_then(|(_, v)| v.parse::<u64>().ok());
+    let counts = dp.verdict_counts().expect("the verdict counters read");
+    let denied = counts.denied.get(&weir_policy::desired::Direction::Ingress);
     assert!(
-        drops.is_some_and(|n| n >= 2),
-        "status must count the drops above: {drops:?}"
+        denied.is_some_and(|n| *n >= 2),
+        "the ingress default-deny counter must count the drops above: {counts:?}"
+    );
+    let allowed = counts.allowed.get(&(
+        "x/allow-a".to_string(),
+        weir_policy::desired::Direction::Ingress,
+    ));
+    assert!(
+        allowed.is_some_and(|n| *n >= 1),
+        "x/allow-a's ingress rule must count the allow above: {counts:?}"
     );
 
     // Widen the rule to 80-81: map updates only, same programs.

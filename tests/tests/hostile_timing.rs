@@ -12,14 +12,13 @@
 //! - an `ipset restore` that hangs: /healthz fails while the run loop is stuck, the command
 //!   is killed at its timeout and named in the status, and the agent recovers.
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use weir_tests::lab::{manifest, Lab};
-use weir_tests::pods::run_in;
 use weir_tests::weir_bin;
 
 const WORLD: &str = r#"
@@ -216,21 +215,11 @@ impl Drop for Agent {
 
 /// GET `path` from the agent's health server inside the node namespace: (status, body).
 fn get(netns: &str, path: &str) -> Option<(u16, String)> {
-    let request = format!("GET {path} HTTP/1.1\r\nHost: weir\r\nConnection: close\r\n\r\n");
-    run_in(netns, move || {
-        let mut s = std::net::TcpStream::connect(("127.0.0.1", HEALTH_PORT)).ok()?;
-        s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-        s.write_all(request.as_bytes()).ok()?;
-        let mut text = String::new();
-        s.read_to_string(&mut text).ok()?;
-        let code = text.split_whitespace().nth(1)?.parse().ok()?;
-        let body = text
-            .split("\r\n\r\n")
-            .nth(1)
-            .unwrap_or_default()
-            .to_string();
-        Some((code, body))
-    })
+    weir_tests::http::get(
+        netns,
+        std::net::SocketAddr::from(([127, 0, 0, 1], HEALTH_PORT)),
+        path,
+    )
 }
 
 fn wait_for_server(netns: &str, agent: &mut Agent) {

@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use super::select::{resolve, DataplaneChoice, Effective};
+use super::select::{resolve, DataplaneChoice, Effective, FallbackCause};
 use crate::dataplane::{ApplyReport, Dataplane, DataplaneError, DataplaneKind};
 use weir_policy::desired::{Delta, Desired};
 use weir_policy::model::ObjectError;
@@ -88,6 +88,7 @@ impl<B: Backends> Enforcer<B> {
                 effective = Effective {
                     kind: DataplaneKind::Iptables,
                     fallback_reason: Some(format!("{choice}: eBPF dataplane failed to start: {e}")),
+                    fallback_cause: Some(FallbackCause::EbpfStartFailed),
                 };
                 match backends.build(DataplaneKind::Iptables) {
                     Ok(dp) => dp,
@@ -137,6 +138,12 @@ impl<B: Backends> Enforcer<B> {
 
     pub fn status(&self) -> crate::dataplane::DataplaneStatus {
         self.active.status()
+    }
+
+    pub fn verdict_counts(
+        &self,
+    ) -> Result<crate::dataplane::VerdictCounts, crate::dataplane::DataplaneError> {
+        self.active.verdict_counts()
     }
 
     pub fn apply(&mut self, delta: &Delta, desired: &Desired) -> Result<(), DataplaneError> {
@@ -243,8 +250,16 @@ impl<B: Backends> Enforcer<B> {
     }
 
     /// Sets that could not be destroyed: the cleanups' and the active dataplane's own.
-    pub fn undeletable_sets(&self) -> usize {
-        self.pending_sets.len() + self.held_sets.len()
+    pub fn undeletable_sets(&self) -> Vec<String> {
+        let mut names: Vec<String> = self
+            .pending_sets
+            .iter()
+            .chain(&self.held_sets)
+            .cloned()
+            .collect();
+        names.sort();
+        names.dedup();
+        names
     }
 
     /// Runs a cleanup; what could not be removed is kept for the next retry.

@@ -1,9 +1,13 @@
-//! The agent's Prometheus metrics (`weir_*`), one registry per agent.
+//! The agent's Prometheus metrics (`weir_*`), one registry per agent. deploy/README.md
+//! documents every family; a test checks that the agent serves each one it documents.
 //!
-//! Map pressure and drops come from [`DataplaneStatus::details`]: a detail named
-//! `map_pressure.<map>` carries `used/capacity ...`, one named `drops.<reason>` a drop count.
+//! Map pressure comes from [`DataplaneStatus::details`] (`map_pressure.<map>` carries
+//! `used/capacity ...`); verdicts and drops from the dataplane's own counters
+//! ([`VerdictCounts`]), mirrored into Prometheus counters.
 
+use std::collections::HashMap;
 use std::sync::atomic::AtomicU64;
+use std::sync::Mutex;
 
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
@@ -13,8 +17,10 @@ use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
 use super::enforcer::CleanupReport;
-use super::select::Effective;
-use crate::dataplane::{DataplaneKind, DataplaneStatus};
+use super::report::MapPressure;
+use super::select::{Effective, FallbackCause};
+use crate::dataplane::{DataplaneKind, DataplaneStatus, VerdictCounts};
+use weir_policy::desired::Direction;
 
 type Labels = Vec<(String, String)>;
 
@@ -30,7 +36,10 @@ pub struct Metrics {
     fallback: Family<Labels, Gauge>,
     switches: Counter,
     map_fill: Family<Labels, Gauge<f64, AtomicU64>>,
-    drops: Family<Labels, Gauge>,
+    drops: Family<Labels, Counter>,
+    verdicts: Family<Labels, Counter>,
+    /// The dataplane's count behind each mirrored counter, when last read.
+    mirrored: Mutex<HashMap<(&'static str, Labels), u64>>,
 }
 
 fn label(k: &str, v: impl Into<String>) -> Labels {
@@ -58,6 +67,8 @@ impl Metrics {
             switches: Counter::default(),
             map_fill: Family::default(),
             drops: Family::default(),
+            verdicts: Family::default(),
+            mirrored: Mutex::default(),
         };
         let r = &mut m.registry;
         r.register(
@@ -97,7 +108,7 @@ impl Metrics {
         );
         r.register(
             "dataplane_fallback",
-            "1 with the reason when the dataplane is not the one asked for",
+            "1 when the dataplane is not the one asked for, by reason (ebpf_unavailable, ebpf_start_failed; the words are in `weir status`)",
             m.fallback.clone(),
         );
         r.register(
@@ -112,8 +123,13 @@ impl Metrics {
         );
         r.register(
             "drops",
-            "Packets dropped by the dataplane, by reason",
+            "Packets dropped by the dataplane, by reason (default-deny, spoofed-source, tagged-frame, malformed)",
             m.drops.clone(),
+        );
+        r.register(
+            "policy_verdicts",
+            "Policy verdicts: connections each NetworkPolicy allowed (verdict=allow), and packets isolated pods' default deny dropped (verdict=deny, namespace and policy empty), by direction",
+            m.verdicts.clone(),
         );
         m
     }
@@ -164,36 +180,80 @@ impl Metrics {
                 .get_or_create(&label("dataplane", kind.to_string()))
                 .set(on);
         }
-        self.fallback.clear();
-        if let Some(reason) = &e.fallback_reason {
+        // Every reason always has a sample (0 or 1), so an alert can tell "no fallback"
+        // from "no agent".
+        for cause in FallbackCause::ALL {
             self.fallback
-                .get_or_create(&label("reason", reason.clone()))
-                .set(1);
+                .get_or_create(&label("reason", cause.label()))
+                .set(i64::from(e.fallback_cause == Some(cause)));
         }
     }
 
     pub fn set_dataplane_status(&self, s: &DataplaneStatus) {
         self.endpoints.set(s.endpoints as i64);
         for (key, value) in &s.details {
-            if let Some(map) = key.strip_prefix("map_pressure.") {
-                if let Some(ratio) = fill_ratio(value) {
-                    self.map_fill.get_or_create(&label("map", map)).set(ratio);
-                }
-            } else if let Some(reason) = key.strip_prefix("drops.") {
-                if let Ok(v) = value.parse::<i64>() {
-                    self.drops.get_or_create(&label("reason", reason)).set(v);
-                }
+            if let Some(m) = MapPressure::from_detail(key, value) {
+                self.map_fill
+                    .get_or_create(&label("map", m.map.clone()))
+                    .set(m.ratio());
             }
         }
     }
-}
 
-/// `used/capacity` at the start of `value` as a ratio.
-fn fill_ratio(value: &str) -> Option<f64> {
-    let head = value.split_whitespace().next()?;
-    let (used, cap) = head.split_once('/')?;
-    let (used, cap): (f64, f64) = (used.parse().ok()?, cap.parse().ok()?);
-    (cap > 0.0).then(|| used / cap)
+    /// Brings the verdict and drop counters up to the dataplane's counts.
+    pub fn set_verdict_counts(&self, counts: &VerdictCounts) {
+        let direction = |d: Direction| match d {
+            Direction::Ingress => "ingress",
+            Direction::Egress => "egress",
+        };
+        for ((policy, d), packets) in &counts.allowed {
+            let (namespace, name) = policy.split_once('/').unwrap_or(("", policy));
+            let labels = vec![
+                ("namespace".to_string(), namespace.to_string()),
+                ("policy".to_string(), name.to_string()),
+                ("direction".to_string(), direction(*d).to_string()),
+                ("verdict".to_string(), "allow".to_string()),
+            ];
+            self.mirror("verdicts", &self.verdicts, labels, *packets);
+        }
+        let mut denied = 0;
+        for (d, packets) in &counts.denied {
+            let labels = vec![
+                ("namespace".to_string(), String::new()),
+                ("policy".to_string(), String::new()),
+                ("direction".to_string(), direction(*d).to_string()),
+                ("verdict".to_string(), "deny".to_string()),
+            ];
+            self.mirror("verdicts", &self.verdicts, labels, *packets);
+            denied += packets;
+        }
+        self.mirror(
+            "drops",
+            &self.drops,
+            label("reason", "default-deny"),
+            denied,
+        );
+        for (reason, packets) in &counts.drops {
+            self.mirror("drops", &self.drops, label("reason", *reason), *packets);
+        }
+    }
+
+    /// Advances a counter by what `count` (a dataplane's own, monotonic until its state
+    /// is recreated) grew since the last read. A count below the last one started again
+    /// from zero (new maps or chains after a switch or restart): all of it is new.
+    fn mirror(
+        &self,
+        family: &'static str,
+        into: &Family<Labels, Counter>,
+        labels: Labels,
+        count: u64,
+    ) {
+        let mut last = self.mirrored.lock().unwrap_or_else(|e| e.into_inner());
+        let seen = last.entry((family, labels.clone())).or_default();
+        let grown = if count >= *seen { count - *seen } else { count };
+        *seen = count;
+        into.get_or_create(&labels).inc_by(grown);
+    }
 }
 
 #[cfg(test)]
@@ -206,14 +266,12 @@ mod tests {
         m.set_effective(&Effective {
             kind: DataplaneKind::Iptables,
             fallback_reason: Some("auto: eBPF unavailable: no BTF".into()),
+            fallback_cause: Some(FallbackCause::EbpfUnavailable),
         });
         m.set_dataplane_status(&DataplaneStatus {
             kind: Some(DataplaneKind::Iptables),
             endpoints: 4,
-            details: vec![
-                ("map_pressure.POLICY".into(), "4096/16384 (25.0%)".into()),
-                ("drops.policy".into(), "7".into()),
-            ],
+            details: vec![("map_pressure.POLICY".into(), "4096/16384 (25.0%)".into())],
             ..Default::default()
         });
         let text = m.encode();
@@ -226,14 +284,50 @@ mod tests {
             "{text}"
         );
         assert!(
-            text.contains("weir_dataplane_fallback{reason=\"auto: eBPF unavailable: no BTF\"} 1"),
+            text.contains("weir_dataplane_fallback{reason=\"ebpf_unavailable\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("weir_dataplane_fallback{reason=\"ebpf_start_failed\"} 0"),
             "{text}"
         );
         assert!(
             text.contains("weir_map_fill_ratio{map=\"POLICY\"} 0.25"),
             "{text}"
         );
-        assert!(text.contains("weir_drops{reason=\"policy\"} 7"), "{text}");
         assert!(text.contains("weir_endpoints 4"), "{text}");
+    }
+
+    #[test]
+    fn verdict_counters_follow_the_dataplane_and_survive_its_reset() {
+        let m = Metrics::new();
+        let counts = |allowed: u64, denied: u64| VerdictCounts {
+            allowed: [(("x/allow-a".to_string(), Direction::Ingress), allowed)].into(),
+            denied: [(Direction::Egress, denied)].into(),
+            drops: [(crate::dataplane::DROP_SPOOFED, 2)].into(),
+        };
+        m.set_verdict_counts(&counts(5, 3));
+        m.set_verdict_counts(&counts(9, 4));
+        let text = m.encode();
+        for line in [
+            "weir_policy_verdicts_total{namespace=\"x\",policy=\"allow-a\",direction=\"ingress\",verdict=\"allow\"} 9",
+            "weir_policy_verdicts_total{namespace=\"\",policy=\"\",direction=\"egress\",verdict=\"deny\"} 4",
+            "weir_drops_total{reason=\"default-deny\"} 4",
+            "weir_drops_total{reason=\"spoofed-source\"} 2",
+            "# TYPE weir_drops counter",
+        ] {
+            assert!(text.contains(line), "{line} not in\n{text}");
+        }
+        // The dataplane's maps recreated: its counts start again, the counters go on.
+        m.set_verdict_counts(&counts(1, 0));
+        let text = m.encode();
+        assert!(
+            text.contains("weir_policy_verdicts_total{namespace=\"x\",policy=\"allow-a\",direction=\"ingress\",verdict=\"allow\"} 10"),
+            "{text}"
+        );
+        assert!(
+            text.contains("weir_drops_total{reason=\"default-deny\"} 4"),
+            "{text}"
+        );
     }
 }

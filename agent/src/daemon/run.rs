@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use super::enforcer::{Backends, Enforcer, Outcome};
 use super::metrics::Metrics;
+use super::report::{Converge, Enforced, MapPressure, NodeReport, ReportBoard};
 use super::select::{choice_from_labels, DataplaneChoice};
 use super::status::Status;
 use crate::source::event::{Batch, Event, EventSource, SourceError, SyncProgress};
@@ -40,6 +41,9 @@ pub struct Health {
     /// `/healthz` fails when the run loop has not turned for this long.
     stall_after: Duration,
 }
+
+/// How often the dataplane's verdict counters are read into the metrics.
+const COUNTS_EVERY: Duration = Duration::from_secs(5);
 
 /// The default liveness bound (`--liveness-seconds`).
 pub const DEFAULT_STALL: Duration = Duration::from_secs(300);
@@ -157,6 +161,11 @@ pub struct Daemon<B: Backends> {
     dataplane_error: Option<String>,
     known: BTreeSet<ObjectRef>,
     last_status: Option<Status>,
+    /// Where `GET /status` reads the node report (cluster and file mode with --listen).
+    reports: Option<Arc<ReportBoard>>,
+    last_converge: Option<Converge>,
+    /// The last failure to read the verdict counters (logged once until it changes).
+    counts_error: Option<String>,
 }
 
 impl<B: Backends> Daemon<B> {
@@ -179,6 +188,25 @@ impl<B: Backends> Daemon<B> {
             dataplane_error: None,
             known: BTreeSet::new(),
             last_status: None,
+            reports: None,
+            last_converge: None,
+            counts_error: None,
+        }
+    }
+
+    pub fn with_reports(mut self, board: Arc<ReportBoard>) -> Self {
+        self.reports = Some(board);
+        self
+    }
+
+    /// Notes a converge that left the dataplane without error.
+    fn converged(&mut self, trigger: &str, started: Instant) {
+        if self.enforcer.is_some() && self.dataplane_error.is_none() {
+            self.last_converge = Some(Converge {
+                finished_at: k8s_openapi::jiff::Timestamp::now().to_string(),
+                duration_ms: started.elapsed().as_secs_f64() * 1000.0,
+                trigger: trigger.to_string(),
+            });
         }
     }
 
@@ -192,6 +220,8 @@ impl<B: Backends> Daemon<B> {
         let mut resync = tokio::time::interval(self.opts.resync);
         resync.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         resync.tick().await;
+        let mut counts = tokio::time::interval(COUNTS_EVERY);
+        counts.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         // The heartbeat: /healthz fails when this loop stops turning (a handler stuck).
         let mut heartbeat = tokio::time::interval(Duration::from_secs(1));
         heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -209,6 +239,7 @@ impl<B: Backends> Daemon<B> {
                     tokio::task::block_in_place(|| self.handle(batch));
                 }
                 _ = resync.tick() => tokio::task::block_in_place(|| self.resync()),
+                _ = counts.tick() => tokio::task::block_in_place(|| self.read_counts()),
                 _ = heartbeat.tick() => {}
                 _ = tokio::signal::ctrl_c() => break,
                 _ = terminate.recv() => break,
@@ -239,6 +270,11 @@ impl<B: Backends> Daemon<B> {
         }
         let choice = self.node_choice.unwrap_or(self.opts.default_choice);
         let desired = self.engine.desired();
+        let trigger = if self.enforcer.is_none() {
+            "start"
+        } else {
+            "batch"
+        };
         match &mut self.enforcer {
             None => self.start(choice),
             Some(enforcer) => {
@@ -263,13 +299,35 @@ impl<B: Backends> Daemon<B> {
             }
         }
         self.metrics.observe_apply(started.elapsed().as_secs_f64());
+        self.converged(trigger, started);
         self.report();
+    }
+
+    /// Reads the dataplane's verdict counters into the metrics.
+    pub fn read_counts(&mut self) {
+        let Some(enforcer) = &self.enforcer else {
+            return;
+        };
+        match enforcer.verdict_counts() {
+            Ok(counts) => {
+                self.metrics.set_verdict_counts(&counts);
+                self.counts_error = None;
+            }
+            Err(e) => {
+                let e = e.to_string();
+                if self.counts_error.as_ref() != Some(&e) {
+                    tracing::warn!(error = %e, "verdict counters not read; the metrics keep their last values");
+                }
+                self.counts_error = Some(e);
+            }
+        }
     }
 
     /// Periodic repair. Also retries a start that failed. Before the source's first
     /// complete state it does nothing: an empty or partial state would remove what the
     /// previous run (pins, chains) or Azure NPM still enforce.
     pub fn resync(&mut self) {
+        let started = Instant::now();
         if !self.health.sync().is_complete() {
             if let Some(reason) = self.health.sync().reason() {
                 tracing::warn!(%reason, "not starting the dataplane yet");
@@ -293,6 +351,7 @@ impl<B: Backends> Daemon<B> {
                 }
             }
         }
+        self.converged("resync", started);
         self.report();
     }
 
@@ -426,6 +485,42 @@ impl<B: Backends> Daemon<B> {
         }
     }
 
+    fn node_report(
+        &self,
+        status: &Status,
+        dataplane: crate::dataplane::DataplaneStatus,
+        undeletable_sets: Vec<String>,
+    ) -> NodeReport {
+        let policies = self
+            .known
+            .iter()
+            .filter(|k| k.kind == Kind::NetworkPolicy && !self.refused.contains_key(k))
+            .count();
+        NodeReport {
+            node: self.opts.node_name.clone(),
+            requested: Some(self.node_choice.unwrap_or(self.opts.default_choice)),
+            dataplane: status.dataplane,
+            fallback_reason: status.fallback_reason.clone(),
+            converged: status.converged,
+            sync: self.health.sync().state(),
+            enforced: Enforced {
+                endpoints: dataplane.endpoints,
+                policies,
+                sets: dataplane.sets,
+                rules: dataplane.rules,
+            },
+            refused: status.errors.clone(),
+            map_pressure: dataplane
+                .details
+                .iter()
+                .filter_map(|(k, v)| MapPressure::from_detail(k, v))
+                .collect(),
+            undeletable_sets,
+            last_converge: self.last_converge.clone(),
+            details: dataplane.details.into_iter().collect(),
+        }
+    }
+
     /// Metrics, readiness, the status file and the publisher, after every change.
     fn report(&mut self) {
         let status = self.status();
@@ -440,11 +535,19 @@ impl<B: Backends> Daemon<B> {
             self.metrics.set_objects(kind.name(), n);
         }
         self.metrics.set_object_errors(status.errors.len());
-        if let Some(enforcer) = &self.enforcer {
+        let dataplane = self.enforcer.as_ref().map(|e| e.status());
+        let undeletable = self
+            .enforcer
+            .as_ref()
+            .map(|e| e.undeletable_sets())
+            .unwrap_or_default();
+        if let (Some(enforcer), Some(dataplane)) = (&self.enforcer, &dataplane) {
             self.metrics.set_effective(enforcer.effective());
-            self.metrics
-                .set_undeletable_sets(enforcer.undeletable_sets());
-            self.metrics.set_dataplane_status(&enforcer.status());
+            self.metrics.set_undeletable_sets(undeletable.len());
+            self.metrics.set_dataplane_status(dataplane);
+        }
+        if let Some(board) = &self.reports {
+            board.publish(self.node_report(&status, dataplane.unwrap_or_default(), undeletable));
         }
         if status.converged {
             self.health.set_ready();

@@ -59,7 +59,33 @@ pub fn choice_from_labels(
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Effective {
     pub kind: DataplaneKind,
+    /// Why `kind` is not what was asked for, in words (status, logs).
     pub fallback_reason: Option<String>,
+    /// The same as one of a few values, for the metric's label.
+    pub fallback_cause: Option<FallbackCause>,
+}
+
+/// Why the eBPF dataplane was not used.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FallbackCause {
+    /// The kernel probe said no (no BTF, too old, no clsact, not root).
+    EbpfUnavailable,
+    /// The probe passed but loading or attaching the programs failed (the verifier).
+    EbpfStartFailed,
+}
+
+impl FallbackCause {
+    pub const ALL: [FallbackCause; 2] = [
+        FallbackCause::EbpfUnavailable,
+        FallbackCause::EbpfStartFailed,
+    ];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            FallbackCause::EbpfUnavailable => "ebpf_unavailable",
+            FallbackCause::EbpfStartFailed => "ebpf_start_failed",
+        }
+    }
 }
 
 /// Resolves a choice against the kernel. An explicit `ebpf` on a kernel that cannot run
@@ -72,15 +98,18 @@ pub fn resolve(
         DataplaneChoice::Iptables => Effective {
             kind: DataplaneKind::Iptables,
             fallback_reason: None,
+            fallback_cause: None,
         },
         DataplaneChoice::Ebpf | DataplaneChoice::Auto => match probe_ebpf() {
             Ok(()) => Effective {
                 kind: DataplaneKind::Ebpf,
                 fallback_reason: None,
+                fallback_cause: None,
             },
             Err(why) => Effective {
                 kind: DataplaneKind::Iptables,
                 fallback_reason: Some(format!("{choice}: eBPF unavailable: {why}")),
+                fallback_cause: Some(FallbackCause::EbpfUnavailable),
             },
         },
     }
@@ -108,7 +137,8 @@ mod tests {
             e,
             Effective {
                 kind: DataplaneKind::Iptables,
-                fallback_reason: None
+                fallback_reason: None,
+                fallback_cause: None,
             }
         );
     }

@@ -5,7 +5,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use super::enforcer::{Backends, Cleanup, CleanupReport};
-use crate::dataplane::{ApplyReport, Dataplane, DataplaneError, DataplaneKind, DataplaneStatus};
+use crate::dataplane::{
+    ApplyReport, Dataplane, DataplaneError, DataplaneKind, DataplaneStatus, VerdictCounts,
+};
 use weir_policy::desired::{Delta, Desired};
 use weir_policy::model::ObjectError;
 
@@ -51,6 +53,10 @@ impl Dataplane for Recording {
             kind: Some(self.kind),
             ..Default::default()
         }
+    }
+    /// Nothing is judged: no packet passes a recording.
+    fn verdict_counts(&self) -> Result<VerdictCounts, DataplaneError> {
+        Ok(VerdictCounts::default())
     }
 }
 

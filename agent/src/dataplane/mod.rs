@@ -11,7 +11,9 @@ pub mod netlink;
 pub mod new_pods;
 pub mod pod_ports;
 
-use weir_policy::desired::{Delta, Desired};
+use std::collections::BTreeMap;
+
+use weir_policy::desired::{Delta, Desired, Direction};
 use weir_policy::model::ObjectError;
 
 use crate::exec::ExecError;
@@ -171,4 +173,30 @@ pub trait Dataplane: Send {
     /// Apply one change; `desired` is the state after it, for dataplanes that need context.
     fn apply(&mut self, delta: &Delta, desired: &Desired) -> Result<ApplyReport, DataplaneError>;
     fn status(&self) -> DataplaneStatus;
+    /// The packets this dataplane judged, from its own counters (eBPF's COUNTERS map,
+    /// iptables' rule counters). Read on the metrics' schedule, not per event.
+    fn verdict_counts(&self) -> Result<VerdictCounts, DataplaneError>;
 }
+
+/// Packets a dataplane judged since its state was created: the source of
+/// `weir_policy_verdicts_total` and `weir_drops_total`. Each count only grows, except that
+/// it starts again from zero when the dataplane's maps or chains are created anew.
+///
+/// Both dataplanes count the same thing: an allow is the first packet of a connection
+/// (later ones are established), a deny every packet dropped.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct VerdictCounts {
+    /// Connections each policy's rules allowed, by policy (`namespace/name`) and direction.
+    pub allowed: BTreeMap<(String, Direction), u64>,
+    /// Packets an isolated pod's default deny dropped (no rule allowed them), by direction.
+    pub denied: BTreeMap<Direction, u64>,
+    /// Drops that are not policy verdicts, by reason ([`DROP_SPOOFED`], ...).
+    pub drops: BTreeMap<&'static str, u64>,
+}
+
+/// A packet from a pod whose source is not one of the pod's addresses.
+pub const DROP_SPOOFED: &str = "spoofed-source";
+/// A VLAN- or QinQ-tagged frame from a pod (eBPF; iptables never sees the inner packet).
+pub const DROP_TAGGED: &str = "tagged-frame";
+/// An IP packet from a pod too short to read (eBPF).
+pub const DROP_MALFORMED: &str = "malformed";

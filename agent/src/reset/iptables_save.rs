@@ -19,6 +19,10 @@ pub struct SavedRule {
     /// ipsets the rule references (`--match-set`, `--add-set`, ...): each holds one
     /// kernel reference on the set.
     pub sets: Vec<String>,
+    /// The `-m comment --comment` text, unquoted.
+    pub comment: Option<String>,
+    /// Packets that matched, from `iptables-save -c` (`[packets:bytes] -A ...`).
+    pub packets: Option<u64>,
 }
 
 #[derive(Debug, PartialEq, Eq, thiserror::Error)]
@@ -63,7 +67,7 @@ pub fn parse(text: &str) -> Result<Vec<SavedTable>, SaveParseError> {
             if let Some(chain) = decl.split_whitespace().next() {
                 table.chains.push(chain.to_string());
             }
-        } else if let Some(rule) = line.strip_prefix("-A ") {
+        } else if let Some((packets, rule)) = counted(line) {
             let tokens = tokens(rule).ok_or(SaveParseError::UnterminatedQuote { line: line_no })?;
             let Some(chain) = tokens.first() else {
                 continue;
@@ -77,17 +81,34 @@ pub fn parse(text: &str) -> Result<Vec<SavedTable>, SaveParseError> {
                 .filter(|w| SET_OPTIONS.contains(&w[0].as_str()))
                 .map(|w| w[1].clone())
                 .collect();
+            let comment = tokens
+                .windows(2)
+                .find(|w| w[0] == "--comment")
+                .map(|w| w[1].clone());
             let spec = rule.trim_start()[chain.len()..].trim().to_string();
             table.rules.push(SavedRule {
                 chain: chain.clone(),
                 target,
                 spec,
                 sets,
+                comment,
+                packets,
             });
         }
     }
     tables.extend(current);
     Ok(tables)
+}
+
+/// A rule line, with `iptables-save -c`'s `[packets:bytes] ` before it or not: the packet
+/// count (if given) and the text after `-A `. `None` for any other line.
+fn counted(line: &str) -> Option<(Option<u64>, &str)> {
+    if let Some(rule) = line.strip_prefix("-A ") {
+        return Some((None, rule));
+    }
+    let (counters, rest) = line.strip_prefix('[')?.split_once("] ")?;
+    let packets = counters.split_once(':')?.0.parse().ok()?;
+    Some((Some(packets), rest.strip_prefix("-A ")?))
 }
 
 /// Splits a rule into words the way iptables-save quotes them: double quotes group,
@@ -151,6 +172,27 @@ mod tests {
         assert_eq!(commented.target.as_deref(), Some("DROP"));
         let matching = filter.rules.iter().find(|r| !r.sets.is_empty()).unwrap();
         assert_eq!(matching.sets, ["weir-c"]);
+    }
+
+    #[test]
+    fn counters_and_comments_of_iptables_save_c() {
+        let saved = "*mangle\n:WEIR-I-00ab - [0:0]\n\
+            [7:420] -A WEIR-I-00ab -p tcp --dport 80 -m comment --comment \"x/allow rule 0\" -j RETURN\n\
+            [12:720] -A WEIR-I-00ab -m comment --comment \"x/a Ingress default deny\" -j DROP\n\
+            -A WEIR-I-00ab -j RETURN\nCOMMIT\n";
+        let rules = &parse(saved).unwrap()[0].rules;
+        assert_eq!(rules.len(), 3);
+        assert_eq!(rules[0].chain, "WEIR-I-00ab");
+        assert_eq!(rules[0].packets, Some(7));
+        assert_eq!(rules[0].comment.as_deref(), Some("x/allow rule 0"));
+        assert_eq!(rules[0].target.as_deref(), Some("RETURN"));
+        assert_eq!(rules[1].packets, Some(12));
+        assert_eq!(
+            rules[1].comment.as_deref(),
+            Some("x/a Ingress default deny")
+        );
+        assert_eq!(rules[2].packets, None);
+        assert_eq!(rules[2].comment, None);
     }
 
     #[test]

@@ -68,7 +68,11 @@ pub const IDENTITY_ANY: u32 = 0;
 pub const IDENTITY_FIRST_DYNAMIC: u32 = 16;
 
 /// Reserved COUNTERS slots; rule ids start at [`RULE_ID_FIRST`].
+/// Drops: an isolated pod's ingress that no rule allows. (Before per-direction counts this
+/// slot counted both directions; a pinned map carried over from then starts high.)
 pub const COUNTER_DEFAULT_DENY: u32 = 0;
+/// Drops: an isolated pod's egress that no rule allows.
+pub const COUNTER_DEFAULT_DENY_EGRESS: u32 = 13;
 pub const COUNTER_REPLY: u32 = 1;
 pub const COUNTER_NOT_ISOLATED: u32 = 2;
 pub const COUNTER_EVENTS_SUPPRESSED: u32 = 3;
@@ -89,6 +93,15 @@ pub const COUNTER_FRAGMENT_FOLLOWED: u32 = 11;
 /// Packets from a pod to a Service frontend, passed on to be judged after DNAT.
 pub const COUNTER_SERVICE_DEFERRED: u32 = 12;
 pub const RULE_ID_FIRST: u32 = 16;
+const _: () = assert!(COUNTER_DEFAULT_DENY_EGRESS < RULE_ID_FIRST);
+
+/// The default-deny counter of `direction`.
+pub const fn default_deny_counter(direction: Direction) -> u32 {
+    match direction {
+        Direction::Ingress => COUNTER_DEFAULT_DENY,
+        Direction::Egress => COUNTER_DEFAULT_DENY_EGRESS,
+    }
+}
 
 /// One chunk of the agent's serialized records (bpffs holds no regular files, so the
 /// table naming rules, endpoints and identities lives in a pinned hash map of chunks).

@@ -322,7 +322,7 @@ fn judge_deferred(
                 rule = policy_lookup(client, IDENTITY_ANY, Direction::Egress, &pkt.tuple);
             }
             if rule == 0 {
-                count(ctx, COUNTER_DEFAULT_DENY);
+                count(ctx, default_deny_counter(Direction::Egress));
                 v.emit(ctx, &pkt.tuple, Verdict::Drop, Reason::PolicyDeny, 0, now);
                 return Deferred::Drop;
             }
@@ -525,7 +525,7 @@ fn judge(
         ct_track(ctx, &mut pkt.key, id, direction, &pkt.tuple, rule, now);
         return v.allow(ctx, &pkt.tuple, rule, Reason::PolicyAllow);
     }
-    count(ctx, COUNTER_DEFAULT_DENY);
+    count(ctx, default_deny_counter(direction));
     if direction == Direction::Ingress {
         ct_forget_sender(pkt);
     }

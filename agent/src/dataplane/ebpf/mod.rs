@@ -56,17 +56,14 @@ use self::{
     pins::PinLayout,
     records::{EndpointRecord, Records},
 };
-use super::{pod_ports, ApplyReport, Dataplane, DataplaneError, DataplaneKind, DataplaneStatus};
-use weir_policy::desired::{AddressSet, Delta, Desired, Endpoint, Frontend, PodKey, SetId};
+use super::{
+    pod_ports, ApplyReport, Dataplane, DataplaneError, DataplaneKind, DataplaneStatus,
+    VerdictCounts, DROP_MALFORMED, DROP_SPOOFED, DROP_TAGGED,
+};
+use weir_policy::desired::{
+    AddressSet, Delta, Desired, Direction, Endpoint, Frontend, PodKey, SetId,
+};
 use weir_policy::model::ObjectError;
-
-/// Counters (see [`EbpfDataplane::counters`]) that count drops, by reason.
-const DROP_REASONS: [&str; 4] = [
-    "default-deny",
-    "spoofed-source",
-    "tagged-frame",
-    "malformed",
-];
 
 pub struct EbpfDataplane {
     layout: PinLayout,
@@ -322,18 +319,27 @@ impl EbpfDataplane {
     /// Packets and bytes admitted per rule (summed over CPUs), and the reserved slots
     /// (drops by reason, replies and established flows, non-isolated traffic, flows in the
     /// overflow table, followed fragments, suppressed events).
+    /// Packets and bytes of one COUNTERS slot, over every CPU.
+    fn counter(&self, index: u32) -> Result<(u64, u64), aya::maps::MapError> {
+        let per_cpu = self.maps.counters.get(&index, 0)?;
+        Ok(per_cpu
+            .iter()
+            .fold((0, 0), |(p, b), c| (p + c.packets, b + c.bytes)))
+    }
+
     pub fn counters(&self) -> Vec<(String, u64, u64)> {
         let mut out = Vec::new();
         let mut read = |name: String, index: u32| {
-            if let Ok(per_cpu) = self.maps.counters.get(&index, 0) {
-                let (p, b) = per_cpu
-                    .iter()
-                    .fold((0, 0), |(p, b), c| (p + c.packets, b + c.bytes));
+            if let Ok((p, b)) = self.counter(index) {
                 out.push((name, p, b));
             }
         };
         for (index, name) in [
-            (weir_common::COUNTER_DEFAULT_DENY, "default-deny"),
+            (weir_common::COUNTER_DEFAULT_DENY, "default-deny-ingress"),
+            (
+                weir_common::COUNTER_DEFAULT_DENY_EGRESS,
+                "default-deny-egress",
+            ),
             (weir_common::COUNTER_REPLY, "reply"),
             (weir_common::COUNTER_NOT_ISOLATED, "not-isolated"),
             (weir_common::COUNTER_ICMP_ERROR, "icmp-error"),
@@ -947,6 +953,33 @@ fn locate(ep: &Endpoint) -> Result<(String, u32), String> {
 }
 
 impl Dataplane for EbpfDataplane {
+    fn verdict_counts(&self) -> Result<VerdictCounts, DataplaneError> {
+        let packets = |index: u32| {
+            self.counter(index).map(|(p, _)| p).map_err(|e| {
+                DataplaneError::map(format!("read {} slot {index}", map_names::COUNTERS), e)
+            })
+        };
+        let mut counts = VerdictCounts::default();
+        for (id, rule) in &self.records.rules.by_id {
+            *counts
+                .allowed
+                .entry((rule.policy.clone(), rule.direction))
+                .or_default() += packets(*id)?;
+        }
+        for direction in [Direction::Ingress, Direction::Egress] {
+            let slot = weir_common::default_deny_counter(policy_map::kernel_direction(direction));
+            counts.denied.insert(direction, packets(slot)?);
+        }
+        for (reason, slot) in [
+            (DROP_SPOOFED, weir_common::COUNTER_SPOOFED),
+            (DROP_TAGGED, weir_common::COUNTER_TAGGED),
+            (DROP_MALFORMED, weir_common::COUNTER_MALFORMED),
+        ] {
+            counts.drops.insert(reason, packets(slot)?);
+        }
+        Ok(counts)
+    }
+
     fn kind(&self) -> DataplaneKind {
         DataplaneKind::Ebpf
     }
@@ -1006,13 +1039,6 @@ impl Dataplane for EbpfDataplane {
                         used as f64 * 100.0 / f64::from(cap)
                     ),
                 ));
-            }
-        }
-        // Drops by reason (no rule denies: policy drops are default denies); the metrics
-        // export them as weir_drops{reason}.
-        for (name, packets, _) in self.counters() {
-            if DROP_REASONS.contains(&name.as_str()) {
-                details.push((format!("drops.{name}"), packets.to_string()));
             }
         }
         DataplaneStatus {

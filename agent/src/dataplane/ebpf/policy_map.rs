@@ -84,11 +84,15 @@ pub fn name(direction: Direction, rule: &Rule) -> RuleName {
     }
 }
 
-pub fn direction_code(d: Direction) -> u8 {
+pub fn kernel_direction(d: Direction) -> weir_common::Direction {
     match d {
-        Direction::Ingress => weir_common::Direction::Ingress as u8,
-        Direction::Egress => weir_common::Direction::Egress as u8,
+        Direction::Ingress => weir_common::Direction::Ingress,
+        Direction::Egress => weir_common::Direction::Egress,
     }
+}
+
+pub fn direction_code(d: Direction) -> u8 {
+    kernel_direction(d) as u8
 }
 
 /// Splits `first..=last` into aligned (value, prefix bits) blocks, largest first.

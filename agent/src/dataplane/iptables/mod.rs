@@ -14,6 +14,7 @@
 //! members are written. A failed write forgets what was programmed, so the next call
 //! reconciles in full.
 
+mod counters;
 pub mod names;
 pub mod rules;
 pub mod sets;
@@ -25,7 +26,9 @@ use std::fmt::Write;
 
 use crate::dataplane::new_pods::NewPodIsolation;
 use crate::dataplane::pod_ports;
-use crate::dataplane::{ApplyReport, Dataplane, DataplaneError, DataplaneKind, DataplaneStatus};
+use crate::dataplane::{
+    ApplyReport, Dataplane, DataplaneError, DataplaneKind, DataplaneStatus, VerdictCounts,
+};
 use crate::exec;
 use crate::reset::{ipset_restore, ipsets};
 use weir_policy::desired::{AddressSet, Delta, Desired, Direction, Peer, SetId};
@@ -359,6 +362,24 @@ impl IptablesDataplane {
 impl Dataplane for IptablesDataplane {
     fn kind(&self) -> DataplaneKind {
         DataplaneKind::Iptables
+    }
+
+    fn verdict_counts(&self) -> Result<VerdictCounts, DataplaneError> {
+        let mut counts = VerdictCounts::default();
+        for family in Family::ALL {
+            let saved = self
+                .backend
+                .save_counted(family, names::TABLE)
+                .map_err(|e| DataplaneError::tool("read the rules' counters", e))?;
+            let tables = crate::reset::iptables_save::parse(&saved).map_err(|e| {
+                DataplaneError::SavedRules {
+                    family,
+                    source: Box::new(e),
+                }
+            })?;
+            counters::add(&tables, &mut counts);
+        }
+        Ok(counts)
     }
 
     fn reconcile(&mut self, desired: &Desired) -> Result<ApplyReport, DataplaneError> {

@@ -138,6 +138,20 @@ pub fn endpoint_chain(hash: u64, direction: Direction) -> String {
     format!("{WEIR_CHAIN_PREFIX}{d}-{hash:016x}")
 }
 
+/// The direction of an [`endpoint_chain`]; `None` for any other chain.
+pub fn chain_direction(chain: &str) -> Option<Direction> {
+    let rest = chain.strip_prefix(WEIR_CHAIN_PREFIX)?;
+    let (d, hash) = rest.split_once('-')?;
+    if hash.len() != 16 || !hash.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    match d {
+        "I" => Some(Direction::Ingress),
+        "E" => Some(Direction::Egress),
+        _ => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

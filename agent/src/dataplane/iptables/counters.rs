@@ -1,0 +1,78 @@
+//! The iptables dataplane's verdict counts, read from its own rules' counters
+//! (`iptables-save -c`): each allow rule carries its policy and rule in its comment, each
+//! endpoint chain ends in a default-deny DROP, and WEIR-SPOOF's DROPs are anti-spoofing.
+
+use super::names::chain_direction;
+use super::spoof::SPOOF_CHAIN;
+use crate::dataplane::{VerdictCounts, DROP_SPOOFED};
+use crate::reset::iptables_save::SavedTable;
+
+/// Adds the counters of weir's rules in `tables` (one family's saved table) to `counts`.
+pub fn add(tables: &[SavedTable], counts: &mut VerdictCounts) {
+    for rule in tables.iter().flat_map(|t| &t.rules) {
+        let Some(packets) = rule.packets else {
+            continue;
+        };
+        if rule.chain == SPOOF_CHAIN {
+            if rule.target.as_deref() == Some("DROP") {
+                *counts.drops.entry(DROP_SPOOFED).or_default() += packets;
+            }
+            continue;
+        }
+        let (Some(direction), Some(comment)) = (chain_direction(&rule.chain), &rule.comment) else {
+            continue;
+        };
+        match rule.target.as_deref() {
+            Some("DROP") if comment.ends_with(" default deny") => {
+                *counts.denied.entry(direction).or_default() += packets;
+            }
+            Some("RETURN") => {
+                if let Some((policy, _index)) = comment.rsplit_once(" rule ") {
+                    *counts
+                        .allowed
+                        .entry((policy.to_string(), direction))
+                        .or_default() += packets;
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::reset::iptables_save::parse;
+    use weir_policy::desired::Direction;
+
+    #[test]
+    fn allows_denies_and_spoofing_drops_are_counted_per_policy_and_direction() {
+        let saved = "*mangle\n:WEIR-I-00000000000000ab - [0:0]\n\
+            [3:180] -A WEIR-SPOOF -i lxca ! -s 10.0.0.2/32 -m comment --comment \"x/a anti-spoofing\" -j DROP\n\
+            [9:540] -A WEIR-FILTER -s 10.0.0.2/32 -j WEIR-E-00000000000000ab\n\
+            [7:420] -A WEIR-I-00000000000000ab -p tcp --dport 80 -m comment --comment \"x/allow rule 0\" -j RETURN\n\
+            [2:120] -A WEIR-I-00000000000000ab -m comment --comment \"x/allow rule 1\" -j RETURN\n\
+            [12:720] -A WEIR-I-00000000000000ab -m comment --comment \"x/a Ingress default deny\" -j DROP\n\
+            [5:300] -A WEIR-E-00000000000000ab -m comment --comment \"y/out rule 0\" -j RETURN\n\
+            [1:60] -A WEIR-E-00000000000000ab -m comment --comment \"x/a Egress default deny\" -j DROP\n\
+            [4:240] -A KUBE-FORWARD -m comment --comment \"kube rule 1\" -j RETURN\n\
+            COMMIT\n";
+        let mut counts = VerdictCounts::default();
+        add(&parse(saved).unwrap(), &mut counts);
+        // The other family's table adds to the same counts.
+        add(&parse(saved).unwrap(), &mut counts);
+        assert_eq!(
+            counts.allowed,
+            [
+                (("x/allow".to_string(), Direction::Ingress), 18),
+                (("y/out".to_string(), Direction::Egress), 10),
+            ]
+            .into()
+        );
+        assert_eq!(
+            counts.denied,
+            [(Direction::Ingress, 24), (Direction::Egress, 2)].into()
+        );
+        assert_eq!(counts.drops, [(DROP_SPOOFED, 6)].into());
+    }
+}

@@ -1,0 +1,195 @@
+//! What the running agent says about itself, on both dataplanes, in the lab (file mode):
+//! `weir lab status` (the agent's `/status`), and `/metrics`, whose families must be
+//! exactly those deploy/README.md documents, with verdict and drop counters that follow
+//! real packets and agree between the dataplanes.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use weir_tests::lab::Lab;
+
+fn demo_world() -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/examples/demo.yaml")
+}
+
+/// Sample name → (type, whether only eBPF serves it), from deploy/README.md's Metrics table.
+fn documented_families() -> BTreeMap<String, (String, bool)> {
+    let readme = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/README.md");
+    let text = std::fs::read_to_string(&readme).expect("deploy/README.md");
+    let section = text
+        .split("\n## Metrics\n")
+        .nth(1)
+        .expect("deploy/README.md has a `## Metrics` section");
+    let section = section.split("\n## ").next().unwrap_or(section);
+    section
+        .lines()
+        .filter_map(|line| {
+            let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+            let name = cells.get(1)?.strip_prefix("`weir_")?.strip_suffix('`')?;
+            let ebpf_only = cells.get(4)?.starts_with("eBPF only");
+            Some((
+                format!("weir_{name}"),
+                (cells.get(2)?.to_string(), ebpf_only),
+            ))
+        })
+        .collect()
+}
+
+/// Sample name → type, from the `# TYPE` lines of an OpenMetrics text (a counter's TYPE
+/// line names it without `_total`).
+fn served_families(text: &str) -> BTreeMap<String, String> {
+    text.lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.split_once(' '))
+        .map(|(name, kind)| {
+            let sample = if kind == "counter" {
+                format!("{name}_total")
+            } else {
+                name.to_string()
+            };
+            (sample, kind.to_string())
+        })
+        .collect()
+}
+
+/// The value of the sample whose name and labels are exactly `series`.
+fn sample(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+}
+
+fn metrics(lab: &Lab) -> String {
+    let addr = weir::lab::agent::LISTEN.parse().unwrap();
+    let (code, body) = weir_tests::http::get(&lab.node_netns(), addr, "/metrics")
+        .expect("the lab's agent serves /metrics");
+    assert_eq!(code, 200, "/metrics: {body}");
+    body
+}
+
+/// Policies (namespace, name, direction) with allows counted.
+type Allowed = BTreeSet<(String, String, String)>;
+
+fn status_and_metrics(dataplane: &str) -> Allowed {
+    let lab = Lab::new(&format!("status-{dataplane}"));
+    lab.weir(&[
+        "up",
+        "--dataplane",
+        dataplane,
+        demo_world().to_str().unwrap(),
+    ])
+    .unwrap_or_else(|e| panic!("{dataplane}: lab up: {e}"));
+
+    // weir lab status, as JSON and as a table.
+    let status: Value = serde_json::from_str(&lab.weir(&["status", "--output", "json"]).unwrap())
+        .expect("weir lab status --output json prints JSON");
+    assert_eq!(status["dataplane"], dataplane, "{status:#}");
+    assert_eq!(status["requested"], dataplane, "{status:#}");
+    assert_eq!(status["converged"], true, "{status:#}");
+    assert_eq!(status["sync"]["complete"], true, "{status:#}");
+    assert_eq!(status["enforced"]["endpoints"], 4, "{status:#}");
+    assert_eq!(status["enforced"]["policies"], 5, "{status:#}");
+    assert_eq!(status["refused"], serde_json::json!([]), "{status:#}");
+    assert!(
+        status["last_converge"]["duration_ms"].is_number(),
+        "{status:#}"
+    );
+    let maps = status["map_pressure"].as_array().expect("map_pressure");
+    match dataplane {
+        "ebpf" => assert!(
+            maps.iter()
+                .any(|m| m["map"] == "WEIR_POLICY" && m["used"].as_u64() > Some(0)),
+            "{status:#}"
+        ),
+        _ => assert!(maps.is_empty(), "iptables has no maps: {status:#}"),
+    }
+    let table = lab.weir(&["status"]).unwrap();
+    assert!(
+        table
+            .lines()
+            .any(|l| l.starts_with("dataplane ") && l.ends_with(&format!(" {dataplane}"))),
+        "{table}"
+    );
+
+    // Every documented family is served, and nothing undocumented.
+    let text = metrics(&lab);
+    let documented = documented_families();
+    assert!(documented.len() >= 12, "the README's table: {documented:?}");
+    let expected: BTreeMap<String, String> = documented
+        .into_iter()
+        .filter(|(_, (_, ebpf_only))| dataplane == "ebpf" || !ebpf_only)
+        .map(|(name, (kind, _))| (name, kind))
+        .collect();
+    assert_eq!(
+        served_families(&text),
+        expected,
+        "{dataplane}: /metrics (left) and deploy/README.md's Metrics table (right) differ"
+    );
+
+    // Real packets move the counters: the probe connects through every policy's rules and
+    // into the default deny both ways (db may start nothing).
+    let (_, matrix) = lab.probe(&[]).unwrap();
+    assert!(matrix.values().any(|c| *c) && matrix.values().any(|c| !*c));
+    let deny = |direction: &str| {
+        format!("weir_policy_verdicts_total{{namespace=\"\",policy=\"\",direction=\"{direction}\",verdict=\"deny\"}}")
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let text = loop {
+        let text = metrics(&lab);
+        let counted = |s: &str| sample(&text, s).is_some_and(|v| v > 0.0);
+        if counted(&deny("ingress")) && counted(&deny("egress")) {
+            break text;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{dataplane}: no default denies counted 30 s after the probe:\n{text}"
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    assert!(
+        sample(&text, "weir_drops_total{reason=\"default-deny\"}").is_some_and(|v| v > 0.0),
+        "{text}"
+    );
+    let allowed: Allowed = text
+        .lines()
+        .filter(|l| l.starts_with("weir_policy_verdicts_total{") && l.contains("verdict=\"allow\""))
+        .filter(|l| l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()) > Some(0.0))
+        .map(|l| {
+            let label = |name: &str| {
+                l.split(&format!("{name}=\""))
+                    .nth(1)
+                    .and_then(|r| r.split('"').next())
+                    .unwrap_or_default()
+                    .to_string()
+            };
+            (label("namespace"), label("policy"), label("direction"))
+        })
+        .collect();
+    lab.weir(&["down"]).unwrap();
+    allowed
+}
+
+#[test]
+fn status_and_metrics_agree_on_both_dataplanes() {
+    weir_tests::require_root_and_tools();
+    let ebpf = status_and_metrics("ebpf");
+    let iptables = status_and_metrics("iptables");
+    // In the demo each connection is allowed by one rule only, so both dataplanes must
+    // count the same policies.
+    let expected: Allowed = [
+        "web-public",
+        "api-from-web",
+        "db-from-api",
+        "metrics-from-monitoring",
+    ]
+    .iter()
+    .map(|p| ("shop".to_string(), p.to_string(), "ingress".to_string()))
+    .collect();
+    assert_eq!(ebpf, expected, "eBPF counted allows for these policies");
+    assert_eq!(
+        iptables, expected,
+        "iptables counted allows for these policies"
+    );
+}
