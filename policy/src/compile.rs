@@ -27,7 +27,17 @@ pub fn compile_endpoint(
             Direction::Ingress => &mut endpoint.ingress,
             Direction::Egress => &mut endpoint.egress,
         };
-        for policy in policies {
+        let of_direction = |audit: bool| {
+            policies
+                .iter()
+                .filter(move |p| p.audit == audit && p.rules(direction).is_some())
+        };
+        // Audit-mode policies count only where no enforced policy isolates the pod: there
+        // they could only drop more. Their rules never apply beside enforced ones, where
+        // they would allow what enforcement drops.
+        let audit = of_direction(false).next().is_none();
+        let mut audited = Vec::new();
+        for policy in of_direction(audit) {
             let Some(rules) = policy.rules(direction) else {
                 continue;
             };
@@ -43,6 +53,17 @@ pub fn compile_endpoint(
                     target.rules.insert(r);
                 });
             }
+            if audit {
+                audited.push(key);
+            }
+        }
+        if !audited.is_empty() {
+            audited.sort();
+            target.rules.insert(Rule {
+                peer: Peer::Any,
+                ports: Ports::All,
+                origin: RuleOrigin::audit(&audited),
+            });
         }
     }
     endpoint

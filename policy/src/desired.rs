@@ -157,10 +157,39 @@ pub enum Peer {
 /// Where a rule came from, for `weir explain`, counters and drop events.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct RuleOrigin {
-    /// `namespace/name` of the NetworkPolicy.
+    /// `namespace/name` of the NetworkPolicy; for an audit rule, of every audit policy
+    /// that would isolate the pod, comma-separated.
     pub policy: String,
-    /// Index of the rule in the policy's `ingress` or `egress` list.
+    /// Index of the rule in the policy's `ingress` or `egress` list; [`RuleOrigin::AUDIT`]
+    /// for an audit rule.
     pub rule_index: u32,
+}
+
+impl RuleOrigin {
+    /// The `rule_index` of an audit rule: the allow-everything rule last in a direction
+    /// that only audit-mode policies isolate. What it matches, those policies would drop.
+    pub const AUDIT: u32 = u32::MAX;
+
+    pub fn audit(policies: &[String]) -> RuleOrigin {
+        RuleOrigin {
+            policy: policies.join(","),
+            rule_index: RuleOrigin::AUDIT,
+        }
+    }
+
+    pub fn is_audit(&self) -> bool {
+        self.rule_index == RuleOrigin::AUDIT
+    }
+
+    /// The policies an audit rule stands for (`namespace/name` each); empty for any
+    /// other rule.
+    pub fn audited_policies(&self) -> Vec<&str> {
+        if self.is_audit() {
+            self.policy.split(',').collect()
+        } else {
+            Vec::new()
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -173,6 +202,9 @@ pub struct Rule {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DirectionPolicy {
     /// Selected by at least one policy of this direction: everything not allowed is dropped.
+    /// A direction that only audit-mode policies select is isolated too, with their rules
+    /// and, last, an audit rule ([`RuleOrigin::AUDIT`]) that allows the rest: the
+    /// dataplanes enforce it as any other rule, and count what it allows.
     pub isolated: bool,
     pub rules: BTreeSet<Rule>,
 }

@@ -96,9 +96,15 @@ pub struct SideExplanation {
     pub enforced: bool,
     pub isolated: bool,
     pub allowed: bool,
-    /// Policies that select the pod for this direction.
+    /// Enforced policies that select the pod for this direction.
     pub isolated_by: Vec<String>,
     pub allowed_by: Vec<RuleExplanation>,
+    /// Audit-mode policies (`policy.weir.io/mode: audit`) that select the pod for this
+    /// direction. They count only where no enforced policy does.
+    pub audit_by: Vec<String>,
+    /// Those audit policies would drop this connection; it passes, counted as an audit
+    /// verdict.
+    pub audit_would_deny: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -214,29 +220,41 @@ fn side_explanation(
     isolated: bool,
 ) -> SideExplanation {
     let endpoint = pod.and_then(|p| engine.desired().endpoints.get(&p.key()));
-    let isolated_by = match (pod, endpoint) {
-        (Some(pod), Some(_)) => engine
-            .policies_selecting(pod)
-            .into_iter()
-            .filter(|p| p.rules(direction).is_some())
-            .map(|p| p.key())
-            .collect(),
-        _ => Vec::new(),
+    let selecting = |audit: bool| -> Vec<String> {
+        match (pod, endpoint) {
+            (Some(pod), Some(_)) => engine
+                .policies_selecting(pod)
+                .into_iter()
+                .filter(|p| p.rules(direction).is_some() && p.audit == audit)
+                .map(|p| p.key())
+                .collect(),
+            _ => Vec::new(),
+        }
     };
-    let allowed_by = endpoint
+    let (isolated_by, audit_by) = (selecting(false), selecting(true));
+    let admitting: Vec<&Rule> = endpoint
         .into_iter()
         .flat_map(|e| &e.direction(direction).rules)
         .filter(|r| rule_admits(engine.desired(), r, peer, port.port, port.protocol))
+        .collect();
+    let audit_would_deny = admitting.iter().all(|r| r.origin.is_audit())
+        && admitting.iter().any(|r| r.origin.is_audit());
+    let allowed_by = admitting
+        .into_iter()
+        .filter(|r| !r.origin.is_audit())
         .map(|r| rule_explanation(engine, direction, r))
         .collect();
     SideExplanation {
         direction,
         pod: pod.map(PodInfo::key),
         enforced: endpoint.is_some(),
-        isolated,
+        // Isolated by audit-mode policies alone is not isolated: nothing is dropped.
+        isolated: isolated && !isolated_by.is_empty(),
         allowed,
         isolated_by,
         allowed_by,
+        audit_by,
+        audit_would_deny,
     }
 }
 
@@ -284,7 +302,23 @@ impl fmt::Display for SideExplanation {
             return write!(f, "{what} {who}: not enforced (not a pod endpoint: host network, no address or unknown)");
         }
         if !self.isolated {
-            return write!(f, "{what} {who}: allowed, not isolated");
+            write!(f, "{what} {who}: allowed, not isolated")?;
+            if !self.audit_by.is_empty() {
+                let would = if self.audit_would_deny {
+                    "would DENY it (counted as an audit verdict)"
+                } else {
+                    "would allow it"
+                };
+                write!(f, "\n    audit mode: {} {would}", self.audit_by.join(", "))?;
+                for r in &self.allowed_by {
+                    write!(
+                        f,
+                        "\n    audit allowed by: {} {}: peer {} on {}",
+                        r.policy, r.rule, r.peer, r.ports
+                    )?;
+                }
+            }
+            return Ok(());
         }
         let verdict = if self.allowed { "allowed" } else { "DENIED" };
         write!(
@@ -300,6 +334,13 @@ impl fmt::Display for SideExplanation {
                 f,
                 "\n    allowed by: {} {}: peer {} on {}",
                 r.policy, r.rule, r.peer, r.ports
+            )?;
+        }
+        if !self.audit_by.is_empty() {
+            write!(
+                f,
+                "\n    audit mode, not counted here (an enforced policy isolates the pod): {}",
+                self.audit_by.join(", ")
             )?;
         }
         Ok(())

@@ -17,7 +17,13 @@ pub struct PolicySpec {
     /// `None`: the policy does not apply to ingress (policyTypes).
     pub ingress: Option<Vec<RuleSpec>>,
     pub egress: Option<Vec<RuleSpec>>,
+    /// `policy.weir.io/mode: audit`: compiled and counted, but it drops nothing.
+    pub audit: bool,
 }
+
+/// The annotation that puts a policy in audit mode (`audit`) or enforces it (`enforce`,
+/// the default).
+pub const MODE_ANNOTATION: &str = "policy.weir.io/mode";
 
 impl PolicySpec {
     /// `namespace/name`, as in [`crate::desired::RuleOrigin::policy`].

@@ -11,7 +11,9 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use super::error::PolicyError;
 use super::names::{parse_cidr, port_name_problem};
 use super::selector::Selector;
-use super::spec::{NamespaceScope, PeerSpec, PolicySpec, PortMatch, PortSpec, RuleSpec};
+use super::spec::{
+    NamespaceScope, PeerSpec, PolicySpec, PortMatch, PortSpec, RuleSpec, MODE_ANNOTATION,
+};
 use crate::desired::PortRange;
 use crate::model::{parse_protocol, FieldError, Object, ObjectRef};
 
@@ -93,7 +95,30 @@ fn parse(object: &ObjectRef, policy: &NetworkPolicy) -> Result<PolicySpec, Field
         pod_selector,
         ingress: applies_ingress.then_some(ingress_rules),
         egress: applies_egress.then_some(egress_rules),
+        audit: audit_mode(object, policy),
     })
+}
+
+/// Whether the policy is annotated `policy.weir.io/mode: audit`. Any value other than
+/// `audit` or `enforce` enforces it, with a warning: a typo must not open what the
+/// policy closes.
+fn audit_mode(object: &ObjectRef, policy: &NetworkPolicy) -> bool {
+    let value = policy
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(MODE_ANNOTATION));
+    match value.map(String::as_str) {
+        None | Some("enforce") => false,
+        Some("audit") => true,
+        Some(other) => {
+            tracing::warn!(
+                object = %object,
+                "metadata.annotations[\"{MODE_ANNOTATION}\"]: unknown mode {other:?} (audit or enforce): the policy is enforced"
+            );
+            false
+        }
+    }
 }
 
 fn parse_rule(

@@ -254,3 +254,96 @@ fn set_definitions_include_namespace_scoping() {
         .iter()
         .all(|r| matches!(r.peer, Peer::Set(_))));
 }
+
+/// `policy.weir.io/mode: audit` (or `enforce`, or a typo) on policy `name`.
+fn with_mode(manifest: String, mode: &str) -> String {
+    manifest.replacen(
+        "metadata: {",
+        &format!("metadata: {{annotations: {{policy.weir.io/mode: {mode}}}, "),
+        1,
+    )
+}
+
+#[test]
+fn an_audit_policy_alone_isolates_with_an_audit_rule_that_allows_the_rest() {
+    let only_b = "podSelector: {matchLabels: {pod: a}}\ningress:\n- from: [{podSelector: {matchLabels: {pod: b}}}]\n  ports: [{port: 80}]";
+    let e = engine_with(&with_mode(policy("x", "p", only_b), "audit"));
+    let ingress = &e.desired().endpoints["x/a"].ingress;
+    assert!(ingress.isolated);
+    let audit: Vec<_> = ingress
+        .rules
+        .iter()
+        .filter(|r| r.origin.is_audit())
+        .collect();
+    assert_eq!(audit.len(), 1, "{ingress:?}");
+    assert_eq!((audit[0].peer, audit[0].ports), (Peer::Any, Ports::All));
+    assert_eq!(audit[0].origin.audited_policies(), ["x/p"]);
+    assert!(
+        ingress
+            .rules
+            .iter()
+            .any(|r| r.origin.policy == "x/p" && r.origin.rule_index == 0),
+        "the audit policy's own rule is compiled: {ingress:?}"
+    );
+    // Nothing is denied: x/c passes (through the audit rule), x/b through x/p's rule.
+    let (a4, _) = support::pod_ips("x", "a");
+    for from in ["x/b", "x/c"] {
+        assert!(allowed(&e, from, &a4, 80, Protocol::Tcp), "{from}");
+        assert!(allowed(&e, from, &a4, 81, Protocol::Tcp), "{from}");
+    }
+    let explained =
+        weir_policy::explain::explain(&e, "x/c", &a4.parse().unwrap(), "81".parse().unwrap())
+            .unwrap();
+    assert!(explained.allowed);
+    assert!(!explained.ingress.isolated);
+    assert_eq!(explained.ingress.audit_by, ["x/p"]);
+    assert!(explained.ingress.audit_would_deny);
+    let text = explained.to_string();
+    assert!(text.contains("audit mode: x/p would DENY it"), "{text}");
+    let from_b =
+        weir_policy::explain::explain(&e, "x/b", &a4.parse().unwrap(), "80".parse().unwrap())
+            .unwrap();
+    assert!(!from_b.ingress.audit_would_deny);
+    assert_eq!(from_b.ingress.allowed_by[0].policy, "x/p");
+}
+
+#[test]
+fn an_audit_policy_beside_an_enforced_one_changes_nothing() {
+    let deny_all = policy(
+        "x",
+        "deny",
+        "podSelector: {matchLabels: {pod: a}}\npolicyTypes: [Ingress]",
+    );
+    let allow_b = "podSelector: {matchLabels: {pod: a}}\ningress:\n- from: [{podSelector: {matchLabels: {pod: b}}}]";
+    let e = engine_with(&format!(
+        "{deny_all}---\n{}",
+        with_mode(policy("x", "p", allow_b), "audit")
+    ));
+    let ingress = &e.desired().endpoints["x/a"].ingress;
+    assert!(ingress.isolated);
+    assert!(
+        ingress.rules.is_empty(),
+        "neither x/p's rules nor an audit rule: {ingress:?}"
+    );
+    let (a4, _) = support::pod_ips("x", "a");
+    assert!(!allowed(&e, "x/b", &a4, 80, Protocol::Tcp));
+}
+
+#[test]
+fn an_unknown_mode_enforces_the_policy() {
+    for mode in ["enforce", "Audit", "dry-run"] {
+        let e = engine_with(&with_mode(
+            policy(
+                "x",
+                "p",
+                "podSelector: {matchLabels: {pod: a}}\npolicyTypes: [Ingress]",
+            ),
+            mode,
+        ));
+        let ingress = &e.desired().endpoints["x/a"].ingress;
+        assert!(
+            ingress.isolated && ingress.rules.is_empty(),
+            "{mode}: {ingress:?}"
+        );
+    }
+}

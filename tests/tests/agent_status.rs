@@ -167,8 +167,114 @@ fn status_and_metrics(dataplane: &str) -> Allowed {
             (label("namespace"), label("policy"), label("direction"))
         })
         .collect();
+    audit_mode(&lab, dataplane);
     lab.weir(&["down"]).unwrap();
     allowed
+}
+
+/// Prometheus may be scraped by shop/web only; in audit mode first.
+const PROMETHEUS_FROM_WEB: &str = "apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata:
+  name: prometheus-from-web
+  namespace: monitoring
+  annotations: {policy.weir.io/mode: MODE}
+spec:
+  podSelector: {matchLabels: {app: prometheus}}
+  ingress:
+  - from:
+    - namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: shop}}
+      podSelector: {matchLabels: {app: web}}
+";
+
+fn reaches_prometheus(matrix: &weir_tests::lab::Matrix, from: &str) -> bool {
+    matrix[&(
+        from.to_string(),
+        "monitoring/prometheus".to_string(),
+        9090,
+        "TCP".to_string(),
+    )]
+}
+
+/// An audit-mode policy lets everything through, while what it would drop is counted in
+/// `/metrics` and, on eBPF, streamed by `weir monitor`; once enforced it drops.
+fn audit_mode(lab: &Lab, dataplane: &str) {
+    let (_, before) = lab.probe(&[]).unwrap();
+    assert!(reaches_prometheus(&before, "shop/api"));
+    let monitor = (dataplane == "ebpf").then(|| {
+        let root = lab.state()["bpf_root"]
+            .as_str()
+            .expect("bpf_root")
+            .to_string();
+        std::process::Command::new(weir_tests::weir_bin::path().expect("the weir binary"))
+            .args(["monitor", "--output", "json", "--bpf-root", &root])
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("weir monitor starts")
+    });
+    let audit = weir_tests::lab::manifest(
+        lab,
+        "audit.yaml",
+        &PROMETHEUS_FROM_WEB.replace("MODE", "audit"),
+    );
+    lab.weir(&["apply", audit.to_str().unwrap()]).unwrap();
+    let (_, audited) = lab.probe(&[]).unwrap();
+    assert_eq!(
+        audited, before,
+        "{dataplane}: an audit-mode policy changed what connects"
+    );
+
+    let series = |verdict: &str| {
+        format!("weir_policy_verdicts_total{{namespace=\"monitoring\",policy=\"prometheus-from-web\",direction=\"ingress\",verdict=\"{verdict}\"}}")
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let text = metrics(lab);
+        let counted = |v: &str| sample(&text, &series(v)).is_some_and(|n| n > 0.0);
+        // web's scrape is the policy's own allow; api's would be dropped.
+        if counted("audit") && counted("allow") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{dataplane}: no audit and allow verdicts of prometheus-from-web 30 s after the probe:\n{text}"
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    if let Some(mut monitor) = monitor {
+        let _ = monitor.kill();
+        let out = monitor.wait_with_output().expect("weir monitor's output");
+        let text = String::from_utf8_lossy(&out.stdout);
+        let audits: Vec<Value> = text
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .filter(|e| e["verdict"] == "audit")
+            .collect();
+        assert!(
+            audits.iter().any(|e| e["rule"]
+                == "monitoring/prometheus-from-web ingress audit: would be dropped"
+                && e["pod"] == "monitoring/prometheus"
+                && e["dport"] == 9090),
+            "weir monitor shows no audit verdict of prometheus-from-web:\n{text}"
+        );
+    }
+
+    // Enforced: web still scrapes, api no longer.
+    let enforce = weir_tests::lab::manifest(
+        lab,
+        "enforce.yaml",
+        &PROMETHEUS_FROM_WEB.replace("MODE", "enforce"),
+    );
+    lab.weir(&["apply", enforce.to_str().unwrap()]).unwrap();
+    let (_, enforced) = lab.probe(&[]).unwrap();
+    assert!(
+        reaches_prometheus(&enforced, "shop/web"),
+        "{dataplane}: enforced"
+    );
+    assert!(
+        !reaches_prometheus(&enforced, "shop/api"),
+        "{dataplane}: enforced"
+    );
 }
 
 #[test]

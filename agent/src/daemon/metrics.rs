@@ -128,7 +128,7 @@ impl Metrics {
         );
         r.register(
             "policy_verdicts",
-            "Policy verdicts: connections each NetworkPolicy allowed (verdict=allow), and packets isolated pods' default deny dropped (verdict=deny, namespace and policy empty), by direction",
+            "Policy verdicts: connections each NetworkPolicy allowed (verdict=allow) or, in audit mode, would have dropped (verdict=audit), and packets isolated pods' default deny dropped (verdict=deny, namespace and policy empty), by direction",
             m.verdicts.clone(),
         );
         m
@@ -202,36 +202,39 @@ impl Metrics {
 
     /// Brings the verdict and drop counters up to the dataplane's counts.
     pub fn set_verdict_counts(&self, counts: &VerdictCounts) {
-        let direction = |d: Direction| match d {
-            Direction::Ingress => "ingress",
-            Direction::Egress => "egress",
-        };
-        for ((policy, d), packets) in &counts.allowed {
+        let labels = |policy: &str, d: Direction, verdict: &str| -> Labels {
             let (namespace, name) = policy.split_once('/').unwrap_or(("", policy));
-            let labels = vec![
-                ("namespace".to_string(), namespace.to_string()),
-                ("policy".to_string(), name.to_string()),
-                ("direction".to_string(), direction(*d).to_string()),
-                ("verdict".to_string(), "allow".to_string()),
-            ];
-            self.mirror("verdicts", &self.verdicts, labels, *packets);
+            let direction = match d {
+                Direction::Ingress => "ingress",
+                Direction::Egress => "egress",
+            };
+            [
+                ("namespace", namespace),
+                ("policy", name),
+                ("direction", direction),
+                ("verdict", verdict),
+            ]
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .to_vec()
+        };
+        for (verdict, by_policy) in [("allow", &counts.allowed), ("audit", &counts.audited)] {
+            for ((policy, d), packets) in by_policy {
+                self.mirror(
+                    "verdicts",
+                    &self.verdicts,
+                    labels(policy, *d, verdict),
+                    *packets,
+                );
+            }
         }
-        let mut denied = 0;
         for (d, packets) in &counts.denied {
-            let labels = vec![
-                ("namespace".to_string(), String::new()),
-                ("policy".to_string(), String::new()),
-                ("direction".to_string(), direction(*d).to_string()),
-                ("verdict".to_string(), "deny".to_string()),
-            ];
-            self.mirror("verdicts", &self.verdicts, labels, *packets);
-            denied += packets;
+            self.mirror("verdicts", &self.verdicts, labels("", *d, "deny"), *packets);
         }
         self.mirror(
             "drops",
             &self.drops,
             label("reason", "default-deny"),
-            denied,
+            counts.denied.values().sum(),
         );
         for (reason, packets) in &counts.drops {
             self.mirror("drops", &self.drops, label("reason", *reason), *packets);
@@ -304,6 +307,7 @@ mod tests {
         let counts = |allowed: u64, denied: u64| VerdictCounts {
             allowed: [(("x/allow-a".to_string(), Direction::Ingress), allowed)].into(),
             denied: [(Direction::Egress, denied)].into(),
+            audited: [(("y/try".to_string(), Direction::Egress), denied)].into(),
             drops: [(crate::dataplane::DROP_SPOOFED, 2)].into(),
         };
         m.set_verdict_counts(&counts(5, 3));
@@ -313,6 +317,7 @@ mod tests {
             "weir_policy_verdicts_total{namespace=\"x\",policy=\"allow-a\",direction=\"ingress\",verdict=\"allow\"} 9",
             "weir_policy_verdicts_total{namespace=\"\",policy=\"\",direction=\"egress\",verdict=\"deny\"} 4",
             "weir_drops_total{reason=\"default-deny\"} 4",
+            "weir_policy_verdicts_total{namespace=\"y\",policy=\"try\",direction=\"egress\",verdict=\"audit\"} 4",
             "weir_drops_total{reason=\"spoofed-source\"} 2",
             "# TYPE weir_drops counter",
         ] {

@@ -190,6 +190,9 @@ pub struct VerdictCounts {
     pub allowed: BTreeMap<(String, Direction), u64>,
     /// Packets an isolated pod's default deny dropped (no rule allowed them), by direction.
     pub denied: BTreeMap<Direction, u64>,
+    /// Connections each audit-mode policy would have dropped (they passed), by policy and
+    /// direction.
+    pub audited: BTreeMap<(String, Direction), u64>,
     /// Drops that are not policy verdicts, by reason ([`DROP_SPOOFED`], ...).
     pub drops: BTreeMap<&'static str, u64>,
 }

@@ -224,7 +224,7 @@ pub fn kube_apply(
         .block_on(netns, Identity::Admin, |client| async move {
             // From before the first request: a change may take effect with its first write
             // (a Pod's labels) before the last one (its status) is acknowledged.
-            let started = monotonic_ns();
+            let started = crate::kernel::monotonic_ns();
             let written = api::sync(&client, &before, &after, None).await?;
             crate::stdout::println(&format!("written {started}")).map_err(|e| e.to_string())?;
             let mut versions: BTreeMap<_, _> = match known {
@@ -258,17 +258,6 @@ pub fn kube_apply(
             .expect("versions serialize")
             .as_bytes(),
     )
-}
-
-/// CLOCK_MONOTONIC in nanoseconds: comparable across processes of one boot.
-pub fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes into the timespec we own.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 /// Creates or updates objects, as `kubectl apply`.

@@ -95,6 +95,11 @@ pub const COUNTER_SERVICE_DEFERRED: u32 = 12;
 pub const RULE_ID_FIRST: u32 = 16;
 const _: () = assert!(COUNTER_DEFAULT_DENY_EGRESS < RULE_ID_FIRST);
 
+/// Set in a POLICY value whose rule is an audit rule (what it allows, audit-mode policies
+/// would drop): the programs report it as [`Verdict::Audit`], always, and count it at the
+/// rule id without the bit.
+pub const AUDIT_RULE_BIT: u32 = 1 << 30;
+
 /// The default-deny counter of `direction`.
 pub const fn default_deny_counter(direction: Direction) -> u32 {
     match direction {
@@ -318,6 +323,8 @@ pub struct RateState {
 pub enum Verdict {
     Drop = 0,
     Allow = 1,
+    /// Allowed by an audit rule: an audit-mode policy would have dropped it.
+    Audit = 2,
 }
 
 /// Why a [`VerdictEvent`] was allowed or dropped, stored as its `u8`.
@@ -362,7 +369,7 @@ macro_rules! decode_u8 {
     };
 }
 decode_u8!(Direction: Ingress, Egress);
-decode_u8!(Verdict: Drop, Allow);
+decode_u8!(Verdict: Drop, Allow, Audit);
 decode_u8!(Reason: PolicyDeny, PolicyAllow, Reply, NotIsolated, IcmpError, Host, Spoofed,
     Tagged, Established, Malformed, ServiceDeferred);
 

@@ -583,13 +583,21 @@ struct Reporter {
 impl Reporter {
     #[inline(always)]
     fn allow(&self, ctx: &TcContext, t: &Tuple, counter: u32, reason: Reason) -> i32 {
-        count(ctx, counter);
-        let emit_allow = WEIR_SETTINGS
-            .get(SETTING_EMIT_ALLOW_EVENTS)
-            .is_some_and(|v| *v != 0);
+        // An audit rule's allow is a would-be drop: always reported.
+        let audit = counter & AUDIT_RULE_BIT != 0;
+        count(ctx, counter & !AUDIT_RULE_BIT);
+        let emit_allow = audit
+            || WEIR_SETTINGS
+                .get(SETTING_EMIT_ALLOW_EVENTS)
+                .is_some_and(|v| *v != 0);
         if emit_allow {
             let now = unsafe { bpf_ktime_get_ns() };
-            self.emit(ctx, t, Verdict::Allow, reason, counter, now);
+            let verdict = if audit {
+                Verdict::Audit
+            } else {
+                Verdict::Allow
+            };
+            self.emit(ctx, t, verdict, reason, counter, now);
         }
         TC_ACT_OK
     }

@@ -4,7 +4,7 @@
 use std::net::{IpAddr, Ipv6Addr};
 
 use serde::Serialize;
-use weir_common::{Direction, Reason, Verdict, VerdictEvent};
+use weir_common::{Direction, Reason, Verdict, VerdictEvent, AUDIT_RULE_BIT};
 
 use super::records::Records;
 
@@ -18,6 +18,7 @@ pub enum OutputFormat {
 pub struct MonitorEvent {
     /// Kernel monotonic clock (ns) at the verdict.
     pub timestamp_ns: u64,
+    /// `drop`, `allow`, or `audit` (allowed, but an audit-mode policy would drop it).
     pub verdict: &'static str,
     pub reason: &'static str,
     /// `ingress` (to the pod) or `egress` (from the pod).
@@ -31,7 +32,8 @@ pub struct MonitorEvent {
     pub endpoint_id: u32,
     pub ifindex: u32,
     pub rule_id: u32,
-    /// `ns/policy direction rule N` for allows by a rule; `default deny` for policy drops,
+    /// `ns/policy direction rule N` for allows by a rule; `ns/policy,... direction audit:
+    /// would be dropped` for audit verdicts; `default deny` for policy drops,
     /// `anti-spoofing`, `no tagged frames from pods` or `unreadable IP header` for the
     /// drops made before policy.
     pub rule: Option<String>,
@@ -78,7 +80,8 @@ fn protocol_name(p: u8) -> String {
 
 impl MonitorEvent {
     pub fn decode(ev: &VerdictEvent, records: Option<&Records>) -> MonitorEvent {
-        let drop = ev.verdict == Verdict::Drop as u8;
+        let verdict = Verdict::try_from(ev.verdict);
+        let drop = verdict == Ok(Verdict::Drop);
         let rule = if drop {
             Some(
                 match Reason::try_from(ev.reason) {
@@ -91,12 +94,17 @@ impl MonitorEvent {
             )
         } else {
             records
-                .and_then(|r| r.rules.by_id.get(&ev.rule_id))
+                .and_then(|r| r.rules.by_id.get(&(ev.rule_id & !AUDIT_RULE_BIT)))
                 .map(ToString::to_string)
         };
         MonitorEvent {
             timestamp_ns: ev.timestamp_ns,
-            verdict: if drop { "drop" } else { "allow" },
+            verdict: match verdict {
+                Ok(Verdict::Drop) => "drop",
+                Ok(Verdict::Allow) => "allow",
+                Ok(Verdict::Audit) => "audit",
+                Err(_) => "unknown",
+            },
             reason: reason(ev.reason),
             direction: match Direction::try_from(ev.direction) {
                 Ok(Direction::Ingress) => "ingress",

@@ -961,10 +961,20 @@ impl Dataplane for EbpfDataplane {
         };
         let mut counts = VerdictCounts::default();
         for (id, rule) in &self.records.rules.by_id {
-            *counts
-                .allowed
-                .entry((rule.policy.clone(), rule.direction))
-                .or_default() += packets(*id)?;
+            let n = packets(*id)?;
+            if rule.is_audit() {
+                for policy in rule.policy.split(',') {
+                    *counts
+                        .audited
+                        .entry((policy.to_string(), rule.direction))
+                        .or_default() += n;
+                }
+            } else {
+                *counts
+                    .allowed
+                    .entry((rule.policy.clone(), rule.direction))
+                    .or_default() += n;
+            }
         }
         for direction in [Direction::Ingress, Direction::Egress] {
             let slot = weir_common::default_deny_counter(policy_map::kernel_direction(direction));

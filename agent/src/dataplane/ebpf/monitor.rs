@@ -26,6 +26,8 @@ pub struct Monitor {
     settings: Array<MapData, u32>,
     records_map: RecordsMap,
     records: Option<Records>,
+    /// When the records were last read, on the programs' clock (CLOCK_MONOTONIC ns).
+    records_read_ns: u64,
     records_read: Instant,
     allow: bool,
 }
@@ -70,6 +72,7 @@ impl Monitor {
             settings,
             records_map,
             records,
+            records_read_ns: crate::kernel::monotonic_ns(),
             records_read: Instant::now(),
             allow,
         })
@@ -107,6 +110,7 @@ impl Monitor {
         }
         for ev in raw {
             if self.needs_records(&ev) {
+                self.records_read_ns = crate::kernel::monotonic_ns();
                 self.records = records::load(&self.records_map);
                 self.records_read = Instant::now();
             }
@@ -115,14 +119,19 @@ impl Monitor {
         Ok(())
     }
 
-    /// Names unknown to the records we hold: re-read them, at most once a second.
+    /// Names unknown to the records we hold: re-read them when the event is newer than
+    /// them (its rule may have been added since), at most fifty times a second.
     fn needs_records(&self, ev: &VerdictEvent) -> bool {
         let known = self.records.as_ref().is_some_and(|r| {
             r.endpoint_name(ev.endpoint_id).is_some()
                 && (ev.rule_id < weir_common::RULE_ID_FIRST
-                    || r.rules.by_id.contains_key(&ev.rule_id))
+                    || r.rules
+                        .by_id
+                        .contains_key(&(ev.rule_id & !weir_common::AUDIT_RULE_BIT)))
         });
-        !known && self.records_read.elapsed() > Duration::from_secs(1)
+        !known
+            && ev.timestamp_ns > self.records_read_ns
+            && self.records_read.elapsed() > Duration::from_millis(20)
     }
 }
 

@@ -7,10 +7,11 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 use weir_common::{
-    PolicyKey, IDENTITY_ANY, POLICY_PREFIX_ANY_PORT, POLICY_PREFIX_ANY_PROTOCOL, RULE_ID_FIRST,
+    PolicyKey, AUDIT_RULE_BIT, IDENTITY_ANY, POLICY_PREFIX_ANY_PORT, POLICY_PREFIX_ANY_PROTOCOL,
+    RULE_ID_FIRST,
 };
 
-use weir_policy::desired::{Direction, Endpoint, Peer, Ports, Rule, SetId};
+use weir_policy::desired::{Direction, Endpoint, Peer, Ports, Rule, RuleOrigin, SetId};
 
 /// A POLICY trie key with its prefix length (bits).
 pub type PolicyEntry = (u32, PolicyKey);
@@ -23,12 +24,21 @@ pub struct RuleName {
     pub rule_index: u32,
 }
 
+impl RuleName {
+    pub fn is_audit(&self) -> bool {
+        self.rule_index == RuleOrigin::AUDIT
+    }
+}
+
 impl std::fmt::Display for RuleName {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let dir = match self.direction {
             Direction::Ingress => "ingress",
             Direction::Egress => "egress",
         };
+        if self.is_audit() {
+            return write!(f, "{} {dir} audit: would be dropped", self.policy);
+        }
         write!(f, "{} {dir} rule {}", self.policy, self.rule_index)
     }
 }
@@ -130,7 +140,11 @@ pub fn endpoint_entries(
             continue;
         }
         for rule in &policy.rules {
-            let rule_id = rule_ids[&name(d, rule)];
+            let rule_id = match rule_ids[&name(d, rule)] {
+                // Higher than any rule id: a real rule with the same key wins the tie.
+                id if rule.origin.is_audit() => id | AUDIT_RULE_BIT,
+                id => id,
+            };
             let identities: &[u32] = match rule.peer {
                 Peer::Any => &[IDENTITY_ANY],
                 Peer::Set(id) => identities_of_set.get(&id).map_or(&[], Vec::as_slice),

@@ -1,6 +1,8 @@
 //! The iptables dataplane's verdict counts, read from its own rules' counters
 //! (`iptables-save -c`): each allow rule carries its policy and rule in its comment, each
 //! endpoint chain ends in a default-deny DROP, and WEIR-SPOOF's DROPs are anti-spoofing.
+//! A direction only audit-mode policies isolate ends in an audit rule instead, a RETURN
+//! whose comment names those policies.
 
 use super::names::chain_direction;
 use super::spoof::SPOOF_CHAIN;
@@ -27,7 +29,14 @@ pub fn add(tables: &[SavedTable], counts: &mut VerdictCounts) {
                 *counts.denied.entry(direction).or_default() += packets;
             }
             Some("RETURN") => {
-                if let Some((policy, _index)) = comment.rsplit_once(" rule ") {
+                if let Some(policies) = comment.strip_suffix(" audit") {
+                    for policy in policies.split(',') {
+                        *counts
+                            .audited
+                            .entry((policy.to_string(), direction))
+                            .or_default() += packets;
+                    }
+                } else if let Some((policy, _index)) = comment.rsplit_once(" rule ") {
                     *counts
                         .allowed
                         .entry((policy.to_string(), direction))
@@ -55,6 +64,7 @@ mod tests {
             [12:720] -A WEIR-I-00000000000000ab -m comment --comment \"x/a Ingress default deny\" -j DROP\n\
             [5:300] -A WEIR-E-00000000000000ab -m comment --comment \"y/out rule 0\" -j RETURN\n\
             [1:60] -A WEIR-E-00000000000000ab -m comment --comment \"x/a Egress default deny\" -j DROP\n\
+            [8:480] -A WEIR-E-00000000000000cd -m comment --comment \"x/try,y/try audit\" -j RETURN\n\
             [4:240] -A KUBE-FORWARD -m comment --comment \"kube rule 1\" -j RETURN\n\
             COMMIT\n";
         let mut counts = VerdictCounts::default();
@@ -74,5 +84,13 @@ mod tests {
             [(Direction::Ingress, 24), (Direction::Egress, 2)].into()
         );
         assert_eq!(counts.drops, [(DROP_SPOOFED, 6)].into());
+        assert_eq!(
+            counts.audited,
+            [
+                (("x/try".to_string(), Direction::Egress), 16),
+                (("y/try".to_string(), Direction::Egress), 16),
+            ]
+            .into()
+        );
     }
 }

@@ -35,9 +35,12 @@ pub fn endpoint_rules(ep: &Endpoint, direction: Direction, family: Family) -> Op
     if !policy.isolated || address(ep, family).is_none() {
         return None;
     }
-    let mut rules: Vec<String> = policy
-        .rules
-        .iter()
+    // The audit rule allows everything: it must come after every rule it would shadow.
+    let (audit, enforced): (Vec<&Rule>, Vec<&Rule>) =
+        policy.rules.iter().partition(|r| r.origin.is_audit());
+    let mut rules: Vec<String> = enforced
+        .into_iter()
+        .chain(audit)
         .map(|r| rule_spec(r, direction, family))
         .collect();
     rules.push(format!(
@@ -101,7 +104,11 @@ fn rule_spec(rule: &Rule, direction: Direction, family: Family) -> String {
             set_name(id, family)
         ));
     }
-    let origin = format!("{} rule {}", rule.origin.policy, rule.origin.rule_index);
+    let origin = if rule.origin.is_audit() {
+        format!("{} audit", rule.origin.policy)
+    } else {
+        format!("{} rule {}", rule.origin.policy, rule.origin.rule_index)
+    };
     spec.push_str(&format!(
         "-m comment --comment {} -j RETURN",
         quote(&origin)
