@@ -381,3 +381,92 @@ fn the_real_api_server_admits_deploy() {
         "kubectl did not admit the DaemonSet: {stdout}"
     );
 }
+
+/// A policy every node refuses gets one Event, not one per node: two nodes' publishers
+/// (as two agents would run them, with the DaemonSet's ServiceAccount) report the same
+/// refusal to the real API server, which keeps the first node's Event and answers the
+/// second's with AlreadyExists. A dataplane fallback and a switch go on the Node.
+#[test]
+fn a_refused_policy_gets_one_event_however_many_nodes_report_it() {
+    use weir::daemon::publish::{cluster_event_name, KubePublisher};
+    use weir::daemon::run::Publisher;
+    use weir::daemon::status::Status;
+    use weir::dataplane::DataplaneKind;
+    use weir::lab::control_plane::{ControlPlane, Identity};
+    use weir_policy::model::{Kind, ObjectRef};
+
+    let lab = up("events", "iptables");
+    let policy = ObjectRef::new(Kind::NetworkPolicy, Some("shop"), "web-public");
+    let reason = "spec.ingress[0]: refused by the test".to_string();
+    let refused = std::collections::BTreeMap::from([(policy.clone(), reason.clone())]);
+    let plane = ControlPlane::new(lab.dir.join("api"));
+    let netns = lab.node_netns();
+    plane
+        .block_on(&netns, Identity::Agent, |client| async move {
+            let mut nodes: Vec<KubePublisher> = ["node-a", "node-b"]
+                .iter()
+                .map(|n| KubePublisher::spawn(client.clone(), n.to_string()))
+                .collect();
+            let status = |dataplane, fallback: Option<&str>| Status {
+                generation: 0,
+                converged: true,
+                dataplane: Some(dataplane),
+                fallback_reason: fallback.map(str::to_string),
+                errors: Vec::new(),
+                state_digest: None,
+            };
+            for node in &mut nodes {
+                node.publish(&status(DataplaneKind::Ebpf, None), &refused);
+            }
+            // node-a falls back, then switches: two Events on node-a.
+            nodes[0].publish(
+                &status(
+                    DataplaneKind::Iptables,
+                    Some("auto: eBPF unavailable: test"),
+                ),
+                &refused,
+            );
+            // The publishers send from background tasks: give them time.
+            tokio::time::sleep(Duration::from_secs(3)).await;
+        })
+        .expect("the publishers ran");
+    let events: Vec<serde_json::Value> = plane
+        .block_on(&netns, Identity::Admin, |client| async move {
+            let api: kube::Api<k8s_openapi::api::events::v1::Event> = kube::Api::all(client);
+            api.list(&Default::default())
+                .await
+                .expect("list events")
+                .items
+                .into_iter()
+                .map(|e| serde_json::to_value(e).unwrap())
+                .collect()
+        })
+        .expect("events listed");
+    let about = |kind: &str, name: &str| -> Vec<&serde_json::Value> {
+        events
+            .iter()
+            .filter(|e| e["regarding"]["kind"] == kind && e["regarding"]["name"] == name)
+            .collect()
+    };
+    let on_policy = about("NetworkPolicy", "web-public");
+    assert_eq!(
+        on_policy.len(),
+        1,
+        "one Event for the policy: {on_policy:#?}"
+    );
+    assert_eq!(
+        on_policy[0]["metadata"]["name"],
+        cluster_event_name(&policy, &reason)
+    );
+    assert_eq!(on_policy[0]["reason"], "PolicyNotEnforced");
+    assert_eq!(on_policy[0]["note"], reason.as_str());
+    let on_node: Vec<&str> = about("Node", "node-a")
+        .iter()
+        .filter_map(|e| e["reason"].as_str())
+        .collect();
+    assert!(
+        on_node.contains(&"DataplaneFallback") && on_node.contains(&"DataplaneSwitched"),
+        "node-a's fallback and switch: {on_node:?}"
+    );
+    assert!(about("Node", "node-b").is_empty(), "node-b changed nothing");
+}

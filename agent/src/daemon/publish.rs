@@ -1,13 +1,23 @@
 //! Cluster mode's outputs: the node annotations that say which dataplane enforces (and
-//! why it is not the one asked for), and a Kubernetes Event on each policy the agent
-//! cannot enforce. Both are sent from background tasks, so a slow or absent API server
-//! never stalls enforcement; the annotation is retried until it lands.
+//! why it is not the one asked for), and Kubernetes Events. Both are sent from background
+//! tasks, so a slow or absent API server never stalls enforcement; the annotation is
+//! retried until it lands.
+//!
+//! Events go on the right object, once:
+//! - A policy (any namespaced object) the agent cannot enforce gets one Event for the
+//!   whole cluster, not one per node: every node names the Event after the object and the
+//!   reason, so the first node's create makes it and the others' get AlreadyExists.
+//! - What concerns one node goes on its Node, through kube's recorder (which counts
+//!   repeats as a series): an unusable `weir.io/dataplane` label, a dataplane switch, a
+//!   fallback from eBPF to iptables.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Node, ObjectReference};
-use kube::api::{Patch, PatchParams};
+use k8s_openapi::api::events::v1::Event as EventV1;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use kube::api::{Patch, PatchParams, PostParams};
 use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
 use kube::{Api, Client};
 use tokio::sync::{mpsc, watch};
@@ -21,15 +31,29 @@ pub const EFFECTIVE_ANNOTATION: &str = "weir.io/dataplane-effective";
 /// Why it is not the one the label (or flag) asked for; absent when it is.
 pub const FALLBACK_ANNOTATION: &str = "weir.io/dataplane-fallback-reason";
 
+/// An Event to send.
+#[derive(Debug)]
+enum Notice {
+    /// `object` cannot be enforced, because `reason`.
+    NotEnforced { object: ObjectRef, reason: String },
+    /// The node's dataplane changed from one to the other.
+    Switched { from: String, to: String },
+    /// The node enforces with iptables, not eBPF, because `reason`.
+    Fallback { reason: String },
+}
+
 pub struct KubePublisher {
     annotations: watch::Sender<Option<BTreeMap<&'static str, Option<String>>>>,
-    events: mpsc::UnboundedSender<(ObjectRef, String)>,
+    events: mpsc::UnboundedSender<Notice>,
     reported: BTreeSet<(ObjectRef, String)>,
+    /// The dataplane and fallback reason last published.
+    dataplane: Option<(String, Option<String>)>,
 }
 
 impl KubePublisher {
     /// Spawns the background tasks on the current runtime.
     pub fn spawn(client: Client, node_name: String) -> Self {
+        let this_node = ObjectRef::new(Kind::Node, None, &node_name);
         let (annotations, mut wanted) = watch::channel(None);
         let nodes: Api<Node> = Api::all(client.clone());
         tokio::spawn(async move {
@@ -52,23 +76,45 @@ impl KubePublisher {
                 }
             }
         });
-        let (events, mut queue) = mpsc::unbounded_channel::<(ObjectRef, String)>();
+        let (events, mut queue) = mpsc::unbounded_channel::<Notice>();
         let reporter = Reporter {
             controller: "weir".into(),
             instance: std::env::var("NODE_NAME").ok(),
         };
-        let recorder = Recorder::new(client, reporter);
+        let recorder = Recorder::new(client.clone(), reporter);
         tokio::spawn(async move {
-            while let Some((object, reason)) = queue.recv().await {
-                let event = KubeEvent {
-                    type_: EventType::Warning,
-                    reason: "PolicyNotEnforced".into(),
-                    note: Some(truncate(&reason, 1000)),
-                    action: "Enforce".into(),
-                    secondary: None,
+            while let Some(notice) = queue.recv().await {
+                let (on, result) = match &notice {
+                    Notice::NotEnforced { object, reason } if object.namespace.is_some() => {
+                        (object, once_for_the_cluster(&client, object, reason).await)
+                    }
+                    Notice::NotEnforced { object, reason } => {
+                        let event =
+                            node_event(EventType::Warning, "PolicyNotEnforced", "Enforce", reason);
+                        (object, recorder.publish(&event, &reference(object)).await)
+                    }
+                    Notice::Switched { from, to } => {
+                        let note = format!(
+                            "the dataplane switched from {from} to {to} (make before break)"
+                        );
+                        let event =
+                            node_event(EventType::Normal, "DataplaneSwitched", "Switch", &note);
+                        (
+                            &this_node,
+                            recorder.publish(&event, &reference(&this_node)).await,
+                        )
+                    }
+                    Notice::Fallback { reason } => {
+                        let event =
+                            node_event(EventType::Warning, "DataplaneFallback", "Enforce", reason);
+                        (
+                            &this_node,
+                            recorder.publish(&event, &reference(&this_node)).await,
+                        )
+                    }
                 };
-                if let Err(e) = recorder.publish(&event, &reference(&object)).await {
-                    tracing::warn!(object = %object, error = %e, "could not record a Kubernetes Event");
+                if let Err(e) = result {
+                    tracing::warn!(object = %on, error = %e, "could not record a Kubernetes Event");
                 }
             }
         });
@@ -76,7 +122,69 @@ impl KubePublisher {
             annotations,
             events,
             reported: BTreeSet::new(),
+            dataplane: None,
         }
+    }
+}
+
+fn node_event(type_: EventType, reason: &str, action: &str, note: &str) -> KubeEvent {
+    KubeEvent {
+        type_,
+        reason: reason.into(),
+        note: Some(truncate(note, 1000)),
+        action: action.into(),
+        secondary: None,
+    }
+}
+
+/// The reporting instance of cluster-wide Events: any node may be the one that writes it.
+const CLUSTER_INSTANCE: &str = "weir";
+
+/// The name every node gives the Event saying `object` is not enforced because `reason`:
+/// the object's name (shortened), then a checksum of the object and the reason.
+pub fn cluster_event_name(object: &ObjectRef, reason: &str) -> String {
+    let identity = format!(
+        "{}\0{}\0{}\0{reason}",
+        object.kind.name(),
+        object.namespace.as_deref().unwrap_or_default(),
+        object.name
+    );
+    let head: String = object.name.chars().take(200).collect();
+    format!("{head}.weir-{:08x}", crc32c::crc32c(identity.as_bytes()))
+}
+
+/// Creates the cluster's one Event for `object` and `reason`; another node having made it
+/// already (AlreadyExists) is success.
+async fn once_for_the_cluster(
+    client: &Client,
+    object: &ObjectRef,
+    reason: &str,
+) -> Result<(), kube::Error> {
+    let namespace = object.namespace.as_deref().unwrap_or("default");
+    let events: Api<EventV1> = Api::namespaced(client.clone(), namespace);
+    let event = EventV1 {
+        metadata: ObjectMeta {
+            name: Some(cluster_event_name(object, reason)),
+            namespace: Some(namespace.to_string()),
+            ..Default::default()
+        },
+        action: Some("Enforce".into()),
+        reason: Some("PolicyNotEnforced".into()),
+        note: Some(truncate(reason, 1000)),
+        type_: Some("Warning".into()),
+        event_time: Some(MicroTime(k8s_openapi::jiff::Timestamp::now())),
+        regarding: Some(reference(object)),
+        reporting_controller: Some("weir".into()),
+        reporting_instance: Some(CLUSTER_INSTANCE.into()),
+        ..Default::default()
+    };
+    match events.create(&PostParams::default(), &event).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(status)) if status.code == 409 => {
+            tracing::debug!(object = %object, "another node reported it already");
+            Ok(())
+        }
+        Err(e) => Err(e),
     }
 }
 
@@ -104,6 +212,23 @@ fn reference(object: &ObjectRef) -> ObjectReference {
 impl Publisher for KubePublisher {
     fn publish(&mut self, status: &Status, refused: &BTreeMap<ObjectRef, String>) {
         if let Some(kind) = status.dataplane {
+            let now = (kind.to_string(), status.fallback_reason.clone());
+            if let Some((before, _)) = &self.dataplane {
+                if *before != now.0 {
+                    let _ = self.events.send(Notice::Switched {
+                        from: before.clone(),
+                        to: now.0.clone(),
+                    });
+                }
+            }
+            if let Some(reason) = &now.1 {
+                if self.dataplane.as_ref().and_then(|d| d.1.as_ref()) != Some(reason) {
+                    let _ = self.events.send(Notice::Fallback {
+                        reason: reason.clone(),
+                    });
+                }
+            }
+            self.dataplane = Some(now);
             let values = BTreeMap::from([
                 (EFFECTIVE_ANNOTATION, Some(kind.to_string())),
                 (FALLBACK_ANNOTATION, status.fallback_reason.clone()),
@@ -119,8 +244,11 @@ impl Publisher for KubePublisher {
             .iter()
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
-        for item in now.difference(&self.reported) {
-            let _ = self.events.send(item.clone());
+        for (object, reason) in now.difference(&self.reported) {
+            let _ = self.events.send(Notice::NotEnforced {
+                object: object.clone(),
+                reason: reason.clone(),
+            });
         }
         self.reported = now;
     }
