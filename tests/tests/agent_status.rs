@@ -219,6 +219,11 @@ fn audit_mode(lab: &Lab, dataplane: &str) {
     );
     lab.weir(&["apply", audit.to_str().unwrap()]).unwrap();
     let (_, audited) = lab.probe(&[]).unwrap();
+    let text = metrics(lab);
+    assert!(
+        sample(&text, "weir_policy_implementation_delay_seconds_count").is_some_and(|n| n >= 1.0),
+        "{dataplane}: the change's implementation delay is observed:\n{text}"
+    );
     assert_eq!(
         audited, before,
         "{dataplane}: an audit-mode policy changed what connects"

@@ -29,6 +29,7 @@ pub struct Metrics {
     objects: Family<Labels, Gauge>,
     endpoints: Gauge,
     apply_seconds: Histogram,
+    implementation_delay: Histogram,
     object_errors: Gauge,
     resets: Family<Labels, Counter>,
     undeletable_ipsets: Gauge,
@@ -59,6 +60,7 @@ impl Metrics {
             objects: Family::default(),
             endpoints: Gauge::default(),
             apply_seconds: Histogram::new(exponential_buckets(0.0005, 2.0, 16)),
+            implementation_delay: Histogram::new(exponential_buckets(0.0005, 2.0, 16)),
             object_errors: Gauge::default(),
             resets: Family::default(),
             undeletable_ipsets: Gauge::default(),
@@ -85,6 +87,11 @@ impl Metrics {
             "apply_duration_seconds",
             "Time from an event batch to the dataplane having applied it",
             m.apply_seconds.clone(),
+        );
+        r.register(
+            "policy_implementation_delay_seconds",
+            "From the source receiving a change (a watch event, the manifest file changing) to the dataplane having programmed it (Cilium's metric of the same name)",
+            m.implementation_delay.clone(),
         );
         r.register(
             "object_errors",
@@ -149,6 +156,10 @@ impl Metrics {
 
     pub fn observe_apply(&self, seconds: f64) {
         self.apply_seconds.observe(seconds);
+    }
+
+    pub fn observe_implementation_delay(&self, seconds: f64) {
+        self.implementation_delay.observe(seconds);
     }
 
     pub fn set_object_errors(&self, n: usize) {

@@ -259,6 +259,7 @@ impl<B: Backends> Daemon<B> {
         self.health.sync().complete();
         let before = self.engine.desired().clone();
         self.source_errors = batch.rejected;
+        let received = batch.received.filter(|_| !batch.events.is_empty());
         if batch.generation.is_some() {
             self.generation = batch.generation;
         }
@@ -299,6 +300,10 @@ impl<B: Backends> Daemon<B> {
             }
         }
         self.metrics.observe_apply(started.elapsed().as_secs_f64());
+        if let (Some(received), None) = (received, &self.dataplane_error) {
+            self.metrics
+                .observe_implementation_delay(received.elapsed().as_secs_f64());
+        }
         self.converged(trigger, started);
         self.report();
     }

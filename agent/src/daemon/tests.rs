@@ -88,6 +88,7 @@ fn batch(generation: u64, events: Vec<Event>) -> Batch {
         rejected: Vec::new(),
         generation: Some(generation),
         state_digest: None,
+        received: Some(std::time::Instant::now()),
     }
 }
 

@@ -24,6 +24,9 @@ pub struct Batch {
     /// Cluster mode: the digest of every object applied so far at its resourceVersion
     /// (`source::digest`), echoed in the status.
     pub state_digest: Option<String>,
+    /// When the source received the oldest change in this batch (a watch event, the
+    /// manifest file's change): where `weir_policy_implementation_delay_seconds` starts.
+    pub received: Option<std::time::Instant>,
 }
 
 /// A source of cluster state: manifest files (lab) or the Kubernetes API (cluster mode).

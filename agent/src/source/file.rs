@@ -83,6 +83,7 @@ impl FileSource {
     pub fn diff(&mut self, content: &str) -> Batch {
         let mut batch = Batch {
             generation: generation(content),
+            received: Some(std::time::Instant::now()),
             ..Default::default()
         };
         if batch.generation.is_none() {

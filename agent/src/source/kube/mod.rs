@@ -93,6 +93,8 @@ pub struct KubeSource {
     synced: BTreeSet<Kind>,
     first_sent: bool,
     pending: Vec<Event>,
+    /// When the oldest of `pending` arrived.
+    pending_since: Option<std::time::Instant>,
     progress: Option<Arc<SyncProgress>>,
 }
 
@@ -141,6 +143,7 @@ impl KubeSource {
             synced: BTreeSet::new(),
             first_sent: false,
             pending: Vec::new(),
+            pending_since: None,
             progress: None,
         }
     }
@@ -228,6 +231,8 @@ impl EventSource for KubeSource {
     async fn next(&mut self) -> Result<Batch, SourceError> {
         loop {
             let update = self.streams.next().await.ok_or(SourceError::Closed)?;
+            self.pending_since
+                .get_or_insert_with(std::time::Instant::now);
             self.process(update);
             while self.pending.len() < MAX_BATCH {
                 match self.streams.next().now_or_never() {
@@ -241,6 +246,7 @@ impl EventSource for KubeSource {
                 return Ok(Batch {
                     events: std::mem::take(&mut self.pending),
                     state_digest: Some(self.digest.to_string()),
+                    received: self.pending_since.take(),
                     ..Default::default()
                 });
             }
