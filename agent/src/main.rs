@@ -12,7 +12,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Print the build's version, the embedded eBPF object's size and the oldest kernel it
-    /// is built for, then what the running kernel lacks that weir would use, with the
+    /// is built for, this binary's size, then what the running kernel lacks that weir would use, with the
     /// fallback for each (probing the eBPF dataplane needs root).
     Version,
     Reset(weir::reset::cli::ResetArgs),
@@ -44,6 +44,17 @@ fn main() -> anyhow::Result<()> {
                 env!("CARGO_PKG_VERSION"),
                 weir::dataplane::ebpf::EMBEDDED_OBJECT.len()
             );
+            if let Some(bytes) = std::env::current_exe()
+                .and_then(std::fs::metadata)
+                .ok()
+                .map(|m| m.len())
+            {
+                text.push_str(&format!(
+                    "binary: {:.1} MiB ({} bytes)\n",
+                    bytes as f64 / (1024.0 * 1024.0),
+                    bytes
+                ));
+            }
             let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
             text.push_str(&format!("running kernel: {}\n", release.trim()));
             let lacks = weir::dataplane::ebpf::kernel_lacks();

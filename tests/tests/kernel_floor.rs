@@ -31,6 +31,13 @@ fn weir_version_names_what_this_kernel_lacks() {
         text.contains("built for Linux 5.10 or later"),
         "no floor: {text}"
     );
+    let size = std::fs::metadata(weir_tests::weir_bin::path().unwrap())
+        .unwrap()
+        .len();
+    assert!(
+        text.contains(&format!("binary: {:.1} MiB ({size} bytes)", size as f64 / 1048576.0)),
+        "version gives the binary's size: {text}"
+    );
     if kernel_version() < (6, 6) {
         assert!(
             text.contains("it lacks TCX links") && text.contains("clsact filters over netlink"),

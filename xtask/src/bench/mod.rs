@@ -78,6 +78,7 @@ pub fn run(quick: bool) -> Result<()> {
         notes: notes(),
         rows: Vec::new(),
     };
+    binary_rows(&env.weir, &mut report);
     run_scenarios(&env, &mut report);
     report.seconds = (started.elapsed().as_secs_f64() * 10.0).round() / 10.0;
 
@@ -106,6 +107,49 @@ pub fn run(quick: bool) -> Result<()> {
         bail!("{}: {}", row.scenario, row.value);
     }
     Ok(())
+}
+
+/// The measured binary's size, as built and stripped the way the image strips it.
+fn binary_rows(weir: &std::path::Path, report: &mut Report) {
+    const SCENARIO: &str = "binary";
+    let mib = |bytes: u64| bytes as f64 / (1024.0 * 1024.0);
+    match std::fs::metadata(weir) {
+        Ok(m) => report.rows.push(Row::number(
+            SCENARIO,
+            "-",
+            "weir as built",
+            mib(m.len()),
+            "MiB",
+        )),
+        Err(e) => report.rows.push(Row::failed(
+            SCENARIO,
+            "-",
+            "weir as built",
+            format!("{}: {e}", weir.display()),
+        )),
+    }
+    let stripped = weir.with_extension("stripped");
+    let strip = std::process::Command::new("objcopy")
+        .arg("--strip-all")
+        .arg(weir)
+        .arg(&stripped)
+        .output();
+    match (strip, std::fs::metadata(&stripped)) {
+        (Ok(out), Ok(m)) if out.status.success() => report.rows.push(Row::number(
+            SCENARIO,
+            "-",
+            "weir stripped (as in the image)",
+            mib(m.len()),
+            "MiB",
+        )),
+        (out, _) => report.rows.push(Row::failed(
+            SCENARIO,
+            "-",
+            "weir stripped (as in the image)",
+            format!("objcopy --strip-all: {out:?}"),
+        )),
+    }
+    let _ = std::fs::remove_file(&stripped);
 }
 
 fn run_scenarios(env: &Env, report: &mut Report) {
