@@ -178,6 +178,15 @@ pub fn policy(ns: &str, name: &str, spec: &str) -> String {
     )
 }
 
+/// `manifest` (one NetworkPolicy from [`policy`]) in weir's audit mode: it drops nothing.
+pub fn audit_mode(manifest: &str) -> String {
+    manifest.replacen(
+        "metadata:\n",
+        "metadata:\n  annotations: {policy.weir.io/mode: audit}\n",
+        1,
+    )
+}
+
 /// A Pod of the world with extra labels (a relabel, applied in place).
 pub fn relabelled_pod(ns: &str, name: &str, extra_labels: &str) -> String {
     let ports: String = [80, 81]
@@ -808,6 +817,33 @@ pub fn scenarios(ips: &Addresses) -> Vec<Scenario> {
                 ))],
                 |p| !p.to("x", "a"),
             ),
+        },
+        // Not upstream: weir's audit mode (`policy.weir.io/mode: audit`). An audit-mode
+        // policy drops nothing, alone or beside an enforced one; the same policy without
+        // the annotation is enforced.
+        Scenario {
+            name: "an audit-mode policy drops nothing until it is enforced",
+            steps: vec![
+                Step {
+                    changes: vec![apply(audit_mode(&deny_all_x))],
+                    expect: |_| true,
+                },
+                Step {
+                    changes: vec![apply(deny_ingress_x.clone())],
+                    expect: |p| p.to_ns != "x",
+                },
+                Step {
+                    changes: vec![
+                        Change::Delete(deny_ingress_x.clone()),
+                        apply(deny_all_x.clone()),
+                    ],
+                    expect: |p| p.to_ns != "x" && p.from_ns != "x",
+                },
+                Step {
+                    changes: vec![Change::Delete(deny_all_x.clone())],
+                    expect: |_| true,
+                },
+            ],
         },
         // Not upstream: upstream's "IP in both CIDR and except" replaces its one policy, so
         // the except and the allow never coexist. Here they do, as two rules of one policy

@@ -35,7 +35,10 @@ fn weir_version_names_what_this_kernel_lacks() {
         .unwrap()
         .len();
     assert!(
-        text.contains(&format!("binary: {:.1} MiB ({size} bytes)", size as f64 / 1048576.0)),
+        text.contains(&format!(
+            "binary: {:.1} MiB ({size} bytes)",
+            size as f64 / 1048576.0
+        )),
         "version gives the binary's size: {text}"
     );
     if kernel_version() < (6, 6) {
