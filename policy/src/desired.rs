@@ -26,6 +26,16 @@ pub enum Direction {
     Egress,
 }
 
+impl Direction {
+    /// `ingress` or `egress`, as weir prints and labels it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Direction::Ingress => "ingress",
+            Direction::Egress => "egress",
+        }
+    }
+}
+
 /// Inclusive destination port range; `first == last` for a single port.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct PortRange {
@@ -165,6 +175,9 @@ pub struct RuleOrigin {
     pub rule_index: u32,
 }
 
+/// Between the policies an audit rule names (no Kubernetes name holds one).
+const AUDIT_SEPARATOR: &str = ",";
+
 impl RuleOrigin {
     /// The `rule_index` of an audit rule: the allow-everything rule last in a direction
     /// that only audit-mode policies isolate. What it matches, those policies would drop.
@@ -172,9 +185,14 @@ impl RuleOrigin {
 
     pub fn audit(policies: &[String]) -> RuleOrigin {
         RuleOrigin {
-            policy: policies.join(","),
+            policy: policies.join(AUDIT_SEPARATOR),
             rule_index: RuleOrigin::AUDIT,
         }
+    }
+
+    /// The policies in an audit rule's `policy` field (as the dataplanes record it).
+    pub fn split_audited(policy: &str) -> impl Iterator<Item = &str> {
+        policy.split(AUDIT_SEPARATOR)
     }
 
     pub fn is_audit(&self) -> bool {
@@ -185,7 +203,7 @@ impl RuleOrigin {
     /// other rule.
     pub fn audited_policies(&self) -> Vec<&str> {
         if self.is_audit() {
-            self.policy.split(',').collect()
+            RuleOrigin::split_audited(&self.policy).collect()
         } else {
             Vec::new()
         }

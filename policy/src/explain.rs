@@ -237,8 +237,8 @@ fn side_explanation(
         .flat_map(|e| &e.direction(direction).rules)
         .filter(|r| rule_admits(engine.desired(), r, peer, port.port, port.protocol))
         .collect();
-    let audit_would_deny = admitting.iter().all(|r| r.origin.is_audit())
-        && admitting.iter().any(|r| r.origin.is_audit());
+    // Only the audit rule admits it: the audit policies alone would drop it.
+    let audit_would_deny = !admitting.is_empty() && admitting.iter().all(|r| r.origin.is_audit());
     let allowed_by = admitting
         .into_iter()
         .filter(|r| !r.origin.is_audit())
@@ -259,10 +259,7 @@ fn side_explanation(
 }
 
 fn rule_explanation(engine: &Engine, direction: Direction, rule: &Rule) -> RuleExplanation {
-    let side = match direction {
-        Direction::Ingress => "ingress",
-        Direction::Egress => "egress",
-    };
+    let side = direction.name();
     RuleExplanation {
         policy: rule.origin.policy.clone(),
         rule: format!("{side}[{}]", rule.origin.rule_index),

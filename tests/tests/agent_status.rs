@@ -61,6 +61,26 @@ fn sample(text: &str, series: &str) -> Option<f64> {
         .and_then(|v| v.split_whitespace().next()?.parse().ok())
 }
 
+/// `/metrics` once every one of `series` has a sample above 0 (the counters are read every
+/// 5 s); fails naming `what` after 30 s.
+fn counted_within_30s(lab: &Lab, what: &str, series: &[&str]) -> String {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let text = metrics(lab);
+        if series
+            .iter()
+            .all(|s| sample(&text, s).is_some_and(|v| v > 0.0))
+        {
+            return text;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what}: not counted 30 s after the probe:\n{text}"
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
 fn metrics(lab: &Lab) -> String {
     let addr = weir::lab::agent::LISTEN.parse().unwrap();
     let (code, body) = weir_tests::http::get(&lab.node_netns(), addr, "/metrics")
@@ -135,19 +155,11 @@ fn status_and_metrics(dataplane: &str) -> Allowed {
     let deny = |direction: &str| {
         format!("weir_policy_verdicts_total{{namespace=\"\",policy=\"\",direction=\"{direction}\",verdict=\"deny\"}}")
     };
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let text = loop {
-        let text = metrics(&lab);
-        let counted = |s: &str| sample(&text, s).is_some_and(|v| v > 0.0);
-        if counted(&deny("ingress")) && counted(&deny("egress")) {
-            break text;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{dataplane}: no default denies counted 30 s after the probe:\n{text}"
-        );
-        std::thread::sleep(Duration::from_millis(500));
-    };
+    let text = counted_within_30s(
+        &lab,
+        &format!("{dataplane}: default denies"),
+        &[&deny("ingress"), &deny("egress")],
+    );
     assert!(
         sample(&text, "weir_drops_total{reason=\"default-deny\"}").is_some_and(|v| v > 0.0),
         "{text}"
@@ -232,20 +244,12 @@ fn audit_mode(lab: &Lab, dataplane: &str) {
     let series = |verdict: &str| {
         format!("weir_policy_verdicts_total{{namespace=\"monitoring\",policy=\"prometheus-from-web\",direction=\"ingress\",verdict=\"{verdict}\"}}")
     };
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let text = metrics(lab);
-        let counted = |v: &str| sample(&text, &series(v)).is_some_and(|n| n > 0.0);
-        // web's scrape is the policy's own allow; api's would be dropped.
-        if counted("audit") && counted("allow") {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{dataplane}: no audit and allow verdicts of prometheus-from-web 30 s after the probe:\n{text}"
-        );
-        std::thread::sleep(Duration::from_millis(500));
-    }
+    // web's scrape is the policy's own allow; api's would be dropped.
+    counted_within_30s(
+        lab,
+        &format!("{dataplane}: audit and allow verdicts of prometheus-from-web"),
+        &[&series("audit"), &series("allow")],
+    );
     if let Some(mut monitor) = monitor {
         let _ = monitor.kill();
         let out = monitor.wait_with_output().expect("weir monitor's output");

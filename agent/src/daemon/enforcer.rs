@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use super::select::{resolve, DataplaneChoice, Effective, FallbackCause};
+use super::select::{resolve, DataplaneChoice, Effective, Fallback, FallbackCause};
 use crate::dataplane::{ApplyReport, Dataplane, DataplaneError, DataplaneKind};
 use weir_policy::desired::{Delta, Desired};
 use weir_policy::model::ObjectError;
@@ -87,8 +87,10 @@ impl<B: Backends> Enforcer<B> {
                 tracing::warn!(error = %e, "eBPF dataplane failed to start, falling back to iptables");
                 effective = Effective {
                     kind: DataplaneKind::Iptables,
-                    fallback_reason: Some(format!("{choice}: eBPF dataplane failed to start: {e}")),
-                    fallback_cause: Some(FallbackCause::EbpfStartFailed),
+                    fallback: Some(Fallback {
+                        cause: FallbackCause::EbpfStartFailed,
+                        reason: format!("{choice}: eBPF dataplane failed to start: {e}"),
+                    }),
                 };
                 match backends.build(DataplaneKind::Iptables) {
                     Ok(dp) => dp,

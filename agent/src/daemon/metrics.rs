@@ -196,7 +196,9 @@ impl Metrics {
         for cause in FallbackCause::ALL {
             self.fallback
                 .get_or_create(&label("reason", cause.label()))
-                .set(i64::from(e.fallback_cause == Some(cause)));
+                .set(i64::from(
+                    e.fallback.as_ref().map(|f| f.cause) == Some(cause),
+                ));
         }
     }
 
@@ -215,14 +217,10 @@ impl Metrics {
     pub fn set_verdict_counts(&self, counts: &VerdictCounts) {
         let labels = |policy: &str, d: Direction, verdict: &str| -> Labels {
             let (namespace, name) = policy.split_once('/').unwrap_or(("", policy));
-            let direction = match d {
-                Direction::Ingress => "ingress",
-                Direction::Egress => "egress",
-            };
             [
                 ("namespace", namespace),
                 ("policy", name),
-                ("direction", direction),
+                ("direction", d.name()),
                 ("verdict", verdict),
             ]
             .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -279,8 +277,10 @@ mod tests {
         let m = Metrics::new();
         m.set_effective(&Effective {
             kind: DataplaneKind::Iptables,
-            fallback_reason: Some("auto: eBPF unavailable: no BTF".into()),
-            fallback_cause: Some(FallbackCause::EbpfUnavailable),
+            fallback: Some(super::super::select::Fallback {
+                cause: FallbackCause::EbpfUnavailable,
+                reason: "auto: eBPF unavailable: no BTF".into(),
+            }),
         });
         m.set_dataplane_status(&DataplaneStatus {
             kind: Some(DataplaneKind::Iptables),

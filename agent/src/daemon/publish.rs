@@ -24,6 +24,7 @@ use tokio::sync::{mpsc, watch};
 
 use super::run::Publisher;
 use super::status::Status;
+use crate::dataplane::DataplaneKind;
 use weir_policy::model::{Kind, ObjectRef};
 
 /// The dataplane enforcing on the node.
@@ -37,7 +38,10 @@ enum Notice {
     /// `object` cannot be enforced, because `reason`.
     NotEnforced { object: ObjectRef, reason: String },
     /// The node's dataplane changed from one to the other.
-    Switched { from: String, to: String },
+    Switched {
+        from: DataplaneKind,
+        to: DataplaneKind,
+    },
     /// The node enforces with iptables, not eBPF, because `reason`.
     Fallback { reason: String },
 }
@@ -47,7 +51,7 @@ pub struct KubePublisher {
     events: mpsc::UnboundedSender<Notice>,
     reported: BTreeSet<(ObjectRef, String)>,
     /// The dataplane and fallback reason last published.
-    dataplane: Option<(String, Option<String>)>,
+    dataplane: Option<(DataplaneKind, Option<String>)>,
 }
 
 impl KubePublisher {
@@ -84,33 +88,14 @@ impl KubePublisher {
         let recorder = Recorder::new(client.clone(), reporter);
         tokio::spawn(async move {
             while let Some(notice) = queue.recv().await {
+                // A namespaced object's refusal is the cluster's; the rest is this node's.
                 let (on, result) = match &notice {
                     Notice::NotEnforced { object, reason } if object.namespace.is_some() => {
                         (object, once_for_the_cluster(&client, object, reason).await)
                     }
-                    Notice::NotEnforced { object, reason } => {
-                        let event =
-                            node_event(EventType::Warning, "PolicyNotEnforced", "Enforce", reason);
-                        (object, recorder.publish(&event, &reference(object)).await)
-                    }
-                    Notice::Switched { from, to } => {
-                        let note = format!(
-                            "the dataplane switched from {from} to {to} (make before break)"
-                        );
-                        let event =
-                            node_event(EventType::Normal, "DataplaneSwitched", "Switch", &note);
-                        (
-                            &this_node,
-                            recorder.publish(&event, &reference(&this_node)).await,
-                        )
-                    }
-                    Notice::Fallback { reason } => {
-                        let event =
-                            node_event(EventType::Warning, "DataplaneFallback", "Enforce", reason);
-                        (
-                            &this_node,
-                            recorder.publish(&event, &reference(&this_node)).await,
-                        )
+                    _ => {
+                        let (on, event) = node_event(&notice, &this_node);
+                        (on, recorder.publish(&event, &reference(on)).await)
                     }
                 };
                 if let Err(e) = result {
@@ -127,14 +112,39 @@ impl KubePublisher {
     }
 }
 
-fn node_event(type_: EventType, reason: &str, action: &str, note: &str) -> KubeEvent {
-    KubeEvent {
+/// The recorder's Event for a notice about one node, and the object it goes on.
+fn node_event<'a>(notice: &'a Notice, this_node: &'a ObjectRef) -> (&'a ObjectRef, KubeEvent) {
+    let (on, type_, reason, action, note) = match notice {
+        Notice::NotEnforced { object, reason } => (
+            object,
+            EventType::Warning,
+            "PolicyNotEnforced",
+            "Enforce",
+            reason.clone(),
+        ),
+        Notice::Switched { from, to } => (
+            this_node,
+            EventType::Normal,
+            "DataplaneSwitched",
+            "Switch",
+            format!("the dataplane switched from {from} to {to} (make before break)"),
+        ),
+        Notice::Fallback { reason } => (
+            this_node,
+            EventType::Warning,
+            "DataplaneFallback",
+            "Enforce",
+            reason.clone(),
+        ),
+    };
+    let event = KubeEvent {
         type_,
         reason: reason.into(),
-        note: Some(truncate(note, 1000)),
+        note: Some(truncate(&note, 1000)),
         action: action.into(),
         secondary: None,
-    }
+    };
+    (on, event)
 }
 
 /// The reporting instance of cluster-wide Events: any node may be the one that writes it.
@@ -212,12 +222,12 @@ fn reference(object: &ObjectRef) -> ObjectReference {
 impl Publisher for KubePublisher {
     fn publish(&mut self, status: &Status, refused: &BTreeMap<ObjectRef, String>) {
         if let Some(kind) = status.dataplane {
-            let now = (kind.to_string(), status.fallback_reason.clone());
+            let now = (kind, status.fallback_reason.clone());
             if let Some((before, _)) = &self.dataplane {
-                if *before != now.0 {
+                if *before != kind {
                     let _ = self.events.send(Notice::Switched {
-                        from: before.clone(),
-                        to: now.0.clone(),
+                        from: *before,
+                        to: kind,
                     });
                 }
             }

@@ -424,7 +424,7 @@ impl<B: Backends> Daemon<B> {
         match Enforcer::start(backends, choice, self.engine.desired()) {
             Ok((enforcer, outcome)) => {
                 let e = enforcer.effective();
-                tracing::info!(dataplane = %e.kind, fallback_reason = e.fallback_reason.as_deref().unwrap_or(""),
+                tracing::info!(dataplane = %e.kind, fallback_reason = e.fallback_reason().unwrap_or(""),
                     "dataplane converged");
                 self.enforcer = Some(enforcer);
                 self.dataplane_error = None;
@@ -484,7 +484,9 @@ impl<B: Backends> Daemon<B> {
             generation: self.generation.unwrap_or(0),
             converged: self.enforcer.is_some() && self.dataplane_error.is_none(),
             dataplane: effective.map(|e| e.kind),
-            fallback_reason: effective.and_then(|e| e.fallback_reason.clone()),
+            fallback_reason: effective
+                .and_then(|e| e.fallback_reason())
+                .map(str::to_string),
             errors,
             state_digest: self.state_digest.clone(),
         }

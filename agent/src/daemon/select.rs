@@ -59,10 +59,22 @@ pub fn choice_from_labels(
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Effective {
     pub kind: DataplaneKind,
-    /// Why `kind` is not what was asked for, in words (status, logs).
-    pub fallback_reason: Option<String>,
-    /// The same as one of a few values, for the metric's label.
-    pub fallback_cause: Option<FallbackCause>,
+    /// Why `kind` is not the one asked for, when it is not.
+    pub fallback: Option<Fallback>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Fallback {
+    /// One of a few values, for the metric's label.
+    pub cause: FallbackCause,
+    /// In words, for the status, the node annotation and the log.
+    pub reason: String,
+}
+
+impl Effective {
+    pub fn fallback_reason(&self) -> Option<&str> {
+        self.fallback.as_ref().map(|f| f.reason.as_str())
+    }
 }
 
 /// Why the eBPF dataplane was not used.
@@ -97,19 +109,19 @@ pub fn resolve(
     match choice {
         DataplaneChoice::Iptables => Effective {
             kind: DataplaneKind::Iptables,
-            fallback_reason: None,
-            fallback_cause: None,
+            fallback: None,
         },
         DataplaneChoice::Ebpf | DataplaneChoice::Auto => match probe_ebpf() {
             Ok(()) => Effective {
                 kind: DataplaneKind::Ebpf,
-                fallback_reason: None,
-                fallback_cause: None,
+                fallback: None,
             },
             Err(why) => Effective {
                 kind: DataplaneKind::Iptables,
-                fallback_reason: Some(format!("{choice}: eBPF unavailable: {why}")),
-                fallback_cause: Some(FallbackCause::EbpfUnavailable),
+                fallback: Some(Fallback {
+                    cause: FallbackCause::EbpfUnavailable,
+                    reason: format!("{choice}: eBPF unavailable: {why}"),
+                }),
             },
         },
     }
@@ -127,7 +139,7 @@ mod tests {
         );
         let e = resolve(DataplaneChoice::Auto, || Err("no BTF".into()));
         assert_eq!(e.kind, DataplaneKind::Iptables);
-        assert!(e.fallback_reason.unwrap().contains("no BTF"));
+        assert!(e.fallback_reason().unwrap().contains("no BTF"));
         let e = resolve(DataplaneChoice::Ebpf, || Err("no clsact".into()));
         assert_eq!(e.kind, DataplaneKind::Iptables);
         let e = resolve(DataplaneChoice::Iptables, || {
@@ -137,8 +149,7 @@ mod tests {
             e,
             Effective {
                 kind: DataplaneKind::Iptables,
-                fallback_reason: None,
-                fallback_cause: None,
+                fallback: None,
             }
         );
     }

@@ -197,6 +197,23 @@ pub struct VerdictCounts {
     pub drops: BTreeMap<&'static str, u64>,
 }
 
+impl VerdictCounts {
+    /// Adds what one rule admitted: an allow of its policy, or, for an audit rule
+    /// (`policy` then names every audit policy it stands for), an audit of each.
+    pub fn add_rule(&mut self, policy: &str, audit: bool, direction: Direction, packets: u64) {
+        if audit {
+            for p in weir_policy::desired::RuleOrigin::split_audited(policy) {
+                *self.audited.entry((p.to_string(), direction)).or_default() += packets;
+            }
+        } else {
+            *self
+                .allowed
+                .entry((policy.to_string(), direction))
+                .or_default() += packets;
+        }
+    }
+}
+
 /// A packet from a pod whose source is not one of the pod's addresses.
 pub const DROP_SPOOFED: &str = "spoofed-source";
 /// A VLAN- or QinQ-tagged frame from a pod (eBPF; iptables never sees the inner packet).

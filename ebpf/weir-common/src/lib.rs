@@ -100,6 +100,11 @@ const _: () = assert!(COUNTER_DEFAULT_DENY_EGRESS < RULE_ID_FIRST);
 /// rule id without the bit.
 pub const AUDIT_RULE_BIT: u32 = 1 << 30;
 
+/// The rule id (COUNTERS slot) of a POLICY value or an event's `rule_id`.
+pub const fn rule_id(value: u32) -> u32 {
+    value & !AUDIT_RULE_BIT
+}
+
 /// The default-deny counter of `direction`.
 pub const fn default_deny_counter(direction: Direction) -> u32 {
     match direction {

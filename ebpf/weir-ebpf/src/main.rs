@@ -585,7 +585,7 @@ impl Reporter {
     fn allow(&self, ctx: &TcContext, t: &Tuple, counter: u32, reason: Reason) -> i32 {
         // An audit rule's allow is a would-be drop: always reported.
         let audit = counter & AUDIT_RULE_BIT != 0;
-        count(ctx, counter & !AUDIT_RULE_BIT);
+        count(ctx, rule_id(counter));
         let emit_allow = audit
             || WEIR_SETTINGS
                 .get(SETTING_EMIT_ALLOW_EVENTS)

@@ -4,7 +4,7 @@
 use std::net::{IpAddr, Ipv6Addr};
 
 use serde::Serialize;
-use weir_common::{Direction, Reason, Verdict, VerdictEvent, AUDIT_RULE_BIT};
+use weir_common::{rule_id, Direction, Reason, Verdict, VerdictEvent};
 
 use super::records::Records;
 
@@ -94,7 +94,7 @@ impl MonitorEvent {
             )
         } else {
             records
-                .and_then(|r| r.rules.by_id.get(&(ev.rule_id & !AUDIT_RULE_BIT)))
+                .and_then(|r| r.rules.by_id.get(&rule_id(ev.rule_id)))
                 .map(ToString::to_string)
         };
         MonitorEvent {

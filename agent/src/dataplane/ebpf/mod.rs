@@ -316,9 +316,6 @@ impl EbpfDataplane {
         Ok([id(&programs.from_pod)?, id(&programs.to_pod)?])
     }
 
-    /// Packets and bytes admitted per rule (summed over CPUs), and the reserved slots
-    /// (drops by reason, replies and established flows, non-isolated traffic, flows in the
-    /// overflow table, followed fragments, suppressed events).
     /// Packets and bytes of one COUNTERS slot, over every CPU.
     fn counter(&self, index: u32) -> Result<(u64, u64), aya::maps::MapError> {
         let per_cpu = self.maps.counters.get(&index, 0)?;
@@ -327,6 +324,9 @@ impl EbpfDataplane {
             .fold((0, 0), |(p, b), c| (p + c.packets, b + c.bytes)))
     }
 
+    /// Packets and bytes admitted per rule (summed over CPUs), and the reserved slots
+    /// (drops by reason, replies and established flows, non-isolated traffic, flows in the
+    /// overflow table, followed fragments, suppressed events).
     pub fn counters(&self) -> Vec<(String, u64, u64)> {
         let mut out = Vec::new();
         let mut read = |name: String, index: u32| {
@@ -961,20 +961,7 @@ impl Dataplane for EbpfDataplane {
         };
         let mut counts = VerdictCounts::default();
         for (id, rule) in &self.records.rules.by_id {
-            let n = packets(*id)?;
-            if rule.is_audit() {
-                for policy in rule.policy.split(',') {
-                    *counts
-                        .audited
-                        .entry((policy.to_string(), rule.direction))
-                        .or_default() += n;
-                }
-            } else {
-                *counts
-                    .allowed
-                    .entry((rule.policy.clone(), rule.direction))
-                    .or_default() += n;
-            }
+            counts.add_rule(&rule.policy, rule.is_audit(), rule.direction, packets(*id)?);
         }
         for direction in [Direction::Ingress, Direction::Egress] {
             let slot = weir_common::default_deny_counter(policy_map::kernel_direction(direction));

@@ -127,7 +127,7 @@ impl Monitor {
                 && (ev.rule_id < weir_common::RULE_ID_FIRST
                     || r.rules
                         .by_id
-                        .contains_key(&(ev.rule_id & !weir_common::AUDIT_RULE_BIT)))
+                        .contains_key(&weir_common::rule_id(ev.rule_id)))
         });
         !known
             && ev.timestamp_ns > self.records_read_ns

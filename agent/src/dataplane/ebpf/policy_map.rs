@@ -32,10 +32,7 @@ impl RuleName {
 
 impl std::fmt::Display for RuleName {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let dir = match self.direction {
-            Direction::Ingress => "ingress",
-            Direction::Egress => "egress",
-        };
+        let dir = self.direction.name();
         if self.is_audit() {
             return write!(f, "{} {dir} audit: would be dropped", self.policy);
         }

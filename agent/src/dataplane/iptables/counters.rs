@@ -5,6 +5,7 @@
 //! whose comment names those policies.
 
 use super::names::chain_direction;
+use super::rules::comment_origin;
 use super::spoof::SPOOF_CHAIN;
 use crate::dataplane::{VerdictCounts, DROP_SPOOFED};
 use crate::reset::iptables_save::SavedTable;
@@ -29,18 +30,8 @@ pub fn add(tables: &[SavedTable], counts: &mut VerdictCounts) {
                 *counts.denied.entry(direction).or_default() += packets;
             }
             Some("RETURN") => {
-                if let Some(policies) = comment.strip_suffix(" audit") {
-                    for policy in policies.split(',') {
-                        *counts
-                            .audited
-                            .entry((policy.to_string(), direction))
-                            .or_default() += packets;
-                    }
-                } else if let Some((policy, _index)) = comment.rsplit_once(" rule ") {
-                    *counts
-                        .allowed
-                        .entry((policy.to_string(), direction))
-                        .or_default() += packets;
+                if let Some((policy, audit)) = comment_origin(comment) {
+                    counts.add_rule(policy, audit, direction, packets);
                 }
             }
             _ => {}

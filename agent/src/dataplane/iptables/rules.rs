@@ -5,7 +5,7 @@
 
 use std::net::IpAddr;
 
-use weir_policy::desired::{Direction, Endpoint, Peer, Ports, Protocol, Rule};
+use weir_policy::desired::{Direction, Endpoint, Peer, Ports, Protocol, Rule, RuleOrigin};
 
 use super::names::{endpoint_chain, set_name};
 use crate::netfilter::backend::Family;
@@ -104,16 +104,35 @@ fn rule_spec(rule: &Rule, direction: Direction, family: Family) -> String {
             set_name(id, family)
         ));
     }
-    let origin = if rule.origin.is_audit() {
-        format!("{} audit", rule.origin.policy)
-    } else {
-        format!("{} rule {}", rule.origin.policy, rule.origin.rule_index)
-    };
     spec.push_str(&format!(
         "-m comment --comment {} -j RETURN",
-        quote(&origin)
+        quote(&origin_comment(&rule.origin))
     ));
     spec
+}
+
+/// An allow rule's comment: `POLICY rule N`, or `POLICIES audit` for an audit rule. The
+/// rule counters are attributed by it ([`comment_origin`]).
+fn origin_comment(origin: &RuleOrigin) -> String {
+    if origin.is_audit() {
+        format!("{}{AUDIT_SUFFIX}", origin.policy)
+    } else {
+        format!("{}{RULE_INFIX}{}", origin.policy, origin.rule_index)
+    }
+}
+
+const AUDIT_SUFFIX: &str = " audit";
+const RULE_INFIX: &str = " rule ";
+
+/// The policy (or, for an audit rule, the audit policies) an allow rule's comment names,
+/// and whether it is an audit rule.
+pub fn comment_origin(comment: &str) -> Option<(&str, bool)> {
+    if let Some(policies) = comment.strip_suffix(AUDIT_SUFFIX) {
+        return Some((policies, true));
+    }
+    comment
+        .rsplit_once(RULE_INFIX)
+        .map(|(policy, _index)| (policy, false))
 }
 
 /// A double-quoted iptables-restore word; quotes and backslashes cannot appear in
@@ -130,7 +149,7 @@ fn quote(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use weir_policy::desired::{DirectionPolicy, PortRange, RuleOrigin, SetId};
+    use weir_policy::desired::{DirectionPolicy, PortRange, SetId};
 
     fn endpoint(rules: Vec<Rule>) -> Endpoint {
         Endpoint {
