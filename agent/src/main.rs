@@ -19,16 +19,7 @@ enum Command {
     Explain(weir::explain_cli::ExplainArgs),
     /// A node in network namespaces, built from manifests, with real traffic probes.
     Lab(weir::lab::cli::LabArgs),
-    /// Stream the eBPF dataplane's drop events (and allow verdicts with --allow).
-    Monitor {
-        #[arg(long, value_enum, default_value = "text")]
-        output: weir::dataplane::ebpf::OutputFormat,
-        /// Also show allowed packets (the programs emit them while this runs).
-        #[arg(long)]
-        allow: bool,
-        #[arg(long, default_value = weir::dataplane::ebpf::DEFAULT_PIN_ROOT)]
-        bpf_root: std::path::PathBuf,
-    },
+    Monitor(weir::monitor_cli::MonitorArgs),
     /// Run the node agent (cluster mode, or file mode with --manifests).
     Agent(weir::daemon::AgentArgs),
     Status(weir::status_cli::StatusArgs),
@@ -70,11 +61,7 @@ fn main() -> anyhow::Result<()> {
         Command::Explain(args) => weir::explain_cli::run(args)?,
         Command::Lab(args) => weir::lab::cli::run(args)?,
         Command::Status(args) => weir::status_cli::run(args)?,
-        Command::Monitor {
-            output,
-            allow,
-            bpf_root,
-        } => weir::dataplane::ebpf::monitor::run(&bpf_root, output, allow)?,
+        Command::Monitor(args) => weir::monitor_cli::run(args)?,
         Command::Agent(args) => {
             let argv: Vec<String> = std::env::args()
                 .skip_while(|a| a != "agent")

@@ -1,7 +1,8 @@
 //! What the running agent says about itself, on both dataplanes, in the lab (file mode):
-//! `weir lab status` (the agent's `/status`), and `/metrics`, whose families must be
-//! exactly those deploy/README.md documents, with verdict and drop counters that follow
-//! real packets and agree between the dataplanes.
+//! `weir lab status` (the agent's `/status`), `/metrics`, whose families must be exactly
+//! those deploy/README.md documents, with verdict and drop counters that follow real
+//! packets, and the verdict stream (the agent's log and `weir monitor`), all agreeing
+//! between the dataplanes.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -92,7 +93,86 @@ fn metrics(lab: &Lab) -> String {
 /// Policies (namespace, name, direction) with allows counted.
 type Allowed = BTreeSet<(String, String, String)>;
 
-fn status_and_metrics(dataplane: &str) -> Allowed {
+/// Verdict records as (verdict, direction, pod, source pod, destination port, rule).
+type Verdicts = BTreeSet<(String, String, String, String, u64, String)>;
+
+/// Link-scope control traffic from a pod to the node (IPv6 MLD reports from its
+/// link-local address) is left out: the node never forwards it, so iptables (in FORWARD)
+/// never sees it, while eBPF judges every packet a pod sends.
+fn verdicts(records: &[Value]) -> Verdicts {
+    let text = |v: &Value| v.as_str().unwrap_or("?").to_string();
+    records
+        .iter()
+        .filter(|r| r["verdict"] != "suppressed")
+        .filter(|r| r["src_pod"].is_string() || r["dst_pod"].is_string())
+        .map(|r| {
+            (
+                text(&r["verdict"]),
+                text(&r["direction"]),
+                text(&r["pod"]),
+                text(&r["src_pod"]),
+                r["dport"].as_u64().unwrap_or(0),
+                text(&r["rule"]),
+            )
+        })
+        .collect()
+}
+
+/// The JSON lines in `text` (the verdict records among the agent's log lines).
+fn json_lines(text: &str) -> Vec<Value> {
+    text.lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|v| v.get("verdict").is_some())
+        .collect()
+}
+
+/// `weir monitor` reading the lab agent's stream from the node's namespace, once it says
+/// it is streaming.
+struct Monitor {
+    child: std::process::Child,
+}
+
+impl Monitor {
+    fn start(lab: &Lab) -> Monitor {
+        use std::io::BufRead;
+        let weir = weir_tests::weir_bin::path().expect("the weir binary");
+        let mut child = std::process::Command::new("ip")
+            .args(["netns", "exec", &lab.node_netns()])
+            .arg(weir)
+            .args([
+                "monitor",
+                "--output",
+                "json",
+                "--address",
+                weir::lab::agent::LISTEN,
+            ])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("weir monitor starts");
+        let mut stderr = std::io::BufReader::new(child.stderr.take().unwrap());
+        let mut first = String::new();
+        stderr.read_line(&mut first).unwrap();
+        assert!(
+            first.contains("streaming verdicts from the agent"),
+            "weir monitor: {first}"
+        );
+        // Keep reading, so its last words never meet a closed pipe.
+        std::thread::spawn(move || std::io::copy(&mut stderr, &mut std::io::sink()));
+        Monitor { child }
+    }
+
+    fn stop(mut self) -> Vec<Value> {
+        let _ = self.child.kill();
+        let out = self
+            .child
+            .wait_with_output()
+            .expect("weir monitor's output");
+        json_lines(&String::from_utf8_lossy(&out.stdout))
+    }
+}
+
+fn status_and_metrics(dataplane: &str) -> (Allowed, Verdicts) {
     let lab = Lab::new(&format!("status-{dataplane}"));
     lab.weir(&[
         "up",
@@ -179,9 +259,9 @@ fn status_and_metrics(dataplane: &str) -> Allowed {
             (label("namespace"), label("policy"), label("direction"))
         })
         .collect();
-    audit_mode(&lab, dataplane);
+    let verdicts = audit_mode(&lab, dataplane);
     lab.weir(&["down"]).unwrap();
-    allowed
+    (allowed, verdicts)
 }
 
 /// Prometheus may be scraped by shop/web only; in audit mode first.
@@ -209,21 +289,12 @@ fn reaches_prometheus(matrix: &weir_tests::lab::Matrix, from: &str) -> bool {
 }
 
 /// An audit-mode policy lets everything through, while what it would drop is counted in
-/// `/metrics` and, on eBPF, streamed by `weir monitor`; once enforced it drops.
-fn audit_mode(lab: &Lab, dataplane: &str) {
+/// `/metrics`, written to the agent's verdict log and streamed by `weir monitor`; once
+/// enforced it drops. Returns the verdicts the log recorded while it was in audit mode.
+fn audit_mode(lab: &Lab, dataplane: &str) -> Verdicts {
     let (_, before) = lab.probe(&[]).unwrap();
     assert!(reaches_prometheus(&before, "shop/api"));
-    let monitor = (dataplane == "ebpf").then(|| {
-        let root = lab.state()["bpf_root"]
-            .as_str()
-            .expect("bpf_root")
-            .to_string();
-        std::process::Command::new(weir_tests::weir_bin::path().expect("the weir binary"))
-            .args(["monitor", "--output", "json", "--bpf-root", &root])
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .expect("weir monitor starts")
-    });
+    let monitor = Monitor::start(lab);
     let audit = weir_tests::lab::manifest(
         lab,
         "audit.yaml",
@@ -250,21 +321,34 @@ fn audit_mode(lab: &Lab, dataplane: &str) {
         &format!("{dataplane}: audit and allow verdicts of prometheus-from-web"),
         &[&series("audit"), &series("allow")],
     );
-    if let Some(mut monitor) = monitor {
-        let _ = monitor.kill();
-        let out = monitor.wait_with_output().expect("weir monitor's output");
-        let text = String::from_utf8_lossy(&out.stdout);
-        let audits: Vec<Value> = text
-            .lines()
-            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-            .filter(|e| e["verdict"] == "audit")
-            .collect();
-        assert!(
-            audits.iter().any(|e| e["rule"]
-                == "monitoring/prometheus-from-web ingress audit: would be dropped"
+    // The same records in `weir monitor` and in the agent's log (the lab agent's stderr).
+    let streamed = monitor.stop();
+    let log = std::fs::read_to_string(lab.dir.join("agent.log")).expect("the lab agent's log");
+    let logged = json_lines(&log);
+    for (source, records) in [("weir monitor", &streamed), ("the agent's log", &logged)] {
+        let is_audit = |e: &&Value| {
+            e["verdict"] == "audit"
+                && e["rule"] == "monitoring/prometheus-from-web ingress audit: would be dropped"
                 && e["pod"] == "monitoring/prometheus"
-                && e["dport"] == 9090),
-            "weir monitor shows no audit verdict of prometheus-from-web:\n{text}"
+                && e["src_pod"] == "shop/api"
+                && e["dst_pod"] == "monitoring/prometheus"
+                && e["dport"] == 9090
+                && e["dataplane"] == dataplane
+        };
+        assert!(
+            records.iter().any(|e| is_audit(&e)),
+            "{dataplane}: {source} shows no audit verdict of prometheus-from-web:\n{records:#?}"
+        );
+        // Default denies name the policies that isolate the pod.
+        assert!(
+            records.iter().any(|e| e["verdict"] == "drop"
+                && e["reason"] == "policy-deny"
+                && e["rule"]
+                    .as_str()
+                    .is_some_and(|r| r.starts_with("default deny by shop/"))
+                && e["src_pod"].is_string()
+                && e["dst_pod"].is_string()),
+            "{dataplane}: {source} shows no named default deny:\n{records:#?}"
         );
     }
 
@@ -284,13 +368,18 @@ fn audit_mode(lab: &Lab, dataplane: &str) {
         !reaches_prometheus(&enforced, "shop/api"),
         "{dataplane}: enforced"
     );
+    verdicts(&logged)
 }
 
 #[test]
 fn status_and_metrics_agree_on_both_dataplanes() {
     weir_tests::require_root_and_tools();
-    let ebpf = status_and_metrics("ebpf");
-    let iptables = status_and_metrics("iptables");
+    let (ebpf, ebpf_verdicts) = status_and_metrics("ebpf");
+    let (iptables, iptables_verdicts) = status_and_metrics("iptables");
+    assert_eq!(
+        ebpf_verdicts, iptables_verdicts,
+        "the dataplanes' verdict logs (left eBPF, right iptables) name different verdicts"
+    );
     // In the demo each connection is allowed by one rule only, so both dataplanes must
     // count the same policies.
     let expected: Allowed = [

@@ -179,6 +179,28 @@ pub struct AgentArgs {
     #[arg(long, env = "WEIR_IPTABLES_BACKEND", value_enum, default_value_t = BackendChoice::Auto)]
     pub iptables_backend: BackendChoice,
 
+    /// Where the verdict log goes: `log` (one JSON line per record on stderr, beside this
+    /// log), a file path (appended), or `off`. Each record is a drop or an audit verdict
+    /// (what an audit-mode policy would drop) from either dataplane: the 5-tuple, both pods,
+    /// the direction, and the deciding policy and rule or "default deny by" the policies
+    /// isolating the pod. `weir monitor` reads the same stream from --listen's /verdicts.
+    #[arg(
+        long,
+        env = "WEIR_VERDICT_LOG",
+        value_name = "log|FILE|off",
+        default_value = "log"
+    )]
+    pub verdict_log: crate::verdicts::VerdictSink,
+
+    /// Records per second each pod may add to the verdict stream; what is held back is
+    /// counted (`suppressed`) on the pod's next record, or in a summary record.
+    #[arg(long, env = "WEIR_VERDICT_LOG_RATE", default_value_t = 10)]
+    pub verdict_log_rate: u32,
+
+    /// Records a pod may add at once, above --verdict-log-rate, after a quiet spell.
+    #[arg(long, env = "WEIR_VERDICT_LOG_BURST", default_value_t = 20)]
+    pub verdict_log_burst: u32,
+
     /// Optional YAML file whose keys are these flags' long names (`resync-seconds: 30`).
     #[arg(long, env = "WEIR_CONFIG", value_name = "FILE")]
     pub config: Option<PathBuf>,

@@ -2,10 +2,12 @@
 //! when the node's choice changes, and cleans what other dataplanes (or Azure NPM) left
 //! behind, retrying what could not be removed.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::select::{resolve, DataplaneChoice, Effective, Fallback, FallbackCause};
 use crate::dataplane::{ApplyReport, Dataplane, DataplaneError, DataplaneKind};
+use crate::verdicts::{VerdictTap, VerdictTx};
 use weir_policy::desired::{Delta, Desired};
 use weir_policy::model::ObjectError;
 
@@ -69,6 +71,8 @@ pub struct Enforcer<B: Backends> {
     held_sets: Vec<String>,
     /// Why the last switch did not happen, until one succeeds.
     switch_error: Option<String>,
+    /// Where the active dataplane's verdicts go, and its reader (`Err`: why it has none).
+    verdicts: Option<(Arc<VerdictTx>, Result<VerdictTap, String>)>,
 }
 
 impl<B: Backends> Enforcer<B> {
@@ -113,6 +117,7 @@ impl<B: Backends> Enforcer<B> {
             failures: Vec::new(),
             held_sets: Vec::new(),
             switch_error: None,
+            verdicts: None,
         };
         enforcer.take(report);
         let cleanup = Cleanup {
@@ -124,6 +129,34 @@ impl<B: Backends> Enforcer<B> {
             cleanups: vec![enforcer.clean(cleanup)],
         };
         Ok((enforcer, outcome))
+    }
+
+    /// Reads the active dataplane's verdicts into `tx`, and each next one's after a switch.
+    pub fn tap_verdicts(&mut self, tx: Arc<VerdictTx>) {
+        let tap = self.open_tap(&tx);
+        self.verdicts = Some((tx, tap));
+    }
+
+    fn open_tap(&self, tx: &Arc<VerdictTx>) -> Result<VerdictTap, String> {
+        let kind = self.effective.kind;
+        match self.active.verdict_tap(tx.clone()) {
+            Ok(tap) => {
+                tracing::info!(dataplane = %kind, "reading the dataplane's verdicts");
+                Ok(tap)
+            }
+            Err(e) => {
+                tracing::warn!(dataplane = %kind, error = %e, "no verdict stream from this dataplane; enforcement is unaffected");
+                Err(e.to_string())
+            }
+        }
+    }
+
+    /// Why the active dataplane's verdicts are not read, when they are not.
+    pub fn verdict_tap_error(&self) -> Option<&str> {
+        match &self.verdicts {
+            Some((_, Err(e))) => Some(e),
+            _ => None,
+        }
     }
 
     pub fn effective(&self) -> &Effective {
@@ -216,9 +249,15 @@ impl<B: Backends> Enforcer<B> {
         };
         tracing::info!(from = %from, to = %next.kind, converge_ms = started.elapsed().as_millis() as u64,
             "new dataplane converged; removing the old one");
+        // The old reader stops before its dataplane goes (the new one may read the same
+        // kernel source, as the NFLOG group).
+        let tx = self.verdicts.take().map(|(tx, _)| tx);
         let old = std::mem::replace(&mut self.active, fresh);
         drop(old);
         self.effective = next;
+        if let Some(tx) = tx {
+            self.tap_verdicts(tx);
+        }
         self.switch_error = None;
         // Never clean what now enforces: a set name of the new dataplane may be one an
         // earlier cleanup could not destroy.

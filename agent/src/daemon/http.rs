@@ -1,7 +1,9 @@
 //! The agent's HTTP endpoints: /metrics (Prometheus text), /healthz (the run loop turned
 //! within `--liveness-seconds`), /readyz (the dataplane converged at least once; until
 //! then a 503 whose body says why: the source still listing, with its last error, or the
-//! dataplane's error), /status (the node report `weir status` reads, JSON).
+//! dataplane's error), /status (the node report `weir status` reads, JSON), /verdicts
+//! (the verdict stream `weir monitor` reads: JSON lines for as long as the client stays;
+//! `?allow=true` adds allow verdicts).
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -9,7 +11,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http_body_util::Full;
+use futures::StreamExt;
+use http_body_util::{combinators::UnsyncBoxBody, BodyExt, Full, StreamBody};
+use hyper::body::Frame;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Request, Response, StatusCode};
@@ -19,13 +23,40 @@ use tokio::net::TcpListener;
 use super::metrics::Metrics;
 use super::report::{NodeReport, ReportBoard};
 use super::run::Health;
+use crate::verdicts::VerdictHub;
 
 /// What the HTTP server answers from.
 #[derive(Clone)]
-struct Shared {
-    metrics: Arc<Metrics>,
-    health: Arc<Health>,
-    reports: Arc<ReportBoard>,
+pub struct Served {
+    pub metrics: Arc<Metrics>,
+    pub health: Arc<Health>,
+    pub reports: Arc<ReportBoard>,
+    pub verdicts: Arc<VerdictHub>,
+}
+
+type Body = UnsyncBoxBody<Bytes, Infallible>;
+
+/// `/verdicts`: each record the hub publishes from now on, as a JSON line. A subscriber
+/// too slow for the stream skips what it missed and is told how much.
+fn verdict_stream(hub: &VerdictHub, allow: bool) -> Body {
+    let subscription = hub.subscribe(allow);
+    let lines = futures::stream::unfold(subscription, |mut sub| async move {
+        loop {
+            let line = match sub.records.recv().await {
+                Ok(r) if r.verdict == "allow" && !sub.allow => continue,
+                Ok(r) => serde_json::to_string(&*r).expect("a record serializes"),
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
+                    format!("{{\"verdict\":\"lagged\",\"suppressed\":{n}}}")
+                }
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => return None,
+            };
+            return Some((
+                Ok::<_, Infallible>(Frame::data(Bytes::from(line + "\n"))),
+                sub,
+            ));
+        }
+    });
+    StreamBody::new(lines.boxed()).boxed_unsync()
 }
 
 /// `/status` before the run loop's first report: only the sources' progress is known.
@@ -36,12 +67,23 @@ fn starting_report(health: &Health) -> NodeReport {
     }
 }
 
-fn respond(shared: &Shared, path: &str) -> Response<Full<Bytes>> {
-    let Shared {
+fn respond(shared: &Served, path: &str, query: Option<&str>) -> Response<Body> {
+    let Served {
         metrics,
         health,
         reports,
+        verdicts,
     } = shared;
+    if path == "/verdicts" {
+        let allow = query.is_some_and(|q| q.split('&').any(|kv| kv == "allow=true"));
+        let mut response = Response::new(verdict_stream(verdicts, allow));
+        if let Ok(v) = "application/jsonl".parse() {
+            response
+                .headers_mut()
+                .insert(hyper::header::CONTENT_TYPE, v);
+        }
+        return response;
+    }
     let text = |result: Result<(), String>, ok: &str| match result {
         Ok(()) => (StatusCode::OK, "text/plain", format!("{ok}\n")),
         Err(reason) => (
@@ -75,7 +117,7 @@ fn respond(shared: &Shared, path: &str) -> Response<Full<Bytes>> {
             "not found\n".to_string(),
         ),
     };
-    let mut response = Response::new(Full::new(Bytes::from(body)));
+    let mut response = Response::new(Full::new(Bytes::from(body)).boxed_unsync());
     *response.status_mut() = code;
     if let Ok(v) = content_type.parse() {
         response
@@ -92,17 +134,7 @@ const ADDR_IN_USE_RETRY: Duration = Duration::from_secs(15);
 
 /// Binds `addr` and serves until the process ends. Returns the bound address (port 0
 /// picks a free one).
-pub async fn serve(
-    addr: SocketAddr,
-    metrics: Arc<Metrics>,
-    health: Arc<Health>,
-    reports: Arc<ReportBoard>,
-) -> std::io::Result<SocketAddr> {
-    let shared = Shared {
-        metrics,
-        health,
-        reports,
-    };
+pub async fn serve(addr: SocketAddr, shared: Served) -> std::io::Result<SocketAddr> {
     let listener = bind(addr).await?;
     let bound = listener.local_addr()?;
     tokio::spawn(async move {
@@ -117,7 +149,7 @@ pub async fn serve(
             let shared = shared.clone();
             tokio::spawn(async move {
                 let service = service_fn(move |req: Request<hyper::body::Incoming>| {
-                    let r = respond(&shared, req.uri().path());
+                    let r = respond(&shared, req.uri().path(), req.uri().query());
                     async move { Ok::<_, Infallible>(r) }
                 });
                 if let Err(e) = http1::Builder::new()
@@ -167,6 +199,63 @@ mod tests {
         response
     }
 
+    fn served(health: Health, reports: Arc<ReportBoard>) -> Served {
+        Served {
+            metrics: Arc::new(Metrics::new()),
+            health: Arc::new(health),
+            reports,
+            verdicts: Arc::new(VerdictHub::new(&crate::verdicts::VerdictSink::Off).unwrap()),
+        }
+    }
+
+    #[tokio::test]
+    async fn verdicts_stream_to_a_client_as_json_lines() {
+        let shared = served(Health::default(), Arc::default());
+        let hub = shared.verdicts.clone();
+        let addr = serve("127.0.0.1:0".parse().unwrap(), shared).await.unwrap();
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        // As weir monitor asks: HTTP/1.0, so the body is not chunked.
+        s.write_all(b"GET /verdicts HTTP/1.0\r\nHost: weir\r\n\r\n")
+            .await
+            .unwrap();
+        let a = std::net::IpAddr::from([10, 0, 0, 1]);
+        let record = |verdict: &str| {
+            crate::verdicts::VerdictRecord::packet(
+                verdict,
+                "policy-deny",
+                "ingress",
+                6,
+                (a, 1),
+                (a, 80),
+            )
+        };
+        let mut text = String::new();
+        let mut buf = [0u8; 4096];
+        while !text.contains("\"verdict\":\"drop\"") {
+            // Published until the subscriber (made when the request arrives) sees one.
+            hub.publish(record("allow"));
+            hub.publish(record("drop"));
+            if let Ok(Ok(n)) =
+                tokio::time::timeout(Duration::from_millis(100), s.read(&mut buf)).await
+            {
+                assert!(n > 0, "the stream ended: {text}");
+                text.push_str(&String::from_utf8_lossy(&buf[..n]));
+            }
+        }
+        assert!(
+            text.starts_with("HTTP/1.0 200") || text.starts_with("HTTP/1.1 200"),
+            "{text}"
+        );
+        assert!(!text.contains("chunked"), "{text}");
+        assert!(
+            !text.contains("\"allow\""),
+            "allows only with ?allow=true: {text}"
+        );
+        let line = text.lines().find(|l| l.contains("\"drop\"")).unwrap();
+        let parsed: crate::verdicts::VerdictRecord = serde_json::from_str(line).unwrap();
+        assert_eq!(parsed.dport, 80);
+    }
+
     #[tokio::test]
     async fn a_port_still_held_by_the_agent_before_is_waited_for() {
         let held = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -175,15 +264,9 @@ mod tests {
             std::thread::sleep(Duration::from_millis(600));
             drop(held);
         });
-        let metrics = Arc::new(Metrics::new());
-        let bound = serve(
-            addr,
-            metrics,
-            Arc::new(Health::default()),
-            Arc::new(ReportBoard::default()),
-        )
-        .await
-        .expect("bound once the port was free");
+        let bound = serve(addr, served(Health::default(), Arc::default()))
+            .await
+            .expect("bound once the port was free");
         release.join().unwrap();
         assert_eq!(bound, addr);
         assert!(get(addr, "/healthz").await.starts_with("HTTP/1.1 200"));
@@ -191,17 +274,9 @@ mod tests {
 
     #[tokio::test]
     async fn health_readiness_and_metrics_are_served() {
-        let metrics = Arc::new(Metrics::new());
-        let health = Arc::new(Health::default());
-        let reports = Arc::new(ReportBoard::default());
-        let addr = serve(
-            "127.0.0.1:0".parse().unwrap(),
-            metrics,
-            health.clone(),
-            reports.clone(),
-        )
-        .await
-        .unwrap();
+        let shared = served(Health::default(), Arc::default());
+        let health = shared.health.clone();
+        let addr = serve("127.0.0.1:0".parse().unwrap(), shared).await.unwrap();
         assert!(get(addr, "/healthz").await.starts_with("HTTP/1.1 200"));
         let not_ready = get(addr, "/readyz").await;
         assert!(not_ready.starts_with("HTTP/1.1 503"), "{not_ready}");
@@ -229,14 +304,9 @@ mod tests {
             crate::daemon::run::DEFAULT_STALL,
         ));
         let reports = Arc::new(ReportBoard::default());
-        let addr = serve(
-            "127.0.0.1:0".parse().unwrap(),
-            Arc::new(Metrics::new()),
-            health,
-            reports.clone(),
-        )
-        .await
-        .unwrap();
+        let mut shared = served(Health::default(), reports.clone());
+        shared.health = health;
+        let addr = serve("127.0.0.1:0".parse().unwrap(), shared).await.unwrap();
         let fetch = move || tokio::task::spawn_blocking(move || super::super::report::fetch(addr));
         let early = fetch()
             .await

@@ -75,12 +75,23 @@ async fn run_agent(args: AgentArgs) -> anyhow::Result<()> {
         Duration::from_secs(args.liveness_seconds.max(1)),
     ));
     let reports = Arc::new(report::ReportBoard::default());
+    let verdicts = Arc::new(
+        crate::verdicts::VerdictHub::new(&args.verdict_log)
+            .with_context(|| format!("--verdict-log {:?}", args.verdict_log))?,
+    );
     if let Some(addr) = args.listen_addr() {
-        let bound = http::serve(addr, metrics.clone(), health.clone(), reports.clone())
+        let served = http::Served {
+            metrics: metrics.clone(),
+            health: health.clone(),
+            reports: reports.clone(),
+            verdicts: verdicts.clone(),
+        };
+        let bound = http::serve(addr, served)
             .await
             .with_context(|| format!("listen on {addr}"))?;
-        tracing::info!(%bound, "serving /metrics, /healthz, /readyz, /status");
+        tracing::info!(%bound, "serving /metrics, /healthz, /readyz, /status, /verdicts");
     }
+    let (rate, burst) = (args.verdict_log_rate, args.verdict_log_burst);
     let opts = RunOptions {
         default_choice: args.dataplane,
         node_name: args.node_name.clone(),
@@ -100,6 +111,7 @@ async fn run_agent(args: AgentArgs) -> anyhow::Result<()> {
             );
             Daemon::new(opts, backends, metrics, health)
                 .with_reports(reports)
+                .with_verdicts(verdicts, rate, burst)
                 .run(source)
                 .await?;
         }
@@ -117,6 +129,7 @@ async fn run_agent(args: AgentArgs) -> anyhow::Result<()> {
             let publisher = publish::KubePublisher::spawn(client, node);
             Daemon::new(opts, backends, metrics, health)
                 .with_reports(reports)
+                .with_verdicts(verdicts, rate, burst)
                 .with_publisher(Box::new(publisher))
                 .run(source)
                 .await?;

@@ -14,6 +14,7 @@ use super::report::{Converge, Enforced, MapPressure, NodeReport, ReportBoard};
 use super::select::{choice_from_labels, DataplaneChoice};
 use super::status::Status;
 use crate::source::event::{Batch, Event, EventSource, SourceError, SyncProgress};
+use crate::verdicts::{VerdictHub, VerdictRecord, VerdictTx};
 use weir_policy::model::ObjectError;
 use weir_policy::model::{Kind, Object, ObjectRef};
 use weir_policy::Engine;
@@ -166,6 +167,15 @@ pub struct Daemon<B: Backends> {
     last_converge: Option<Converge>,
     /// The last failure to read the verdict counters (logged once until it changes).
     counts_error: Option<String>,
+    /// The verdict stream: where named records go, and the dataplanes' sender.
+    verdicts: Option<Verdicts>,
+    /// What the dataplanes sent, until [`Daemon::run`] takes it to read.
+    verdict_queue: Option<tokio::sync::mpsc::Receiver<VerdictRecord>>,
+}
+
+struct Verdicts {
+    hub: Arc<VerdictHub>,
+    tx: Arc<VerdictTx>,
 }
 
 impl<B: Backends> Daemon<B> {
@@ -191,6 +201,28 @@ impl<B: Backends> Daemon<B> {
             reports: None,
             last_converge: None,
             counts_error: None,
+            verdicts: None,
+            verdict_queue: None,
+        }
+    }
+
+    /// Streams the dataplanes' verdicts to `hub`, each pod limited to `per_second` records
+    /// (bursts of `burst`).
+    pub fn with_verdicts(mut self, hub: Arc<VerdictHub>, per_second: u32, burst: u32) -> Self {
+        let (tx, queue) = hub.channel(per_second, burst);
+        self.verdicts = Some(Verdicts {
+            hub,
+            tx: Arc::new(tx),
+        });
+        self.verdict_queue = Some(queue);
+        self
+    }
+
+    /// Names one record from the engine and publishes it.
+    fn verdict(&mut self, mut record: VerdictRecord) {
+        if let Some(v) = &self.verdicts {
+            crate::verdicts::name(&mut record, &self.engine);
+            v.hub.publish(record);
         }
     }
 
@@ -232,14 +264,27 @@ impl<B: Backends> Daemon<B> {
             context: "install SIGTERM handler".into(),
             source: e,
         })?;
+        let mut queue = self.verdict_queue.take();
         loop {
+            let next_verdict = async {
+                match queue.as_mut() {
+                    Some(q) => q.recv().await,
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
+                Some(record) = next_verdict => self.verdict(record),
                 batch = source.next() => {
                     let batch = batch?;
                     tokio::task::block_in_place(|| self.handle(batch));
                 }
                 _ = resync.tick() => tokio::task::block_in_place(|| self.resync()),
-                _ = counts.tick() => tokio::task::block_in_place(|| self.read_counts()),
+                _ = counts.tick() => {
+                    if let Some(v) = &self.verdicts {
+                        v.tx.flush();
+                    }
+                    tokio::task::block_in_place(|| self.read_counts());
+                }
                 _ = heartbeat.tick() => {}
                 _ = tokio::signal::ctrl_c() => break,
                 _ = terminate.recv() => break,
@@ -422,7 +467,10 @@ impl<B: Backends> Daemon<B> {
             return;
         };
         match Enforcer::start(backends, choice, self.engine.desired()) {
-            Ok((enforcer, outcome)) => {
+            Ok((mut enforcer, outcome)) => {
+                if let Some(v) = &self.verdicts {
+                    enforcer.tap_verdicts(v.tx.clone());
+                }
                 let e = enforcer.effective();
                 tracing::info!(dataplane = %e.kind, fallback_reason = e.fallback_reason().unwrap_or(""),
                     "dataplane converged");

@@ -58,6 +58,15 @@ impl Dataplane for Recording {
     fn verdict_counts(&self) -> Result<VerdictCounts, DataplaneError> {
         Ok(VerdictCounts::default())
     }
+    /// No packet passes a recording, so it has no verdicts to read.
+    fn verdict_tap(
+        &self,
+        _: std::sync::Arc<crate::verdicts::VerdictTx>,
+    ) -> Result<crate::verdicts::VerdictTap, DataplaneError> {
+        Err(DataplaneError::Unsupported(
+            "a recording judges no packets".into(),
+        ))
+    }
 }
 
 pub struct RecordingNode {

@@ -176,6 +176,12 @@ pub trait Dataplane: Send {
     /// The packets this dataplane judged, from its own counters (eBPF's COUNTERS map,
     /// iptables' rule counters). Read on the metrics' schedule, not per event.
     fn verdict_counts(&self) -> Result<VerdictCounts, DataplaneError>;
+    /// Starts reading this dataplane's verdicts (drops, audits; allows while `tx` wants
+    /// them) into `tx`, on a thread that stops when the tap is dropped.
+    fn verdict_tap(
+        &self,
+        tx: std::sync::Arc<crate::verdicts::VerdictTx>,
+    ) -> Result<crate::verdicts::VerdictTap, DataplaneError>;
 }
 
 /// Packets a dataplane judged since its state was created: the source of

@@ -44,7 +44,6 @@ use weir_common::{
 
 pub use attach::{tcx_missing, AttachMode, Role};
 pub use config::{EbpfConfig, DEFAULT_PIN_ROOT};
-pub use events::{MonitorEvent, OutputFormat};
 pub use loader::OBJECT as EMBEDDED_OBJECT;
 pub use migrate::{expected as expected_map_shapes, Shape as MapShape};
 pub use newpods::PENDING_ENDPOINT_ID;
@@ -953,6 +952,13 @@ fn locate(ep: &Endpoint) -> Result<(String, u32), String> {
 }
 
 impl Dataplane for EbpfDataplane {
+    fn verdict_tap(
+        &self,
+        tx: std::sync::Arc<crate::verdicts::VerdictTx>,
+    ) -> Result<crate::verdicts::VerdictTap, DataplaneError> {
+        monitor::tap(&self.layout.root, tx)
+    }
+
     fn verdict_counts(&self) -> Result<VerdictCounts, DataplaneError> {
         let packets = |index: u32| {
             self.counter(index).map(|(p, _)| p).map_err(|e| {

@@ -1,13 +1,16 @@
-//! `weir monitor`: streams verdict events from the pinned EVENTS ring buffer. Works from
-//! any process (the agent need not be running); the records name pods and rules.
-//! With `--allow` it asks the programs for allow verdicts too, and turns that off again
-//! when it stops.
+//! The reader of the pinned EVENTS ring buffer: the agent's verdict tap ([`tap`]), and
+//! `weir monitor --bpf-root` where no agent runs ([`run`]). The records name pods and
+//! rules. Allow verdicts are asked of the programs only while someone wants them, and
+//! turned off again after.
 
 use std::{
     io::Write,
     os::fd::AsRawFd,
     path::Path,
-    sync::atomic::{AtomicBool, Ordering},
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc,
+    },
     time::{Duration, Instant},
 };
 
@@ -15,11 +18,12 @@ use aya::maps::{Array, Map, MapData, RingBuf};
 use weir_common::{map_names, VerdictEvent, SETTING_EMIT_ALLOW_EVENTS};
 
 use super::{
-    events::{MonitorEvent, OutputFormat},
+    events,
     pins::PinLayout,
     records::{self, Records, RecordsMap},
 };
 use crate::dataplane::DataplaneError;
+use crate::verdicts::{record::OutputFormat, VerdictRecord, VerdictTap, VerdictTx};
 
 pub struct Monitor {
     ring: RingBuf<MapData>,
@@ -59,30 +63,38 @@ impl Monitor {
     pub fn open(pin_root: &Path, allow: bool) -> Result<Monitor, DataplaneError> {
         let layout = PinLayout::new(pin_root);
         let ring = typed(&layout, map_names::EVENTS)?;
-        let mut settings: Array<MapData, u32> = typed(&layout, map_names::SETTINGS)?;
+        let settings: Array<MapData, u32> = typed(&layout, map_names::SETTINGS)?;
         let records_map: RecordsMap = typed(&layout, map_names::RECORDS)?;
-        if allow {
-            settings
-                .set(SETTING_EMIT_ALLOW_EVENTS, 1, 0)
-                .map_err(|e| DataplaneError::map("enable allow events", e))?;
-        }
         let records = records::load(&records_map);
-        Ok(Monitor {
+        let mut monitor = Monitor {
             ring,
             settings,
             records_map,
             records,
             records_read_ns: crate::kernel::monotonic_ns(),
             records_read: Instant::now(),
-            allow,
-        })
+            allow: false,
+        };
+        monitor.set_allow(allow)?;
+        Ok(monitor)
+    }
+
+    /// Asks the programs for allow events too (`true`), or no longer.
+    pub fn set_allow(&mut self, allow: bool) -> Result<(), DataplaneError> {
+        if allow != self.allow {
+            self.settings
+                .set(SETTING_EMIT_ALLOW_EVENTS, u32::from(allow), 0)
+                .map_err(|e| DataplaneError::map("switch allow events", e))?;
+            self.allow = allow;
+        }
+        Ok(())
     }
 
     /// Waits up to `timeout` for events and hands each to `f`.
     pub fn poll(
         &mut self,
         timeout: Duration,
-        mut f: impl FnMut(MonitorEvent),
+        mut f: impl FnMut(VerdictRecord),
     ) -> Result<(), DataplaneError> {
         let mut pfd = libc::pollfd {
             fd: self.ring.as_raw_fd(),
@@ -114,7 +126,7 @@ impl Monitor {
                 self.records = records::load(&self.records_map);
                 self.records_read = Instant::now();
             }
-            f(MonitorEvent::decode(&ev, self.records.as_ref()));
+            f(events::decode(&ev, self.records.as_ref()));
         }
         Ok(())
     }
@@ -143,27 +155,50 @@ impl Drop for Monitor {
     }
 }
 
-static STOP: AtomicBool = AtomicBool::new(false);
-
-extern "C" fn on_signal(_: libc::c_int) {
-    STOP.store(true, Ordering::SeqCst);
+/// The agent's verdict tap: reads the ring on its own thread into `tx`, with allow events
+/// on while a subscriber wants them.
+pub fn tap(pin_root: &Path, tx: Arc<VerdictTx>) -> Result<VerdictTap, DataplaneError> {
+    let mut monitor = Monitor::open(pin_root, false)?;
+    VerdictTap::spawn("weir-ebpf-tap", move |stop| {
+        let mut failing = false;
+        while !stop.load(Ordering::Relaxed) {
+            let result = monitor
+                .set_allow(tx.wants_allows())
+                .and_then(|()| monitor.poll(Duration::from_millis(200), |r| tx.offer(r)));
+            match result {
+                Ok(()) => failing = false,
+                Err(e) => {
+                    if !failing {
+                        tracing::warn!(error = %e, "reading the eBPF verdict events failed; retrying");
+                    }
+                    failing = true;
+                    std::thread::sleep(Duration::from_secs(1));
+                }
+            }
+        }
+    })
+    .map_err(|e| DataplaneError::Io {
+        context: "start the eBPF verdict reader".into(),
+        source: e,
+    })
 }
 
-/// The `weir monitor` command: prints events until SIGINT or SIGTERM.
-pub fn run(pin_root: &Path, format: OutputFormat, allow: bool) -> Result<(), DataplaneError> {
+/// `weir monitor --bpf-root`: prints events until `stop`, reading the ring itself. Beside a running agent the two readers would split the events: `weir monitor`
+/// reads the agent's stream instead.
+pub fn run(
+    pin_root: &Path,
+    format: OutputFormat,
+    allow: bool,
+    stop: &AtomicBool,
+) -> Result<(), DataplaneError> {
     let mut monitor = Monitor::open(pin_root, allow)?;
-    // SAFETY: the handler only stores to an atomic.
-    unsafe {
-        libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
-        libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);
-    }
     // On stderr, so stdout stays pure events; callers wait for it before signalling.
     eprintln!(
         "weir monitor: streaming events from {} (SIGINT or SIGTERM stops)",
         pin_root.display()
     );
     let stdout = std::io::stdout();
-    while !STOP.load(Ordering::SeqCst) {
+    while !stop.load(Ordering::SeqCst) {
         let mut out = stdout.lock();
         let mut broken = false;
         monitor.poll(Duration::from_millis(200), |ev| {

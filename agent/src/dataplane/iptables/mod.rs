@@ -16,6 +16,7 @@
 
 mod counters;
 pub mod names;
+mod nflog;
 pub mod rules;
 pub mod sets;
 pub mod spoof;
@@ -78,6 +79,8 @@ pub struct IptablesDataplane {
     /// Script lines (ipset and iptables-restore) the last write sent, in `status()`: a
     /// change to one endpoint must cost lines for that endpoint, not for the node.
     last_write_lines: usize,
+    /// Whether drops and audit verdicts are logged (NFLOG rules); why not when not.
+    verdict_log: Result<(), String>,
 }
 
 impl IptablesDataplane {
@@ -121,6 +124,7 @@ impl IptablesDataplane {
             bridge_ports: BTreeMap::new(),
             shape: None,
             last_write_lines: 0,
+            verdict_log: nflog::available(),
         })
     }
 
@@ -143,6 +147,7 @@ impl IptablesDataplane {
         let shape = NodeShape {
             bridged,
             ipvs: crate::kernel::has_ipvs(),
+            verdict_log: self.verdict_log.is_ok(),
         };
         if self.shape.is_some_and(|s| s.ipvs != shape.ipvs) {
             tracing::info!(
@@ -233,7 +238,14 @@ impl IptablesDataplane {
                 None
             };
             let spoof_rules = match &routes {
-                Some(r) => spoof::rules(&desired, r, &spoof_ports, bridged, family),
+                Some(r) => spoof::rules(
+                    &desired,
+                    r,
+                    &spoof_ports,
+                    bridged,
+                    family,
+                    shape.verdict_log.then_some(&mut self.names),
+                ),
                 None => old_spoof.get(&family).cloned().unwrap_or_default(),
             };
             let changed = full || old_spoof.get(&family) != Some(&spoof_rules);
@@ -360,6 +372,18 @@ impl IptablesDataplane {
 }
 
 impl Dataplane for IptablesDataplane {
+    fn verdict_tap(
+        &self,
+        tx: std::sync::Arc<crate::verdicts::VerdictTx>,
+    ) -> Result<crate::verdicts::VerdictTap, DataplaneError> {
+        if let Err(why) = &self.verdict_log {
+            return Err(DataplaneError::Unsupported(format!(
+                "no verdict log on iptables: {why}"
+            )));
+        }
+        nflog::tap(self.names.pods_by_hash(), tx)
+    }
+
     fn kind(&self) -> DataplaneKind {
         DataplaneKind::Iptables
     }

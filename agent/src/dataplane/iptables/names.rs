@@ -92,11 +92,15 @@ fn fnv1a(bytes: &[u8]) -> u64 {
     })
 }
 
+/// Which pod a hash stands for, shared with the verdict reader (which names the pods of
+/// logged packets by the hash in their NFLOG prefix).
+pub type PodsByHash = std::sync::Arc<std::sync::RwLock<BTreeMap<u64, PodKey>>>;
+
 /// Assigns each pod a chain hash, unique among the pods it has seen.
 #[derive(Debug, Default)]
 pub struct ChainNames {
     by_pod: BTreeMap<PodKey, u64>,
-    by_hash: BTreeMap<u64, PodKey>,
+    by_hash: PodsByHash,
 }
 
 impl ChainNames {
@@ -105,6 +109,7 @@ impl ChainNames {
         if let Some(h) = self.by_pod.get(pod) {
             return *h;
         }
+        let mut by_hash = self.by_hash.write().unwrap_or_else(|e| e.into_inner());
         let mut salt = 0u32;
         let hash = loop {
             let candidate = if salt == 0 {
@@ -112,20 +117,28 @@ impl ChainNames {
             } else {
                 fnv1a(format!("{pod}#{salt}").as_bytes())
             };
-            if !self.by_hash.contains_key(&candidate) {
+            if !by_hash.contains_key(&candidate) {
                 break candidate;
             }
             salt += 1;
         };
+        by_hash.insert(hash, pod.to_string());
         self.by_pod.insert(pod.to_string(), hash);
-        self.by_hash.insert(hash, pod.to_string());
         hash
     }
 
     pub fn forget(&mut self, pod: &str) {
         if let Some(h) = self.by_pod.remove(pod) {
-            self.by_hash.remove(&h);
+            self.by_hash
+                .write()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&h);
         }
+    }
+
+    /// The hash → pod table, as it changes.
+    pub fn pods_by_hash(&self) -> PodsByHash {
+        self.by_hash.clone()
     }
 }
 
@@ -174,12 +187,16 @@ mod tests {
         let a = names.hash_for("ns/a");
         // Pretend another pod already holds the hash "ns/b" would get.
         let b_plain = fnv1a(b"ns/b");
-        names.by_hash.insert(b_plain, "ns/other".into());
+        names
+            .by_hash
+            .write()
+            .unwrap()
+            .insert(b_plain, "ns/other".into());
         let b = names.hash_for("ns/b");
         assert_ne!(b, b_plain);
         assert_ne!(a, b);
         assert_eq!(names.hash_for("ns/a"), a, "stable for a known pod");
         names.forget("ns/a");
-        assert!(!names.by_hash.contains_key(&a));
+        assert!(!names.by_hash.read().unwrap().contains_key(&a));
     }
 }

@@ -2,6 +2,11 @@
 //! rules RETURN what a policy allows and DROP the rest, and the dispatch rules that send
 //! the pod's traffic there. weir never ACCEPTs: a RETURN only means "weir has no
 //! objection", so the node's own firewall still applies.
+//!
+//! Before each drop (and before the audit rule, which passes what an audit-mode policy
+//! would drop) an NFLOG rule sends the packet's headers to the agent's verdict stream. Its
+//! prefix carries the rule's identity ([`LogPrefix`]), and a kernel-side limit bounds what
+//! a flood costs the agent.
 
 use std::net::IpAddr;
 
@@ -27,10 +32,97 @@ fn host_prefix(family: Family) -> u8 {
     }
 }
 
+/// The NFLOG group weir's log rules send to (per network namespace; the agent reads it).
+pub const NFLOG_GROUP: u16 = 9402;
+
+/// The kernel-side bound on each log rule: per rule, so per endpoint and direction.
+const LOG_LIMIT: &str = "-m limit --limit 20/sec --limit-burst 40";
+
+/// What a log rule logs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogKind {
+    /// The endpoint's default deny drops it.
+    Deny,
+    /// Only audit-mode policies isolate the direction, and they would drop it.
+    Audit,
+    /// Anti-spoofing drops it (its source is not the pod's).
+    Spoof,
+}
+
+/// An NFLOG prefix: `weir <deny|audit|spoof> <I|E> <endpoint hash>`, under the kernel's 64
+/// bytes. The hash is the endpoint chains' ([`super::names::ChainNames`]), so the reader
+/// names the pod from it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LogPrefix {
+    pub kind: LogKind,
+    pub direction: Direction,
+    pub hash: u64,
+}
+
+impl std::fmt::Display for LogPrefix {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let kind = match self.kind {
+            LogKind::Deny => "deny",
+            LogKind::Audit => "audit",
+            LogKind::Spoof => "spoof",
+        };
+        let d = match self.direction {
+            Direction::Ingress => 'I',
+            Direction::Egress => 'E',
+        };
+        write!(f, "weir {kind} {d} {:016x}", self.hash)
+    }
+}
+
+impl std::str::FromStr for LogPrefix {
+    type Err = ();
+    fn from_str(s: &str) -> Result<Self, ()> {
+        let mut words = s.split(' ');
+        if words.next() != Some("weir") {
+            return Err(());
+        }
+        let kind = match words.next() {
+            Some("deny") => LogKind::Deny,
+            Some("audit") => LogKind::Audit,
+            Some("spoof") => LogKind::Spoof,
+            _ => return Err(()),
+        };
+        let direction = match words.next() {
+            Some("I") => Direction::Ingress,
+            Some("E") => Direction::Egress,
+            _ => return Err(()),
+        };
+        let hash = words
+            .next()
+            .filter(|h| h.len() == 16)
+            .and_then(|h| u64::from_str_radix(h, 16).ok())
+            .ok_or(())?;
+        if words.next().is_some() {
+            return Err(());
+        }
+        Ok(LogPrefix {
+            kind,
+            direction,
+            hash,
+        })
+    }
+}
+
+/// The log rule for packets matching `matches` (match options, each followed by a space).
+pub fn log_rule(matches: &str, prefix: LogPrefix) -> String {
+    format!("{matches}{LOG_LIMIT} -j NFLOG --nflog-prefix \"{prefix}\" --nflog-group {NFLOG_GROUP}")
+}
+
 /// Rule specs (everything after `-A <chain> `) of the endpoint's chain for `direction`
 /// in `family`; `None` when the direction is not isolated or the pod has no address in
-/// that family (then no chain exists and nothing is dispatched).
-pub fn endpoint_rules(ep: &Endpoint, direction: Direction, family: Family) -> Option<Vec<String>> {
+/// that family (then no chain exists and nothing is dispatched). `log`: the endpoint's
+/// hash, when its drops (and audit verdicts) are logged.
+pub fn endpoint_rules(
+    ep: &Endpoint,
+    direction: Direction,
+    family: Family,
+    log: Option<u64>,
+) -> Option<Vec<String>> {
     let policy = ep.direction(direction);
     if !policy.isolated || address(ep, family).is_none() {
         return None;
@@ -40,9 +132,25 @@ pub fn endpoint_rules(ep: &Endpoint, direction: Direction, family: Family) -> Op
         policy.rules.iter().partition(|r| r.origin.is_audit());
     let mut rules: Vec<String> = enforced
         .into_iter()
-        .chain(audit)
         .map(|r| rule_spec(r, direction, family))
         .collect();
+    let log_as = |kind| {
+        log.map(|hash| {
+            log_rule(
+                "",
+                LogPrefix {
+                    kind,
+                    direction,
+                    hash,
+                },
+            )
+        })
+    };
+    if !audit.is_empty() {
+        rules.extend(log_as(LogKind::Audit));
+    }
+    rules.extend(audit.into_iter().map(|r| rule_spec(r, direction, family)));
+    rules.extend(log_as(LogKind::Deny));
     rules.push(format!(
         "-m comment --comment {} -j DROP",
         quote(&format!("{} {direction:?} default deny", ep.pod))
@@ -50,23 +158,26 @@ pub fn endpoint_rules(ep: &Endpoint, direction: Direction, family: Family) -> Op
     Some(rules)
 }
 
-/// Dispatch specs (in the dispatch chain) for the endpoint's isolated directions.
-pub fn dispatch_rules(ep: &Endpoint, hash: u64, family: Family) -> Vec<String> {
+/// Dispatch specs (in the dispatch chain) for the endpoint's isolated directions, by the
+/// direction they send to. A packet leaves its source before it reaches its destination:
+/// the dispatch chain holds every egress jump before every ingress one, so a packet both
+/// ends would drop is dropped, and logged and counted, by its source's egress, as on eBPF.
+pub fn dispatch_rules(ep: &Endpoint, hash: u64, family: Family) -> Vec<(Direction, String)> {
     let Some(addr) = address(ep, family) else {
         return Vec::new();
     };
     let host = format!("{addr}/{}", host_prefix(family));
     let mut out = Vec::new();
-    if endpoint_rules(ep, Direction::Egress, family).is_some() {
-        out.push(format!(
-            "-s {host} -j {}",
-            endpoint_chain(hash, Direction::Egress)
+    if endpoint_rules(ep, Direction::Egress, family, None).is_some() {
+        out.push((
+            Direction::Egress,
+            format!("-s {host} -j {}", endpoint_chain(hash, Direction::Egress)),
         ));
     }
-    if endpoint_rules(ep, Direction::Ingress, family).is_some() {
-        out.push(format!(
-            "-d {host} -j {}",
-            endpoint_chain(hash, Direction::Ingress)
+    if endpoint_rules(ep, Direction::Ingress, family, None).is_some() {
+        out.push((
+            Direction::Ingress,
+            format!("-d {host} -j {}", endpoint_chain(hash, Direction::Ingress)),
         ));
     }
     out
@@ -199,7 +310,7 @@ mod tests {
                 },
             ),
         ]);
-        let rules = endpoint_rules(&ep, Direction::Ingress, Family::V4).unwrap();
+        let rules = endpoint_rules(&ep, Direction::Ingress, Family::V4, None).unwrap();
         assert_eq!(
             rules,
             [
@@ -212,15 +323,58 @@ mod tests {
         );
         assert_eq!(
             dispatch_rules(&ep, 0xab, Family::V4),
-            ["-d 10.0.0.5/32 -j WEIR-I-00000000000000ab"]
+            [(
+                Direction::Ingress,
+                "-d 10.0.0.5/32 -j WEIR-I-00000000000000ab".to_string()
+            )]
         );
+    }
+
+    #[test]
+    fn drops_and_audit_verdicts_are_logged_with_the_rule_identity() {
+        let mut audit = rule(Peer::Any, Ports::All);
+        audit.origin = RuleOrigin::audit(&["x/try".to_string()]);
+        let ep = endpoint(vec![audit]);
+        let rules = endpoint_rules(&ep, Direction::Ingress, Family::V4, Some(0xab)).unwrap();
+        let log = |kind: &str| {
+            format!(
+                "-m limit --limit 20/sec --limit-burst 40 -j NFLOG \
+                 --nflog-prefix \"weir {kind} I 00000000000000ab\" --nflog-group 9402"
+            )
+        };
+        assert_eq!(
+            rules,
+            [
+                log("audit"),
+                "-m comment --comment \"x/try audit\" -j RETURN".to_string(),
+                log("deny"),
+                "-m comment --comment \"x/a Ingress default deny\" -j DROP".to_string(),
+            ]
+        );
+        let prefix: LogPrefix = "weir audit I 00000000000000ab".parse().unwrap();
+        assert_eq!(
+            prefix,
+            LogPrefix {
+                kind: LogKind::Audit,
+                direction: Direction::Ingress,
+                hash: 0xab
+            }
+        );
+        assert_eq!(prefix.to_string(), "weir audit I 00000000000000ab");
+        for bad in [
+            "weir deny I ab",
+            "kube deny I 00000000000000ab",
+            "weir deny X 00000000000000ab",
+        ] {
+            assert!(bad.parse::<LogPrefix>().is_err(), "{bad}");
+        }
     }
 
     #[test]
     fn nothing_for_open_directions_or_missing_families() {
         let ep = endpoint(vec![]);
-        assert!(endpoint_rules(&ep, Direction::Egress, Family::V4).is_none());
-        assert!(endpoint_rules(&ep, Direction::Ingress, Family::V6).is_none());
+        assert!(endpoint_rules(&ep, Direction::Egress, Family::V4, None).is_none());
+        assert!(endpoint_rules(&ep, Direction::Ingress, Family::V6, Some(1)).is_none());
         assert!(dispatch_rules(&ep, 1, Family::V6).is_empty());
         assert_eq!(quote("a\"b\\c\n"), "\"abc\"");
     }

@@ -19,7 +19,10 @@ use std::net::IpAddr;
 use serde::Deserialize;
 
 use crate::exec;
-use weir_policy::desired::Desired;
+use weir_policy::desired::{Desired, Direction};
+
+use super::names::ChainNames;
+use super::rules::{log_rule, LogKind, LogPrefix};
 
 use crate::netfilter::backend::Family;
 
@@ -67,13 +70,15 @@ pub fn host_routes() -> Result<BTreeMap<IpAddr, String>, String> {
 
 /// Rule specs (after `-A WEIR-SPOOF `) for `family`: per pod interface, drop what does not
 /// come from the pod's address of that family (everything, if it has none).
-/// `bridge_ports`: pod → its bridge port; `bridged`: the node has a bridge.
+/// `bridge_ports`: pod → its bridge port; `bridged`: the node has a bridge. `log`: the
+/// endpoint hashes, when each drop is logged first.
 pub fn rules(
     desired: &Desired,
     routes: &BTreeMap<IpAddr, String>,
     bridge_ports: &BTreeMap<String, String>,
     bridged: bool,
     family: Family,
+    mut log: Option<&mut ChainNames>,
 ) -> Vec<String> {
     let mut dev_of: BTreeMap<&str, &str> = BTreeMap::new();
     let mut owners: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
@@ -117,21 +122,26 @@ pub fn rules(
             Family::V6 => ep.ipv6.map(|a| format!("! -s {a}/128 ")),
         }
         .unwrap_or_default();
-        if let Some(port) = bridge_ports.get(&ep.pod) {
-            out.push(format!(
-                "-m physdev --physdev-in {port} {source}-m comment --comment {comment} -j DROP"
-            ));
-            continue;
-        }
-        let Some(dev) = dev_of.get(ep.pod.as_str()) else {
-            continue;
+        let matches = if let Some(port) = bridge_ports.get(&ep.pod) {
+            format!("-m physdev --physdev-in {port} {source}")
+        } else {
+            let Some(dev) = dev_of.get(ep.pod.as_str()) else {
+                continue;
+            };
+            if owners.get(dev).is_some_and(|o| o.len() > 1) {
+                continue;
+            }
+            format!("-i {dev} {source}")
         };
-        if owners.get(dev).is_some_and(|o| o.len() > 1) {
-            continue;
+        if let Some(names) = log.as_deref_mut() {
+            let prefix = LogPrefix {
+                kind: LogKind::Spoof,
+                direction: Direction::Egress,
+                hash: names.hash_for(&ep.pod),
+            };
+            out.push(log_rule(&matches, prefix));
         }
-        out.push(format!(
-            "-i {dev} {source}-m comment --comment {comment} -j DROP"
-        ));
+        out.push(format!("{matches}-m comment --comment {comment} -j DROP"));
     }
     out
 }
@@ -188,14 +198,14 @@ mod tests {
         .collect();
         let none = BTreeMap::new();
         assert_eq!(
-            rules(&d, &routes, &none, false, Family::V4),
+            rules(&d, &routes, &none, false, Family::V4, None),
             [
                 "-i lxca ! -s 10.0.0.2/32 -m comment --comment \"x/a anti-spoofing\" -j DROP",
                 "-i lxcb ! -s 10.0.0.3/32 -m comment --comment \"x/b anti-spoofing\" -j DROP",
             ]
         );
         assert_eq!(
-            rules(&d, &routes, &none, false, Family::V6),
+            rules(&d, &routes, &none, false, Family::V6, None),
             [
                 "-i lxca ! -s fd00::2/128 -m comment --comment \"x/a anti-spoofing\" -j DROP",
                 // x/b has no IPv6 address: nothing IPv6 may be forwarded from it.
@@ -216,10 +226,10 @@ mod tests {
         }
         let ports = BTreeMap::from([("x/a".to_string(), "lxca".to_string())]);
         assert_eq!(
-            rules(&d, &BTreeMap::new(), &ports, true, Family::V4),
+            rules(&d, &BTreeMap::new(), &ports, true, Family::V4, None),
             ["-m physdev --physdev-in lxca ! -s 10.0.0.2/32 -m comment --comment \"x/a anti-spoofing\" -j DROP"]
         );
-        let v6 = rules(&d, &BTreeMap::new(), &ports, true, Family::V6);
+        let v6 = rules(&d, &BTreeMap::new(), &ports, true, Family::V6, None);
         assert_eq!(v6.len(), 4, "{v6:?}");
         assert!(v6[..3].iter().all(|r| r.ends_with("-j RETURN")));
         assert_eq!(

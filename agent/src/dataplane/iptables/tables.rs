@@ -32,6 +32,8 @@ pub struct NodeShape {
     pub bridged: bool,
     /// IPVS (kube-proxy's ipvs mode): what it forwards goes through [`IPVS_HOOK`].
     pub ipvs: bool,
+    /// The kernel has NFLOG: drops and audit verdicts are logged ([`super::rules::log_rule`]).
+    pub verdict_log: bool,
 }
 
 /// `saved` (the backend's current `iptables-save` for `family`) asks for a full
@@ -69,7 +71,7 @@ pub fn script(
             if let Some(rules) = spoof {
                 write_chain(&mut body, SPOOF_CHAIN, rules);
             }
-            delta(names, old, new, family, &mut body)
+            delta(names, old, new, family, node, &mut body)
         }
     }
     let mut script = String::new();
@@ -226,21 +228,25 @@ fn full(
     let mut wanted = BTreeSet::from([DISPATCH_CHAIN.to_string(), SPOOF_CHAIN.to_string()]);
     // Anti-spoofing before anything else, the conntrack shortcut included.
     write_chain(out, SPOOF_CHAIN, spoof);
-    let mut dispatch = vec![format!("-j {SPOOF_CHAIN}"), CONNTRACK_RULE.to_string()];
-    if node.bridged && family == Family::V6 {
-        dispatch.extend(bridged_neighbour_discovery());
-    }
+    let mut dispatch = dispatch_head(family, node.bridged);
+    let mut to_pods = Vec::new();
     for ep in new.endpoints.values() {
         let hash = names.hash_for(&ep.pod);
         for d in DIRECTIONS {
-            if let Some(rules) = endpoint_rules(ep, d, family) {
+            if let Some(rules) = endpoint_rules(ep, d, family, node.verdict_log.then_some(hash)) {
                 let chain = endpoint_chain(hash, d);
                 write_chain(out, &chain, &rules);
                 wanted.insert(chain);
             }
         }
-        dispatch.extend(dispatch_rules(ep, hash, family));
+        for (direction, spec) in dispatch_rules(ep, hash, family) {
+            match direction {
+                Direction::Egress => dispatch.push(spec),
+                Direction::Ingress => to_pods.push(spec),
+            }
+        }
     }
+    dispatch.extend(to_pods);
     if new_pods.enabled() {
         dispatch.extend(new_pod_rules(new_pods, family, node.bridged, out));
         wanted.insert(NEW_FROM_POD_CHAIN.to_string());
@@ -284,7 +290,29 @@ fn full(
     Ok(())
 }
 
-fn delta(names: &mut ChainNames, old: &Desired, new: &Desired, family: Family, out: &mut String) {
+/// The dispatch chain's first rules, before the endpoints' jumps: anti-spoofing (before
+/// anything else, the conntrack shortcut included), the conntrack shortcut, and on a
+/// bridge, IPv6 neighbour discovery.
+fn dispatch_head(family: Family, bridged: bool) -> Vec<String> {
+    let mut head = vec![format!("-j {SPOOF_CHAIN}"), CONNTRACK_RULE.to_string()];
+    if bridged && family == Family::V6 {
+        head.extend(bridged_neighbour_discovery());
+    }
+    head
+}
+
+/// Egress jumps go in right after the [`dispatch_head`], ingress jumps at the end, so every
+/// egress jump stays ahead of every ingress one (see [`dispatch_rules`]).
+fn delta(
+    names: &mut ChainNames,
+    old: &Desired,
+    new: &Desired,
+    family: Family,
+    node: NodeShape,
+    out: &mut String,
+) {
+    let log = node.verdict_log;
+    let first_jump = dispatch_head(family, node.bridged).len() + 1;
     let mut removed_chains = Vec::new();
     let (mut old_dispatch, mut new_dispatch) = (BTreeSet::new(), BTreeSet::new());
     let pods: BTreeSet<&String> = old.endpoints.keys().chain(new.endpoints.keys()).collect();
@@ -301,7 +329,9 @@ fn delta(names: &mut ChainNames, old: &Desired, new: &Desired, family: Family, o
             continue;
         }
         for d in DIRECTIONS {
-            let rules = |ep: Option<&Endpoint>| ep.and_then(|e| endpoint_rules(e, d, family));
+            let rules = |ep: Option<&Endpoint>| {
+                ep.and_then(|e| endpoint_rules(e, d, family, log.then_some(hash)))
+            };
             let (was, is) = (rules(before), rules(after));
             let chain = endpoint_chain(hash, d);
             match (was, is) {
@@ -311,10 +341,13 @@ fn delta(names: &mut ChainNames, old: &Desired, new: &Desired, family: Family, o
             }
         }
     }
-    for spec in new_dispatch.difference(&old_dispatch) {
-        let _ = writeln!(out, "-A {DISPATCH_CHAIN} {spec}");
+    for (direction, spec) in new_dispatch.difference(&old_dispatch) {
+        let _ = match direction {
+            Direction::Egress => writeln!(out, "-I {DISPATCH_CHAIN} {first_jump} {spec}"),
+            Direction::Ingress => writeln!(out, "-A {DISPATCH_CHAIN} {spec}"),
+        };
     }
-    for spec in old_dispatch.difference(&new_dispatch) {
+    for (_, spec) in old_dispatch.difference(&new_dispatch) {
         let _ = writeln!(out, "-D {DISPATCH_CHAIN} {spec}");
     }
     for chain in &removed_chains {
@@ -434,6 +467,7 @@ mod tests {
             let node = NodeShape {
                 bridged: false,
                 ipvs,
+                ..NodeShape::default()
             };
             let (d, off) = (Desired::default(), NewPodIsolation::off());
             script(names, &d, &d, Family::V4, Some(saved), &off, node, None)
@@ -503,6 +537,62 @@ mod tests {
                 "*mangle\n-D WEIR-FILTER -d 10.0.0.2/32 -j {b_chain}\n-F {b_chain}\n\
                  -X {b_chain}\nCOMMIT\n"
             )
+        );
+    }
+
+    #[test]
+    fn egress_jumps_stay_ahead_of_ingress_jumps() {
+        let egress = |d: &mut Desired, pod: &str| {
+            let ep = d.endpoints.get_mut(pod).unwrap();
+            ep.egress = ep.ingress.clone();
+        };
+        let mut old = desired(&[("x/a", "10.0.0.1", true), ("x/b", "10.0.0.2", true)]);
+        egress(&mut old, "x/b");
+        let mut names = ChainNames::default();
+        let saved = "*mangle\n:FORWARD ACCEPT [0:0]\nCOMMIT\n";
+        let off = NewPodIsolation::off();
+        let full = script(
+            &mut names,
+            &Desired::default(),
+            &old,
+            Family::V4,
+            Some(saved),
+            &off,
+            NodeShape::default(),
+            None,
+        )
+        .unwrap()
+        .unwrap();
+        let jumps: Vec<&str> = full
+            .lines()
+            .filter(|l| l.starts_with("-A WEIR-FILTER -s") || l.starts_with("-A WEIR-FILTER -d"))
+            .collect();
+        // a's ingress sorts before b, yet b's egress comes first.
+        assert!(
+            jumps[0].starts_with("-A WEIR-FILTER -s 10.0.0.2/32"),
+            "{full}"
+        );
+        assert_eq!(jumps.len(), 3, "{full}");
+        // A pod that becomes egress-isolated later has its jump inserted after the head
+        // (anti-spoofing and the conntrack shortcut), ahead of every ingress jump.
+        let mut new = old.clone();
+        egress(&mut new, "x/a");
+        let s = script(
+            &mut names,
+            &old,
+            &new,
+            Family::V4,
+            None,
+            &off,
+            NodeShape::default(),
+            None,
+        )
+        .unwrap()
+        .unwrap();
+        let a_out = endpoint_chain(names.hash_for("x/a"), Direction::Egress);
+        assert!(
+            s.contains(&format!("-I WEIR-FILTER 3 -s 10.0.0.1/32 -j {a_out}\n")),
+            "{s}"
         );
     }
 
