@@ -572,7 +572,16 @@ impl<B: Backends> Daemon<B> {
                 .collect(),
             undeletable_sets,
             last_converge: self.last_converge.clone(),
-            details: dataplane.details.into_iter().collect(),
+            details: dataplane
+                .details
+                .into_iter()
+                .chain(
+                    self.enforcer
+                        .as_ref()
+                        .and_then(|e| e.verdict_tap_error())
+                        .map(|e| ("verdict_log".to_string(), format!("not read: {e}"))),
+                )
+                .collect(),
         }
     }
 
