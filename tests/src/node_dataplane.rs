@@ -2,7 +2,7 @@
 //! from a thread that has joined it, so the tools it runs act on that namespace.
 
 use weir::dataplane::iptables::{IptablesConfig, IptablesDataplane};
-use weir::dataplane::{ApplyReport, Dataplane, DataplaneError, DataplaneStatus};
+use weir::dataplane::{ApplyReport, Dataplane, DataplaneError, DataplaneStatus, Scope};
 use weir_policy::desired::Desired;
 
 use crate::pods::run_in;
@@ -36,19 +36,14 @@ impl NodeDataplane {
         result
     }
 
-    pub fn reconcile(&mut self, desired: &Desired) -> Result<ApplyReport, DataplaneError> {
-        let d = desired.clone();
-        self.call(Box::new(move |dp| dp.reconcile(&d)))
-    }
-
-    /// Applies the change from `before` to `after` as the daemon would.
-    pub fn apply(
+    /// Converges the dataplane on `desired`, as the daemon would.
+    pub fn converge(
         &mut self,
-        before: &Desired,
-        after: &Desired,
+        desired: &Desired,
+        scope: Scope,
     ) -> Result<ApplyReport, DataplaneError> {
-        let (delta, d) = (before.diff(after), after.clone());
-        self.call(Box::new(move |dp| dp.apply(&delta, &d)))
+        let d = desired.clone();
+        self.call(Box::new(move |dp| dp.converge(&d, scope)))
     }
 
     /// The dataplane's status (no kernel access: it reports what it last wrote).

@@ -9,6 +9,7 @@
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};
+use weir::dataplane::Scope;
 
 use netpol_scenarios::{compare, Pair};
 use serde_json::Value;
@@ -460,7 +461,7 @@ fn a_new_pod_on_a_bridge_is_isolated_until_programmed_on_ebpf() {
     let node = world.node.clone();
     let dp = run_in(&node, move || {
         let mut dp = EbpfDataplane::new(config).expect("load dataplane");
-        let report = dp.reconcile(&known).expect("reconcile");
+        let report = dp.converge(&known, Scope::Kernel).expect("reconcile");
         assert!(report.failures.is_empty(), "{:?}", report.failures);
         dp
     });
@@ -481,7 +482,7 @@ fn a_new_pod_on_a_bridge_is_isolated_until_programmed_on_ebpf() {
     );
     let dp = run_in(&node, move || {
         let mut dp = dp;
-        let report = dp.reconcile(&both).expect("reconcile");
+        let report = dp.converge(&both, Scope::Kernel).expect("reconcile");
         assert!(report.failures.is_empty(), "{:?}", report.failures);
         dp
     });
@@ -511,7 +512,7 @@ fn a_new_pod_on_a_bridge_is_isolated_until_programmed_on_iptables() {
         },
     )
     .expect("prerequisite missing: ipset and iptables");
-    let report = dp.reconcile(&known).expect("reconcile");
+    let report = dp.converge(&known, Scope::Kernel).expect("reconcile");
     assert!(report.failures.is_empty(), "{:?}", report.failures);
     let n = world.plug("n", "lxcbrn", N);
     let _n_servers = EchoServers::start(&n, &[80]);
@@ -527,7 +528,7 @@ fn a_new_pod_on_a_bridge_is_isolated_until_programmed_on_iptables() {
             endpoint("x/n", N, None, None),
         ],
     );
-    let report = dp.apply(&known, &both).expect("apply");
+    let report = dp.converge(&both, Scope::Mirror).expect("apply");
     assert!(report.failures.is_empty(), "{:?}", report.failures);
     assert_eq!(
         echoes_within(&n, N, &a, A),
@@ -574,7 +575,7 @@ fn a_pod_whose_bridge_port_is_not_found_stays_isolated_on_ebpf() {
     let node = world.node.clone();
     let (dp, failures) = run_in(&node, move || {
         let mut dp = EbpfDataplane::new(config).expect("load dataplane");
-        let report = dp.reconcile(&both).expect("reconcile");
+        let report = dp.converge(&both, Scope::Kernel).expect("reconcile");
         (dp, report.failures)
     });
     let _ = std::fs::remove_dir_all(&empty);
@@ -621,7 +622,7 @@ fn a_pod_whose_bridge_port_is_not_found_stays_isolated_on_iptables() {
         },
     )
     .expect("prerequisite missing: ipset and iptables");
-    let report = dp.reconcile(&both).expect("reconcile");
+    let report = dp.converge(&both, Scope::Kernel).expect("reconcile");
     let _ = std::fs::remove_dir_all(&empty);
     assert_eq!(report.failures.len(), 2, "{:?}", report.failures);
     assert!(
@@ -646,7 +647,7 @@ fn a_pod_whose_bridge_port_is_not_found_stays_isolated_on_iptables() {
         },
     )
     .expect("iptables");
-    let report = dp2.reconcile(&both).expect("reconcile");
+    let report = dp2.converge(&both, Scope::Kernel).expect("reconcile");
     assert!(report.failures.is_empty(), "{:?}", report.failures);
     assert_eq!(echoes_within(&n, N, &a, A), (true, true));
     drop(dp);

@@ -5,6 +5,7 @@ use std::{
     net::{IpAddr, Ipv4Addr, SocketAddr},
     time::{Duration, Instant},
 };
+use weir::dataplane::Scope;
 
 use weir::dataplane::{
     ebpf::{monitor::Monitor, EbpfConfig, EbpfDataplane},
@@ -86,7 +87,9 @@ fn allowed_passes_denied_drops_replies_pass_and_changes_apply_live() {
     );
 
     let (dp, ids) = with_dataplane(&world, &root, |mut dp| {
-        let report = dp.reconcile(&policy(80, 80)).expect("reconcile");
+        let report = dp
+            .converge(&policy(80, 80), Scope::Kernel)
+            .expect("reconcile");
         assert!(report.failures.is_empty(), "{:?}", report.failures);
         let ids = dp.program_ids().unwrap();
         (dp, ids)
@@ -141,10 +144,9 @@ fn allowed_passes_denied_drops_replies_pass_and_changes_apply_live() {
     let (dp, latency) = std::thread::spawn(move || {
         enter(&node);
         let mut dp = dp;
-        let before = policy(80, 80);
         let after = policy(80, 81);
         let started = Instant::now();
-        let report = dp.apply(&before.diff(&after), &after).expect("apply");
+        let report = dp.converge(&after, Scope::Mirror).expect("apply");
         let latency = started.elapsed();
         assert!(report.failures.is_empty(), "{:?}", report.failures);
         (dp, latency)
@@ -167,11 +169,8 @@ fn allowed_passes_denied_drops_replies_pass_and_changes_apply_live() {
     let dp = std::thread::spawn(move || {
         enter(&node);
         let mut dp = dp;
-        let (before, after) = (
-            policy(80, 81),
-            desired(vec![], vec![endpoint("x/b", B, Some(vec![]), None)]),
-        );
-        let report = dp.apply(&before.diff(&after), &after).expect("apply");
+        let after = desired(vec![], vec![endpoint("x/b", B, Some(vec![]), None)]);
+        let report = dp.converge(&after, Scope::Mirror).expect("apply");
         assert!(report.failures.is_empty(), "{:?}", report.failures);
         dp
     })
@@ -202,7 +201,7 @@ fn udp_replies_and_icmp_errors_of_tracked_flows_pass() {
         ],
     );
     let _dp = with_dataplane(&world, &root, move |mut dp| {
-        let report = dp.reconcile(&state).expect("reconcile");
+        let report = dp.converge(&state, Scope::Kernel).expect("reconcile");
         assert!(report.failures.is_empty(), "{:?}", report.failures);
         dp
     });
@@ -259,7 +258,10 @@ fn a_full_map_is_a_named_failure() {
                 None,
             )],
         );
-        (dp.reconcile(&state).expect("reconcile"), dp.status())
+        (
+            dp.converge(&state, Scope::Kernel).expect("reconcile"),
+            dp.status(),
+        )
     })
     .join()
     .unwrap();
@@ -300,7 +302,7 @@ fn ipv6_allowed_passes_denied_drops_replies_pass() {
     let ready = (0..10).any(|_| tcp_from(&a_ns, to_b(81), T));
     assert!(ready, "world broken: no IPv6 a->b:81 without policy");
     let _dp = with_dataplane(&world, &root, move |mut dp| {
-        let report = dp.reconcile(&state).expect("reconcile");
+        let report = dp.converge(&state, Scope::Kernel).expect("reconcile");
         assert!(report.failures.is_empty(), "{:?}", report.failures);
         dp
     });
@@ -338,7 +340,7 @@ fn weir_monitor_streams_rate_limited_drop_events_as_json() {
                 endpoint("x/b", B, Some(vec![]), None),
             ],
         );
-        let report = dp.reconcile(&state).expect("reconcile");
+        let report = dp.converge(&state, Scope::Kernel).expect("reconcile");
         assert!(report.failures.is_empty(), "{:?}", report.failures);
         dp
     })
@@ -427,7 +429,7 @@ fn ip_block_excepts_carve_holes_out_of_the_whole_address_space() {
         "world broken: a cannot reach b:80 without policy"
     );
     let _dp = with_dataplane(&world, &root, move |mut dp| {
-        let report = dp.reconcile(&state).expect("reconcile");
+        let report = dp.converge(&state, Scope::Kernel).expect("reconcile");
         assert!(report.failures.is_empty(), "{:?}", report.failures);
         dp
     });

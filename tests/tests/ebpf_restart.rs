@@ -9,6 +9,7 @@ use std::{
     process::{Child, Command, Stdio},
     time::Duration,
 };
+use weir::dataplane::Scope;
 
 use weir::dataplane::{
     ebpf::{AttachMode, EbpfConfig, EbpfDataplane},
@@ -157,7 +158,7 @@ fn swap_programs(world: &World, root: &PinRoot, mode: Option<AttachMode>) -> ([u
         ..EbpfConfig::with_pin_root(root.0.clone())
     };
     let old = in_node(world, config(1000), |dp| {
-        let report = dp.reconcile(&state()).expect("reconcile");
+        let report = dp.converge(&state(), Scope::Kernel).expect("reconcile");
         assert!(report.failures.is_empty(), "{:?}", report.failures);
         dp.program_ids().unwrap()
     });
@@ -168,7 +169,7 @@ fn swap_programs(world: &World, root: &PinRoot, mode: Option<AttachMode>) -> ([u
     );
     std::thread::sleep(Duration::from_millis(500));
     let new = in_node(world, config(999), |dp| {
-        let report = dp.reconcile(&state()).expect("reconcile");
+        let report = dp.converge(&state(), Scope::Kernel).expect("reconcile");
         assert!(report.failures.is_empty(), "{:?}", report.failures);
         dp.program_ids().unwrap()
     });

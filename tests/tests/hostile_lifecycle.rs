@@ -16,6 +16,7 @@ use std::{
     },
     time::{Duration, Instant},
 };
+use weir::dataplane::Scope;
 
 use weir::dataplane::{
     ebpf::{expected_map_shapes, pinned_map_shape, AttachMode, EbpfConfig, EbpfDataplane},
@@ -77,7 +78,7 @@ fn start_ebpf(
         enter(&node);
         let started = Instant::now();
         let mut dp = EbpfDataplane::new(config).expect("load dataplane");
-        let report = dp.reconcile(&state).expect("reconcile");
+        let report = dp.converge(&state, Scope::Kernel).expect("reconcile");
         assert!(report.failures.is_empty(), "{:?}", report.failures);
         (dp, started.elapsed())
     })
@@ -90,7 +91,7 @@ fn reconcile_ebpf(node: &str, dp: EbpfDataplane, state: Desired) -> EbpfDataplan
     std::thread::spawn(move || {
         enter(&node);
         let mut dp = dp;
-        let report = dp.reconcile(&state).expect("reconcile");
+        let report = dp.converge(&state, Scope::Kernel).expect("reconcile");
         assert!(report.failures.is_empty(), "{:?}", report.failures);
         dp
     })
@@ -794,7 +795,9 @@ fn iptables_new_pod_is_isolated_from_its_first_packet() {
         },
     )
     .expect("prerequisite missing: ipset and iptables");
-    let report = dp.reconcile(&known_state(&[])).expect("reconcile");
+    let report = dp
+        .converge(&known_state(&[]), Scope::Kernel)
+        .expect("reconcile");
     assert!(report.failures.is_empty(), "{:?}", report.failures);
 
     let pod = NewPod::create("hl4", "lxcnew0");
@@ -806,7 +809,7 @@ fn iptables_new_pod_is_isolated_from_its_first_packet() {
         let report = dp
             .lock()
             .unwrap()
-            .apply(&known_state(&[]), &known_state(&[("x/n", N)]))
+            .converge(&known_state(&[("x/n", N)]), Scope::Mirror)
             .expect("apply");
         assert!(report.failures.is_empty(), "{:?}", report.failures);
     });
@@ -825,7 +828,7 @@ fn iptables_new_pod_is_isolated_from_its_first_packet() {
     let report = dp
         .lock()
         .unwrap()
-        .reconcile(&known_state(&[("x/n", N)]))
+        .converge(&known_state(&[("x/n", N)]), Scope::Kernel)
         .expect("reconcile");
     assert!(report.failures.is_empty(), "{:?}", report.failures);
     let to_n = SocketAddr::from((N, 80));

@@ -5,6 +5,7 @@
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};
+use weir::dataplane::Scope;
 
 use weir::dataplane::iptables::IptablesConfig;
 use weir::dataplane::new_pods::NewPodIsolation;
@@ -73,7 +74,9 @@ fn allowed_denied_and_replies(backend: Backend, tag: &str) {
     );
 
     let mut dp = start(&world, Some(backend));
-    let report = dp.reconcile(&policy(80, 80)).expect("reconcile");
+    let report = dp
+        .converge(&policy(80, 80), Scope::Kernel)
+        .expect("reconcile");
     assert!(report.failures.is_empty(), "{:?}", report.failures);
     assert!(
         tcp_from(&a_ns, to_b(80), T),
@@ -99,7 +102,7 @@ fn allowed_denied_and_replies(backend: Backend, tag: &str) {
     );
 
     // Widened to 80-81: the range's first and last port in, one past each end out.
-    let report = dp.apply(&policy(80, 80), &policy(80, 81)).expect("apply");
+    let report = dp.converge(&policy(80, 81), Scope::Mirror).expect("apply");
     assert!(report.failures.is_empty(), "{:?}", report.failures);
     for (port, allowed) in [(79, false), (80, true), (81, true), (82, false)] {
         assert_eq!(
@@ -132,10 +135,10 @@ fn changes_apply_live_and_restarts_adopt_the_state() {
     let to_b = |port| SocketAddr::from((B, port));
     let mut dp = start(&world, None);
     let (before, after) = (policy(80, 80), policy(81, 81));
-    dp.reconcile(&before).expect("reconcile");
+    dp.converge(&before, Scope::Kernel).expect("reconcile");
 
     let started = Instant::now();
-    let report = dp.apply(&before, &after).expect("apply");
+    let report = dp.converge(&after, Scope::Mirror).expect("apply");
     println!(
         "iptables dataplane: one policy change applied in {:.1} ms",
         started.elapsed().as_secs_f64() * 1000.0
@@ -152,7 +155,7 @@ fn changes_apply_live_and_restarts_adopt_the_state() {
 
     let mut restarted = start(&world, None);
     restarted
-        .reconcile(&after)
+        .converge(&after, Scope::Kernel)
         .expect("reconcile after restart");
     assert!(
         tcp_from(&a_ns, to_b(81), T),
@@ -175,7 +178,7 @@ fn changes_apply_live_and_restarts_adopt_the_state() {
     );
 
     restarted
-        .apply(&after, &Desired::default())
+        .converge(&Desired::default(), Scope::Mirror)
         .expect("remove everything");
     assert!(tcp_from(&a_ns, to_b(80), T), "no policy: a->b:80 allowed");
     let rules = node_cmd(&["iptables-nft-save", "-t", "mangle"]);
@@ -203,7 +206,7 @@ fn udp_replies_and_icmp_errors_of_tracked_flows_pass() {
         ],
     );
     let mut dp = start(&world, None);
-    let report = dp.reconcile(&state).expect("reconcile");
+    let report = dp.converge(&state, Scope::Kernel).expect("reconcile");
     assert!(report.failures.is_empty(), "{:?}", report.failures);
     let a_ns = world.pod("a").ns.clone();
     assert!(
@@ -249,7 +252,7 @@ fn ipv6_allowed_passes_denied_drops_replies_pass() {
     let ready = (0..10).any(|_| tcp_from(&a_ns, to_b(81), T));
     assert!(ready, "world broken: no IPv6 a->b:81 without policy");
     let mut dp = start(&world, None);
-    let report = dp.reconcile(&state).expect("reconcile");
+    let report = dp.converge(&state, Scope::Kernel).expect("reconcile");
     assert!(report.failures.is_empty(), "{:?}", report.failures);
     assert!(
         tcp_from(&a_ns, to_b(80), T),
@@ -273,7 +276,7 @@ fn ip_block_excepts_carve_holes_out_of_the_whole_address_space() {
     let _servers = EchoServers::start_v6(&world.pod("b").ns, &[80]);
     let state = whole_space_except(ip("a"), ip("b"), ip("c"));
     let mut dp = start(&world, None);
-    let report = dp.reconcile(&state).expect("reconcile");
+    let report = dp.converge(&state, Scope::Kernel).expect("reconcile");
     assert!(report.failures.is_empty(), "{:?}", report.failures);
     check_whole_space_except(&world, B, world.pod("b").ip6);
 }
@@ -325,11 +328,11 @@ fn one_change_among_a_thousand_endpoints_is_a_small_delta() {
             .expect("a count")
     };
     let started = Instant::now();
-    dp.reconcile(&before).expect("reconcile");
+    dp.converge(&before, Scope::Kernel).expect("reconcile");
     let full = started.elapsed();
     let full_lines = lines_written(&dp);
     let started = Instant::now();
-    dp.apply(&before, &after).expect("apply");
+    dp.converge(&after, Scope::Mirror).expect("apply");
     let delta = started.elapsed();
     let delta_lines = lines_written(&dp);
     println!(

@@ -5,6 +5,7 @@
 
 use std::collections::BTreeSet;
 use std::fmt::Write;
+use weir::dataplane::Scope;
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::time::Duration;
@@ -243,7 +244,7 @@ fn dataplane_enforces_after_reset(world: &World, leftover: &BTreeSet<String>) ->
         ],
     );
     let mut dp = NodeDataplane::start(&world.node, IptablesConfig::default())?;
-    let report = dp.reconcile(&state)?;
+    let report = dp.converge(&state, Scope::Kernel)?;
     for failure in &report.failures {
         let name = failure.object.trim_start_matches("ipset ");
         ensure!(

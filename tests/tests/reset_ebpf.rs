@@ -3,6 +3,7 @@
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::time::Duration;
+use weir::dataplane::Scope;
 
 use weir::dataplane::ebpf::{AttachMode, EbpfConfig, EbpfDataplane};
 use weir::dataplane::Dataplane;
@@ -57,7 +58,7 @@ fn removes_everything(mode: AttachMode, tag: &str) {
     let state = desired(vec![], vec![endpoint("x/b", B, Some(vec![]), None)]);
     run_in(&world.node, move || {
         let mut dp = EbpfDataplane::new(config).expect("load eBPF dataplane");
-        let report = dp.reconcile(&state).expect("reconcile");
+        let report = dp.converge(&state, Scope::Kernel).expect("reconcile");
         assert!(report.failures.is_empty(), "{:?}", report.failures);
     });
     assert!(

@@ -6,9 +6,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::select::{resolve, DataplaneChoice, Effective, Fallback, FallbackCause};
-use crate::dataplane::{ApplyReport, Dataplane, DataplaneError, DataplaneKind};
+use crate::dataplane::{ApplyReport, Dataplane, DataplaneError, DataplaneKind, Scope};
 use crate::verdicts::{VerdictTap, VerdictTx};
-use weir_policy::desired::{Delta, Desired};
+use weir_policy::desired::Desired;
 use weir_policy::model::ObjectError;
 
 /// State that must go from this node.
@@ -103,7 +103,7 @@ impl<B: Backends> Enforcer<B> {
             }
             Err(e) => return Err((backends, e)),
         };
-        let report = match active.reconcile(desired) {
+        let report = match active.converge(desired, Scope::Kernel) {
             Ok(r) => r,
             Err(e) => return Err((backends, e)),
         };
@@ -181,15 +181,16 @@ impl<B: Backends> Enforcer<B> {
         self.active.verdict_counts()
     }
 
-    pub fn apply(&mut self, delta: &Delta, desired: &Desired) -> Result<(), DataplaneError> {
-        let report = self.active.apply(delta, desired)?;
+    /// A change: converge on `desired`, against what the dataplane last wrote.
+    pub fn apply(&mut self, desired: &Desired) -> Result<(), DataplaneError> {
+        let report = self.active.converge(desired, Scope::Mirror)?;
         self.take(report);
         Ok(())
     }
 
     /// Periodic repair: converge the dataplane again and retry pending cleanups.
     pub fn reconcile(&mut self, desired: &Desired) -> Result<Outcome, DataplaneError> {
-        let report = self.active.reconcile(desired)?;
+        let report = self.active.converge(desired, Scope::Kernel)?;
         self.take(report);
         let mut outcome = Outcome::default();
         if !self.pending.is_empty() {
@@ -233,7 +234,7 @@ impl<B: Backends> Enforcer<B> {
                 return outcome;
             }
         };
-        let report = match fresh.reconcile(desired) {
+        let report = match fresh.converge(desired, Scope::Kernel) {
             Ok(r) => r,
             Err(e) => {
                 self.switch_error = Some(format!("switch {from} -> {}: converge: {e}", next.kind));

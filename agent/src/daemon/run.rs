@@ -302,7 +302,6 @@ impl<B: Backends> Daemon<B> {
         // The first batch is the source's complete state: only from now on may the node
         // be changed.
         self.health.sync().complete();
-        let before = self.engine.desired().clone();
         self.source_errors = batch.rejected;
         let received = batch.received.filter(|_| !batch.events.is_empty());
         if batch.generation.is_some() {
@@ -311,8 +310,11 @@ impl<B: Backends> Daemon<B> {
         if batch.state_digest.is_some() {
             self.state_digest = batch.state_digest;
         }
+        // The engine says what each event changed; the dataplanes converge on the whole
+        // state (level-triggered), so only whether anything changed matters here.
+        let mut changed = false;
         for event in batch.events {
-            self.feed(event);
+            changed |= self.feed(event);
         }
         let choice = self.node_choice.unwrap_or(self.opts.default_choice);
         let desired = self.engine.desired();
@@ -332,13 +334,10 @@ impl<B: Backends> Daemon<B> {
                     enforcer
                         .reconcile(desired)
                         .map(|o| outcome.cleanups.extend(o.cleanups))
+                } else if changed {
+                    enforcer.apply(desired)
                 } else {
-                    let delta = before.diff(desired);
-                    if delta.is_empty() {
-                        Ok(())
-                    } else {
-                        enforcer.apply(&delta, desired)
-                    }
+                    Ok(())
                 };
                 self.dataplane_error = result.err().map(|e| e.to_string());
                 self.account(&outcome);
@@ -405,7 +404,8 @@ impl<B: Backends> Daemon<B> {
         self.report();
     }
 
-    fn feed(&mut self, event: Event) {
+    /// One event into the engine; whether it changed the desired state.
+    fn feed(&mut self, event: Event) -> bool {
         let (key, result) = match event {
             Event::Upsert(object) => {
                 let key = object.key();
@@ -413,7 +413,7 @@ impl<B: Backends> Daemon<B> {
                     self.observe_node(node.metadata.name.as_deref(), node.metadata.labels.as_ref());
                 }
                 self.known.insert(key.clone());
-                (key, self.engine.upsert(*object).map(drop))
+                (key, self.engine.upsert(*object).map(|d| !d.is_empty()))
             }
             Event::Delete(key) => {
                 if key.kind == Kind::Node {
@@ -422,17 +422,19 @@ impl<B: Backends> Daemon<B> {
                 self.known.remove(&key);
                 // A deleted object is no longer refused, whatever the engine says.
                 self.refused.remove(&key);
-                let result = self.engine.delete(&key).map(drop);
+                let result = self.engine.delete(&key).map(|d| !d.is_empty());
                 (key, result)
             }
         };
         match result {
-            Ok(()) => {
+            Ok(changed) => {
                 self.refused.remove(&key);
+                changed
             }
             Err(e) => {
                 tracing::warn!(object = %key, error = %e, "object refused; everything else stays enforced");
                 self.refused.insert(key, e.to_string());
+                false
             }
         }
     }

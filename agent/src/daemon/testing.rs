@@ -6,9 +6,9 @@ use std::sync::{Arc, Mutex};
 
 use super::enforcer::{Backends, Cleanup, CleanupReport};
 use crate::dataplane::{
-    ApplyReport, Dataplane, DataplaneError, DataplaneKind, DataplaneStatus, VerdictCounts,
+    ApplyReport, Dataplane, DataplaneError, DataplaneKind, DataplaneStatus, Scope, VerdictCounts,
 };
-use weir_policy::desired::{Delta, Desired};
+use weir_policy::desired::Desired;
 use weir_policy::model::ObjectError;
 
 pub type Log = Arc<Mutex<Vec<String>>>;
@@ -26,21 +26,18 @@ impl Dataplane for Recording {
     fn kind(&self) -> DataplaneKind {
         self.kind
     }
-    fn reconcile(&mut self, desired: &Desired) -> Result<ApplyReport, DataplaneError> {
+    /// Logs `reconcile KIND` (against the kernel) or `apply KIND` (against the mirror).
+    fn converge(&mut self, desired: &Desired, scope: Scope) -> Result<ApplyReport, DataplaneError> {
         *self.given.lock().unwrap() = Some(desired.clone());
+        let verb = match scope {
+            Scope::Kernel => "reconcile",
+            Scope::Mirror => "apply",
+        };
         self.log
             .lock()
             .unwrap()
-            .push(format!("reconcile {}", self.kind));
-        Ok(ApplyReport::default())
-    }
-    fn apply(&mut self, _: &Delta, desired: &Desired) -> Result<ApplyReport, DataplaneError> {
-        *self.given.lock().unwrap() = Some(desired.clone());
-        self.log
-            .lock()
-            .unwrap()
-            .push(format!("apply {}", self.kind));
-        if self.refuse_applies.load(Ordering::Relaxed) {
+            .push(format!("{verb} {}", self.kind));
+        if scope == Scope::Mirror && self.refuse_applies.load(Ordering::Relaxed) {
             return Err(DataplaneError::Io {
                 context: "apply".into(),
                 source: std::io::Error::other("refused by the test"),

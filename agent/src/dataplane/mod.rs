@@ -1,5 +1,5 @@
-//! The two dataplanes behind one trait. Neither knows about Kubernetes: they enforce a
-//! [`Desired`] state and apply [`Delta`]s. Cleaning a node is not theirs: both call the
+//! The two dataplanes behind one trait. Neither knows about Kubernetes: they converge the
+//! node on a [`Desired`] state, level-triggered. Cleaning a node is not theirs: both call the
 //! one tolerant routine in [`crate::reset`].
 
 pub mod ebpf;
@@ -13,7 +13,7 @@ pub mod pod_ports;
 
 use std::collections::BTreeMap;
 
-use weir_policy::desired::{Delta, Desired, Direction};
+use weir_policy::desired::{Desired, Direction};
 use weir_policy::model::ObjectError;
 
 use crate::exec::ExecError;
@@ -165,13 +165,25 @@ impl DataplaneError {
     }
 }
 
+/// What a [`Dataplane::converge`] compares `desired` with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scope {
+    /// What the kernel holds, read again: start-up, adoption after a restart, periodic
+    /// repair of drift.
+    Kernel,
+    /// The dataplane's mirror of what it last wrote: a change, costing what changed (a
+    /// dataplane without a mirror, after a failed write, reads the kernel instead).
+    Mirror,
+}
+
+/// The dataplanes are level-triggered: each converge makes the node enforce exactly the
+/// desired state it is given, whatever happened before (a missed or repeated call cannot
+/// leave the kernel out of step).
 pub trait Dataplane: Send {
     fn kind(&self) -> DataplaneKind;
-    /// Make the node enforce exactly `desired` (start-up, adoption after restart,
-    /// periodic repair). Idempotent.
-    fn reconcile(&mut self, desired: &Desired) -> Result<ApplyReport, DataplaneError>;
-    /// Apply one change; `desired` is the state after it, for dataplanes that need context.
-    fn apply(&mut self, delta: &Delta, desired: &Desired) -> Result<ApplyReport, DataplaneError>;
+    /// Makes the node enforce exactly `desired`, writing only what differs from `scope`.
+    /// Idempotent.
+    fn converge(&mut self, desired: &Desired, scope: Scope) -> Result<ApplyReport, DataplaneError>;
     fn status(&self) -> DataplaneStatus;
     /// The packets this dataplane judged, from its own counters (eBPF's COUNTERS map,
     /// iptables' rule counters). Read on the metrics' schedule, not per event.

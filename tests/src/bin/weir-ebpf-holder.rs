@@ -3,6 +3,7 @@
 //! Desired JSON in ARG3, prints `ready <program ids>`, then sleeps until killed.
 
 use std::io::Write;
+use weir::dataplane::Scope;
 
 use weir::dataplane::{
     ebpf::{EbpfConfig, EbpfDataplane},
@@ -17,7 +18,7 @@ fn main() -> anyhow::Result<()> {
     weir_tests::pods::enter(netns);
     let desired = serde_json::from_slice(&std::fs::read(desired)?)?;
     let mut dp = EbpfDataplane::new(EbpfConfig::with_pin_root(pin_root))?;
-    let report = dp.reconcile(&desired)?;
+    let report = dp.converge(&desired, Scope::Kernel)?;
     anyhow::ensure!(report.failures.is_empty(), "{:?}", report.failures);
     let [from_pod, to_pod] = dp.program_ids()?;
     let mut out = std::io::stdout();

@@ -56,12 +56,10 @@ use self::{
     records::{EndpointRecord, Records},
 };
 use super::{
-    pod_ports, ApplyReport, Dataplane, DataplaneError, DataplaneKind, DataplaneStatus,
+    pod_ports, ApplyReport, Dataplane, DataplaneError, DataplaneKind, DataplaneStatus, Scope,
     VerdictCounts, DROP_MALFORMED, DROP_SPOOFED, DROP_TAGGED,
 };
-use weir_policy::desired::{
-    AddressSet, Delta, Desired, Direction, Endpoint, Frontend, PodKey, SetId,
-};
+use weir_policy::desired::{AddressSet, Desired, Direction, Endpoint, Frontend, PodKey, SetId};
 use weir_policy::model::ObjectError;
 
 pub struct EbpfDataplane {
@@ -512,7 +510,7 @@ impl EbpfDataplane {
     /// One convergence, in the order the module documentation gives: the target map
     /// contents; what is added or changed (policy, identity, endpoint entries); attaches;
     /// detaches; what goes (endpoints, then policy). Each phase is a method below.
-    fn converge(&mut self, desired: &Desired) -> Result<ApplyReport, DataplaneError> {
+    fn write(&mut self, desired: &Desired) -> Result<ApplyReport, DataplaneError> {
         let mut failures = Vec::new();
         let placed = self.place_endpoints(desired, &mut failures);
         let (mut target, owner) = self.target(desired, &placed);
@@ -987,18 +985,16 @@ impl Dataplane for EbpfDataplane {
         DataplaneKind::Ebpf
     }
 
-    fn reconcile(&mut self, desired: &Desired) -> Result<ApplyReport, DataplaneError> {
-        // Repair drift: trust the kernel's maps, not the mirror.
-        self.kernel = KernelState::read(&self.maps);
-        match host::node_prefixes() {
-            Ok(host) => self.host = host,
-            Err(e) => tracing::warn!("node addresses not refreshed: {e}"),
+    fn converge(&mut self, desired: &Desired, scope: Scope) -> Result<ApplyReport, DataplaneError> {
+        if scope == Scope::Kernel {
+            // Repair drift: trust the kernel's maps, not the mirror.
+            self.kernel = KernelState::read(&self.maps);
+            match host::node_prefixes() {
+                Ok(host) => self.host = host,
+                Err(e) => tracing::warn!("node addresses not refreshed: {e}"),
+            }
         }
-        self.converge(desired)
-    }
-
-    fn apply(&mut self, _delta: &Delta, desired: &Desired) -> Result<ApplyReport, DataplaneError> {
-        self.converge(desired)
+        self.write(desired)
     }
 
     fn status(&self) -> DataplaneStatus {

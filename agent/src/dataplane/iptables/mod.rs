@@ -28,11 +28,11 @@ use std::fmt::Write;
 use crate::dataplane::new_pods::NewPodIsolation;
 use crate::dataplane::pod_ports;
 use crate::dataplane::{
-    ApplyReport, Dataplane, DataplaneError, DataplaneKind, DataplaneStatus, VerdictCounts,
+    ApplyReport, Dataplane, DataplaneError, DataplaneKind, DataplaneStatus, Scope, VerdictCounts,
 };
 use crate::exec;
 use crate::reset::{ipset_restore, ipsets};
-use weir_policy::desired::{AddressSet, Delta, Desired, Direction, Peer, SetId};
+use weir_policy::desired::{AddressSet, Desired, Direction, Peer, SetId};
 use weir_policy::model::ObjectError;
 
 use crate::netfilter::backend::{self, Backend, Family};
@@ -406,17 +406,10 @@ impl Dataplane for IptablesDataplane {
         Ok(counts)
     }
 
-    fn reconcile(&mut self, desired: &Desired) -> Result<ApplyReport, DataplaneError> {
+    fn converge(&mut self, desired: &Desired, scope: Scope) -> Result<ApplyReport, DataplaneError> {
         let mut report = ApplyReport::default();
-        self.write(desired, true, &mut report)?;
-        Ok(report)
-    }
-
-    fn apply(&mut self, _delta: &Delta, desired: &Desired) -> Result<ApplyReport, DataplaneError> {
-        let mut report = ApplyReport::default();
-        // The delta is recomputed against what was actually programmed, so a missed or
-        // repeated delta cannot leave the kernel out of step.
-        let full = self.programmed.is_none();
+        // Against the mirror, only what differs from what was programmed is written.
+        let full = scope == Scope::Kernel || self.programmed.is_none();
         self.write(desired, full, &mut report)?;
         Ok(report)
     }

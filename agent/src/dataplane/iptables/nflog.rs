@@ -22,34 +22,28 @@ use crate::verdicts::{VerdictRecord, VerdictTap, VerdictTx};
 /// Bytes of each packet the kernel copies: IPv6's header and the ports are enough.
 const COPY_RANGE: u32 = 128;
 
-/// Whether the kernel has the NFLOG target and the limit match (built in, loaded, or
-/// loadable): `Err` says why not. The log rules are then left out, and enforcement goes on
-/// without them.
+/// Whether the kernel has the NFLOG target and the limit match: registered (listed in
+/// /proc/net/ip_tables_*, which exists once ip_tables is loaded: built-in kernels), loaded,
+/// or loadable. `Err` says why not: the log rules are then left out, and enforcement goes
+/// on without them.
 pub fn available() -> Result<(), String> {
     let registered = |list: &str, name: &str| {
         std::fs::read_to_string(format!("/proc/net/{list}"))
             .is_ok_and(|text| text.lines().any(|l| l.trim() == name))
     };
-    let missing = || {
-        [
-            ("ip_tables_targets", "NFLOG", "xt_NFLOG"),
-            ("ip_tables_matches", "limit", "xt_limit"),
-        ]
-        .into_iter()
-        .filter(|(list, name, _)| !registered(list, name))
-        .map(|(_, _, module)| module)
-        .collect::<Vec<_>>()
-    };
-    for module in missing() {
+    for (list, name, module) in [
+        ("ip_tables_targets", "NFLOG", "xt_NFLOG"),
+        ("ip_tables_matches", "limit", "xt_limit"),
+    ] {
+        if registered(list, name) || crate::kernel::module_present(module) {
+            continue;
+        }
         if let Err(why) = crate::exec::modules::load(module) {
             tracing::warn!(%why, "the iptables dataplane will not log its verdicts");
             return Err(why);
         }
     }
-    match missing().as_slice() {
-        [] => Ok(()),
-        still => Err(format!("{} loaded but not registered", still.join(", "))),
-    }
+    Ok(())
 }
 
 fn io(context: &str, source: std::io::Error) -> DataplaneError {
