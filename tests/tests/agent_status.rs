@@ -74,10 +74,35 @@ fn counted_within_30s(lab: &Lab, what: &str, series: &[&str]) -> String {
         {
             return text;
         }
-        assert!(
-            Instant::now() < deadline,
-            "{what}: not counted 30 s after the probe:\n{text}"
-        );
+        if Instant::now() >= deadline {
+            // What the rules' counters say, to tell a reading fault from a counting one.
+            let saved: String = ["iptables-legacy-save", "iptables-nft-save"]
+                .iter()
+                .map(|tool| {
+                    let out = std::process::Command::new("ip")
+                        .args([
+                            "netns",
+                            "exec",
+                            &lab.node_netns(),
+                            tool,
+                            "-c",
+                            "-t",
+                            "mangle",
+                        ])
+                        .output();
+                    let text = out
+                        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+                        .unwrap_or_default();
+                    format!("{tool} -c -t mangle:\n{text}\n")
+                })
+                .collect();
+            let log = std::fs::read_to_string(lab.dir.join("agent.log")).unwrap_or_default();
+            let log: Vec<&str> = log.lines().filter(|l| !l.starts_with('{')).collect();
+            panic!(
+                "{what}: not counted 30 s after the probe:\n{text}\n{saved}\nagent log:\n{}",
+                log.join("\n")
+            );
+        }
         std::thread::sleep(Duration::from_millis(500));
     }
 }
