@@ -24,6 +24,7 @@ use crate::verdicts::VerdictRecord;
 /// events between the two readers, so prefer the agent.
 #[derive(clap::Args, Debug)]
 pub struct MonitorArgs {
+    /// text: one line per verdict; json: each record as the stream carries it.
     #[arg(long, value_enum, default_value = "text")]
     pub output: OutputFormat,
     /// Also show allowed connections (eBPF: the programs emit them while someone asks).

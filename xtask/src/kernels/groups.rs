@@ -99,7 +99,8 @@ pub const GROUPS: &[Group] = &[
     group("hostile_lifecycle", "hostile_lifecycle", false, 1200),
     group("hostile_timing", "hostile_timing", false, 1200),
     group("lab_world", "lab_world", false, 900),
-    // The eBPF programs' verdict counters and the iptables rules' counters, read back.
+    // The eBPF programs' verdict counters and the iptables rules' counters, read back, and
+    // the verdict log (ring buffer, NFLOG) of both.
     group("agent_status", "agent_status", false, 600),
     group("bridge_topology", "bridge_topology", false, 1200),
     // These run the real kube-apiserver (and kube-proxy) per lab: one lab at a time.
