@@ -3,7 +3,10 @@
 //! then a 503 whose body says why: the source still listing, with its last error, or the
 //! dataplane's error), /status (the node report `weir status` reads, JSON), /verdicts
 //! (the verdict stream `weir monitor` reads: JSON lines for as long as the client stays;
-//! `?allow=true` adds allow verdicts).
+//! `?allow=true` adds allow verdicts). /verdicts answers only clients on the node's own
+//! loopback (`weir monitor` run in the agent's pod), and a few at a time: on a
+//! host-network agent, any pod could otherwise read every pod's connections, or ask the
+//! programs for allow events and crowd the drops out of the kernel's event budget.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -67,7 +70,15 @@ fn starting_report(health: &Health) -> NodeReport {
     }
 }
 
-fn respond(shared: &Served, path: &str, query: Option<&str>) -> Response<Body> {
+/// At most this many `/verdicts` subscribers at once.
+const MAX_SUBSCRIBERS: usize = 8;
+
+fn respond(
+    shared: &Served,
+    path: &str,
+    query: Option<&str>,
+    peer: std::net::IpAddr,
+) -> Response<Body> {
     let Served {
         metrics,
         health,
@@ -75,6 +86,23 @@ fn respond(shared: &Served, path: &str, query: Option<&str>) -> Response<Body> {
         verdicts,
     } = shared;
     if path == "/verdicts" {
+        let refuse = |code: StatusCode, why: &str| {
+            let mut r = Response::new(Full::new(Bytes::from(format!("{why}\n"))).boxed_unsync());
+            *r.status_mut() = code;
+            r
+        };
+        if !peer.is_loopback() {
+            return refuse(
+                StatusCode::FORBIDDEN,
+                "the verdict stream is served on the node's loopback only: run `weir monitor` in the agent's pod",
+            );
+        }
+        if verdicts.subscribers() >= MAX_SUBSCRIBERS {
+            return refuse(
+                StatusCode::SERVICE_UNAVAILABLE,
+                &format!("{MAX_SUBSCRIBERS} verdict streams are open already"),
+            );
+        }
         let allow = query.is_some_and(|q| q.split('&').any(|kv| kv == "allow=true"));
         let mut response = Response::new(verdict_stream(verdicts, allow));
         if let Ok(v) = "application/jsonl".parse() {
@@ -139,7 +167,7 @@ pub async fn serve(addr: SocketAddr, shared: Served) -> std::io::Result<SocketAd
     let bound = listener.local_addr()?;
     tokio::spawn(async move {
         loop {
-            let (stream, _) = match listener.accept().await {
+            let (stream, peer) = match listener.accept().await {
                 Ok(s) => s,
                 Err(e) => {
                     tracing::warn!(error = %e, "accept failed");
@@ -149,7 +177,7 @@ pub async fn serve(addr: SocketAddr, shared: Served) -> std::io::Result<SocketAd
             let shared = shared.clone();
             tokio::spawn(async move {
                 let service = service_fn(move |req: Request<hyper::body::Incoming>| {
-                    let r = respond(&shared, req.uri().path(), req.uri().query());
+                    let r = respond(&shared, req.uri().path(), req.uri().query(), peer.ip());
                     async move { Ok::<_, Infallible>(r) }
                 });
                 if let Err(e) = http1::Builder::new()
@@ -254,6 +282,37 @@ mod tests {
         let line = text.lines().find(|l| l.contains("\"drop\"")).unwrap();
         let parsed: crate::verdicts::VerdictRecord = serde_json::from_str(line).unwrap();
         assert_eq!(parsed.dport, 80);
+    }
+
+    #[tokio::test]
+    async fn verdicts_are_for_the_node_only_and_a_few_at_a_time() {
+        let shared = served(Health::default(), Arc::default());
+        let pod: std::net::IpAddr = "10.244.0.7".parse().unwrap();
+        let refused = respond(&shared, "/verdicts", Some("allow=true"), pod);
+        assert_eq!(refused.status(), StatusCode::FORBIDDEN);
+        assert_eq!(
+            shared.verdicts.subscribers(),
+            0,
+            "a refused client subscribes to nothing"
+        );
+        let local = std::net::IpAddr::from([127, 0, 0, 1]);
+        let open: Vec<_> = (0..MAX_SUBSCRIBERS)
+            .map(|_| respond(&shared, "/verdicts", None, local))
+            .collect();
+        assert!(open.iter().all(|r| r.status() == StatusCode::OK));
+        let one_more = respond(&shared, "/verdicts", None, local);
+        assert_eq!(one_more.status(), StatusCode::SERVICE_UNAVAILABLE);
+        drop(open);
+        assert_eq!(
+            respond(&shared, "/verdicts", None, local).status(),
+            StatusCode::OK,
+            "a closed stream frees its place"
+        );
+        // The other endpoints answer anyone who reaches the port, as before.
+        assert_eq!(
+            respond(&shared, "/healthz", None, pod).status(),
+            StatusCode::OK
+        );
     }
 
     #[tokio::test]

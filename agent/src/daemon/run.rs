@@ -273,7 +273,8 @@ impl<B: Backends> Daemon<B> {
                 }
             };
             tokio::select! {
-                Some(record) = next_verdict => self.verdict(record),
+                // The sink may block (a full stderr pipe, a slow disk).
+                Some(record) = next_verdict => tokio::task::block_in_place(|| self.verdict(record)),
                 batch = source.next() => {
                     let batch = batch?;
                     tokio::task::block_in_place(|| self.handle(batch));

@@ -108,12 +108,19 @@ impl VerdictTx {
     }
 }
 
-/// The endpoint a record is limited under: its pod, else the pod-side address.
+/// The bucket a record is limited under: its pod, else the pod-side address; allows (only
+/// while `weir monitor --allow` runs) in a bucket of their own, so they never crowd out the
+/// pod's drops.
 fn endpoint_key(r: &VerdictRecord) -> String {
-    match &r.pod {
+    let endpoint = match &r.pod {
         Some(pod) => pod.clone(),
         None if r.direction == "ingress" => r.dst.to_string(),
         None => r.src.to_string(),
+    };
+    if r.verdict == "allow" {
+        format!("{endpoint} (allows)")
+    } else {
+        endpoint
     }
 }
 
@@ -217,6 +224,11 @@ impl VerdictHub {
             allow_subscribers: self.allow_subscribers.clone(),
         };
         (tx, rx)
+    }
+
+    /// `GET /verdicts` subscribers now.
+    pub fn subscribers(&self) -> usize {
+        self.subscribers.receiver_count()
     }
 
     pub fn subscribe(&self, allow: bool) -> Subscription {

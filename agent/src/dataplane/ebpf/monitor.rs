@@ -73,7 +73,9 @@ impl Monitor {
             records,
             records_read_ns: crate::kernel::monotonic_ns(),
             records_read: Instant::now(),
-            allow: false,
+            // Written either way: a reader killed while it wanted allows left the pinned
+            // setting on.
+            allow: !allow,
         };
         monitor.set_allow(allow)?;
         Ok(monitor)
