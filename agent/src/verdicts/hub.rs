@@ -257,19 +257,14 @@ impl VerdictHub {
         let Ok(mut writer) = self.writer.lock() else {
             return;
         };
-        let line = match &*writer {
+        if matches!(*writer, Writer::Off) {
+            return;
+        }
+        let line = serde_json::to_string(record).expect("a record serializes") + "\n";
+        let result = match &mut *writer {
             Writer::Off => return,
-            _ => serde_json::to_string(record).expect("a record serializes") + "\n",
-        };
-        let (result, target) = match &mut *writer {
-            Writer::Off => return,
-            Writer::Log => (
-                std::io::stderr().lock().write_all(line.as_bytes()),
-                "stderr".to_string(),
-            ),
-            Writer::File { path, file } => {
-                (file.write_all(line.as_bytes()), path.display().to_string())
-            }
+            Writer::Log => std::io::stderr().lock().write_all(line.as_bytes()),
+            Writer::File { file, .. } => file.write_all(line.as_bytes()),
         };
         let Ok(mut last) = self.write_error.lock() else {
             return;
@@ -277,6 +272,10 @@ impl VerdictHub {
         match result {
             Ok(()) => *last = None,
             Err(e) => {
+                let target = match &*writer {
+                    Writer::File { path, .. } => path.display().to_string(),
+                    _ => "stderr".to_string(),
+                };
                 let e = format!("write the verdict log to {target}: {e}");
                 if last.as_ref() != Some(&e) {
                     tracing::warn!(error = %e, "verdict records are being lost");

@@ -72,7 +72,6 @@ fn protocol_name(p: u8) -> String {
 
 impl VerdictRecord {
     /// A record with the packet's fields; the rest default.
-    #[allow(clippy::too_many_arguments)]
     pub fn packet(
         verdict: &str,
         reason: &str,

@@ -12,7 +12,6 @@ use netlink_packet_netfilter::nflog::{
 };
 use netlink_packet_netfilter::{NetfilterMessage, NetfilterMessageInner, NetfilterProtoFamily};
 use netlink_sys::{constants::NETLINK_NETFILTER, Socket};
-use weir_policy::desired::Direction;
 
 use super::names::PodsByHash;
 use super::rules::{LogKind, LogPrefix, NFLOG_GROUP};
@@ -177,7 +176,6 @@ fn record(message: &NetlinkMessage<NetfilterMessage>, pods: &PodsByHash) -> Opti
     r.packet_len = packet.len;
     r.dataplane = "iptables".into();
     r.pod = pods.read().ok().and_then(|p| p.get(&prefix.hash).cloned());
-    debug_assert!(prefix.kind != LogKind::Spoof || prefix.direction == Direction::Egress);
     Some(r)
 }
 
