@@ -12,9 +12,9 @@ use super::registry::SetRegistry;
 use super::selector::Selector;
 use super::sets::{pods_in_namespace_matching, SetDef};
 use super::spec::PolicySpec;
-use super::validate::parse_policy;
+use super::validated::Validated;
 use crate::desired::{Delta, Desired, Frontend, PodKey, Rule};
-use crate::model::{ClusterModel, FieldError, Kind, Labels, Object, ObjectRef, PodInfo};
+use crate::model::{ClusterModel, Kind, Labels, Object, ObjectRef, PodInfo};
 
 #[derive(Debug)]
 pub struct Engine {
@@ -27,15 +27,6 @@ pub struct Engine {
     /// Frontends by Service (`namespace/name`); their union is `desired.frontends`.
     services: BTreeMap<String, BTreeSet<Frontend>>,
     desired: Desired,
-}
-
-/// An object after validation, ready to store.
-enum Parsed {
-    Namespace(String, Labels),
-    Pod(PodInfo),
-    Policy(PolicySpec),
-    Node(String, Box<k8s_openapi::api::core::v1::Node>),
-    Service(String, BTreeSet<Frontend>),
 }
 
 impl Engine {
@@ -81,26 +72,36 @@ impl Engine {
 
     /// Adds or replaces an object. A rejected object leaves the engine unchanged.
     pub fn upsert(&mut self, object: Object) -> Result<Delta, PolicyError> {
+        Ok(self.upsert_validated(Validated::from_object(object)?))
+    }
+
+    /// Adds or replaces an object that its source already validated.
+    pub fn upsert_validated(&mut self, object: Validated) -> Delta {
         let mut change = Change::default();
         let service = object.kind() == Kind::Service;
-        match parse_object(object)? {
-            Parsed::Namespace(name, labels) => {
+        match object {
+            Validated::Namespace { name, labels } => {
                 self.apply_namespace(&name, Some(labels), &mut change)
             }
-            Parsed::Pod(pod) => self.apply_pod(&pod.key(), Some(pod), &mut change),
-            Parsed::Policy(spec) => self.apply_policy(&spec.key(), Some(spec), &mut change),
-            Parsed::Node(name, node) => {
-                self.model.upsert_node(&name, *node);
+            Validated::Pod(pod) => self.apply_pod(&pod.key(), Some(pod), &mut change),
+            Validated::Policy(spec) => self.apply_policy(&spec.key(), Some(spec), &mut change),
+            Validated::Node(node) => {
+                self.model.upsert_node(node);
             }
-            Parsed::Service(key, frontends) => {
-                self.services.insert(key, frontends);
+            Validated::Service {
+                namespace,
+                name,
+                frontends,
+            } => {
+                self.services
+                    .insert(format!("{namespace}/{name}"), frontends);
             }
         }
-        Ok(self.finish(change, service))
+        self.finish(change, service)
     }
 
     /// Removes an object; removing an unknown object changes nothing.
-    pub fn delete(&mut self, key: &ObjectRef) -> Result<Delta, PolicyError> {
+    pub fn delete(&mut self, key: &ObjectRef) -> Delta {
         let mut change = Change::default();
         let qualified = key.qualified_name();
         match key.kind {
@@ -114,22 +115,31 @@ impl Engine {
                 self.services.remove(&qualified);
             }
         }
-        Ok(self.finish(change, key.kind == Kind::Service))
+        self.finish(change, key.kind == Kind::Service)
     }
 
     /// Stores many objects, then compiles everything once: the fast path for start-up.
     /// Returns the delta from the previous state and the objects that were rejected.
     pub fn load(&mut self, objects: impl IntoIterator<Item = Object>) -> (Delta, Vec<PolicyError>) {
         let mut errors = Vec::new();
+        let valid: Vec<Validated> = objects
+            .into_iter()
+            .filter_map(|o| Validated::from_object(o).map_err(|e| errors.push(e)).ok())
+            .collect();
+        (self.load_validated(valid), errors)
+    }
+
+    /// [`Engine::load`] of objects that their source already validated.
+    pub fn load_validated(&mut self, objects: impl IntoIterator<Item = Validated>) -> Delta {
         for object in objects {
-            match parse_object(object) {
-                Ok(Parsed::Namespace(name, labels)) => {
+            match object {
+                Validated::Namespace { name, labels } => {
                     self.model.upsert_namespace(&name, labels);
                 }
-                Ok(Parsed::Pod(pod)) => {
+                Validated::Pod(pod) => {
                     self.model.upsert_pod(pod);
                 }
-                Ok(Parsed::Policy(spec)) => {
+                Validated::Policy(spec) => {
                     store_policy(
                         &mut self.policies,
                         &mut self.policies_by_namespace,
@@ -137,16 +147,20 @@ impl Engine {
                         Some(spec),
                     );
                 }
-                Ok(Parsed::Node(name, node)) => {
-                    self.model.upsert_node(&name, *node);
+                Validated::Node(node) => {
+                    self.model.upsert_node(node);
                 }
-                Ok(Parsed::Service(key, frontends)) => {
-                    self.services.insert(key, frontends);
+                Validated::Service {
+                    namespace,
+                    name,
+                    frontends,
+                } => {
+                    self.services
+                        .insert(format!("{namespace}/{name}"), frontends);
                 }
-                Err(e) => errors.push(e),
             }
         }
-        (self.rebuild(), errors)
+        self.rebuild()
     }
 
     /// Recompiles everything from the model; returns the delta from the previous state.
@@ -366,32 +380,6 @@ impl Engine {
             }
         }
     }
-}
-
-fn parse_object(object: Object) -> Result<Parsed, PolicyError> {
-    let key = object.key();
-    if key.name.is_empty() {
-        return Err(PolicyError::invalid(
-            &key,
-            FieldError::new("metadata.name", "required"),
-        ));
-    }
-    let namespace = key.namespace.as_deref().unwrap_or_default();
-    Ok(match object {
-        Object::Namespace(ns) => {
-            Parsed::Namespace(key.name, ns.metadata.labels.unwrap_or_default())
-        }
-        Object::Pod(pod) => Parsed::Pod(
-            PodInfo::from_pod(namespace, &key.name, &pod)
-                .map_err(|e| PolicyError::invalid(&key, e))?,
-        ),
-        Object::NetworkPolicy(np) => Parsed::Policy(parse_policy(&np)?),
-        Object::Node(node) => Parsed::Node(key.name, Box::new(node)),
-        Object::Service(service) => Parsed::Service(
-            key.qualified_name(),
-            super::service::frontends(&service).map_err(|e| PolicyError::invalid(&key, e))?,
-        ),
-    })
 }
 
 /// A pod the dataplane enforces for: selectable and on the local node.

@@ -42,10 +42,12 @@ pub mod service;
 pub mod sets;
 pub mod spec;
 mod validate;
+pub mod validated;
 pub mod verdict;
 
 pub use engine::Engine;
 pub use error::PolicyError;
 pub use interner::{fnv1a, SetInterner};
 pub use validate::{parse_policy, validate};
+pub use validated::Validated;
 pub use verdict::{verdict, verdict_between, Verdict, VerdictError};

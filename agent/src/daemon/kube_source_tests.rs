@@ -54,6 +54,7 @@ fn summary(batch: &Batch) -> Vec<String> {
         .iter()
         .map(|e| match e {
             Event::Upsert(o) => format!("+{}", o.key()),
+            Event::Refused(e) => format!("!{}", e.object()),
             Event::Delete(r) => format!("-{r}"),
         })
         .collect();

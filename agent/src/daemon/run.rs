@@ -16,8 +16,8 @@ use super::status::Status;
 use crate::source::event::{Batch, Event, EventSource, SourceError, SyncProgress};
 use crate::verdicts::{VerdictHub, VerdictRecord, VerdictTx};
 use weir_policy::model::ObjectError;
-use weir_policy::model::{Kind, Object, ObjectRef};
-use weir_policy::Engine;
+use weir_policy::model::{Kind, ObjectRef};
+use weir_policy::{Engine, Validated};
 
 pub struct RunOptions {
     /// Used when this node carries no `weir.io/dataplane` label.
@@ -407,35 +407,31 @@ impl<B: Backends> Daemon<B> {
 
     /// One event into the engine; whether it changed the desired state.
     fn feed(&mut self, event: Event) -> bool {
-        let (key, result) = match event {
+        match event {
             Event::Upsert(object) => {
                 let key = object.key();
-                if let Object::Node(node) = object.as_ref() {
-                    self.observe_node(node.metadata.name.as_deref(), node.metadata.labels.as_ref());
+                if let Validated::Node(node) = object.as_ref() {
+                    self.observe_node(Some(&node.name), Some(&node.labels));
                 }
                 self.known.insert(key.clone());
-                (key, self.engine.upsert(*object).map(|d| !d.is_empty()))
+                self.refused.remove(&key);
+                !self.engine.upsert_validated(*object).is_empty()
+            }
+            Event::Refused(e) => {
+                let key = e.object().clone();
+                tracing::warn!(object = %key, error = %e, "object refused; everything else stays enforced");
+                self.known.insert(key.clone());
+                self.refused.insert(key, e.to_string());
+                false
             }
             Event::Delete(key) => {
                 if key.kind == Kind::Node {
                     self.observe_node(Some(&key.name), None);
                 }
                 self.known.remove(&key);
-                // A deleted object is no longer refused, whatever the engine says.
+                // A deleted object is no longer refused.
                 self.refused.remove(&key);
-                let result = self.engine.delete(&key).map(|d| !d.is_empty());
-                (key, result)
-            }
-        };
-        match result {
-            Ok(changed) => {
-                self.refused.remove(&key);
-                changed
-            }
-            Err(e) => {
-                tracing::warn!(object = %key, error = %e, "object refused; everything else stays enforced");
-                self.refused.insert(key, e.to_string());
-                false
+                !self.engine.delete(&key).is_empty()
             }
         }
     }

@@ -79,7 +79,7 @@ fn node(label: Option<&str>) -> Event {
         .map(|l| format!("  labels:\n    weir.io/dataplane: {l}\n"))
         .unwrap_or_default();
     let yaml = format!("apiVersion: v1\nkind: Node\nmetadata:\n  name: n1\n{labels}");
-    Event::Upsert(Box::new(parse_str(&yaml).unwrap().remove(0)))
+    Event::upsert(parse_str(&yaml).unwrap().remove(0))
 }
 
 fn batch(generation: u64, events: Vec<Event>) -> Batch {
@@ -189,7 +189,7 @@ fn a_refused_policy_is_reported_and_the_rest_applies() {
     let ns = "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: x\n";
     let events = [ns, bad]
         .iter()
-        .map(|y| Event::Upsert(Box::new(parse_str(y).unwrap().remove(0))))
+        .map(|y| Event::upsert(parse_str(y).unwrap().remove(0)))
         .collect();
     w.daemon.handle(batch(1, events));
     let s = w.status();
@@ -205,7 +205,7 @@ fn a_failed_apply_is_reported_and_the_next_batch_converges_on_everything() {
     w.take_log();
     w.refuse_applies.store(true, Ordering::Relaxed);
     let pod = "apiVersion: v1\nkind: Pod\nmetadata:\n  name: a\n  namespace: x\nstatus:\n  podIP: 10.0.0.1\n";
-    let event = Event::Upsert(Box::new(parse_str(pod).unwrap().remove(0)));
+    let event = Event::upsert(parse_str(pod).unwrap().remove(0));
     w.daemon.handle(batch(2, vec![event]));
     assert_eq!(w.take_log(), ["apply ebpf"]);
     let s = w.status();

@@ -5,11 +5,36 @@
 use std::future::Future;
 
 use weir_policy::model::{Object, ObjectError, ObjectRef};
+use weir_policy::{PolicyError, Validated};
 
 #[derive(Clone, Debug)]
 pub enum Event {
-    Upsert(Box<Object>),
+    /// An object, validated and reduced to what enforcement needs as it arrived: no
+    /// source holds a whole Kubernetes object longer than it takes to convert it.
+    Upsert(Box<Validated>),
+    /// An object that failed validation (the error names it and the field): the engine
+    /// keeps its last good version.
+    Refused(PolicyError),
     Delete(ObjectRef),
+}
+
+impl Event {
+    /// The upsert of `object`, validated here.
+    pub fn upsert(object: Object) -> Event {
+        match Validated::from_object(object) {
+            Ok(valid) => Event::Upsert(Box::new(valid)),
+            Err(e) => Event::Refused(e),
+        }
+    }
+
+    /// The object the event is about.
+    pub fn key(&self) -> ObjectRef {
+        match self {
+            Event::Upsert(valid) => valid.key(),
+            Event::Refused(e) => e.object().clone(),
+            Event::Delete(key) => key.clone(),
+        }
+    }
 }
 
 #[derive(Clone, Debug, Default)]

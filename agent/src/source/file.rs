@@ -15,7 +15,7 @@ use serde::Deserialize;
 use crate::source::event::{Batch, Event, EventSource, SourceError};
 use weir_policy::manifest;
 use weir_policy::model::ObjectError;
-use weir_policy::model::{Kind, Object, ObjectRef, DEFAULT_NAMESPACE};
+use weir_policy::model::{Kind, ObjectRef, DEFAULT_NAMESPACE};
 
 /// What identifies a version of the file without reading it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -40,8 +40,9 @@ pub struct FileSource {
     poll: Duration,
     stamp: Option<Stamp>,
     content: Option<String>,
-    /// The objects of the last version, as written.
-    known: BTreeMap<ObjectRef, serde_yaml::Value>,
+    /// The objects of the last version, each as its document's canonical YAML text (a
+    /// fraction of the parsed document's size).
+    known: BTreeMap<ObjectRef, String>,
 }
 
 impl FileSource {
@@ -112,13 +113,16 @@ impl FileSource {
             let named = object_ref(&value);
             let object = serde_yaml::to_string(&value)
                 .map_err(|e| e.to_string())
-                .and_then(|text| manifest::parse_str(&text).map_err(|e| e.to_string()))
-                .and_then(|mut objects| match objects.len() {
-                    1 => Ok(objects.remove(0)),
+                .and_then(|text| {
+                    let objects = manifest::parse_str(&text).map_err(|e| e.to_string())?;
+                    Ok((objects, text))
+                })
+                .and_then(|(mut objects, text)| match objects.len() {
+                    1 => Ok((objects.remove(0), text)),
                     n => Err(format!("expected one object, found {n}")),
                 });
             match object {
-                Ok(object) => {
+                Ok((object, text)) => {
                     let key = object.key();
                     if !seen.insert(key.clone()) {
                         batch.rejected.push(ObjectError {
@@ -129,9 +133,9 @@ impl FileSource {
                         });
                         continue;
                     }
-                    if self.known.get(&key) != Some(&value) {
-                        self.known.insert(key, value);
-                        upserts.push(object);
+                    if self.known.get(&key) != Some(&text) {
+                        self.known.insert(key, text);
+                        upserts.push(Event::upsert(object));
                     }
                 }
                 Err(reason) => {
@@ -149,10 +153,8 @@ impl FileSource {
             }
         }
         // Namespaces and nodes first, so pods and policies meet their context.
-        upserts.sort_by_key(kind_order);
-        batch
-            .events
-            .extend(upserts.into_iter().map(|o| Event::Upsert(Box::new(o))));
+        upserts.sort_by_key(|event| kind_order(event.key().kind));
+        batch.events.extend(upserts);
         if may_delete {
             let gone: Vec<ObjectRef> = self
                 .known
@@ -169,13 +171,13 @@ impl FileSource {
     }
 }
 
-fn kind_order(object: &Object) -> u8 {
-    match object {
-        Object::Namespace(_) => 0,
-        Object::Node(_) => 1,
-        Object::Pod(_) => 2,
-        Object::NetworkPolicy(_) => 3,
-        Object::Service(_) => 4,
+fn kind_order(kind: Kind) -> u8 {
+    match kind {
+        Kind::Namespace => 0,
+        Kind::Node => 1,
+        Kind::Pod => 2,
+        Kind::NetworkPolicy => 3,
+        Kind::Service => 4,
     }
 }
 
@@ -246,6 +248,7 @@ mod tests {
             .iter()
             .map(|e| match e {
                 Event::Upsert(o) => format!("+{}", o.key()),
+                Event::Refused(e) => format!("!{}", e.object()),
                 Event::Delete(r) => format!("-{r}"),
             })
             .collect()

@@ -11,7 +11,6 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
 use std::net::IpAddr;
 
-use k8s_openapi::api::core::v1::Node;
 use serde::{Deserialize, Serialize};
 
 pub use index::LabelIndex;
@@ -57,6 +56,13 @@ pub const NAMESPACE_NAME_LABEL: &str = "kubernetes.io/metadata.name";
 
 pub type Labels = BTreeMap<String, String>;
 
+/// What the engine keeps of a Node: its labels.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeInfo {
+    pub name: String,
+    pub labels: Labels,
+}
+
 /// An object that was refused, or could not be enforced or removed, and why. The object is
 /// named so an operator can find it (`pod x/a`, `networkpolicy x/deny`, `ipset weir-…`, a
 /// map); everything else stays enforced. The one type for every such report: sources'
@@ -86,7 +92,7 @@ impl FieldError {
 #[derive(Clone, Debug, Default)]
 pub struct ClusterModel {
     namespaces: BTreeMap<String, Labels>,
-    nodes: BTreeMap<String, Node>,
+    nodes: BTreeMap<String, NodeInfo>,
     pods: HashMap<PodKey, PodInfo>,
     pods_by_namespace: HashMap<String, BTreeSet<PodKey>>,
     pods_by_label: LabelIndex,
@@ -125,15 +131,15 @@ impl ClusterModel {
         self.namespaces.remove(name)
     }
 
-    pub fn upsert_node(&mut self, name: &str, node: Node) -> Option<Node> {
-        self.nodes.insert(name.to_owned(), node)
+    pub fn upsert_node(&mut self, node: NodeInfo) -> Option<NodeInfo> {
+        self.nodes.insert(node.name.clone(), node)
     }
 
-    pub fn remove_node(&mut self, name: &str) -> Option<Node> {
+    pub fn remove_node(&mut self, name: &str) -> Option<NodeInfo> {
         self.nodes.remove(name)
     }
 
-    pub fn node(&self, name: &str) -> Option<&Node> {
+    pub fn node(&self, name: &str) -> Option<&NodeInfo> {
         self.nodes.get(name)
     }
 

@@ -204,7 +204,7 @@ impl Harness {
     }
 
     pub fn delete(&mut self, key: &weir_policy::model::ObjectRef) -> weir_policy::desired::Delta {
-        let delta = self.engine.delete(key).expect("delete");
+        let delta = self.engine.delete(key);
         self.objects.remove(key);
         self.verify(&delta);
         delta

@@ -53,7 +53,37 @@ fn with_causes(e: &dyn std::error::Error) -> String {
     text
 }
 
-type Update = (Kind, Result<watcher::Event<Object>, watcher::Error>);
+/// An object as it arrived from a watch, converted at once ([`Event::upsert`]), so that
+/// neither a relist's buffer nor a batch holds a whole Kubernetes object.
+struct Arrival {
+    key: ObjectRef,
+    /// The object's entry in the state digest, at its resourceVersion.
+    entry: u64,
+    event: Event,
+}
+
+impl Arrival {
+    fn upsert(object: Object) -> Self {
+        let key = object.key();
+        let entry = digest_entry(&key, &object);
+        Arrival {
+            key,
+            entry,
+            event: Event::upsert(object),
+        }
+    }
+
+    fn delete(object: Object) -> Self {
+        let key = object.key();
+        Arrival {
+            entry: digest_entry(&key, &object),
+            event: Event::Delete(key.clone()),
+            key,
+        }
+    }
+}
+
+type Update = (Kind, Result<watcher::Event<Arrival>, watcher::Error>);
 
 fn watch<K>(
     api: Api<K>,
@@ -71,12 +101,12 @@ where
         .boxed()
 }
 
-fn map_event<K>(e: watcher::Event<K>, wrap: fn(K) -> Object) -> watcher::Event<Object> {
+fn map_event<K>(e: watcher::Event<K>, wrap: fn(K) -> Object) -> watcher::Event<Arrival> {
     match e {
-        watcher::Event::Apply(k) => watcher::Event::Apply(wrap(k)),
-        watcher::Event::Delete(k) => watcher::Event::Delete(wrap(k)),
+        watcher::Event::Apply(k) => watcher::Event::Apply(Arrival::upsert(wrap(k))),
+        watcher::Event::Delete(k) => watcher::Event::Delete(Arrival::delete(wrap(k))),
         watcher::Event::Init => watcher::Event::Init,
-        watcher::Event::InitApply(k) => watcher::Event::InitApply(wrap(k)),
+        watcher::Event::InitApply(k) => watcher::Event::InitApply(Arrival::upsert(wrap(k))),
         watcher::Event::InitDone => watcher::Event::InitDone,
     }
 }
@@ -89,7 +119,7 @@ pub struct KubeSource {
     /// Of every object in `known`, at its resourceVersion.
     digest: StateDigest,
     /// Objects of a relist in progress, by kind.
-    relisting: BTreeMap<Kind, Vec<Object>>,
+    relisting: BTreeMap<Kind, Vec<Arrival>>,
     synced: BTreeSet<Kind>,
     first_sent: bool,
     pending: Vec<Event>,
@@ -168,37 +198,32 @@ impl KubeSource {
         let known = self.known.entry(kind).or_default();
         let digest = &mut self.digest;
         match event {
-            watcher::Event::Apply(o) => {
-                let key = o.key();
-                let entry = digest_entry(&key, &o);
-                if let Some(old) = known.insert(key, entry) {
+            watcher::Event::Apply(a) => {
+                if let Some(old) = known.insert(a.key, a.entry) {
                     digest.toggle(old);
                 }
-                digest.toggle(entry);
-                self.pending.push(Event::Upsert(Box::new(o)));
+                digest.toggle(a.entry);
+                self.pending.push(a.event);
             }
-            watcher::Event::Delete(o) => {
-                let key = o.key();
-                if let Some(old) = known.remove(&key) {
+            watcher::Event::Delete(a) => {
+                if let Some(old) = known.remove(&a.key) {
                     digest.toggle(old);
                 }
-                self.pending.push(Event::Delete(key));
+                self.pending.push(a.event);
             }
             watcher::Event::Init => {
                 tracing::info!(kind = kind.name(), "listing");
                 self.relisting.insert(kind, Vec::new());
             }
-            watcher::Event::InitApply(o) => self.relisting.entry(kind).or_default().push(o),
+            watcher::Event::InitApply(a) => self.relisting.entry(kind).or_default().push(a),
             watcher::Event::InitDone => {
                 let listed = self.relisting.remove(&kind).unwrap_or_default();
-                let seen: BTreeMap<ObjectRef, u64> = listed
-                    .iter()
-                    .map(|o| {
-                        let key = o.key();
-                        let entry = digest_entry(&key, o);
-                        (key, entry)
-                    })
-                    .collect();
+                let mut seen = BTreeMap::new();
+                let mut events = Vec::with_capacity(listed.len());
+                for a in listed {
+                    seen.insert(a.key, a.entry);
+                    events.push(a.event);
+                }
                 for (gone, _) in known.iter().filter(|(k, _)| !seen.contains_key(*k)) {
                     self.pending.push(Event::Delete(gone.clone()));
                 }
@@ -209,9 +234,8 @@ impl KubeSource {
                     digest.toggle(*new);
                 }
                 *known = seen;
-                tracing::info!(kind = kind.name(), objects = listed.len(), "listed");
-                self.pending
-                    .extend(listed.into_iter().map(|o| Event::Upsert(Box::new(o))));
+                tracing::info!(kind = kind.name(), objects = events.len(), "listed");
+                self.pending.extend(events);
                 self.synced.insert(kind);
                 if let Some(p) = &self.progress {
                     p.done(label(kind));
