@@ -313,10 +313,16 @@ impl<B: Backends> Daemon<B> {
         }
         // The engine says what each event changed; the dataplanes converge on the whole
         // state (level-triggered), so only whether anything changed matters here.
-        let mut changed = false;
-        for event in batch.events {
-            changed |= self.feed(event);
-        }
+        let first =
+            self.known.is_empty() && !batch.events.iter().any(|e| matches!(e, Event::Delete(_)));
+        let changed = if first {
+            self.load(batch.events)
+        } else {
+            batch
+                .events
+                .into_iter()
+                .fold(false, |changed, e| self.feed(e) | changed)
+        };
         let choice = self.node_choice.unwrap_or(self.opts.default_choice);
         let desired = self.engine.desired();
         let trigger = if self.enforcer.is_none() {
@@ -405,16 +411,29 @@ impl<B: Backends> Daemon<B> {
         self.report();
     }
 
+    /// The first state, compiled once ([`Engine::load_validated`]) rather than once per
+    /// object: the cold start's path. Whether it changed the desired state.
+    fn load(&mut self, events: Vec<Event>) -> bool {
+        let mut valid = Vec::with_capacity(events.len());
+        for event in events {
+            match event {
+                Event::Upsert(object) => {
+                    self.note_upsert(&object);
+                    valid.push(*object);
+                }
+                other => {
+                    self.feed(other);
+                }
+            }
+        }
+        !self.engine.load_validated(valid).is_empty()
+    }
+
     /// One event into the engine; whether it changed the desired state.
     fn feed(&mut self, event: Event) -> bool {
         match event {
             Event::Upsert(object) => {
-                let key = object.key();
-                if let Validated::Node(node) = object.as_ref() {
-                    self.observe_node(Some(&node.name), Some(&node.labels));
-                }
-                self.known.insert(key.clone());
-                self.refused.remove(&key);
+                self.note_upsert(&object);
                 !self.engine.upsert_validated(*object).is_empty()
             }
             Event::Refused(e) => {
@@ -434,6 +453,15 @@ impl<B: Backends> Daemon<B> {
                 !self.engine.delete(&key).is_empty()
             }
         }
+    }
+
+    fn note_upsert(&mut self, object: &Validated) {
+        let key = object.key();
+        if let Validated::Node(node) = object {
+            self.observe_node(Some(&node.name), Some(&node.labels));
+        }
+        self.refused.remove(&key);
+        self.known.insert(key);
     }
 
     fn is_this_node(&self, name: Option<&str>) -> bool {
