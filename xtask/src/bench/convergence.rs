@@ -1,6 +1,6 @@
-//! Convergence: the time from one change of the manifests (a pod label change; a policy
-//! create, update or delete) to the moment a probe from the client sees the new verdict on
-//! the server's toggle port.
+//! Convergence: the time from one change of the manifests (a pod or namespace label change;
+//! a policy create, update or delete) to the moment a probe from the client sees the new
+//! verdict on the server's toggle port.
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
@@ -19,8 +19,31 @@ const ATTEMPT_TIMEOUT: Duration = Duration::from_millis(5);
 const CONFIRM_TIMEOUT: Duration = Duration::from_millis(300);
 const CHANGE_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// Runs `count` pod label changes, then `count` policy changes, and returns their p50 and
-/// p99.
+/// The kinds of change measured, each flipping the toggle port's verdict.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    PodLabel,
+    NamespaceLabel,
+    PolicyCreate,
+    PolicyUpdate,
+    PolicyDelete,
+}
+
+impl Kind {
+    fn name(self) -> &'static str {
+        match self {
+            Kind::PodLabel => "pod label change",
+            Kind::NamespaceLabel => "namespace label change",
+            Kind::PolicyCreate => "policy create",
+            Kind::PolicyUpdate => "policy update",
+            Kind::PolicyDelete => "policy delete",
+        }
+    }
+}
+
+/// Runs `count` pod label changes, `count` namespace label changes, then `count` cycles of
+/// policy create, update (away), update (back) and delete; returns p50, p99 and max of each
+/// kind, and the agent's own apply time per group.
 pub fn changes(
     topo: &Topology,
     agent: &mut Agent,
@@ -29,50 +52,70 @@ pub fn changes(
     scenario: &str,
     dp: &str,
 ) -> Result<Vec<Row>> {
-    let before = agent.apply_totals(&topo.node)?;
-    let mut label = Vec::new();
-    for i in 0..count {
-        world.client_granted = !world.client_granted;
-        label.push(one_change(topo, agent, world, i)?);
-    }
-    let after_label = agent.apply_totals(&topo.node)?;
-    world.client_granted = false;
-    agent.update(world)?;
-    agent.wait_converged(CHANGE_TIMEOUT)?;
-    // create, update (away), update (back), delete, ...
-    let cycle = [Toggle::Allow, Toggle::Moved, Toggle::Allow, Toggle::Absent];
-    let before_policy = agent.apply_totals(&topo.node)?;
-    let mut policy = Vec::new();
-    for i in 0..count {
-        world.toggle = cycle[i % cycle.len()];
-        policy.push(one_change(topo, agent, world, i)?);
-    }
-    let after_policy = agent.apply_totals(&topo.node)?;
-    let mut rows = Vec::new();
-    for (name, samples, (s0, n0), (s1, n1)) in [
-        ("policy change", &mut policy, before_policy, after_policy),
-        ("pod label change", &mut label, before, after_label),
-    ] {
-        for p in [50.0, 99.0] {
-            let v = percentile(samples, p);
-            rows.push(Row::number(
-                scenario,
-                dp,
-                &format!("{name} p{p} (n={count})"),
-                v,
-                "ms",
-            ));
+    let mut samples: Vec<(Kind, f64)> = Vec::new();
+    let mut applies = Vec::new();
+    let mut n = 0;
+    for group in ["pod label change", "namespace label change", "policy change"] {
+        let before = agent.apply_totals(&topo.node)?;
+        for i in 0..count {
+            let kinds: &[Kind] = match group {
+                "pod label change" => &[Kind::PodLabel],
+                "namespace label change" => &[Kind::NamespaceLabel],
+                _ => &[
+                    Kind::PolicyCreate,
+                    Kind::PolicyUpdate,
+                    Kind::PolicyUpdate,
+                    Kind::PolicyDelete,
+                ],
+            };
+            for (step, kind) in kinds.iter().enumerate() {
+                match (kind, step) {
+                    (Kind::PodLabel, _) => world.client_granted = i % 2 == 0,
+                    (Kind::NamespaceLabel, _) => world.namespace_granted = i % 2 == 0,
+                    (Kind::PolicyCreate, _) => world.toggle = Toggle::Allow,
+                    (Kind::PolicyUpdate, 1) => world.toggle = Toggle::Moved,
+                    (Kind::PolicyUpdate, _) => world.toggle = Toggle::Allow,
+                    (Kind::PolicyDelete, _) => world.toggle = Toggle::Absent,
+                }
+                samples.push((*kind, one_change(topo, agent, world, n)?));
+                n += 1;
+            }
         }
-        // The part the agent spends in engine and dataplane, without reading the file.
+        // Every group starts from the port closed.
+        if world.client_granted || world.namespace_granted {
+            world.client_granted = false;
+            world.namespace_granted = false;
+            agent.update(world)?;
+            agent.wait_converged(CHANGE_TIMEOUT)?;
+        }
+        applies.push((group, before, agent.apply_totals(&topo.node)?));
+    }
+    let mut rows = Vec::new();
+    for kind in [
+        Kind::PolicyCreate,
+        Kind::PolicyUpdate,
+        Kind::PolicyDelete,
+        Kind::PodLabel,
+        Kind::NamespaceLabel,
+    ] {
+        let mut of_kind: Vec<f64> = samples
+            .iter()
+            .filter(|(k, _)| *k == kind)
+            .map(|(_, ms)| *ms)
+            .collect();
+        let n = of_kind.len();
+        for (label, p) in [("p50", 50.0), ("p99", 99.0), ("max", 100.0)] {
+            let v = percentile(&mut of_kind, p);
+            let name = format!("{} {label} (n={n})", kind.name());
+            rows.push(Row::number(scenario, dp, &name, v, "ms"));
+        }
+    }
+    // The part the agent spends in engine and dataplane, without the source.
+    for (group, (s0, n0), (s1, n1)) in applies {
         if n1 > n0 {
             let mean = (s1 - s0) / (n1 - n0) * 1e3;
-            rows.push(Row::number(
-                scenario,
-                dp,
-                &format!("{name}: agent apply mean"),
-                mean,
-                "ms",
-            ));
+            let name = format!("{group}: agent apply mean");
+            rows.push(Row::number(scenario, dp, &name, mean, "ms"));
         }
     }
     Ok(rows)

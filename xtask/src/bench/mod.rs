@@ -6,7 +6,8 @@
 //! Scenarios, each on fresh network namespaces that are removed afterwards:
 //! - datapath: TCP throughput (iperf3) and request/response latency between two local
 //!   pods, with N policies and M remote pods, for no enforcement, eBPF and iptables;
-//! - convergence: cold start, then policy and pod label changes observed by a probe;
+//! - convergence: cold start, then policy creates, updates and deletes, pod and namespace
+//!   label changes, each kind observed by a probe (p50, p99, max);
 //! - memory: the agent's peak RSS and its kernel state, at M and at a larger M;
 //! - reset: many weir sets (some undeletable) and chains, removed by `weir reset`.
 mod agent;
@@ -38,7 +39,7 @@ use world::World;
 fn notes() -> Vec<String> {
     vec![
         "datapath: RR = 64-byte request/response on one TCP connection, CRR = a new connection per request; ratios are to no enforcement in the same run".into(),
-        "convergence and the first memory world: cluster mode, the agent watching the real kube-apiserver (etcd and kube-apiserver in the bench node's namespace) with the DaemonSet's ServiceAccount; a change is measured from just before its first write request (a server-side apply of the changed Pod or NetworkPolicy, or a delete) to the first probe connection that sees the new verdict".into(),
+        "convergence and the first memory world: cluster mode, the agent watching the real kube-apiserver (etcd and kube-apiserver in the bench node's namespace) with the DaemonSet's ServiceAccount; a change is measured from just before its first write request (a server-side apply of the changed Pod, Namespace or NetworkPolicy, or a delete) to the first probe connection that sees the new verdict".into(),
         "cold start: from starting `weir agent` (the world already on the API server, or in its manifest file) to its status file reporting the world converged".into(),
         format!("the second memory world (the largest) and the datapath worlds below the largest: file mode, the agent polling a manifest file every {} ms", agent::POLL_MS),
         "memory: VmHWM of the agent process; BPF map memory is the kernel's memlock for the maps the agent holds; ipset memory is `ipset list` 'Size in memory' of weir's sets; other ratios are to iptables".into(),

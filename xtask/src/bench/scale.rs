@@ -13,8 +13,9 @@ pub struct Scale {
     pub traffic_rounds: usize,
     pub throughput_seconds: u32,
     pub latency: Duration,
-    /// Pod label changes, then as many policy changes, each kind measured on its own
-    /// (the full bench makes 50 changes in all).
+    /// Pod label changes, as many namespace label changes, then as many cycles of policy
+    /// create, update, update back and delete; each kind measured on its own (the full
+    /// bench makes 150 changes per dataplane).
     pub changes: usize,
     pub reset_sets: usize,
     pub reset_undeletable: usize,

@@ -46,11 +46,14 @@ pub struct World {
     pub toggle: Toggle,
     /// The client carries `access: granted`, which the `granted` policy admits on TOGGLE_PORT.
     pub client_granted: bool,
+    /// The bench namespace carries `access: granted`, which the `namespace-granted` policy
+    /// admits on TOGGLE_PORT (the client is in that namespace).
+    pub namespace_granted: bool,
 }
 
 impl World {
     pub fn new(policies: usize, remote_pods: usize) -> Self {
-        let mut docs = vec![namespace(NAMESPACE, json!({}))];
+        let mut docs = Vec::new();
         for n in 0..REMOTE_NAMESPACES {
             docs.push(namespace(&format!("remote-{n}"), json!({"tier": "remote"})));
         }
@@ -86,6 +89,14 @@ impl World {
             ),
         ));
         docs.push(policy(
+            "namespace-granted",
+            "server",
+            ingress(
+                json!({"namespaceSelector": {"matchLabels": {"access": "granted"}}}),
+                &[TOGGLE_PORT],
+            ),
+        ));
+        docs.push(policy(
             "client-egress",
             "client",
             json!({"policyTypes": ["Egress"], "egress": [{"to": [{"podSelector": {"matchLabels": {"app": "server"}}}]}]}),
@@ -100,12 +111,13 @@ impl World {
             fixed,
             toggle: Toggle::Absent,
             client_granted: false,
+            namespace_granted: false,
         }
     }
 
     /// Whether the client may connect to the server's TOGGLE_PORT in this state.
     pub fn toggle_open(&self) -> bool {
-        self.toggle == Toggle::Allow || self.client_granted
+        self.toggle == Toggle::Allow || self.client_granted || self.namespace_granted
     }
 
     pub fn manifest(&self, generation: u64) -> String {
@@ -114,6 +126,14 @@ impl World {
             labels["access"] = json!("granted");
         }
         let mut text = format!("# generation: {generation}\n{}", self.fixed);
+        let namespace_labels = match self.namespace_granted {
+            true => json!({"access": "granted"}),
+            false => json!({}),
+        };
+        text.push_str(&format!(
+            "---\n{}\n",
+            namespace(NAMESPACE, namespace_labels)
+        ));
         text.push_str(&format!(
             "---\n{}\n",
             local_pod("client", CLIENT_IP, labels, &[])
@@ -251,7 +271,7 @@ mod tests {
         let kind = |k: &str| docs.iter().filter(|d| d["kind"] == k).count();
         assert_eq!(kind("Namespace"), 1 + REMOTE_NAMESPACES);
         assert_eq!(kind("Pod"), 30 + 2);
-        assert_eq!(kind("NetworkPolicy"), 4 + 4);
+        assert_eq!(kind("NetworkPolicy"), 4 + 5);
         let remote: Vec<&Value> = docs
             .iter()
             .filter(|d| d["kind"] == "Pod" && d["spec"]["nodeName"] != NODE_NAME)
@@ -290,5 +310,13 @@ mod tests {
             .find(|d| d["metadata"]["name"] == "client")
             .unwrap();
         assert_eq!(client["metadata"]["labels"]["access"], "granted");
+        world.client_granted = false;
+        world.namespace_granted = true;
+        assert!(world.toggle_open());
+        let bench = docs(&world.manifest(3))
+            .into_iter()
+            .find(|d| d["kind"] == "Namespace" && d["metadata"]["name"] == NAMESPACE)
+            .unwrap();
+        assert_eq!(bench["metadata"]["labels"]["access"], "granted");
     }
 }
