@@ -55,7 +55,11 @@ pub fn changes(
     let mut samples: Vec<(Kind, f64)> = Vec::new();
     let mut applies = Vec::new();
     let mut n = 0;
-    for group in ["pod label change", "namespace label change", "policy change"] {
+    for group in [
+        "pod label change",
+        "namespace label change",
+        "policy change",
+    ] {
         let before = agent.apply_totals(&topo.node)?;
         for i in 0..count {
             let kinds: &[Kind] = match group {
