@@ -85,17 +85,8 @@ impl Engine {
             }
             Validated::Pod(pod) => self.apply_pod(&pod.key(), Some(pod), &mut change),
             Validated::Policy(spec) => self.apply_policy(&spec.key(), Some(spec), &mut change),
-            Validated::Node(node) => {
-                self.model.upsert_node(node);
-            }
-            Validated::Service {
-                namespace,
-                name,
-                frontends,
-            } => {
-                self.services
-                    .insert(format!("{namespace}/{name}"), frontends);
-            }
+            // Nodes and Services compile into nothing per pod; `finish` recounts frontends.
+            other @ (Validated::Node(_) | Validated::Service { .. }) => self.store(other),
         }
         self.finish(change, service)
     }
@@ -132,35 +123,40 @@ impl Engine {
     /// [`Engine::load`] of objects that their source already validated.
     pub fn load_validated(&mut self, objects: impl IntoIterator<Item = Validated>) -> Delta {
         for object in objects {
-            match object {
-                Validated::Namespace { name, labels } => {
-                    self.model.upsert_namespace(&name, labels);
-                }
-                Validated::Pod(pod) => {
-                    self.model.upsert_pod(pod);
-                }
-                Validated::Policy(spec) => {
-                    store_policy(
-                        &mut self.policies,
-                        &mut self.policies_by_namespace,
-                        &spec.key(),
-                        Some(spec),
-                    );
-                }
-                Validated::Node(node) => {
-                    self.model.upsert_node(node);
-                }
-                Validated::Service {
-                    namespace,
-                    name,
-                    frontends,
-                } => {
-                    self.services
-                        .insert(format!("{namespace}/{name}"), frontends);
-                }
-            }
+            self.store(object);
         }
         self.rebuild()
+    }
+
+    /// Stores an object without compiling anything.
+    fn store(&mut self, object: Validated) {
+        match object {
+            Validated::Namespace { name, labels } => {
+                self.model.upsert_namespace(&name, labels);
+            }
+            Validated::Pod(pod) => {
+                self.model.upsert_pod(pod);
+            }
+            Validated::Policy(spec) => {
+                store_policy(
+                    &mut self.policies,
+                    &mut self.policies_by_namespace,
+                    &spec.key(),
+                    Some(spec),
+                );
+            }
+            Validated::Node(node) => {
+                self.model.upsert_node(node);
+            }
+            Validated::Service {
+                namespace,
+                name,
+                frontends,
+            } => {
+                self.services
+                    .insert(format!("{namespace}/{name}"), frontends);
+            }
+        }
     }
 
     /// Recompiles everything from the model; returns the delta from the previous state.
