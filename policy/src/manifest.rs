@@ -51,6 +51,18 @@ pub fn parse_named(file: &str, text: &str) -> Result<Vec<Object>, ManifestError>
     Ok(objects)
 }
 
+/// One document already read as YAML (`document` is 1-based): what a caller that reads the
+/// documents itself (the agent's file source) parses them with.
+pub fn parse_value(
+    file: &str,
+    document: usize,
+    value: Value,
+) -> Result<Vec<Object>, ManifestError> {
+    let mut objects = Vec::new();
+    collect(file, document, value, &mut objects)?;
+    Ok(objects)
+}
+
 fn collect(
     file: &str,
     document: usize,

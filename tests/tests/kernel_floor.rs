@@ -113,7 +113,7 @@ fn a_kernel_that_refuses_the_maps_gets_iptables_and_the_reason() {
         assert_eq!(dataplane, "iptables", "{status}");
         let reason = status["fallback_reason"].as_str().unwrap_or_default();
         assert!(
-            reason.contains("ebpf: eBPF unavailable")
+            reason.contains("ebpf: eBPF dataplane failed to start")
                 && reason.contains("Operation not permitted")
                 && reason.contains("RLIMIT_MEMLOCK"),
             "the fallback must carry the kernel's refusal: {status}"

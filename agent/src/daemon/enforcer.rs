@@ -43,10 +43,27 @@ pub struct CleanupReport {
 pub trait Backends: Send {
     /// Whether this kernel can run the eBPF programs; the reason when not.
     fn probe_ebpf(&self) -> Result<(), String>;
+    /// The same without what building the eBPF dataplane proves anyway (the verifier's
+    /// verdict on the programs, which costs a second load of them): for the start, where a
+    /// failed build falls back to iptables with the kernel's reason.
+    fn probe_ebpf_before_build(&self) -> Result<(), String> {
+        self.probe_ebpf()
+    }
     fn build(&self, kind: DataplaneKind) -> Result<Box<dyn Dataplane>, DataplaneError>;
     fn cleanup(&self, what: &Cleanup) -> CleanupReport;
     /// Tries again to destroy sets an earlier cleanup could not.
     fn retry_sets(&self, names: &[String]) -> CleanupReport;
+}
+
+/// How long each step of [`Enforcer::start`] took: the cold start's programming phases.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct StartPhases {
+    /// Probing the kernel and building the dataplane (loading and attaching programs).
+    pub load: Duration,
+    /// Converging it on the desired state (map or set and rule writes).
+    pub converge: Duration,
+    /// Removing the other dataplane's and Azure NPM's state.
+    pub cleanup: Duration,
 }
 
 /// What changed when the enforcer acted, for logs, metrics and the status.
@@ -83,8 +100,9 @@ impl<B: Backends> Enforcer<B> {
         backends: B,
         choice: DataplaneChoice,
         desired: &Desired,
-    ) -> Result<(Self, Outcome), (B, DataplaneError)> {
-        let mut effective = resolve(choice, || backends.probe_ebpf());
+    ) -> Result<(Self, Outcome, StartPhases), (B, DataplaneError)> {
+        let loading = Instant::now();
+        let mut effective = resolve(choice, || backends.probe_ebpf_before_build());
         let mut active = match backends.build(effective.kind) {
             Ok(dp) => dp,
             Err(e) if effective.kind == DataplaneKind::Ebpf => {
@@ -103,10 +121,13 @@ impl<B: Backends> Enforcer<B> {
             }
             Err(e) => return Err((backends, e)),
         };
+        let load = loading.elapsed();
+        let converging = Instant::now();
         let report = match active.converge(desired, Scope::Kernel) {
             Ok(r) => r,
             Err(e) => return Err((backends, e)),
         };
+        let converge = converging.elapsed();
         let mut enforcer = Enforcer {
             backends,
             active,
@@ -124,11 +145,17 @@ impl<B: Backends> Enforcer<B> {
             dataplane: Some(other(enforcer.effective.kind)),
             azure_npm: true,
         };
+        let cleaning = Instant::now();
         let outcome = Outcome {
             switched: None,
             cleanups: vec![enforcer.clean(cleanup)],
         };
-        Ok((enforcer, outcome))
+        let phases = StartPhases {
+            load,
+            converge,
+            cleanup: cleaning.elapsed(),
+        };
+        Ok((enforcer, outcome, phases))
     }
 
     /// Reads the active dataplane's verdicts into `tx`, and each next one's after a switch.

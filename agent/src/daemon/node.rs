@@ -76,6 +76,10 @@ impl Backends for NodeBackends {
         ebpf::probe()
     }
 
+    fn probe_ebpf_before_build(&self) -> Result<(), String> {
+        ebpf::probe_kernel()
+    }
+
     fn build(&self, kind: DataplaneKind) -> Result<Box<dyn Dataplane>, DataplaneError> {
         Ok(match kind {
             DataplaneKind::Ebpf => Box::new(EbpfDataplane::new(EbpfConfig {

@@ -12,7 +12,7 @@ use super::enforcer::{Backends, Enforcer, Outcome};
 use super::metrics::Metrics;
 use super::report::{Converge, Enforced, MapPressure, NodeReport, ReportBoard};
 use super::select::{choice_from_labels, DataplaneChoice};
-use super::status::Status;
+use super::status::{Startup, Status};
 use crate::source::event::{Batch, Event, EventSource, SourceError, SyncProgress};
 use crate::verdicts::{VerdictHub, VerdictRecord, VerdictTx};
 use weir_policy::model::ObjectError;
@@ -165,6 +165,10 @@ pub struct Daemon<B: Backends> {
     /// Where `GET /status` reads the node report (cluster and file mode with --listen).
     reports: Option<Arc<ReportBoard>>,
     last_converge: Option<Converge>,
+    /// The first batch: when it arrived (from the agent's start) and how long its compile
+    /// took; the first phases of [`Startup`].
+    first_batch: Option<(Duration, Duration)>,
+    startup: Option<Startup>,
     /// The last failure to read the verdict counters (logged once until it changes).
     counts_error: Option<String>,
     /// The verdict stream: where named records go, and the dataplanes' sender.
@@ -200,6 +204,8 @@ impl<B: Backends> Daemon<B> {
             last_status: None,
             reports: None,
             last_converge: None,
+            first_batch: None,
+            startup: None,
             counts_error: None,
             verdicts: None,
             verdict_queue: None,
@@ -323,6 +329,10 @@ impl<B: Backends> Daemon<B> {
                 .into_iter()
                 .fold(false, |changed, e| self.feed(e) | changed)
         };
+        if self.first_batch.is_none() {
+            let arrived = started.saturating_duration_since(self.health.started);
+            self.first_batch = Some((arrived, started.elapsed()));
+        }
         let choice = self.node_choice.unwrap_or(self.opts.default_choice);
         let desired = self.engine.desired();
         let trigger = if self.enforcer.is_none() {
@@ -494,7 +504,26 @@ impl<B: Backends> Daemon<B> {
             return;
         };
         match Enforcer::start(backends, choice, self.engine.desired()) {
-            Ok((mut enforcer, outcome)) => {
+            Ok((mut enforcer, outcome, phases)) => {
+                if let Some((listed, compiled)) = self.first_batch {
+                    let ms = |d: Duration| d.as_millis() as u64;
+                    let startup = Startup {
+                        listed_ms: ms(listed),
+                        compiled_ms: ms(compiled),
+                        loaded_ms: ms(phases.load),
+                        programmed_ms: ms(phases.converge),
+                        cleaned_ms: ms(phases.cleanup),
+                    };
+                    tracing::info!(
+                        listed_ms = startup.listed_ms,
+                        compiled_ms = startup.compiled_ms,
+                        loaded_ms = startup.loaded_ms,
+                        programmed_ms = startup.programmed_ms,
+                        cleaned_ms = startup.cleaned_ms,
+                        "cold start: listed, compiled, loaded, programmed, cleaned"
+                    );
+                    self.startup = Some(startup);
+                }
                 if let Some(v) = &self.verdicts {
                     enforcer.tap_verdicts(v.tx.clone());
                 }
@@ -564,6 +593,7 @@ impl<B: Backends> Daemon<B> {
                 .map(str::to_string),
             errors,
             state_digest: self.state_digest.clone(),
+            startup: self.startup,
         }
     }
 

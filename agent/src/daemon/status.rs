@@ -23,6 +23,28 @@ pub struct Status {
     /// describes (`source::digest`); the lab compares it with the API server's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub state_digest: Option<String>,
+    /// How the cold start spent its time, once the dataplane first started.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub startup: Option<Startup>,
+}
+
+/// The cold start's phases, each in milliseconds, in the order they happen: where the time
+/// from starting `weir agent` to its first convergence went (`cargo xtask bench` reports
+/// them).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Startup {
+    /// From the agent's start to the source's first complete state (cluster mode: every
+    /// kind listed; file mode: the manifest read).
+    pub listed_ms: u64,
+    /// The engine's compile of that state.
+    pub compiled_ms: u64,
+    /// Probing the kernel and building the dataplane (eBPF: loading and attaching the
+    /// programs).
+    pub loaded_ms: u64,
+    /// Writing the desired state into the kernel (maps, or sets and rules).
+    pub programmed_ms: u64,
+    /// Removing the other dataplane's and Azure NPM's leftovers.
+    pub cleaned_ms: u64,
 }
 
 impl Status {
@@ -69,6 +91,7 @@ mod tests {
                 reason: "spec.ingress[0]: bad".into(),
             }],
             state_digest: None,
+            startup: None,
         };
         status.write_atomically(&path).unwrap();
         let v: serde_json::Value =

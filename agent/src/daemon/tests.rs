@@ -107,6 +107,10 @@ fn start_converges_before_removing_leftovers_and_reports() {
         (1, true, Some(DataplaneKind::Ebpf))
     );
     assert!(w.health.is_ready());
+    // The cold start's phases are measured once, at the first start.
+    let startup = s.startup.expect("the cold start's phases");
+    w.daemon.handle(batch(2, vec![node(Some("ebpf"))]));
+    assert_eq!(w.status().startup, Some(startup));
 }
 
 #[test]

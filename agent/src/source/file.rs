@@ -98,12 +98,14 @@ impl FileSource {
         let mut may_delete = true;
         let mut upserts = Vec::new();
         for (index, doc) in serde_yaml::Deserializer::from_str(content).enumerate() {
+            // 1-based, as `weir_policy::manifest` names documents.
+            let document = index + 1;
             let value = match serde_yaml::Value::deserialize(doc) {
                 Ok(serde_yaml::Value::Null) => continue,
                 Ok(v) => v,
                 Err(e) => {
                     batch.rejected.push(ObjectError {
-                        object: format!("{} document {index}", self.path.display()),
+                        object: format!("{} document {document}", self.path.display()),
                         reason: format!("YAML: {e}"),
                     });
                     may_delete = false;
@@ -111,10 +113,14 @@ impl FileSource {
                 }
             };
             let named = object_ref(&value);
+            // The canonical text tells a changed document from an unchanged one; the
+            // object is read from the parsed document, not from that text again.
+            let file = self.path.display().to_string();
             let object = serde_yaml::to_string(&value)
                 .map_err(|e| e.to_string())
                 .and_then(|text| {
-                    let objects = manifest::parse_str(&text).map_err(|e| e.to_string())?;
+                    let objects =
+                        manifest::parse_value(&file, document, value).map_err(|e| e.to_string())?;
                     Ok((objects, text))
                 })
                 .and_then(|(mut objects, text)| match objects.len() {
@@ -128,7 +134,7 @@ impl FileSource {
                         batch.rejected.push(ObjectError {
                             object: key.to_string(),
                             reason: format!(
-                                "document {index} repeats an object defined earlier in the file"
+                                "document {document} repeats an object defined earlier in the file"
                             ),
                         });
                         continue;
@@ -146,7 +152,7 @@ impl FileSource {
                             seen.insert(key);
                             name
                         }
-                        None => format!("{} document {index}", self.path.display()),
+                        None => format!("{} document {document}", self.path.display()),
                     };
                     batch.rejected.push(ObjectError { object, reason });
                 }

@@ -255,6 +255,26 @@ impl Agent {
         }
     }
 
+    /// The cold start's phases from the status file (`startup`, written at the first
+    /// convergence), in milliseconds, in the order they happen.
+    pub fn startup_phases(&self) -> Result<Vec<(String, f64)>> {
+        let path = self.dir.join("status.json");
+        let status = read_status(&path)?.with_context(|| format!("{} is gone", path.display()))?;
+        let Some(startup) = status["startup"].as_object() else {
+            bail!("{} has no startup phases", path.display());
+        };
+        ["listed", "compiled", "loaded", "programmed", "cleaned"]
+            .iter()
+            .map(|phase| {
+                let ms = startup
+                    .get(&format!("{phase}_ms"))
+                    .and_then(Value::as_f64)
+                    .with_context(|| format!("startup.{phase}_ms missing"))?;
+                Ok((phase.to_string(), ms))
+            })
+            .collect()
+    }
+
     fn check_status(&self, status: &Value) -> Result<()> {
         let running = status["dataplane"].as_str().unwrap_or("none");
         if running != self.dataplane.as_str() {

@@ -40,7 +40,7 @@ fn notes() -> Vec<String> {
     vec![
         "datapath: RR = 64-byte request/response on one TCP connection, CRR = a new connection per request; ratios are to no enforcement in the same run".into(),
         "convergence and the first memory world: cluster mode, the agent watching the real kube-apiserver (etcd and kube-apiserver in the bench node's namespace) with the DaemonSet's ServiceAccount; a change is measured from just before its first write request (a server-side apply of the changed Pod, Namespace or NetworkPolicy, or a delete) to the first probe connection that sees the new verdict".into(),
-        "cold start: from starting `weir agent` (the world already on the API server, or in its manifest file) to its status file reporting the world converged".into(),
+        "cold start: from starting `weir agent` (the world already on the API server, or in its manifest file) to its status file reporting the world converged; its phases are the agent's own (status file `startup`): listed = from its start to the source's first complete state, compiled = the engine's compile, loaded = kernel probes and building the dataplane (eBPF: programs loaded and attached), programmed = the state written into the kernel, cleaned = the other dataplane's leftovers removed".into(),
         format!("the second memory world (the largest) and the datapath worlds below the largest: file mode, the agent polling a manifest file every {} ms", agent::POLL_MS),
         "memory: VmHWM of the agent process; BPF map memory is the kernel's memlock for the maps the agent holds; ipset memory is `ipset list` 'Size in memory' of weir's sets; other ratios are to iptables".into(),
     ]
@@ -194,7 +194,7 @@ fn run_scenarios(env: &Env, report: &mut Report) {
         if last {
             for setup in setups.iter_mut().filter(|s| s.cold_start.is_some()) {
                 progress(&format!("{convergence}: {}", setup.label()));
-                report.rows.push(cold_start_row(&convergence, setup));
+                report.rows.extend(cold_start_rows(&convergence, setup));
                 let rows = setup.convergence_rows(scale.changes, &convergence);
                 report
                     .rows
@@ -213,7 +213,7 @@ fn run_scenarios(env: &Env, report: &mut Report) {
         let tag = format!("{}{large}", dp.as_str());
         match Setup::enforcing(env, &tag, dp, World::new(max, large), Source::File) {
             Ok(setup) => {
-                report.rows.push(cold_start_row(&memory_large, &setup));
+                report.rows.extend(cold_start_rows(&memory_large, &setup));
                 let rows = setup.memory_rows(&memory_large);
                 report
                     .rows
@@ -249,9 +249,34 @@ fn rows_or_failure(rows: Result<Vec<Row>>, scenario: &str, dp: &str) -> Vec<Row>
     rows.unwrap_or_else(|e| vec![Row::failed(scenario, dp, "measurement", format!("{e:#}"))])
 }
 
-fn cold_start_row(scenario: &str, setup: &Setup) -> Row {
+/// The cold start as the bench saw it, then its phases as the agent measured them.
+fn cold_start_rows(scenario: &str, setup: &Setup) -> Vec<Row> {
     let ms = setup.cold_start.unwrap_or_default().as_secs_f64() * 1e3;
-    Row::number(scenario, setup.label(), "cold start to converged", ms, "ms")
+    let mut rows = vec![Row::number(
+        scenario,
+        setup.label(),
+        "cold start to converged",
+        ms,
+        "ms",
+    )];
+    match &setup.startup_phases {
+        Ok(phases) => rows.extend(phases.iter().map(|(phase, ms)| {
+            Row::number(
+                scenario,
+                setup.label(),
+                &format!("cold start: {phase}"),
+                *ms,
+                "ms",
+            )
+        })),
+        Err(e) => rows.push(Row::failed(
+            scenario,
+            setup.label(),
+            "cold start phases",
+            e.clone(),
+        )),
+    }
+    rows
 }
 
 fn progress(scenario: &str) {

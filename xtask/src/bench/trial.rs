@@ -31,6 +31,8 @@ pub struct Setup {
     dataplane: Option<Dataplane>,
     /// From starting the agent to its first full convergence.
     pub cold_start: Option<Duration>,
+    /// Where the cold start went, as the agent measured it (phase, milliseconds).
+    pub startup_phases: Result<Vec<(String, f64)>, String>,
 }
 
 impl Setup {
@@ -45,6 +47,7 @@ impl Setup {
             world: World::new(0, 0),
             dataplane: None,
             cold_start: None,
+            startup_phases: Ok(Vec::new()),
         })
     }
 
@@ -63,6 +66,7 @@ impl Setup {
         let (mut agent, started) =
             Agent::start(&env.weir, &topo.node, &dir, dataplane, &world, source)?;
         let converged = agent.wait_converged(env.scale.cold_start_timeout)?;
+        let startup_phases = agent.startup_phases().map_err(|e| format!("{e:#}"));
         let setup = Setup {
             agent: Some(agent),
             _servers: servers,
@@ -70,6 +74,7 @@ impl Setup {
             world,
             dataplane: Some(dataplane),
             cold_start: Some(converged - started),
+            startup_phases,
         };
         setup.check_enforced()?;
         Ok(setup)

@@ -47,7 +47,7 @@ pub use config::{EbpfConfig, DEFAULT_PIN_ROOT};
 pub use loader::OBJECT as EMBEDDED_OBJECT;
 pub use migrate::{expected as expected_map_shapes, Shape as MapShape};
 pub use newpods::PENDING_ENDPOINT_ID;
-pub use probe::{kernel_lacks, probe, MIN_KERNEL};
+pub use probe::{kernel_lacks, probe, probe_kernel, MIN_KERNEL};
 
 use self::{
     kernel_state::KernelState,

@@ -17,6 +17,14 @@ pub const MIN_KERNEL: (u8, u8) = (5, 10);
 
 /// `Ok` when the eBPF dataplane can run here; otherwise why not, for logs and status.
 pub fn probe() -> Result<(), String> {
+    probe_kernel()?;
+    verifier_accepts()
+}
+
+/// [`probe`] without loading the programs: the kernel's version, program and map types.
+/// What the agent checks before building the dataplane, whose own load of the programs
+/// gives the verifier's verdict (loading them twice cost the cold start 0.7 s).
+pub fn probe_kernel() -> Result<(), String> {
     let v = KernelVersion::current().map_err(|e| format!("kernel version unknown: {e}"))?;
     if v < KernelVersion::new(MIN_KERNEL.0, MIN_KERNEL.1, 0) {
         return Err(format!(
@@ -37,7 +45,7 @@ pub fn probe() -> Result<(), String> {
             return Err(format!("BPF map type {name} is not supported"));
         }
     }
-    verifier_accepts()
+    Ok(())
 }
 
 /// What the running kernel lacks that the dataplanes would use, each with the fallback
