@@ -97,6 +97,7 @@ impl FileSource {
         // After a YAML syntax error the rest of the file is unreadable: delete nothing.
         let mut may_delete = true;
         let mut upserts = Vec::new();
+        let file = self.path.display().to_string();
         for (index, doc) in serde_yaml::Deserializer::from_str(content).enumerate() {
             // 1-based, as `weir_policy::manifest` names documents.
             let document = index + 1;
@@ -115,7 +116,6 @@ impl FileSource {
             let named = object_ref(&value);
             // The canonical text tells a changed document from an unchanged one; the
             // object is read from the parsed document, not from that text again.
-            let file = self.path.display().to_string();
             let object = serde_yaml::to_string(&value)
                 .map_err(|e| e.to_string())
                 .and_then(|text| {
