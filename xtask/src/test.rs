@@ -101,11 +101,13 @@ fn integration_sources() -> Result<Vec<String>> {
 
 pub fn run() -> Result<()> {
     let started = Instant::now();
+    let mut steps = Steps::new(started);
+    steps.start("setup");
     crate::setup::ensure()?;
     let build_dirs = build_dirs();
     let build_dirs: Vec<&Path> = build_dirs.iter().map(PathBuf::as_path).collect();
     crate::disk::check_room(&build_dirs, COLD_RUN_DISK, "a cold `cargo xtask test`")?;
-    step("formatting");
+    steps.start("formatting");
     run_cmd(cargo().args(["fmt", "--all", "--check"]))?;
     run_cmd(cargo().args([
         "fmt",
@@ -113,7 +115,7 @@ pub fn run() -> Result<()> {
         "ebpf/weir-ebpf/Cargo.toml",
         "--check",
     ]))?;
-    step("clippy");
+    steps.start("clippy");
     run_cmd(cargo().args([
         "clippy",
         "--workspace",
@@ -123,18 +125,19 @@ pub fn run() -> Result<()> {
         "warnings",
     ]))?;
 
-    step("structure");
+    steps.start("structure");
     crate::structure::run()?;
 
-    step("unit tests");
+    steps.start("unit tests");
     let unit = cargo_test(&["--workspace", "--no-fail-fast", "--lib", "--bins"])?;
     // Binaries without unit tests (main.rs files) print a result line of 0: not checked.
 
-    step("integration tests (real kernel)");
+    steps.start("the binary and its image");
     check_kernel_prerequisites()?;
     // The integration tests drive the real binary, and run it from its image too.
     run_cmd(cargo().args(["build", "--package", "weir", "--bins"]))?;
     crate::image::for_tests().context("building the image the tests run the agent from")?;
+    steps.start("integration tests (real kernel)");
     let host_before = crate::host_guard::snapshot()?;
     let conformance_table = workspace_root().join("target/conformance/latest.txt");
     let _ = std::fs::remove_file(&conformance_table);
@@ -155,19 +158,20 @@ pub fn run() -> Result<()> {
     });
 
     // The kernel floor: the quick groups in a Debian 5.10 guest (issue 17).
-    step("kernels (quick: Debian 5.10 under virtme-ng)");
+    steps.start("kernels (quick: Debian 5.10 under virtme-ng)");
     let kernels = crate::kernels::run(&["5.10".to_string()], true, &[]);
 
-    step("fuzz");
+    steps.start("fuzz");
     let fuzzed = crate::fuzz::run(&CI_FUZZ)?;
 
     // The bench cannot rot: its quick run measures every scenario on the real kernel.
-    step("bench (quick)");
+    steps.start("bench (quick)");
     let bench = crate::bench::run(true);
     let bench_host_guard = crate::host_guard::snapshot().and_then(|after| {
         crate::host_guard::check_unchanged(&host_before, &after, "the quick bench")
     });
 
+    steps.finish();
     for (name, t) in [("unit", &unit), ("integration", &integration)] {
         if !t.failed.is_empty() {
             bail!("{name} tests failed: {}", t.failed.join(", "));
@@ -205,8 +209,42 @@ pub fn run() -> Result<()> {
     Ok(())
 }
 
-fn step(name: &str) {
-    println!("\n==> xtask test: {name}");
+/// The run's steps and how long each took: printed as each starts and as one line at the
+/// end, so a slow CI run shows where its time went.
+struct Steps {
+    started: Instant,
+    current: Option<(&'static str, Instant)>,
+    done: Vec<(&'static str, u64)>,
+}
+
+impl Steps {
+    fn new(started: Instant) -> Self {
+        Steps {
+            started,
+            current: None,
+            done: Vec::new(),
+        }
+    }
+
+    fn start(&mut self, name: &'static str) {
+        self.end_current();
+        let at = self.started.elapsed().as_secs();
+        println!("\n==> xtask test: {name} (at {at}s)");
+        self.current = Some((name, Instant::now()));
+    }
+
+    fn end_current(&mut self) {
+        if let Some((name, since)) = self.current.take() {
+            self.done.push((name, since.elapsed().as_secs()));
+        }
+    }
+
+    /// Ends the last step and prints every step's time.
+    fn finish(&mut self) {
+        self.end_current();
+        let times: Vec<String> = self.done.iter().map(|(n, s)| format!("{n} {s}s")).collect();
+        println!("\nxtask test: steps took: {}", times.join(", "));
+    }
 }
 
 /// Runs `cargo test ARGS`, echoing its output and tallying the per-test result lines.
