@@ -296,6 +296,17 @@ impl Agent {
     /// The agent's own account of its work (`weir_apply_duration_seconds`: from an event
     /// batch to the dataplane having applied it): (seconds in total, batches).
     pub fn apply_totals(&self, node: &Netns) -> Result<(f64, f64)> {
+        self.histogram_totals(node, "weir_apply_duration_seconds")
+    }
+
+    /// `weir_policy_implementation_delay_seconds`: from the source receiving a change to
+    /// the dataplane having programmed it; (sum, count).
+    pub fn implementation_delay_totals(&self, node: &Netns) -> Result<(f64, f64)> {
+        self.histogram_totals(node, "weir_policy_implementation_delay_seconds")
+    }
+
+    /// A histogram's sum and count from the agent's /metrics.
+    fn histogram_totals(&self, node: &Netns, histogram: &str) -> Result<(f64, f64)> {
         let text = node.run(|| {
             let mut conn = TcpStream::connect(METRICS_ADDR)
                 .with_context(|| format!("connecting to the agent's metrics at {METRICS_ADDR}"))?;
@@ -314,8 +325,8 @@ impl Agent {
                 .with_context(|| format!("/metrics: {name}"))
         };
         Ok((
-            value("weir_apply_duration_seconds_sum")?,
-            value("weir_apply_duration_seconds_count")?,
+            value(&format!("{histogram}_sum"))?,
+            value(&format!("{histogram}_count"))?,
         ))
     }
 

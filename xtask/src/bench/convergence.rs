@@ -52,7 +52,8 @@ pub fn changes(
     scenario: &str,
     dp: &str,
 ) -> Result<Vec<Row>> {
-    let mut samples: Vec<(Kind, f64)> = Vec::new();
+    // (kind, probe-observed ms, the agent's own share in ms)
+    let mut samples: Vec<(Kind, f64, f64)> = Vec::new();
     let mut applies = Vec::new();
     let mut n = 0;
     for group in [
@@ -81,7 +82,8 @@ pub fn changes(
                     (Kind::PolicyUpdate, _) => world.toggle = Toggle::Allow,
                     (Kind::PolicyDelete, _) => world.toggle = Toggle::Absent,
                 }
-                samples.push((*kind, one_change(topo, agent, world, n)?));
+                let (seen, agent_ms) = one_change(topo, agent, world, n)?;
+                samples.push((*kind, seen, agent_ms));
                 n += 1;
             }
         }
@@ -102,15 +104,19 @@ pub fn changes(
         Kind::PodLabel,
         Kind::NamespaceLabel,
     ] {
-        let mut of_kind: Vec<f64> = samples
-            .iter()
-            .filter(|(k, _)| *k == kind)
-            .map(|(_, ms)| *ms)
-            .collect();
-        let n = of_kind.len();
+        let of_kind = samples.iter().filter(|(k, ..)| *k == kind);
+        let mut seen: Vec<f64> = of_kind.clone().map(|(_, ms, _)| *ms).collect();
+        let mut agent_ms: Vec<f64> = of_kind.map(|(.., ms)| *ms).collect();
+        let n = seen.len();
         for (label, p) in [("p50", 50.0), ("p99", 99.0), ("max", 100.0)] {
-            let v = percentile(&mut of_kind, p);
+            let v = percentile(&mut seen, p);
             let name = format!("{} {label} (n={n})", kind.name());
+            rows.push(Row::number(scenario, dp, &name, v, "ms"));
+        }
+        // The agent's part of the same changes: event received to dataplane programmed.
+        for (label, p) in [("p50", 50.0), ("p99", 99.0)] {
+            let v = percentile(&mut agent_ms, p);
+            let name = format!("{}: in the agent {label}", kind.name());
             rows.push(Row::number(scenario, dp, &name, v, "ms"));
         }
     }
@@ -125,11 +131,14 @@ pub fn changes(
     Ok(rows)
 }
 
-/// Writes the changed world and returns the milliseconds until the probe saw it enforced.
-fn one_change(topo: &Topology, agent: &mut Agent, world: &World, i: usize) -> Result<f64> {
+/// Writes the changed world; returns the milliseconds until the probe saw it enforced, and
+/// the agent's own share of them (its implementation delay: from receiving the change to
+/// having programmed it, summed over the batches the change took).
+fn one_change(topo: &Topology, agent: &mut Agent, world: &World, i: usize) -> Result<(f64, f64)> {
     // Changes land at varied offsets from the agent's own timers (file polling).
     std::thread::sleep(Duration::from_millis((i as u64 * 37) % 50));
     let expect_open = world.toggle_open();
+    let (delay_before, _) = agent.implementation_delay_totals(&topo.node)?;
     let written = agent.update(world)?;
     let seen = topo.client.run(|| loop {
         let attempt = Instant::now();
@@ -146,5 +155,9 @@ fn one_change(topo: &Topology, agent: &mut Agent, world: &World, i: usize) -> Re
     })?;
     // The next change starts from a converged agent.
     agent.wait_converged(CHANGE_TIMEOUT)?;
-    Ok((seen.saturating_duration_since(written)).as_secs_f64() * 1e3)
+    let (delay_after, _) = agent.implementation_delay_totals(&topo.node)?;
+    Ok((
+        seen.saturating_duration_since(written).as_secs_f64() * 1e3,
+        (delay_after - delay_before) * 1e3,
+    ))
 }
