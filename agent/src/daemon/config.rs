@@ -108,6 +108,14 @@ pub struct AgentArgs {
     #[arg(long, env = "WEIR_POLL_MS", default_value_t = 100)]
     pub poll_ms: u64,
 
+    /// Cluster mode: objects per list request, when the agent starts and when a watch has
+    /// to list again. Larger pages start faster (20,000 pods: 1.8 s listed in pages of
+    /// 500, 1.2 s in pages of 5,000); each page's JSON is held while it is decoded, about
+    /// this many times the size of one Pod.
+    #[arg(long, env = "WEIR_LIST_PAGE_SIZE", default_value_t = 5000,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub list_page_size: u32,
+
     /// Log filter (tracing `EnvFilter` syntax: `info`, `weir=debug`, ...).
     #[arg(long, env = "WEIR_LOG_LEVEL", default_value = "info")]
     pub log_level: String,

@@ -12,13 +12,16 @@ use std::sync::Arc;
 
 use futures::stream::{BoxStream, SelectAll};
 use futures::{FutureExt, StreamExt};
-use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Service};
+use k8s_openapi::api::core::v1::{Namespace, Node, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::runtime::watcher::{self, watcher};
 use kube::runtime::WatchStreamExt;
 use kube::{Api, Client};
 
 use crate::source::digest::StateDigest;
+use lean_pod::LeanPod;
+
+mod lean_pod;
 use crate::source::event::{Batch, Event, EventSource, SourceError, SyncProgress};
 use weir_policy::model::{Kind, Object, ObjectRef};
 
@@ -129,8 +132,9 @@ pub struct KubeSource {
 }
 
 impl KubeSource {
-    pub fn new(client: Client, node_name: &str) -> Self {
-        let all = watcher::Config::default();
+    /// Watches with lists of `page_size` objects a request.
+    pub fn new(client: Client, node_name: &str, page_size: u32) -> Self {
+        let all = watcher::Config::default().page_size(page_size);
         let this_node = watcher::Config::default().fields(&format!("metadata.name={node_name}"));
         let streams = futures::stream::select_all([
             watch(
@@ -145,11 +149,12 @@ impl KubeSource {
                 Kind::Node,
                 Object::Node,
             ),
+            // Pods are the many: decoded lean, without the fields enforcement never reads.
             watch(
-                Api::<Pod>::all(client.clone()),
+                Api::<LeanPod>::all(client.clone()),
                 all.clone(),
                 Kind::Pod,
-                Object::Pod,
+                |p| Object::Pod(p.into_pod()),
             ),
             watch(
                 Api::<NetworkPolicy>::all(client.clone()),
