@@ -105,12 +105,19 @@ pub async fn can_list_pods(client: &Client, user: &str, groups: &[&str]) -> Resu
 /// With `schedule_on`, every Pod is put on that node (the lab's pods all live on its one
 /// node); without, Pods keep their `spec.nodeName`. Returns each object written with its
 /// new resourceVersion (None: deleted).
+/// What [`sync`] wrote: each object's new resourceVersion (None: deleted), and the
+/// monotonic clock (ns) just before its first write request (None: nothing to write).
+pub struct Synced {
+    pub written: Vec<(ObjectRef, Option<String>)>,
+    pub first_write_ns: Option<u64>,
+}
+
 pub async fn sync(
     client: &Client,
     before: &ObjectSet,
     after: &ObjectSet,
     schedule_on: Option<&str>,
-) -> Result<Vec<(ObjectRef, Option<String>)>, String> {
+) -> Result<Synced, String> {
     let mut written = Vec::new();
     let order = |o: &&Object| match o.kind() {
         Kind::Namespace => 0,
@@ -124,12 +131,6 @@ pub async fn sync(
         .map(|(_, o)| o)
         .collect();
     changed.sort_by_key(order);
-    for object in changed {
-        let version = apply(client, object, schedule_on)
-            .await
-            .map_err(|e| format!("{}: {e}", object.key()))?;
-        written.push((object.key(), version));
-    }
     let mut gone: Vec<&ObjectRef> = before
         .objects
         .keys()
@@ -137,13 +138,24 @@ pub async fn sync(
         .collect();
     // Namespaces last: their objects go first.
     gone.sort_by_key(|k| k.kind == Kind::Namespace);
+    let first_write_ns =
+        (!changed.is_empty() || !gone.is_empty()).then(crate::kernel::monotonic_ns);
+    for object in changed {
+        let version = apply(client, object, schedule_on)
+            .await
+            .map_err(|e| format!("{}: {e}", object.key()))?;
+        written.push((object.key(), version));
+    }
     for key in gone {
         delete(client, key)
             .await
             .map_err(|e| format!("{key}: {e}"))?;
         written.push((key.clone(), None));
     }
-    Ok(written)
+    Ok(Synced {
+        written,
+        first_write_ns,
+    })
 }
 
 /// Server-side applies one object; returns its new resourceVersion.

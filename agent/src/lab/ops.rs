@@ -222,10 +222,18 @@ pub fn kube_apply(
     let node = node.to_string();
     let versions = ControlPlane::new(dir)
         .block_on(netns, Identity::Admin, |client| async move {
-            // From before the first request: a change may take effect with its first write
-            // (a Pod's labels) before the last one (its status) is acknowledged.
-            let started = crate::kernel::monotonic_ns();
-            let written = api::sync(&client, &before, &after, None).await?;
+            // The connection is opened first, as a controller's would already be: what is
+            // timed is the cluster's, not this process's TLS handshake.
+            client
+                .apiserver_version()
+                .await
+                .map_err(|e| format!("asking the API server its version: {e}"))?;
+            let synced = api::sync(&client, &before, &after, None).await?;
+            // From just before the first write request: a change may take effect with its
+            // first write (a Pod's labels) before the last one (its status) is acknowledged.
+            let started = synced
+                .first_write_ns
+                .unwrap_or_else(crate::kernel::monotonic_ns);
             crate::stdout::println(&format!("written {started}")).map_err(|e| e.to_string())?;
             let mut versions: BTreeMap<_, _> = match known {
                 Some(k) => k.into_iter().collect(),
@@ -233,7 +241,7 @@ pub fn kube_apply(
                     .await
                     .map_err(|e| e.to_string())?,
             };
-            for (key, rv) in written {
+            for (key, rv) in synced.written {
                 match rv {
                     Some(rv) => versions.insert(key, rv),
                     None => versions.remove(&key),
