@@ -100,11 +100,6 @@ pub async fn can_list_pods(client: &Client, user: &str, groups: &[&str]) -> Resu
     }
 }
 
-/// Makes the server hold exactly `after`: applies what is new or changed since `before`,
-/// deletes what is gone. Namespaces and the Node first, namespaces last when deleting.
-/// With `schedule_on`, every Pod is put on that node (the lab's pods all live on its one
-/// node); without, Pods keep their `spec.nodeName`. Returns each object written with its
-/// new resourceVersion (None: deleted).
 /// What [`sync`] wrote: each object's new resourceVersion (None: deleted), and the
 /// monotonic clock (ns) just before its first write request (None: nothing to write).
 pub struct Synced {
@@ -112,6 +107,10 @@ pub struct Synced {
     pub first_write_ns: Option<u64>,
 }
 
+/// Makes the server hold exactly `after`: applies what is new or changed since `before`,
+/// deletes what is gone. Namespaces and the Node first, namespaces last when deleting.
+/// With `schedule_on`, every Pod is put on that node (the lab's pods all live on its one
+/// node); without, Pods keep their `spec.nodeName`.
 pub async fn sync(
     client: &Client,
     before: &ObjectSet,

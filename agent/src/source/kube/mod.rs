@@ -19,11 +19,11 @@ use kube::runtime::WatchStreamExt;
 use kube::{Api, Client};
 
 use crate::source::digest::StateDigest;
+use crate::source::event::{Batch, Event, EventSource, SourceError, SyncProgress};
 use lean_pod::LeanPod;
+use weir_policy::model::{Kind, Object, ObjectRef};
 
 mod lean_pod;
-use crate::source::event::{Batch, Event, EventSource, SourceError, SyncProgress};
-use weir_policy::model::{Kind, Object, ObjectRef};
 
 /// Events drained into one batch at most, so a flood still reaches the dataplane.
 const MAX_BATCH: usize = 5000;
