@@ -81,7 +81,7 @@ const IPV4_MAPPED: Prefix = Prefix {
 /// program them ([`programmed_members`]: no IPv6 block holds an IPv4-mapped address,
 /// which is where the trie keeps IPv4). The range's except then shares its prefix with
 /// IPv4's 0.0.0.0/0, and a tie goes to the except: a set holding all of IPv4 keeps it.
-fn trie_members(set: &AddressSet) -> Vec<(Prefix, bool)> {
+pub(super) fn trie_members(set: &AddressSet) -> Vec<(Prefix, bool)> {
     let all_of_ipv4 = set
         .members
         .iter()

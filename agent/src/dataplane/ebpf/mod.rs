@@ -22,6 +22,7 @@ pub mod decode;
 mod events;
 mod host;
 mod identities;
+mod identity_index;
 mod kernel_state;
 mod loader;
 mod migrate;
@@ -59,7 +60,7 @@ use super::{
     pod_ports, ApplyReport, Dataplane, DataplaneError, DataplaneKind, DataplaneStatus, Scope,
     VerdictCounts, DROP_MALFORMED, DROP_SPOOFED, DROP_TAGGED,
 };
-use weir_policy::desired::{AddressSet, Desired, Direction, Endpoint, Frontend, PodKey, SetId};
+use weir_policy::desired::{Desired, Direction, Endpoint, Frontend, PodKey};
 use weir_policy::model::ObjectError;
 
 pub struct EbpfDataplane {
@@ -73,9 +74,9 @@ pub struct EbpfDataplane {
     no_tcx: Option<String>,
     /// What the maps hold (read back at start, then kept in step with every write).
     kernel: KernelState,
-    /// The last identity plan and the sets it was made for: most changes leave the sets
-    /// alone, and planning is the costly part of an apply at scale.
-    identity_cache: Option<(BTreeMap<SetId, AddressSet>, identities::IdentityPlan)>,
+    /// The identity plan, kept up to date with what changed between convergences:
+    /// planning every set is the costly part of an apply at scale.
+    identities: identity_index::IdentityIndex,
     /// The node's addresses (exempt from policy); refreshed by every reconcile.
     host: Vec<identities::Prefix>,
     counts: (usize, usize, usize),
@@ -212,7 +213,7 @@ impl EbpfDataplane {
             no_tcx,
             kernel,
             host,
-            identity_cache: None,
+            identities: Default::default(),
             counts: (0, 0, 0),
             migration,
             isolator,
@@ -564,14 +565,11 @@ impl EbpfDataplane {
         desired: &Desired,
         placed: &BTreeMap<PodKey, (u32, String, u32)>,
     ) -> (KernelState, BTreeMap<u32, String>) {
-        let plan = match &self.identity_cache {
-            Some((sets, plan)) if *sets == desired.sets => plan.clone(),
-            _ => {
-                let plan = self.records.identities.plan(desired.sets.values());
-                self.identity_cache = Some((desired.sets.clone(), plan.clone()));
-                plan
-            }
-        };
+        let planned = self
+            .identities
+            .update(&mut self.records.identities, &desired.sets);
+        tracing::debug!(?planned, "identities");
+        let plan = self.identities.plan().clone();
         let rule_ids = self.records.rules.plan(desired.endpoints.values());
         planned_state(desired, placed, plan, &rule_ids, &self.host)
     }
