@@ -170,12 +170,19 @@ impl IdentityTable {
             .filter(|(sig, _)| !sig.is_empty())
             .map(|(sig, id)| (id, sig))
             .collect();
+        plan.identities_of_set = self.identities_of_set();
+        plan
+    }
+
+    /// For each set, the identities whose signature holds it (ascending).
+    pub fn identities_of_set(&self) -> BTreeMap<SetId, Vec<u32>> {
+        let mut of_set: BTreeMap<SetId, Vec<u32>> = BTreeMap::new();
         for (id, sig) in &self.by_id {
             for set in sig {
-                plan.identities_of_set.entry(*set).or_default().push(*id);
+                of_set.entry(*set).or_default().push(*id);
             }
         }
-        plan
+        of_set
     }
 }
 

@@ -198,7 +198,7 @@ impl IdentityIndex {
 
     /// Re-signs `touched` (ascending) and hands out ids as a full plan would.
     fn resign(&mut self, table: &mut IdentityTable, touched: BTreeSet<Prefix>) {
-        let mut by_sig: HashMap<&Signature, u32> =
+        let by_sig: HashMap<&Signature, u32> =
             table.by_id.iter().map(|(id, sig)| (sig, *id)).collect();
         let mut assigned: Vec<(Prefix, Signature)> = Vec::new();
         // First every count: an id is released only once nothing uses it.
@@ -232,38 +232,28 @@ impl IdentityIndex {
             .collect();
         for id in &released {
             self.uses.remove(id);
-            by_sig.retain(|_, v| v != id);
-        }
-        let mut by_sig: HashMap<Signature, u32> =
-            by_sig.into_iter().map(|(s, id)| (s.clone(), id)).collect();
-        for id in &released {
             table.by_id.remove(id);
         }
+        // Signatures new in this round; each is given an id at its first prefix.
+        let mut fresh: HashMap<Signature, u32> = HashMap::new();
         let mut next = weir_common::IDENTITY_FIRST_DYNAMIC;
         for (prefix, sig) in assigned {
-            let id = match by_sig.get(&sig) {
+            let id = match fresh.get(&sig) {
                 Some(id) => *id,
                 None => {
                     while table.by_id.contains_key(&next) {
                         next += 1;
                     }
                     table.by_id.insert(next, sig.clone());
-                    by_sig.insert(sig, next);
+                    fresh.insert(sig, next);
                     next
                 }
             };
             *self.uses.entry(id).or_default() += 1;
             self.plan.trie.insert(prefix, id);
         }
-        self.plan.identities_of_set.clear();
-        for (id, sig) in &table.by_id {
-            for set in sig {
-                self.plan
-                    .identities_of_set
-                    .entry(*set)
-                    .or_default()
-                    .push(*id);
-            }
+        if !released.is_empty() || !fresh.is_empty() {
+            self.plan.identities_of_set = table.identities_of_set();
         }
     }
 }
