@@ -1,19 +1,24 @@
 //! Compiles one local pod into its [`Endpoint`]: isolation per direction and the allow
-//! rules of every policy that selects it, with peers as address sets.
+//! rules of every policy that selects it, and the tier rules of every
+//! ClusterNetworkPolicy whose subject it is, with peers as address sets.
 
 use super::registry::SetRegistry;
 use super::sets::NamedPortGroup;
-use super::spec::{PeerSpec, PolicySpec, PortMatch, RuleSpec};
+use super::spec::{PeerSpec, PolicySpec, PortMatch, PortSpec, RuleSpec};
+use crate::cluster_policy::{Action, ClusterPolicySpec, Tier};
 use crate::desired::{
-    Direction, DirectionPolicy, Endpoint, Peer, PortRange, Ports, Rule, RuleOrigin,
+    Direction, DirectionPolicy, Endpoint, Peer, PortRange, Ports, Rule, RuleOrigin, TierOrigin,
+    TierRule,
 };
 use crate::model::PodInfo;
 
-/// `policies` are the policies that select `pod`.
+/// `policies` are the policies that select `pod`; `cluster` the ClusterNetworkPolicies
+/// whose subject it is, in evaluation order ([`ClusterPolicySpec::precedence`]).
 pub fn compile_endpoint(
     registry: &mut SetRegistry,
     pod: &PodInfo,
     policies: &[&PolicySpec],
+    cluster: &[&ClusterPolicySpec],
 ) -> Endpoint {
     let mut endpoint = Endpoint {
         pod: pod.key(),
@@ -65,8 +70,68 @@ pub fn compile_endpoint(
                 origin: RuleOrigin::audit(&audited),
             });
         }
+        for policy in cluster {
+            let tier = match policy.tier {
+                Tier::Admin => &mut target.admin,
+                Tier::Baseline => &mut target.baseline,
+            };
+            compile_tier_rules(registry, pod, direction, policy, tier);
+        }
     }
     endpoint
+}
+
+/// Appends `policy`'s rules of `direction` to `out`, in order.
+fn compile_tier_rules(
+    registry: &mut SetRegistry,
+    pod: &PodInfo,
+    direction: Direction,
+    policy: &ClusterPolicySpec,
+    out: &mut Vec<TierRule>,
+) {
+    for (index, rule) in policy.rules(direction).iter().enumerate() {
+        let origin = TierOrigin {
+            policy: policy.name.clone(),
+            priority: policy.priority,
+            rule_index: index as u32,
+            rule_name: rule.name.clone(),
+        };
+        if rule.unknown.is_some() {
+            // Fail closed: an Accept matches nothing, a Deny or Pass denies everything.
+            if rule.action != Action::Accept {
+                out.push(TierRule {
+                    peer: Peer::Any,
+                    ports: Ports::All,
+                    action: Action::Deny,
+                    origin,
+                });
+            }
+            continue;
+        }
+        let spec = RuleSpec {
+            peers: rule.peers.clone(),
+            ports: rule.ports.clone(),
+        };
+        let action = rule.action;
+        let rule_origin = RuleOrigin {
+            policy: policy.name.clone(),
+            rule_index: index as u32,
+        };
+        let mut expanded = Vec::new();
+        expand_rule(registry, pod, direction, &spec, &rule_origin, &mut |r| {
+            expanded.push((r.peer, r.ports))
+        });
+        // One rule's (peer, ports) pairs share its action: their order does not matter,
+        // duplicates do not either.
+        expanded.sort();
+        expanded.dedup();
+        out.extend(expanded.into_iter().map(|(peer, ports)| TierRule {
+            peer,
+            ports,
+            action,
+            origin: origin.clone(),
+        }));
+    }
 }
 
 /// Emits one [`Rule`] per (peer, port) of `rule`: peers and ports are each OR-ed.
@@ -151,16 +216,40 @@ fn single_port(protocol: crate::desired::Protocol, number: u16) -> Ports {
 
 /// The egress named-port groups `policy` uses.
 pub fn named_port_groups(policy: &PolicySpec) -> Vec<NamedPortGroup> {
+    egress_named_port_groups(
+        policy
+            .egress
+            .iter()
+            .flatten()
+            .map(|r| (r.peers.as_slice(), r.ports.as_slice())),
+    )
+}
+
+/// The egress named-port groups a ClusterNetworkPolicy uses.
+pub fn cluster_named_port_groups(policy: &ClusterPolicySpec) -> Vec<NamedPortGroup> {
+    egress_named_port_groups(
+        policy
+            .egress
+            .iter()
+            .filter(|r| r.unknown.is_none())
+            .map(|r| (r.peers.as_slice(), r.ports.as_slice())),
+    )
+}
+
+/// The named-port groups of egress rules given as (peers, ports).
+fn egress_named_port_groups<'r>(
+    rules: impl Iterator<Item = (&'r [PeerSpec], &'r [PortSpec])>,
+) -> Vec<NamedPortGroup> {
     let mut groups = Vec::new();
-    for rule in policy.egress.iter().flatten() {
-        for port in &rule.ports {
+    for (peers, ports) in rules {
+        for port in ports {
             let PortMatch::Named(name) = &port.port else {
                 continue;
             };
-            let bases: Vec<PeerSpec> = if rule.peers.is_empty() {
+            let bases: Vec<PeerSpec> = if peers.is_empty() {
                 vec![PeerSpec::every_pod()]
             } else {
-                rule.peers.clone()
+                peers.to_vec()
             };
             groups.extend(bases.into_iter().map(|base| NamedPortGroup {
                 base,

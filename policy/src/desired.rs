@@ -16,6 +16,7 @@ use ipnet::{IpNet, Ipv6Net};
 use serde::{Deserialize, Serialize};
 
 // The model's pod key and protocol, which every part of the desired state names.
+pub use crate::cluster_policy::{Action, Tier};
 pub use crate::model::{PodKey, Protocol};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -217,6 +218,28 @@ pub struct Rule {
     pub origin: RuleOrigin,
 }
 
+/// Where a ClusterNetworkPolicy rule came from, for `weir explain`, counters and drops.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct TierOrigin {
+    /// The ClusterNetworkPolicy's name.
+    pub policy: String,
+    pub priority: u16,
+    /// Index of the rule in the policy's `ingress` or `egress` list.
+    pub rule_index: u32,
+    /// The rule's `name`, if it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rule_name: Option<String>,
+}
+
+/// One (peer, ports) of a ClusterNetworkPolicy rule, compiled for an endpoint.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct TierRule {
+    pub peer: Peer,
+    pub ports: Ports,
+    pub action: Action,
+    pub origin: TierOrigin,
+}
+
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DirectionPolicy {
     /// Selected by at least one policy of this direction: everything not allowed is dropped.
@@ -225,6 +248,24 @@ pub struct DirectionPolicy {
     /// dataplanes enforce it as any other rule, and count what it allows.
     pub isolated: bool,
     pub rules: BTreeSet<Rule>,
+    /// The Admin tier's ClusterNetworkPolicy rules that apply, in evaluation order: the
+    /// first that matches decides (Accept, Deny) or hands the decision to the
+    /// NetworkPolicies (Pass). Evaluated before `isolated` and `rules`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub admin: Vec<TierRule>,
+    /// The Baseline tier's, likewise, evaluated only where neither the Admin tier nor a
+    /// NetworkPolicy (`isolated`) decided; what no rule decides is allowed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub baseline: Vec<TierRule>,
+}
+
+impl DirectionPolicy {
+    pub fn tier(&self, tier: Tier) -> &[TierRule] {
+        match tier {
+            Tier::Admin => &self.admin,
+            Tier::Baseline => &self.baseline,
+        }
+    }
 }
 
 /// A pod on this node that the dataplane enforces for.

@@ -6,15 +6,16 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use super::change::Change;
-use super::compile::{compile_endpoint, named_port_groups};
+use super::compile::{cluster_named_port_groups, compile_endpoint, named_port_groups};
 use super::error::PolicyError;
 use super::registry::SetRegistry;
 use super::selector::Selector;
 use super::sets::{pods_in_namespace_matching, SetDef};
-use super::spec::PolicySpec;
+use super::spec::{PeerSpec, PolicySpec};
 use super::validated::Validated;
-use crate::desired::{Delta, Desired, Frontend, PodKey, Rule};
-use crate::model::{ClusterModel, Kind, Labels, Object, ObjectRef, PodInfo};
+use crate::cluster_policy::ClusterPolicySpec;
+use crate::desired::{Delta, Desired, Endpoint, Frontend, Peer, PodKey};
+use crate::model::{ClusterModel, Kind, Labels, NodeInfo, Object, ObjectRef, PodInfo};
 
 #[derive(Debug)]
 pub struct Engine {
@@ -23,6 +24,9 @@ pub struct Engine {
     policies: BTreeMap<String, PolicySpec>,
     /// Policy keys (`namespace/name`) by namespace.
     policies_by_namespace: HashMap<String, BTreeSet<String>>,
+    /// ClusterNetworkPolicies by name. Where a policy key is expected (named-port group
+    /// users), a cluster policy's is its name, which has no `/`.
+    cluster_policies: BTreeMap<String, ClusterPolicySpec>,
     registry: SetRegistry,
     /// Frontends by Service (`namespace/name`); their union is `desired.frontends`.
     services: BTreeMap<String, BTreeSet<Frontend>>,
@@ -37,6 +41,7 @@ impl Engine {
             model: ClusterModel::default(),
             policies: BTreeMap::new(),
             policies_by_namespace: HashMap::new(),
+            cluster_policies: BTreeMap::new(),
             registry: SetRegistry::default(),
             services: BTreeMap::new(),
             desired: Desired::default(),
@@ -65,6 +70,16 @@ impl Engine {
         selecting(&self.policies, &self.policies_by_namespace, pod)
     }
 
+    /// The validated ClusterNetworkPolicy `name`.
+    pub fn cluster_policy(&self, name: &str) -> Option<&ClusterPolicySpec> {
+        self.cluster_policies.get(name)
+    }
+
+    /// The ClusterNetworkPolicies whose subject `pod` is, in evaluation order.
+    pub fn cluster_policies_selecting(&self, pod: &PodInfo) -> Vec<&ClusterPolicySpec> {
+        cluster_selecting(&self.cluster_policies, &self.model, pod)
+    }
+
     /// What a set id stands for, while the set is in use.
     pub fn set_definition(&self, id: crate::desired::SetId) -> Option<&SetDef> {
         self.registry.definition(id)
@@ -85,8 +100,12 @@ impl Engine {
             }
             Validated::Pod(pod) => self.apply_pod(&pod.key(), Some(pod), &mut change),
             Validated::Policy(spec) => self.apply_policy(&spec.key(), Some(spec), &mut change),
-            // Nodes and Services compile into nothing per pod; `finish` recounts frontends.
-            other @ (Validated::Node(_) | Validated::Service { .. }) => self.store(other),
+            Validated::ClusterPolicy(spec) => {
+                self.apply_cluster_policy(&spec.name.clone(), Some(spec), &mut change)
+            }
+            Validated::Node(node) => self.apply_node(&node.name.clone(), Some(node), &mut change),
+            // Services compile into nothing per pod; `finish` recounts frontends.
+            other @ Validated::Service { .. } => self.store(other),
         }
         self.finish(change, service)
     }
@@ -99,9 +118,8 @@ impl Engine {
             Kind::Namespace => self.apply_namespace(&key.name, None, &mut change),
             Kind::Pod => self.apply_pod(&qualified, None, &mut change),
             Kind::NetworkPolicy => self.apply_policy(&qualified, None, &mut change),
-            Kind::Node => {
-                self.model.remove_node(&key.name);
-            }
+            Kind::ClusterNetworkPolicy => self.apply_cluster_policy(&key.name, None, &mut change),
+            Kind::Node => self.apply_node(&key.name, None, &mut change),
             Kind::Service => {
                 self.services.remove(&qualified);
             }
@@ -145,6 +163,9 @@ impl Engine {
                     Some(spec),
                 );
             }
+            Validated::ClusterPolicy(spec) => {
+                self.cluster_policies.insert(spec.name.clone(), spec);
+            }
             Validated::Node(node) => {
                 self.model.upsert_node(node);
             }
@@ -163,6 +184,12 @@ impl Engine {
     pub fn rebuild(&mut self) -> Delta {
         let before = std::mem::take(&mut self.desired);
         self.registry.clear();
+        for policy in self.cluster_policies.values() {
+            for group in cluster_named_port_groups(policy) {
+                self.registry
+                    .add_group_user(&self.model, &group, &policy.name);
+            }
+        }
         let mut selected: HashMap<PodKey, Vec<&PolicySpec>> = HashMap::new();
         for policy in self.policies.values() {
             for group in named_port_groups(policy) {
@@ -185,8 +212,9 @@ impl Engine {
                 .get(&pod.key())
                 .map(Vec::as_slice)
                 .unwrap_or_default();
-            let endpoint = compile_endpoint(&mut self.registry, pod, policies);
-            self.registry.add_refs(endpoint_rules(&endpoint));
+            let cluster = cluster_selecting(&self.cluster_policies, &self.model, pod);
+            let endpoint = compile_endpoint(&mut self.registry, pod, policies, &cluster);
+            self.registry.add_refs(endpoint_peers(&endpoint));
             self.desired
                 .endpoints
                 .insert(endpoint.pod.clone(), endpoint);
@@ -280,30 +308,80 @@ impl Engine {
         // namespace changed: recompute those sets.
         let affected =
             |sel: Option<&Selector>| sel.is_some_and(|s| s.matches(&before) != s.matches(&after));
-        for (id, def) in self
-            .registry
-            .live()
-            .filter(|(_, d)| affected(d.namespace_selector()))
-        {
-            let members = def.members(model);
-            let current = self
-                .desired
-                .sets
-                .get(&id)
-                .map(|s| s.members.clone())
-                .unwrap_or_default();
-            for m in current.difference(&members) {
-                change.remove_member(&mut self.desired, id, *m);
-            }
-            for m in members.difference(&current) {
-                change.add_member(&mut self.desired, id, *m);
-            }
-        }
+        resync_sets(
+            &self.registry,
+            model,
+            &mut self.desired,
+            |d| affected(d.namespace_selector()),
+            change,
+        );
         let changed = self
             .registry
             .refresh_groups(model, |g| affected(g.namespace_selector()));
-        let endpoints = self.endpoints_of(&changed);
+        let mut endpoints = self.endpoints_of(&changed);
+        // A ClusterNetworkPolicy's subject may now take in, or leave out, the
+        // namespace's pods.
+        if self
+            .cluster_policies
+            .values()
+            .any(|p| affected(Some(p.subject.namespace_selector())))
+        {
+            endpoints.extend(
+                model
+                    .pods_in_namespace(name)
+                    .filter(|p| is_endpoint(self.local_node.as_deref(), p))
+                    .map(PodInfo::key),
+            );
+        }
         self.recompile(endpoints, change);
+    }
+
+    fn apply_cluster_policy(
+        &mut self,
+        name: &str,
+        new: Option<ClusterPolicySpec>,
+        change: &mut Change,
+    ) {
+        if let Some(spec) = &new {
+            for group in cluster_named_port_groups(spec) {
+                self.registry.add_group_user(&self.model, &group, name);
+            }
+        }
+        let old = match new {
+            Some(spec) => self.cluster_policies.insert(name.to_owned(), spec),
+            None => self.cluster_policies.remove(name),
+        };
+        let mut endpoints = self.endpoints_of(&BTreeSet::from([name.to_owned()]));
+        if let Some(old) = &old {
+            let still_used = self
+                .cluster_policies
+                .get(name)
+                .map(cluster_named_port_groups)
+                .unwrap_or_default();
+            for group in cluster_named_port_groups(old)
+                .iter()
+                .filter(|g| !still_used.contains(g))
+            {
+                self.registry.remove_group_user(group, name);
+            }
+            endpoints.extend(self.cluster_selected_endpoints(old));
+        }
+        self.recompile(endpoints, change);
+    }
+
+    /// A Node's labels and addresses decide the members of `nodes` peers' sets.
+    fn apply_node(&mut self, name: &str, new: Option<NodeInfo>, change: &mut Change) {
+        match new {
+            Some(node) => self.model.upsert_node(node),
+            None => self.model.remove_node(name),
+        };
+        resync_sets(
+            &self.registry,
+            &self.model,
+            &mut self.desired,
+            |d| matches!(d, SetDef::Peer(PeerSpec::Nodes(_))),
+            change,
+        );
     }
 
     fn apply_policy(&mut self, key: &str, new: Option<PolicySpec>, change: &mut Change) {
@@ -338,12 +416,40 @@ impl Engine {
         self.recompile(endpoints, change);
     }
 
-    /// Local endpoints selected by the named policies.
+    /// Local endpoints selected by the named policies (NetworkPolicies by
+    /// `namespace/name`, ClusterNetworkPolicies by name).
     fn endpoints_of(&self, policies: &BTreeSet<String>) -> BTreeSet<PodKey> {
-        policies
+        let namespaced = policies
             .iter()
             .filter_map(|k| self.policies.get(k))
-            .flat_map(|p| self.selected_endpoints(p))
+            .flat_map(|p| self.selected_endpoints(p));
+        let cluster = policies
+            .iter()
+            .filter_map(|k| self.cluster_policies.get(k))
+            .flat_map(|p| self.cluster_selected_endpoints(p));
+        namespaced.chain(cluster).collect()
+    }
+
+    /// Local endpoints that are `policy`'s subjects.
+    fn cluster_selected_endpoints(&self, policy: &ClusterPolicySpec) -> Vec<PodKey> {
+        let model = &self.model;
+        model
+            .namespace_names()
+            .into_iter()
+            .filter(|ns| {
+                policy
+                    .subject
+                    .namespace_selector()
+                    .matches(&model.namespace_labels(ns))
+            })
+            .flat_map(|ns| model.pods_in_namespace(ns))
+            .filter(|p| is_endpoint(self.local_node.as_deref(), p))
+            .filter(|p| {
+                policy
+                    .subject
+                    .selects(p, &model.namespace_labels(&p.namespace))
+            })
+            .map(PodInfo::key)
             .collect()
     }
 
@@ -365,14 +471,15 @@ impl Engine {
             let old = match pod {
                 Some(pod) => {
                     let policies = selecting(&self.policies, &self.policies_by_namespace, pod);
-                    let endpoint = compile_endpoint(&mut self.registry, pod, &policies);
-                    self.registry.add_refs(endpoint_rules(&endpoint));
+                    let cluster = cluster_selecting(&self.cluster_policies, &self.model, pod);
+                    let endpoint = compile_endpoint(&mut self.registry, pod, &policies, &cluster);
+                    self.registry.add_refs(endpoint_peers(&endpoint));
                     self.desired.endpoints.insert(key, endpoint)
                 }
                 None => self.desired.endpoints.remove(&key),
             };
             if let Some(old) = old {
-                self.registry.remove_refs(endpoint_rules(&old));
+                self.registry.remove_refs(endpoint_peers(&old));
             }
         }
     }
@@ -423,6 +530,54 @@ fn store_policy(
     old
 }
 
-fn endpoint_rules(endpoint: &crate::desired::Endpoint) -> impl Iterator<Item = &Rule> {
-    endpoint.ingress.rules.iter().chain(&endpoint.egress.rules)
+/// Recomputes the members of the live sets `which` picks, from the model.
+fn resync_sets(
+    registry: &SetRegistry,
+    model: &ClusterModel,
+    desired: &mut Desired,
+    which: impl Fn(&SetDef) -> bool,
+    change: &mut Change,
+) {
+    for (id, def) in registry.live().filter(|(_, d)| which(d)) {
+        let members = def.members(model);
+        let current = desired
+            .sets
+            .get(&id)
+            .map(|s| s.members.clone())
+            .unwrap_or_default();
+        for m in current.difference(&members) {
+            change.remove_member(desired, id, *m);
+        }
+        for m in members.difference(&current) {
+            change.add_member(desired, id, *m);
+        }
+    }
+}
+
+/// The ClusterNetworkPolicies whose subject `pod` is, in evaluation order.
+fn cluster_selecting<'p>(
+    policies: &'p BTreeMap<String, ClusterPolicySpec>,
+    model: &ClusterModel,
+    pod: &PodInfo,
+) -> Vec<&'p ClusterPolicySpec> {
+    if policies.is_empty() {
+        return Vec::new();
+    }
+    let labels = model.namespace_labels(&pod.namespace);
+    let mut selecting: Vec<&ClusterPolicySpec> = policies
+        .values()
+        .filter(|p| p.subject.selects(pod, &labels))
+        .collect();
+    selecting.sort_by(|a, b| a.precedence().cmp(&b.precedence()));
+    selecting
+}
+
+/// The peer of every rule of `endpoint`, tier rules included.
+fn endpoint_peers(endpoint: &Endpoint) -> impl Iterator<Item = Peer> + '_ {
+    [&endpoint.ingress, &endpoint.egress]
+        .into_iter()
+        .flat_map(|d| {
+            let rules = d.rules.iter().map(|r| r.peer);
+            rules.chain(d.admin.iter().chain(&d.baseline).map(|r| r.peer))
+        })
 }

@@ -10,8 +10,8 @@ use serde::Serialize;
 
 use super::engine::Engine;
 use super::sets::SetDef;
-use super::verdict::{rule_admits, verdict_between};
-use crate::desired::{Direction, Peer, Ports, Protocol, Rule};
+use super::verdict::{admits, verdict_between, DirectionVerdict, TierDecision};
+use crate::desired::{Action, Direction, Peer, Ports, Protocol, Rule, Tier};
 use crate::model::PodInfo;
 
 /// The destination: a pod (`namespace/name`) or an address.
@@ -105,6 +105,43 @@ pub struct SideExplanation {
     /// Those audit policies would drop this connection; it passes, counted as an audit
     /// verdict.
     pub audit_would_deny: bool,
+    /// The ClusterNetworkPolicy rule that decided (Accept or Deny), if a tier did.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub decided_by: Option<TierExplanation>,
+    /// Pass rules that handed the decision down a tier, in order.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub passed_by: Vec<TierExplanation>,
+}
+
+/// A ClusterNetworkPolicy rule that matched: the first of its tier.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct TierExplanation {
+    pub tier: Tier,
+    /// The ClusterNetworkPolicy's name.
+    pub policy: String,
+    pub priority: u16,
+    /// `ingress[i]` or `egress[i]`.
+    pub rule: String,
+    /// The rule's `name`, if it has one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    pub action: Action,
+    pub peer: String,
+    pub ports: String,
+}
+
+impl fmt::Display for TierExplanation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} tier: clusternetworkpolicy {} (priority {}) {}",
+            self.tier, self.policy, self.priority, self.rule
+        )?;
+        if let Some(name) = &self.name {
+            write!(f, " {name:?}")?;
+        }
+        write!(f, ": {} peer {} on {}", self.action, self.peer, self.ports)
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -178,8 +215,8 @@ pub fn explain(
         port.port,
         port.protocol,
     );
-    let side = |direction, pod: Option<&PodInfo>, peer: IpAddr, allowed: bool, isolated: bool| {
-        side_explanation(engine, direction, pod, peer, port, allowed, isolated)
+    let side = |direction, pod: Option<&PodInfo>, peer: IpAddr, verdict: &DirectionVerdict| {
+        side_explanation(engine, direction, pod, peer, port, verdict)
     };
     Ok(Explanation {
         from: from.to_owned(),
@@ -193,20 +230,8 @@ pub fn explain(
         protocol: port.protocol,
         allowed: v.allowed,
         to_self: v.to_self,
-        egress: side(
-            Direction::Egress,
-            Some(source),
-            to_address,
-            v.egress.allowed,
-            v.egress.isolated,
-        ),
-        ingress: side(
-            Direction::Ingress,
-            to_pod,
-            from_address,
-            v.ingress.allowed,
-            v.ingress.isolated,
-        ),
+        egress: side(Direction::Egress, Some(source), to_address, &v.egress),
+        ingress: side(Direction::Ingress, to_pod, from_address, &v.ingress),
     })
 }
 
@@ -216,8 +241,7 @@ fn side_explanation(
     pod: Option<&PodInfo>,
     peer: IpAddr,
     port: PortProtocol,
-    allowed: bool,
-    isolated: bool,
+    verdict: &DirectionVerdict,
 ) -> SideExplanation {
     let endpoint = pod.and_then(|p| engine.desired().endpoints.get(&p.key()));
     let selecting = |audit: bool| -> Vec<String> {
@@ -235,7 +259,16 @@ fn side_explanation(
     let admitting: Vec<&Rule> = endpoint
         .into_iter()
         .flat_map(|e| &e.direction(direction).rules)
-        .filter(|r| rule_admits(engine.desired(), r, peer, port.port, port.protocol))
+        .filter(|r| {
+            admits(
+                engine.desired(),
+                r.peer,
+                r.ports,
+                peer,
+                port.port,
+                port.protocol,
+            )
+        })
         .collect();
     // Only the audit rule admits it: the audit policies alone would drop it.
     let audit_would_deny = !admitting.is_empty() && admitting.iter().all(|r| r.origin.is_audit());
@@ -249,12 +282,67 @@ fn side_explanation(
         pod: pod.map(PodInfo::key),
         enforced: endpoint.is_some(),
         // Isolated by audit-mode policies alone is not isolated: nothing is dropped.
-        isolated: isolated && !isolated_by.is_empty(),
-        allowed,
+        isolated: verdict.isolated && !isolated_by.is_empty(),
+        allowed: verdict.allowed,
         isolated_by,
         allowed_by,
         audit_by,
         audit_would_deny,
+        decided_by: verdict
+            .decided_by
+            .as_ref()
+            .map(|d| tier_explanation(engine, direction, d)),
+        passed_by: verdict
+            .passed_by
+            .iter()
+            .map(|d| tier_explanation(engine, direction, d))
+            .collect(),
+    }
+}
+
+fn tier_explanation(
+    engine: &Engine,
+    direction: Direction,
+    decision: &TierDecision,
+) -> TierExplanation {
+    let rule = &decision.rule;
+    TierExplanation {
+        tier: decision.tier,
+        policy: rule.origin.policy.clone(),
+        priority: rule.origin.priority,
+        rule: format!("{}[{}]", direction.name(), rule.origin.rule_index),
+        name: rule.origin.rule_name.clone(),
+        action: rule.action,
+        peer: peer_text(engine, rule.peer),
+        ports: ports_text(rule.ports),
+    }
+}
+
+fn peer_text(engine: &Engine, peer: Peer) -> String {
+    match peer {
+        Peer::Any => "any".to_owned(),
+        Peer::Set(id) => engine
+            .set_definition(id)
+            .map(SetDef::definition)
+            .unwrap_or_else(|| id.to_string()),
+    }
+}
+
+fn ports_text(ports: Ports) -> String {
+    match ports {
+        Ports::All => "all".to_owned(),
+        Ports::Protocol {
+            protocol,
+            range: None,
+        } => protocol.to_string(),
+        Ports::Protocol {
+            protocol,
+            range: Some(r),
+        } if r.first == r.last => format!("{protocol}/{}", r.first),
+        Ports::Protocol {
+            protocol,
+            range: Some(r),
+        } => format!("{protocol}/{}-{}", r.first, r.last),
     }
 }
 
@@ -263,28 +351,8 @@ fn rule_explanation(engine: &Engine, direction: Direction, rule: &Rule) -> RuleE
     RuleExplanation {
         policy: rule.origin.policy.clone(),
         rule: format!("{side}[{}]", rule.origin.rule_index),
-        peer: match rule.peer {
-            Peer::Any => "any".to_owned(),
-            Peer::Set(id) => engine
-                .set_definition(id)
-                .map(SetDef::definition)
-                .unwrap_or_else(|| id.to_string()),
-        },
-        ports: match rule.ports {
-            Ports::All => "all".to_owned(),
-            Ports::Protocol {
-                protocol,
-                range: None,
-            } => protocol.to_string(),
-            Ports::Protocol {
-                protocol,
-                range: Some(r),
-            } if r.first == r.last => format!("{protocol}/{}", r.first),
-            Ports::Protocol {
-                protocol,
-                range: Some(r),
-            } => format!("{protocol}/{}-{}", r.first, r.last),
-        },
+        peer: peer_text(engine, rule.peer),
+        ports: ports_text(rule.ports),
     }
 }
 
@@ -298,6 +366,27 @@ impl fmt::Display for SideExplanation {
         if !self.enforced {
             return write!(f, "{what} {who}: not enforced (not a pod endpoint: host network, no address or unknown)");
         }
+        let verdict = if self.allowed { "allowed" } else { "DENIED" };
+        if let Some(decided) = &self.decided_by {
+            write!(f, "{what} {who}: {verdict}")?;
+            self.write_passed(f)?;
+            return write!(f, "\n    decided by: {decided}");
+        }
+        self.write_rest(f, what, who)?;
+        self.write_passed(f)
+    }
+}
+
+impl SideExplanation {
+    fn write_passed(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for p in &self.passed_by {
+            write!(f, "\n    passed on by: {p}")?;
+        }
+        Ok(())
+    }
+
+    /// The NetworkPolicy part, where no tier decided.
+    fn write_rest(&self, f: &mut fmt::Formatter<'_>, what: &str, who: &str) -> fmt::Result {
         if !self.isolated {
             write!(f, "{what} {who}: allowed, not isolated")?;
             if !self.audit_by.is_empty() {

@@ -27,6 +27,7 @@
 //!   one [`Engine::upsert`] each.
 
 mod change;
+pub mod cluster_policy;
 mod compile;
 pub mod desired;
 mod engine;

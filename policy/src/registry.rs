@@ -8,7 +8,7 @@ use super::change::Change;
 use super::interner::SetInterner;
 use super::sets::{NamedPortGroup, SetDef};
 use super::spec::PeerSpec;
-use crate::desired::{AddressSet, Desired, Peer, Rule, SetId};
+use crate::desired::{AddressSet, Desired, Peer, SetId};
 use crate::model::ClusterModel;
 
 #[derive(Debug)]
@@ -75,8 +75,9 @@ impl SetRegistry {
         self.entries.get(&id).map(|e| &e.def)
     }
 
-    pub fn add_refs<'r>(&mut self, rules: impl Iterator<Item = &'r Rule>) {
-        for id in rules.filter_map(rule_set) {
+    /// Counts a reference from each peer.
+    pub fn add_refs(&mut self, peers: impl Iterator<Item = Peer>) {
+        for id in peers.filter_map(peer_set) {
             if let Some(e) = self.entries.get_mut(&id) {
                 e.refs += 1;
                 self.dirty.insert(id);
@@ -84,8 +85,8 @@ impl SetRegistry {
         }
     }
 
-    pub fn remove_refs<'r>(&mut self, rules: impl Iterator<Item = &'r Rule>) {
-        for id in rules.filter_map(rule_set) {
+    pub fn remove_refs(&mut self, peers: impl Iterator<Item = Peer>) {
+        for id in peers.filter_map(peer_set) {
             if let Some(e) = self.entries.get_mut(&id) {
                 e.refs -= 1;
                 self.dirty.insert(id);
@@ -179,8 +180,8 @@ impl SetRegistry {
     }
 }
 
-fn rule_set(rule: &Rule) -> Option<SetId> {
-    match rule.peer {
+fn peer_set(peer: Peer) -> Option<SetId> {
+    match peer {
         Peer::Set(id) => Some(id),
         Peer::Any => None,
     }

@@ -48,7 +48,7 @@ impl SetDef {
     /// The members `pod` contributes to this set (CIDR sets get none from pods).
     pub fn pod_members(&self, model: &ClusterModel, pod: &PodInfo) -> Vec<Member> {
         let addresses = match self {
-            SetDef::Peer(PeerSpec::Block { .. }) => Vec::new(),
+            SetDef::Peer(PeerSpec::Block { .. } | PeerSpec::Nodes(_)) => Vec::new(),
             SetDef::Peer(peer) => peer.pod_addresses(model, pod),
             SetDef::NamedPort(g, number) => {
                 if pod.named_port(&g.name, g.protocol) == Some(*number) {
@@ -76,6 +76,11 @@ impl SetDef {
                 .chain(holes)
                 .collect()
             }
+            SetDef::Peer(PeerSpec::Nodes(sel)) => model
+                .nodes()
+                .filter(|n| sel.matches(&n.labels))
+                .flat_map(|n| n.addresses.iter().copied().map(host_member))
+                .collect(),
             SetDef::Peer(peer) => candidates(model, peer)
                 .into_iter()
                 .flat_map(|pod| self.pod_members(model, pod))
@@ -150,6 +155,7 @@ impl PeerSpec {
                 let holes: Vec<String> = except.iter().map(IpNet::to_string).collect();
                 format!("cidr({cidr} except {})", holes.join(","))
             }
+            PeerSpec::Nodes(sel) => format!("nodes({sel})"),
         }
     }
 
@@ -176,6 +182,9 @@ impl PeerSpec {
                 .addresses()
                 .filter(|a| cidr.contains(a) && !except.iter().any(|e| e.contains(a)))
                 .collect(),
+            // A pod is never a node (a host-network pod, which has the node's address, is
+            // not selectable).
+            PeerSpec::Nodes(_) => Vec::new(),
         }
     }
 
@@ -215,6 +224,7 @@ pub fn candidates<'m>(model: &'m ClusterModel, peer: &PeerSpec) -> Vec<&'m PodIn
             .flat_map(|ns| pods_in_namespace_matching(model, ns, pods))
             .collect(),
         PeerSpec::Block { .. } => model.pods().collect(),
+        PeerSpec::Nodes(_) => Vec::new(),
     }
 }
 

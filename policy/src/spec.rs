@@ -73,6 +73,9 @@ pub enum PeerSpec {
         cidr: IpNet,
         except: BTreeSet<IpNet>,
     },
+    /// The addresses of the Nodes whose labels match (a ClusterNetworkPolicy's `nodes`
+    /// peer), host-network pods on them included.
+    Nodes(Selector),
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -5,6 +5,7 @@
 
 use std::collections::BTreeSet;
 
+use crate::cluster_policy::{parse_cluster_policy, ClusterPolicySpec};
 use crate::desired::Frontend;
 use crate::error::PolicyError;
 use crate::model::{FieldError, Kind, Labels, NodeInfo, Object, ObjectRef, PodInfo};
@@ -19,6 +20,7 @@ pub enum Validated {
     },
     Pod(PodInfo),
     Policy(PolicySpec),
+    ClusterPolicy(ClusterPolicySpec),
     Node(NodeInfo),
     /// Only its frontends matter: traffic to them is judged after kube-proxy's DNAT.
     Service {
@@ -50,7 +52,11 @@ impl Validated {
                     .map_err(|e| PolicyError::invalid(&key, e))?,
             ),
             Object::NetworkPolicy(np) => Validated::Policy(parse_policy(&np)?),
+            Object::ClusterNetworkPolicy(cnp) => {
+                Validated::ClusterPolicy(parse_cluster_policy(&cnp)?)
+            }
             Object::Node(node) => Validated::Node(NodeInfo {
+                addresses: node_addresses(&node),
                 name: key.name,
                 labels: node.metadata.labels.unwrap_or_default(),
             }),
@@ -68,6 +74,7 @@ impl Validated {
             Validated::Namespace { .. } => Kind::Namespace,
             Validated::Pod(_) => Kind::Pod,
             Validated::Policy(_) => Kind::NetworkPolicy,
+            Validated::ClusterPolicy(_) => Kind::ClusterNetworkPolicy,
             Validated::Node(_) => Kind::Node,
             Validated::Service { .. } => Kind::Service,
         }
@@ -81,12 +88,24 @@ impl Validated {
             Validated::Policy(spec) => {
                 ObjectRef::new(Kind::NetworkPolicy, Some(&spec.namespace), &spec.name)
             }
+            Validated::ClusterPolicy(spec) => {
+                ObjectRef::new(Kind::ClusterNetworkPolicy, None, &spec.name)
+            }
             Validated::Node(node) => ObjectRef::new(Kind::Node, None, &node.name),
             Validated::Service {
                 namespace, name, ..
             } => ObjectRef::new(Kind::Service, Some(namespace), name),
         }
     }
+}
+
+/// The IP addresses among a Node's `status.addresses` (the others are host names).
+fn node_addresses(node: &k8s_openapi::api::core::v1::Node) -> BTreeSet<std::net::IpAddr> {
+    node.status
+        .iter()
+        .flat_map(|s| s.addresses.iter().flatten())
+        .filter_map(|a| a.address.parse().ok())
+        .collect()
 }
 
 #[cfg(test)]

@@ -6,7 +6,9 @@ use std::net::IpAddr;
 
 use serde::Serialize;
 
-use crate::desired::{Desired, Direction, Endpoint, Peer, Ports, Protocol, Rule, RuleOrigin};
+use crate::desired::{
+    Action, Desired, Direction, Endpoint, Peer, Ports, Protocol, RuleOrigin, Tier, TierRule,
+};
 
 /// The decision of one side of a connection.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -15,8 +17,21 @@ pub struct DirectionVerdict {
     pub endpoint: Option<String>,
     pub isolated: bool,
     pub allowed: bool,
-    /// Every rule that admits the connection.
+    /// Every NetworkPolicy rule that admits the connection (consulted or not).
     pub matched: Vec<RuleOrigin>,
+    /// The ClusterNetworkPolicy rule that decided (Accept or Deny), if a tier did.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub decided_by: Option<TierDecision>,
+    /// Pass rules that handed the decision on to the next tier, in order.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub passed_by: Vec<TierDecision>,
+}
+
+/// A ClusterNetworkPolicy rule that matched a connection: the first of its tier.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct TierDecision {
+    pub tier: Tier,
+    pub rule: TierRule,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -122,36 +137,82 @@ pub fn direction_verdict(
             isolated: false,
             allowed: true,
             matched: Vec::new(),
+            decided_by: None,
+            passed_by: Vec::new(),
         };
     };
     let policy = endpoint.direction(direction);
     let matched: Vec<RuleOrigin> = policy
         .rules
         .iter()
-        .filter(|r| rule_admits(desired, r, peer, port, protocol))
+        .filter(|r| admits(desired, r.peer, r.ports, peer, port, protocol))
         .map(|r| r.origin.clone())
         .collect();
-    DirectionVerdict {
+    let mut verdict = DirectionVerdict {
         endpoint: Some(endpoint.pod.clone()),
         isolated: policy.isolated,
         allowed: !policy.isolated || !matched.is_empty(),
         matched,
+        decided_by: None,
+        passed_by: Vec::new(),
+    };
+    // The Admin tier, the NetworkPolicies (when they isolate), the Baseline tier: the
+    // first to decide does.
+    let tier_match = |tier: Tier| {
+        let first = policy
+            .tier(tier)
+            .iter()
+            .find(|r| tier_rule_matches(desired, r, peer, port, protocol))?;
+        Some(TierDecision {
+            tier,
+            rule: first.clone(),
+        })
+    };
+    for tier in [Tier::Admin, Tier::Baseline] {
+        if tier == Tier::Baseline && policy.isolated {
+            break;
+        }
+        let Some(decision) = tier_match(tier) else {
+            continue;
+        };
+        match decision.rule.action {
+            Action::Pass => verdict.passed_by.push(decision),
+            Action::Accept | Action::Deny => {
+                verdict.allowed = decision.rule.action == Action::Accept;
+                verdict.decided_by = Some(decision);
+                break;
+            }
+        }
     }
+    verdict
 }
 
-/// Whether `rule` admits traffic with `peer` on `port`/`protocol`.
-pub fn rule_admits(
+/// Whether a ClusterNetworkPolicy rule matches traffic with `peer` on `port`/`protocol`.
+pub fn tier_rule_matches(
     desired: &Desired,
-    rule: &Rule,
+    rule: &TierRule,
     peer: IpAddr,
     port: u16,
     protocol: Protocol,
 ) -> bool {
-    let peer_ok = match rule.peer {
+    admits(desired, rule.peer, rule.ports, peer, port, protocol)
+}
+
+/// Whether a rule with `rule_peer` and `rule_ports` admits traffic with `peer` on
+/// `port`/`protocol`.
+pub fn admits(
+    desired: &Desired,
+    rule_peer: Peer,
+    rule_ports: Ports,
+    peer: IpAddr,
+    port: u16,
+    protocol: Protocol,
+) -> bool {
+    let peer_ok = match rule_peer {
         Peer::Any => true,
         Peer::Set(id) => desired.sets.get(&id).is_some_and(|s| s.contains(peer)),
     };
-    let ports_ok = match rule.ports {
+    let ports_ok = match rule_ports {
         Ports::All => true,
         Ports::Protocol { protocol: p, range } => {
             p == protocol && range.is_none_or(|r| r.first <= port && port <= r.last)

@@ -65,6 +65,7 @@ pub fn endpoint(
             .unwrap_or_default()
             .into_iter()
             .collect::<BTreeSet<_>>(),
+        ..DirectionPolicy::default()
     };
     Endpoint {
         pod: pod.into(),

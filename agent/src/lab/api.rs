@@ -20,6 +20,7 @@ use serde_json::json;
 
 use super::objects::ObjectSet;
 use crate::source::digest::StateDigest;
+use weir_policy::cluster_policy::ClusterNetworkPolicy;
 use weir_policy::model::{Kind, Object, ObjectRef};
 
 const MANAGER: &str = "weir-lab";
@@ -183,6 +184,12 @@ async fn apply(
                 .await?
                 .metadata
         }
+        Object::ClusterNetworkPolicy(cnp) => {
+            let api: Api<ClusterNetworkPolicy> = Api::all(client.clone());
+            api.patch(name(cnp.metadata.name.as_ref()), &pp, &Patch::Apply(cnp))
+                .await?
+                .metadata
+        }
         Object::Service(svc) => {
             let api: Api<Service> = Api::namespaced(client.clone(), namespace(object));
             api.patch(name(svc.metadata.name.as_ref()), &pp, &Patch::Apply(svc))
@@ -231,6 +238,10 @@ async fn delete(client: &Client, key: &ObjectRef) -> Result<(), kube::Error> {
             .await
             .map(drop),
         Kind::Node => Api::<Node>::all(client.clone())
+            .delete(&key.name, &now)
+            .await
+            .map(drop),
+        Kind::ClusterNetworkPolicy => Api::<ClusterNetworkPolicy>::all(client.clone())
             .delete(&key.name, &now)
             .await
             .map(drop),

@@ -29,6 +29,7 @@ fn to_yaml(object: &Object) -> String {
         Object::Pod(o) => serde_yaml::to_string(o),
         Object::NetworkPolicy(o) => serde_yaml::to_string(o),
         Object::Service(o) => serde_yaml::to_string(o),
+        Object::ClusterNetworkPolicy(o) => serde_yaml::to_string(o),
     };
     yaml.expect("Kubernetes objects serialize to YAML")
 }
@@ -139,7 +140,7 @@ fn set_namespace(object: &mut Object, namespace: Option<&str>) {
         Object::Pod(o) => &mut o.metadata,
         Object::NetworkPolicy(o) => &mut o.metadata,
         Object::Service(o) => &mut o.metadata,
-        Object::Namespace(_) | Object::Node(_) => return,
+        Object::Namespace(_) | Object::Node(_) | Object::ClusterNetworkPolicy(_) => return,
     };
     meta.namespace = namespace.map(str::to_owned);
 }

@@ -184,6 +184,7 @@ fn kind_order(kind: Kind) -> u8 {
         Kind::Pod => 2,
         Kind::NetworkPolicy => 3,
         Kind::Service => 4,
+        Kind::ClusterNetworkPolicy => 5,
     }
 }
 
@@ -212,6 +213,7 @@ fn object_ref(v: &serde_yaml::Value) -> Option<ObjectRef> {
         "NetworkPolicy" => Kind::NetworkPolicy,
         "Node" => Kind::Node,
         "Service" => Kind::Service,
+        "ClusterNetworkPolicy" => Kind::ClusterNetworkPolicy,
         _ => return None,
     };
     let meta = v.get("metadata")?;

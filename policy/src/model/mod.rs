@@ -56,11 +56,13 @@ pub const NAMESPACE_NAME_LABEL: &str = "kubernetes.io/metadata.name";
 
 pub type Labels = BTreeMap<String, String>;
 
-/// What the engine keeps of a Node: its labels.
+/// What the engine keeps of a Node: its labels and the IP addresses in
+/// `status.addresses` (what a ClusterNetworkPolicy `nodes` peer matches).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NodeInfo {
     pub name: String,
     pub labels: Labels,
+    pub addresses: BTreeSet<IpAddr>,
 }
 
 /// An object that was refused, or could not be enforced or removed, and why. The object is
@@ -141,6 +143,10 @@ impl ClusterModel {
 
     pub fn node(&self, name: &str) -> Option<&NodeInfo> {
         self.nodes.get(name)
+    }
+
+    pub fn nodes(&self) -> impl Iterator<Item = &NodeInfo> {
+        self.nodes.values()
     }
 
     pub fn pod(&self, key: &str) -> Option<&PodInfo> {

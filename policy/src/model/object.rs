@@ -6,6 +6,8 @@ use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use serde::{Deserialize, Serialize};
 
+use crate::cluster_policy::ClusterNetworkPolicy;
+
 /// Namespace of a namespaced object whose manifest names none (as `kubectl apply`).
 pub const DEFAULT_NAMESPACE: &str = "default";
 
@@ -16,6 +18,7 @@ pub enum Kind {
     NetworkPolicy,
     Node,
     Service,
+    ClusterNetworkPolicy,
 }
 
 impl Kind {
@@ -26,6 +29,7 @@ impl Kind {
             Kind::NetworkPolicy => "NetworkPolicy",
             Kind::Node => "Node",
             Kind::Service => "Service",
+            Kind::ClusterNetworkPolicy => "ClusterNetworkPolicy",
         }
     }
 
@@ -96,6 +100,7 @@ pub enum Object {
     Node(Node),
     /// Only its frontends matter: traffic to them is judged after kube-proxy's DNAT.
     Service(Service),
+    ClusterNetworkPolicy(ClusterNetworkPolicy),
 }
 
 impl Object {
@@ -106,6 +111,7 @@ impl Object {
             Object::NetworkPolicy(_) => Kind::NetworkPolicy,
             Object::Node(_) => Kind::Node,
             Object::Service(_) => Kind::Service,
+            Object::ClusterNetworkPolicy(_) => Kind::ClusterNetworkPolicy,
         }
     }
 
@@ -116,6 +122,7 @@ impl Object {
             Object::NetworkPolicy(o) => &o.metadata,
             Object::Node(o) => &o.metadata,
             Object::Service(o) => &o.metadata,
+            Object::ClusterNetworkPolicy(o) => &o.metadata,
         }
     }
 

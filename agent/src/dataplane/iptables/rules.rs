@@ -270,6 +270,7 @@ mod tests {
             ingress: DirectionPolicy {
                 isolated: true,
                 rules: rules.into_iter().collect(),
+                ..DirectionPolicy::default()
             },
             egress: DirectionPolicy::default(),
         }

@@ -383,6 +383,7 @@ mod tests {
                     ingress: DirectionPolicy {
                         isolated: *isolated,
                         rules,
+                        ..DirectionPolicy::default()
                     },
                     egress: DirectionPolicy::default(),
                 },

@@ -38,6 +38,8 @@ fn label(kind: Kind) -> &'static str {
         Kind::NetworkPolicy => KINDS[2],
         Kind::Node => KINDS[3],
         Kind::Service => KINDS[4],
+        // Not watched yet: the dataplanes do not enforce it.
+        Kind::ClusterNetworkPolicy => "clusternetworkpolicies",
     }
 }
 

@@ -1,0 +1,194 @@
+//! `ClusterNetworkPolicy` (policy.networking.k8s.io/v1alpha2, network-policy-api v0.2.0)
+//! as the API server serves it. k8s-openapi has no types for custom resources, so these
+//! mirror the CRD's schema (`apis/v1alpha2/clusternetworkpolicy_types.go`): every field
+//! the schema requires is still `Option` here, so that a missing one is a validation
+//! error naming the field rather than a decode error. Unknown fields are ignored, which
+//! is how a peer of a newer API version arrives with no field set (and fails closed).
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+use serde::{Deserialize, Serialize};
+
+/// Serializes with its `apiVersion` and `kind`, as k8s-openapi's types do.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+pub struct ClusterNetworkPolicy {
+    pub metadata: ObjectMeta,
+    #[serde(default)]
+    pub spec: Option<ClusterNetworkPolicySpec>,
+}
+
+impl Serialize for ClusterNetworkPolicy {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use k8s_openapi::Resource;
+        #[derive(Serialize)]
+        #[serde(rename_all = "camelCase")]
+        struct Typed<'a> {
+            api_version: &'a str,
+            kind: &'a str,
+            metadata: &'a ObjectMeta,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            spec: &'a Option<ClusterNetworkPolicySpec>,
+        }
+        Typed {
+            api_version: Self::API_VERSION,
+            kind: Self::KIND,
+            metadata: &self.metadata,
+            spec: &self.spec,
+        }
+        .serialize(serializer)
+    }
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterNetworkPolicySpec {
+    /// `Admin` or `Baseline`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tier: Option<String>,
+    /// 0-1000; lower is evaluated first within the tier.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subject: Option<Subject>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ingress: Option<Vec<IngressRule>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub egress: Option<Vec<EgressRule>>,
+}
+
+/// Exactly one field.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Subject {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespaces: Option<LabelSelector>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pods: Option<NamespacedPod>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NamespacedPod {
+    /// Empty or absent: every namespace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace_selector: Option<LabelSelector>,
+    /// Required; empty: every pod.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_selector: Option<LabelSelector>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct IngressRule {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// `Accept`, `Deny` or `Pass`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub action: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from: Option<Vec<IngressPeer>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub protocols: Option<Vec<ProtocolEntry>>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EgressRule {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub action: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub to: Option<Vec<EgressPeer>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub protocols: Option<Vec<ProtocolEntry>>,
+}
+
+/// Exactly one field.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct IngressPeer {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespaces: Option<LabelSelector>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pods: Option<NamespacedPod>,
+}
+
+/// Exactly one field. `nodes` and `domainNames` are the experimental channel's.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EgressPeer {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespaces: Option<LabelSelector>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pods: Option<NamespacedPod>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nodes: Option<LabelSelector>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub networks: Option<Vec<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub domain_names: Option<Vec<String>>,
+}
+
+/// Exactly one field.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ProtocolEntry {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tcp: Option<ProtocolPort>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub udp: Option<ProtocolPort>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sctp: Option<ProtocolPort>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub destination_named_port: Option<String>,
+}
+
+/// `tcp`, `udp` or `sctp`: at least one field (`tcp: {}` is refused).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ProtocolPort {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub destination_port: Option<Port>,
+}
+
+/// Exactly one field.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Port {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub number: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub range: Option<PortRange>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PortRange {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub end: Option<i64>,
+}
+
+impl k8s_openapi::Resource for ClusterNetworkPolicy {
+    const API_VERSION: &'static str = "policy.networking.k8s.io/v1alpha2";
+    const GROUP: &'static str = "policy.networking.k8s.io";
+    const KIND: &'static str = "ClusterNetworkPolicy";
+    const VERSION: &'static str = "v1alpha2";
+    const URL_PATH_SEGMENT: &'static str = "clusternetworkpolicies";
+    type Scope = k8s_openapi::ClusterResourceScope;
+}
+
+impl k8s_openapi::ListableResource for ClusterNetworkPolicy {
+    const LIST_KIND: &'static str = "ClusterNetworkPolicyList";
+}
+
+impl k8s_openapi::Metadata for ClusterNetworkPolicy {
+    type Ty = ObjectMeta;
+    fn metadata(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+    fn metadata_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+}
