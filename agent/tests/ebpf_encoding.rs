@@ -85,3 +85,53 @@ fn an_ipv6_block_admits_no_ipv4_peer_in_the_maps() {
     let wrong = disagreements(&case, |_| true);
     assert!(wrong.is_empty(), "{}{wrong:#?}", case.describe());
 }
+
+/// A ClusterNetworkPolicy object from its spec (YAML).
+fn cluster_policy(name: &str, spec: &str) -> weir_policy::model::Object {
+    let spec: String = spec.lines().map(|l| format!("  {l}\n")).collect();
+    let yaml = format!("metadata: {{name: {name}}}\nspec:\n{spec}");
+    weir_policy::model::Object::ClusterNetworkPolicy(serde_yaml::from_str(&yaml).expect(&yaml))
+}
+
+fn network_policy(ns: &str, name: &str, spec: &str) -> weir_policy::model::Object {
+    let spec: String = spec.lines().map(|l| format!("  {l}\n")).collect();
+    let yaml = format!("metadata: {{name: {name}, namespace: {ns}}}\nspec:\n{spec}");
+    weir_policy::model::Object::NetworkPolicy(serde_yaml::from_str(&yaml).expect(&yaml))
+}
+
+/// Tiered directions are encoded as the agent's evaluation of every point: the maps,
+/// decided as the programs decide, must give weir's verdict on every probe, for Admin
+/// and Baseline rules in order (Accept, Deny, Pass), beside NetworkPolicies or not, with
+/// ports, ranges, named ports, blocks and an unknown peer.
+#[test]
+fn tiered_directions_decide_as_weir_does() {
+    let subject_x = "subject: {namespaces: {matchLabels: {ns: x}}}";
+    let cases: Vec<(&str, Vec<weir_policy::model::Object>)> = vec![
+        ("admin order", vec![cluster_policy("a", &format!("tier: Admin\npriority: 1\n{subject_x}\ningress:\n- {{action: Pass, from: [{{namespaces: {{matchLabels: {{ns: y}}}}}}], protocols: [{{tcp: {{destinationPort: {{number: 80}}}}}}]}}\n- {{action: Deny, from: [{{namespaces: {{}}}}], protocols: [{{tcp: {{destinationPort: {{range: {{start: 79, end: 81}}}}}}}}, {{udp: {{destinationPort: {{number: 81}}}}}}]}}\n- {{action: Accept, from: [{{pods: {{namespaceSelector: {{}}, podSelector: {{matchLabels: {{pod: b}}}}}}}}]}}\n- {{action: Deny, from: [{{networks: [0.0.0.0/0, '::/0']}}]}}"))]),
+        ("admin pass to a network policy, then baseline", vec![
+            cluster_policy("a", &format!("tier: Admin\npriority: 10\n{subject_x}\ningress:\n- {{action: Pass, from: [{{namespaces: {{matchLabels: {{ns: y}}}}}}]}}\negress:\n- {{action: Pass, to: [{{namespaces: {{matchLabels: {{ns: y}}}}}}]}}\n- {{action: Deny, to: [{{namespaces: {{matchLabels: {{ns: z}}}}}}], protocols: [{{sctp: {{destinationPort: {{number: 80}}}}}}]}}")),
+            network_policy("x", "np", "podSelector: {matchLabels: {pod: a}}\npolicyTypes: [Ingress]\ningress: [{from: [{namespaceSelector: {matchLabels: {ns: y}}}], ports: [{port: 80}]}]"),
+            cluster_policy("b", "tier: Baseline\npriority: 10\nsubject: {namespaces: {}}\ningress:\n- {action: Deny, from: [{namespaces: {matchLabels: {ns: y}}}]}\n- {action: Accept, from: [{namespaces: {}}], protocols: [{udp: {destinationPort: {range: {start: 1, end: 80}}}}]}\n- {action: Deny, from: [{networks: [10.0.0.0/8]}]}\negress:\n- {action: Deny, to: [{pods: {namespaceSelector: {matchLabels: {ns: z}}, podSelector: {matchLabels: {pod: c}}}}]}"),
+        ]),
+        ("named ports and priorities", vec![
+            cluster_policy("late", "tier: Admin\npriority: 5\nsubject: {pods: {namespaceSelector: {}, podSelector: {matchLabels: {pod: a}}}}\negress:\n- {action: Deny, to: [{namespaces: {}}]}"),
+            cluster_policy("early", "tier: Admin\npriority: 4\nsubject: {pods: {namespaceSelector: {}, podSelector: {matchLabels: {pod: a}}}}\negress:\n- {action: Accept, to: [{namespaces: {matchLabels: {ns: y}}}], protocols: [{destinationNamedPort: serve-81-udp}]}\ningress:\n- {action: Accept, from: [{namespaces: {matchLabels: {ns: z}}}], protocols: [{destinationNamedPort: serve-80-sctp}]}\n- {action: Deny, from: [{namespaces: {}}]}"),
+            network_policy("y", "deny", "podSelector: {}\npolicyTypes: [Ingress, Egress]\negress: [{ports: [{port: 81, protocol: TCP}]}]"),
+        ]),
+        ("unknown peer fails closed", vec![
+            cluster_policy("future", &format!("tier: Baseline\npriority: 1\n{subject_x}\ningress:\n- {{action: Pass, from: [{{futureField: {{}}}}]}}\negress:\n- {{action: Accept, to: [{{futureField: {{}}}}]}}\n- {{action: Deny, to: [{{namespaces: {{matchLabels: {{ns: y}}}}}}], protocols: [{{tcp: {{destinationPort: {{number: 81}}}}}}]}}")),
+        ]),
+    ];
+    let mut failures = Vec::new();
+    for (name, objects) in cases {
+        let wrong = encoding::verdict_disagreements(objects);
+        if !wrong.is_empty() {
+            failures.push(format!(
+                "{name}: {} probes disagree, first: {:#?}",
+                wrong.len(),
+                &wrong[..wrong.len().min(6)]
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}

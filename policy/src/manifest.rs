@@ -1,5 +1,5 @@
-//! Kubernetes YAML manifests → [`Object`]s: multi-document files of Namespace, Pod,
-//! NetworkPolicy and Node objects (and `kind: List` of them). Anything else is an error
+//! Kubernetes YAML manifests → [`Object`]s: multi-document files of Namespace, Pod, Node,
+//! Service, NetworkPolicy and ClusterNetworkPolicy objects (and `kind: List` of them). Anything else is an error
 //! naming the file, the document (1-based) and the kind. Reading the files is the agent's
 //! (`weir::source::manifest`).
 
@@ -21,7 +21,7 @@ pub enum ManifestError {
     },
     #[error("{file}: document {document}: missing `kind` or `apiVersion`")]
     MissingKind { file: String, document: usize },
-    #[error("{file}: document {document}: unsupported kind {kind:?} (apiVersion {api_version:?}); expected v1 Namespace, Pod or Node, or networking.k8s.io/v1 NetworkPolicy")]
+    #[error("{file}: document {document}: unsupported kind {kind:?} (apiVersion {api_version:?}); expected v1 Namespace, Pod, Node or Service, networking.k8s.io/v1 NetworkPolicy, or policy.networking.k8s.io/v1alpha2 ClusterNetworkPolicy")]
     UnknownKind {
         file: String,
         document: usize,
@@ -101,6 +101,9 @@ fn collect(
         ("v1", "Service") => Object::Service(serde_yaml::from_value(value).map_err(yaml_error)?),
         ("networking.k8s.io/v1", "NetworkPolicy") => {
             Object::NetworkPolicy(serde_yaml::from_value(value).map_err(yaml_error)?)
+        }
+        ("policy.networking.k8s.io/v1alpha2", "ClusterNetworkPolicy") => {
+            Object::ClusterNetworkPolicy(serde_yaml::from_value(value).map_err(yaml_error)?)
         }
         _ => {
             return Err(ManifestError::UnknownKind {

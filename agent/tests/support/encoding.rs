@@ -86,3 +86,38 @@ pub fn disagreements(case: &Case, keep: impl Fn(usize) -> bool) -> Vec<String> {
     }
     out
 }
+
+/// Every disagreement between weir's verdict and the decoded maps on the world with
+/// `extra` objects (ClusterNetworkPolicies, NetworkPolicies), on every probe over IPv4 and
+/// IPv6. The reference evaluator knows no tiers: weir's verdict is the oracle here.
+pub fn verdict_disagreements(extra: Vec<Object>) -> Vec<String> {
+    let mut engine = Engine::new(None);
+    let (_, refused) = engine.load(world_objects().iter().cloned().chain(extra));
+    if !refused.is_empty() {
+        return refused.iter().map(|e| format!("refused: {e}")).collect();
+    }
+    let desired = engine.desired();
+    let encoded = decode::encode(desired);
+    let addresses = addresses();
+    let mut out = Vec::new();
+    for (from, to, port, proto) in probes() {
+        for family in [Family::V4, Family::V6] {
+            let address = |pod: &str| match family {
+                Family::V4 => addresses[pod].0,
+                Family::V6 => addresses[pod].1,
+            };
+            let (from_addr, to_addr) = (address(&from), address(&to));
+            let compiled = verdict(desired, &from, to_addr, port, protocol(proto))
+                .map(|v| v.allowed)
+                .map_err(|e| e.to_string());
+            let maps =
+                encoded.connection_allowed(&from, from_addr, &to, to_addr, port, protocol(proto));
+            if compiled != Ok(maps) {
+                out.push(format!(
+                    "{from} -> {to} {port}/{proto} {family:?}: weir {compiled:?}, maps {maps}"
+                ));
+            }
+        }
+    }
+    out
+}

@@ -100,9 +100,24 @@ const _: () = assert!(COUNTER_DEFAULT_DENY_EGRESS < RULE_ID_FIRST);
 /// rule id without the bit.
 pub const AUDIT_RULE_BIT: u32 = 1 << 30;
 
+/// Set in a POLICY value that drops: a ClusterNetworkPolicy Deny rule (its id in the
+/// other bits), or, with no id, the NetworkPolicies' default deny in a direction that
+/// ClusterNetworkPolicy tiers also judge. Only such directions have these values, and
+/// every point of their key space is decided (see the agent's policy_map).
+pub const TIER_DENY_BIT: u32 = 1 << 29;
+
 /// The rule id (COUNTERS slot) of a POLICY value or an event's `rule_id`.
 pub const fn rule_id(value: u32) -> u32 {
-    value & !AUDIT_RULE_BIT
+    value & !(AUDIT_RULE_BIT | TIER_DENY_BIT)
+}
+
+/// The COUNTERS slot of a drop by POLICY value `value` (0 when nothing matched): the
+/// ClusterNetworkPolicy Deny rule's, or `direction`'s default deny.
+pub const fn drop_counter(value: u32, direction: Direction) -> u32 {
+    match rule_id(value) {
+        0 => default_deny_counter(direction),
+        id => id,
+    }
 }
 
 /// The default-deny counter of `direction`.

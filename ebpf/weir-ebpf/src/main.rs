@@ -314,16 +314,11 @@ fn judge_deferred(
         if identity == IDENTITY_HOST {
             (COUNTER_HOST, Reason::Host, 0)
         } else {
-            let mut rule = 0;
-            if identity != IDENTITY_WORLD {
-                rule = policy_lookup(client, identity, Direction::Egress, &pkt.tuple);
-            }
-            if rule == 0 {
-                rule = policy_lookup(client, IDENTITY_ANY, Direction::Egress, &pkt.tuple);
-            }
-            if rule == 0 {
-                count(ctx, default_deny_counter(Direction::Egress));
-                v.emit(ctx, &pkt.tuple, Verdict::Drop, Reason::PolicyDeny, 0, now);
+            let rule = policy_value(client, identity, Direction::Egress, &pkt.tuple);
+            if !allows(rule) {
+                count(ctx, drop_counter(rule, Direction::Egress));
+                let id = rule_id(rule);
+                v.emit(ctx, &pkt.tuple, Verdict::Drop, Reason::PolicyDeny, id, now);
                 return Deferred::Drop;
             }
             (rule, Reason::PolicyAllow, rule)
@@ -514,18 +509,12 @@ fn judge(
         ct_track(ctx, &mut pkt.key, id, direction, &pkt.tuple, 0, now);
         return v.allow(ctx, &pkt.tuple, COUNTER_HOST, Reason::Host);
     }
-    let mut rule = 0;
-    if identity != IDENTITY_WORLD {
-        rule = policy_lookup(id, identity, direction, &pkt.tuple);
-    }
-    if rule == 0 {
-        rule = policy_lookup(id, IDENTITY_ANY, direction, &pkt.tuple);
-    }
-    if rule != 0 {
+    let rule = policy_value(id, identity, direction, &pkt.tuple);
+    if allows(rule) {
         ct_track(ctx, &mut pkt.key, id, direction, &pkt.tuple, rule, now);
         return v.allow(ctx, &pkt.tuple, rule, Reason::PolicyAllow);
     }
-    count(ctx, default_deny_counter(direction));
+    count(ctx, drop_counter(rule, direction));
     if direction == Direction::Ingress {
         ct_forget_sender(pkt);
     }
@@ -539,8 +528,28 @@ fn judge(
         pkt.tuple.dport,
         identity
     );
-    v.emit(ctx, &pkt.tuple, Verdict::Drop, Reason::PolicyDeny, 0, now);
+    v.emit(ctx, &pkt.tuple, Verdict::Drop, Reason::PolicyDeny, rule_id(rule), now);
     TC_ACT_SHOT
+}
+
+/// The POLICY value for a peer of `identity`: its own entries, else the any-peer ones
+/// (the world's identity has none of its own); 0 when neither has an entry.
+#[inline(always)]
+fn policy_value(endpoint_id: u32, identity: u32, direction: Direction, t: &Tuple) -> u32 {
+    let mut value = 0;
+    if identity != IDENTITY_WORLD {
+        value = policy_lookup(endpoint_id, identity, direction, t);
+    }
+    if value == 0 {
+        value = policy_lookup(endpoint_id, IDENTITY_ANY, direction, t);
+    }
+    value
+}
+
+/// Whether a POLICY value admits the packet: a rule matched, and it is no drop.
+#[inline(always)]
+fn allows(value: u32) -> bool {
+    value != 0 && value & TIER_DENY_BIT == 0
 }
 
 /// A peer's identity: the IDENTITY trie's longest match, or the world's. An IPv6 packet's

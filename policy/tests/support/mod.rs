@@ -232,8 +232,7 @@ impl Harness {
     }
 }
 
-/// A ClusterNetworkPolicy object; `spec` is YAML, indented under `spec:`. (The manifest
-/// parser does not take this kind until both dataplanes enforce it.)
+/// A ClusterNetworkPolicy object; `spec` is YAML, indented under `spec:`.
 pub fn cluster_policy(name: &str, spec: &str) -> Object {
     let spec: String = spec.lines().map(|l| format!("  {l}\n")).collect();
     let yaml = format!("apiVersion: policy.networking.k8s.io/v1alpha2\nkind: ClusterNetworkPolicy\nmetadata: {{name: {name}}}\nspec:\n{spec}");

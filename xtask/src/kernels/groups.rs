@@ -105,6 +105,8 @@ pub const GROUPS: &[Group] = &[
     group("hostile_lifecycle", "hostile_lifecycle", false, 1200),
     group("hostile_timing", "hostile_timing", false, 1200),
     group("lab_world", "lab_world", false, 900),
+    // ClusterNetworkPolicy tiers on both dataplanes, with real packets.
+    group("cluster_policies", "cluster_policies", false, 900),
     // The eBPF programs' verdict counters and the iptables rules' counters, read back, and
     // the verdict log (ring buffer, NFLOG) of both.
     group("agent_status", "agent_status", false, 600),

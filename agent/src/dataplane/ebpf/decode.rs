@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 
-use weir_common::{PolicyKey, IDENTITY_ANY, IDENTITY_WORLD, POLICY_PREFIX_FULL};
+use weir_common::{PolicyKey, IDENTITY_ANY, IDENTITY_WORLD, POLICY_PREFIX_FULL, TIER_DENY_BIT};
 use weir_policy::desired::{is_ipv4_mapped, Desired, Direction, PodKey, Protocol};
 
 use super::identities::{IdentityTable, Prefix};
@@ -85,7 +85,7 @@ impl Encoded {
         if rule == 0 {
             rule = self.policy_lookup(id, IDENTITY_ANY, direction, port, protocol);
         }
-        rule != 0
+        rule != 0 && rule & TIER_DENY_BIT == 0
     }
 
     /// The IDENTITY trie's longest match for `peer` (IPv4 as IPv4-mapped), or the world;

@@ -39,20 +39,19 @@ fn reason(code: u8) -> &'static str {
 pub fn decode(ev: &VerdictEvent, records: Option<&Records>) -> VerdictRecord {
     let verdict = Verdict::try_from(ev.verdict);
     let drop = verdict == Ok(Verdict::Drop);
+    // A drop names its rule only when a ClusterNetworkPolicy Deny made it.
+    let named = records
+        .and_then(|r| r.rules.by_id.get(&rule_id(ev.rule_id)))
+        .map(ToString::to_string);
     let rule = if drop {
-        Some(
-            match Reason::try_from(ev.reason) {
-                Ok(Reason::Spoofed) => "anti-spoofing",
-                Ok(Reason::Tagged) => "no tagged frames from pods",
-                Ok(Reason::Malformed) => "unreadable IP header",
-                _ => "default deny",
-            }
-            .to_string(),
-        )
+        Some(match Reason::try_from(ev.reason) {
+            Ok(Reason::Spoofed) => "anti-spoofing".to_string(),
+            Ok(Reason::Tagged) => "no tagged frames from pods".to_string(),
+            Ok(Reason::Malformed) => "unreadable IP header".to_string(),
+            _ => named.unwrap_or_else(|| "default deny".to_string()),
+        })
     } else {
-        records
-            .and_then(|r| r.rules.by_id.get(&rule_id(ev.rule_id)))
-            .map(ToString::to_string)
+        named
     };
     VerdictRecord {
         timestamp_ns: ev.timestamp_ns,

@@ -864,11 +864,14 @@ pub(crate) fn planned_state(
     let mut owner: BTreeMap<u32, String> = BTreeMap::new();
     for (pod, (id, _, ifindex)) in placed {
         let ep = &desired.endpoints[pod];
+        // A direction the tiers judge is looked up too: its entries decide every packet.
+        let judged =
+            |p: &weir_policy::desired::DirectionPolicy| p.isolated || policy_map::is_tiered(p);
         let mut flags = 0;
-        if ep.ingress.isolated {
+        if judged(&ep.ingress) {
             flags |= EP_INGRESS_ISOLATED;
         }
-        if ep.egress.isolated {
+        if judged(&ep.egress) {
             flags |= EP_EGRESS_ISOLATED;
         }
         let info = endpoint_info(*id, flags, ep);
@@ -962,12 +965,18 @@ impl Dataplane for EbpfDataplane {
             })
         };
         let mut counts = VerdictCounts::default();
+        let mut tier_denied: BTreeMap<Direction, u64> = BTreeMap::new();
         for (id, rule) in &self.records.rules.by_id {
+            if rule.action == Some(weir_policy::desired::Action::Deny) {
+                *tier_denied.entry(rule.direction).or_default() += packets(*id)?;
+                continue;
+            }
             counts.add_rule(&rule.policy, rule.is_audit(), rule.direction, packets(*id)?);
         }
         for direction in [Direction::Ingress, Direction::Egress] {
             let slot = weir_common::default_deny_counter(policy_map::kernel_direction(direction));
-            counts.denied.insert(direction, packets(slot)?);
+            let tier = tier_denied.get(&direction).copied().unwrap_or_default();
+            counts.denied.insert(direction, packets(slot)? + tier);
         }
         for (reason, slot) in [
             (DROP_SPOOFED, weir_common::COUNTER_SPOOFED),

@@ -2,16 +2,26 @@
 //! → rule id. "Any peer" is identity [`IDENTITY_ANY`] (the program looks it up second);
 //! "all protocols" and "all ports" are shorter prefixes; a port range becomes at most 30
 //! aligned prefixes (1–65535 is 16), never one entry per port.
+//!
+//! A direction that ClusterNetworkPolicy tiers judge is encoded differently
+//! ([`tiered_entries`]): the agent evaluates the tiers and the NetworkPolicies for each
+//! identity the rules name (and for [`IDENTITY_ANY`], the rest), and writes the outcome at
+//! every point of the (protocol, port) space, allows as rule ids and drops with
+//! [`TIER_DENY_BIT`]. The program still makes one or two lookups, however many policies
+//! and tiers there are.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 use weir_common::{
-    PolicyKey, AUDIT_RULE_BIT, IDENTITY_ANY, POLICY_PREFIX_ANY_PORT, POLICY_PREFIX_ANY_PROTOCOL,
-    RULE_ID_FIRST,
+    PolicyKey, AUDIT_RULE_BIT, COUNTER_NOT_ISOLATED, IDENTITY_ANY, POLICY_PREFIX_ANY_PORT,
+    POLICY_PREFIX_ANY_PROTOCOL, RULE_ID_FIRST, TIER_DENY_BIT,
 };
 
-use weir_policy::desired::{Direction, Endpoint, Peer, Ports, Rule, RuleOrigin, SetId};
+use weir_policy::desired::{
+    Action, Direction, DirectionPolicy, Endpoint, Peer, Ports, Protocol, Rule, RuleOrigin, SetId,
+    Tier, TierRule,
+};
 
 /// A POLICY trie key with its prefix length (bits).
 pub type PolicyEntry = (u32, PolicyKey);
@@ -22,6 +32,12 @@ pub struct RuleName {
     pub policy: String,
     pub direction: Direction,
     pub rule_index: u32,
+    /// A ClusterNetworkPolicy's rule: its tier (`policy` is then the policy's name).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tier: Option<Tier>,
+    /// A ClusterNetworkPolicy rule's action: what its counter counts (a Deny's drops).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub action: Option<Action>,
 }
 
 impl RuleName {
@@ -33,6 +49,14 @@ impl RuleName {
 impl std::fmt::Display for RuleName {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let dir = self.direction.name();
+        if let Some(tier) = self.tier {
+            let action = self.action.map(|a| format!(" ({a})")).unwrap_or_default();
+            return write!(
+                f,
+                "{tier} tier clusternetworkpolicy {} {dir} rule {}{action}",
+                self.policy, self.rule_index
+            );
+        }
         if self.is_audit() {
             return write!(f, "{} {dir} audit: would be dropped", self.policy);
         }
@@ -57,7 +81,15 @@ impl RuleTable {
             .flat_map(|ep| {
                 [Direction::Ingress, Direction::Egress]
                     .into_iter()
-                    .flat_map(move |d| ep.direction(d).rules.iter().map(move |r| name(d, r)))
+                    .flat_map(move |d| {
+                        let p = ep.direction(d);
+                        let tiered = [Tier::Admin, Tier::Baseline]
+                            .into_iter()
+                            .flat_map(move |t| {
+                                p.tier(t).iter().map(move |r| tier_rule_name(d, t, r))
+                            });
+                        p.rules.iter().map(move |r| name(d, r)).chain(tiered)
+                    })
             })
             .collect();
         let mut by_name: BTreeMap<RuleName, u32> = self
@@ -88,6 +120,18 @@ pub fn name(direction: Direction, rule: &Rule) -> RuleName {
         policy: rule.origin.policy.clone(),
         direction,
         rule_index: rule.origin.rule_index,
+        tier: None,
+        action: None,
+    }
+}
+
+pub fn tier_rule_name(direction: Direction, tier: Tier, rule: &TierRule) -> RuleName {
+    RuleName {
+        policy: rule.origin.policy.clone(),
+        direction,
+        rule_index: rule.origin.rule_index,
+        tier: Some(tier),
+        action: Some(rule.action),
     }
 }
 
@@ -133,15 +177,15 @@ pub fn endpoint_entries(
 ) {
     for d in [Direction::Ingress, Direction::Egress] {
         let policy = ep.direction(d);
+        if is_tiered(policy) {
+            tiered_entries(endpoint_id, d, policy, identities_of_set, rule_ids, out);
+            continue;
+        }
         if !policy.isolated {
             continue;
         }
         for rule in &policy.rules {
-            let rule_id = match rule_ids[&name(d, rule)] {
-                // Higher than any rule id: a real rule with the same key wins the tie.
-                id if rule.origin.is_audit() => id | AUDIT_RULE_BIT,
-                id => id,
-            };
+            let rule_id = np_rule_value(d, rule, rule_ids);
             let identities: &[u32] = match rule.peer {
                 Peer::Any => &[IDENTITY_ANY],
                 Peer::Set(id) => identities_of_set.get(&id).map_or(&[], Vec::as_slice),
@@ -178,6 +222,196 @@ pub fn endpoint_entries(
                             }
                         }
                     }
+                }
+            }
+        }
+    }
+}
+
+/// Whether ClusterNetworkPolicy tiers judge the direction (then the programs look it up
+/// whether or not a NetworkPolicy isolates it).
+pub fn is_tiered(policy: &DirectionPolicy) -> bool {
+    !policy.admin.is_empty() || !policy.baseline.is_empty()
+}
+
+/// A NetworkPolicy rule's POLICY value: its id, with [`AUDIT_RULE_BIT`] for the audit rule
+/// (higher than any rule id, so a real rule with the same key wins the tie).
+fn np_rule_value(d: Direction, rule: &Rule, rule_ids: &BTreeMap<RuleName, u32>) -> u32 {
+    match rule_ids[&name(d, rule)] {
+        id if rule.origin.is_audit() => id | AUDIT_RULE_BIT,
+        id => id,
+    }
+}
+
+/// What a tiered direction decides for traffic with a peer of one identity, at a
+/// protocol (`None`: one that is not TCP, UDP or SCTP, which only all-protocol rules
+/// match) and destination port: a POLICY value.
+struct TieredDirection<'a> {
+    d: Direction,
+    policy: &'a DirectionPolicy,
+    rule_ids: &'a BTreeMap<RuleName, u32>,
+}
+
+impl TieredDirection<'_> {
+    fn decide(&self, peer_in: &dyn Fn(Peer) -> bool, protocol: Option<Protocol>, port: u16) -> u32 {
+        let matches =
+            |peer: Peer, ports: Ports| peer_in(peer) && ports_match(ports, protocol, port);
+        // Admin, then NetworkPolicies (when they isolate), then Baseline, then allowed.
+        if let Some(v) = self.tier(Tier::Admin, &matches) {
+            return v;
+        }
+        if self.policy.isolated {
+            return self
+                .policy
+                .rules
+                .iter()
+                .filter(|r| matches(r.peer, r.ports))
+                .map(|r| np_rule_value(self.d, r, self.rule_ids))
+                .min()
+                // The NetworkPolicies' default deny.
+                .unwrap_or(TIER_DENY_BIT);
+        }
+        if let Some(v) = self.tier(Tier::Baseline, &matches) {
+            return v;
+        }
+        // Allowed by default: counted as a direction no policy isolates.
+        COUNTER_NOT_ISOLATED
+    }
+
+    /// The first matching rule's value in `tier`, unless there is none or it is a Pass.
+    fn tier(&self, tier: Tier, matches: &dyn Fn(Peer, Ports) -> bool) -> Option<u32> {
+        let rule = self
+            .policy
+            .tier(tier)
+            .iter()
+            .find(|r| matches(r.peer, r.ports))?;
+        let id = self.rule_ids[&tier_rule_name(self.d, tier, rule)];
+        match rule.action {
+            Action::Accept => Some(id),
+            Action::Deny => Some(id | TIER_DENY_BIT),
+            Action::Pass => None,
+        }
+    }
+
+    fn rules(&self) -> impl Iterator<Item = (Peer, Ports)> + '_ {
+        let np = self
+            .policy
+            .rules
+            .iter()
+            .filter(|_| self.policy.isolated)
+            .map(|r| (r.peer, r.ports));
+        let tiers = self.policy.admin.iter().chain(&self.policy.baseline);
+        np.chain(tiers.map(|r| (r.peer, r.ports)))
+    }
+}
+
+fn ports_match(ports: Ports, protocol: Option<Protocol>, port: u16) -> bool {
+    match ports {
+        Ports::All => true,
+        Ports::Protocol { protocol: p, range } => {
+            protocol == Some(p) && range.is_none_or(|r| r.first <= port && port <= r.last)
+        }
+    }
+}
+
+/// The entries of a tiered direction: per identity its rules name (and
+/// [`IDENTITY_ANY`]), the decision over the whole (protocol, port) space: one
+/// all-protocol entry, and per protocol an all-port entry and port ranges where they
+/// differ. `identities_of_set` lists each set's identities in ascending order.
+fn tiered_entries(
+    endpoint_id: u32,
+    d: Direction,
+    policy: &DirectionPolicy,
+    identities_of_set: &BTreeMap<SetId, Vec<u32>>,
+    rule_ids: &BTreeMap<RuleName, u32>,
+    out: &mut BTreeMap<PolicyEntry, u32>,
+) {
+    let tiered = TieredDirection {
+        d,
+        policy,
+        rule_ids,
+    };
+    let of_set = |set: SetId| identities_of_set.get(&set).map_or(&[][..], Vec::as_slice);
+    let mut identities: BTreeSet<u32> = tiered
+        .rules()
+        .filter_map(|(peer, _)| match peer {
+            Peer::Set(id) => Some(id),
+            Peer::Any => None,
+        })
+        .flat_map(|set| of_set(set).iter().copied())
+        .collect();
+    identities.insert(IDENTITY_ANY);
+    // Where the decision may change along each protocol's ports.
+    let mut breaks: BTreeMap<Protocol, BTreeSet<u16>> =
+        [Protocol::Tcp, Protocol::Udp, Protocol::Sctp]
+            .into_iter()
+            .map(|p| (p, BTreeSet::from([0])))
+            .collect();
+    for (_, ports) in tiered.rules() {
+        if let Ports::Protocol {
+            protocol,
+            range: Some(r),
+        } = ports
+        {
+            let b = breaks.entry(protocol).or_default();
+            b.insert(r.first);
+            if let Some(next) = r.last.checked_add(1) {
+                b.insert(next);
+            }
+        }
+    }
+    for identity in identities {
+        let peer_in = |peer: Peer| match peer {
+            Peer::Any => true,
+            Peer::Set(set) => {
+                identity != IDENTITY_ANY && of_set(set).binary_search(&identity).is_ok()
+            }
+        };
+        let base = PolicyKey {
+            endpoint_id,
+            identity,
+            direction: direction_code(d),
+            protocol: 0,
+            port: [0; 2],
+        };
+        let other = tiered.decide(&peer_in, None, 0);
+        out.insert((POLICY_PREFIX_ANY_PROTOCOL, base), other);
+        for (protocol, starts) in &breaks {
+            let starts: Vec<u16> = starts.iter().copied().collect();
+            // (first, last, value) pieces, neighbours with equal values merged.
+            let mut pieces: Vec<(u16, u16, u32)> = Vec::new();
+            for (i, &first) in starts.iter().enumerate() {
+                let last = starts.get(i + 1).map_or(u16::MAX, |n| n - 1);
+                let value = tiered.decide(&peer_in, Some(*protocol), first);
+                match pieces.last_mut() {
+                    Some(p) if p.2 == value => p.1 = last,
+                    _ => pieces.push((first, last, value)),
+                }
+            }
+            // The widest value covers the protocol; the others override it by port.
+            let mut width: BTreeMap<u32, u32> = BTreeMap::new();
+            for (first, last, value) in &pieces {
+                *width.entry(*value).or_default() += u32::from(*last - *first) + 1;
+            }
+            let widest = width
+                .iter()
+                .max_by_key(|(value, w)| (**w, std::cmp::Reverse(**value)))
+                .map(|(value, _)| *value)
+                .unwrap_or(other);
+            let key = PolicyKey {
+                protocol: protocol.number(),
+                ..base
+            };
+            if widest != other {
+                out.insert((POLICY_PREFIX_ANY_PORT, key), widest);
+            }
+            for (first, last, value) in pieces.into_iter().filter(|p| p.2 != widest) {
+                for (port, bits) in port_prefixes(first, last) {
+                    let key = PolicyKey {
+                        port: port.to_be_bytes(),
+                        ..key
+                    };
+                    out.insert((POLICY_PREFIX_ANY_PORT + bits, key), value);
                 }
             }
         }

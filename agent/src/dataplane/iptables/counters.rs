@@ -2,13 +2,16 @@
 //! (`iptables-save -c`): each allow rule carries its policy and rule in its comment, each
 //! endpoint chain ends in a default-deny DROP, and WEIR-SPOOF's DROPs are anti-spoofing.
 //! A direction only audit-mode policies isolate ends in an audit rule instead, a RETURN
-//! whose comment names those policies.
+//! whose comment names those policies. A ClusterNetworkPolicy rule's comment names its
+//! policy and action: an Accept's packets are allowed by it, a Deny's are denied (as on
+//! eBPF, where a Pass counts nothing).
 
 use super::names::chain_direction;
-use super::rules::comment_origin;
+use super::rules::{comment_origin, tier_comment_origin};
 use super::spoof::SPOOF_CHAIN;
 use crate::dataplane::{VerdictCounts, DROP_SPOOFED};
 use crate::reset::iptables_save::SavedTable;
+use weir_policy::desired::Action;
 
 /// Adds the counters of weir's rules in `tables` (one family's saved table) to `counts`.
 pub fn add(tables: &[SavedTable], counts: &mut VerdictCounts) {
@@ -25,6 +28,14 @@ pub fn add(tables: &[SavedTable], counts: &mut VerdictCounts) {
         let (Some(direction), Some(comment)) = (chain_direction(&rule.chain), &rule.comment) else {
             continue;
         };
+        if let Some((policy, action)) = tier_comment_origin(comment) {
+            match action {
+                Action::Accept => counts.add_rule(policy, false, direction, packets),
+                Action::Deny => *counts.denied.entry(direction).or_default() += packets,
+                Action::Pass => {}
+            }
+            continue;
+        }
         match rule.target.as_deref() {
             Some("DROP") if comment.ends_with(" default deny") => {
                 *counts.denied.entry(direction).or_default() += packets;

@@ -151,7 +151,19 @@ pub fn endpoint_chain(hash: u64, direction: Direction) -> String {
     format!("{WEIR_CHAIN_PREFIX}{d}-{hash:016x}")
 }
 
-/// The direction of an [`endpoint_chain`]; `None` for any other chain.
+/// Where an Admin-tier Pass goes (`-g`): the NetworkPolicies and the Baseline tier of an
+/// endpoint's direction, when its [`endpoint_chain`] starts with Admin rules and has a
+/// Pass among them.
+pub fn passed_chain(hash: u64, direction: Direction) -> String {
+    let d = match direction {
+        Direction::Ingress => "IP",
+        Direction::Egress => "EP",
+    };
+    format!("{WEIR_CHAIN_PREFIX}{d}-{hash:016x}")
+}
+
+/// The direction of an [`endpoint_chain`] or a [`passed_chain`]; `None` for any other
+/// chain.
 pub fn chain_direction(chain: &str) -> Option<Direction> {
     let rest = chain.strip_prefix(WEIR_CHAIN_PREFIX)?;
     let (d, hash) = rest.split_once('-')?;
@@ -159,8 +171,8 @@ pub fn chain_direction(chain: &str) -> Option<Direction> {
         return None;
     }
     match d {
-        "I" => Some(Direction::Ingress),
-        "E" => Some(Direction::Egress),
+        "I" | "IP" => Some(Direction::Ingress),
+        "E" | "EP" => Some(Direction::Egress),
         _ => None,
     }
 }

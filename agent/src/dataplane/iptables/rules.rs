@@ -3,6 +3,13 @@
 //! the pod's traffic there. weir never ACCEPTs: a RETURN only means "weir has no
 //! objection", so the node's own firewall still applies.
 //!
+//! A direction that ClusterNetworkPolicy tiers judge has a chain too, isolated or not:
+//! the Admin rules in order (Accept RETURNs, Deny DROPs), then the NetworkPolicies' rules
+//! as above when they isolate, else the Baseline rules (Accept and Pass RETURN, Deny
+//! DROPs). An Admin Pass jumps past the rest of the Admin rules with `-g` to the
+//! [`passed_chain`], which holds what follows them: there a RETURN goes back to the
+//! dispatch chain, as from the endpoint chain.
+//!
 //! Before each drop (and before the audit rule, which passes what an audit-mode policy
 //! would drop) an NFLOG rule sends the packet's headers to the agent's verdict stream. Its
 //! prefix carries the rule's identity ([`LogPrefix`]), and a kernel-side limit bounds what
@@ -10,9 +17,12 @@
 
 use std::net::IpAddr;
 
-use weir_policy::desired::{Direction, Endpoint, Peer, Ports, Protocol, Rule, RuleOrigin};
+use weir_policy::desired::{
+    Action, Direction, DirectionPolicy, Endpoint, Peer, Ports, Protocol, Rule, RuleOrigin, Tier,
+    TierRule,
+};
 
-use super::names::{endpoint_chain, set_name};
+use super::names::{endpoint_chain, passed_chain, set_name};
 use crate::netfilter::backend::Family;
 
 /// Longest comment kept on a rule (the kernel allows 256 bytes).
@@ -113,19 +123,83 @@ pub fn log_rule(matches: &str, prefix: LogPrefix) -> String {
     format!("{matches}{LOG_LIMIT} -j NFLOG --nflog-prefix \"{prefix}\" --nflog-group {NFLOG_GROUP}")
 }
 
-/// Rule specs (everything after `-A <chain> `) of the endpoint's chain for `direction`
-/// in `family`; `None` when the direction is not isolated or the pod has no address in
-/// that family (then no chain exists and nothing is dispatched). `log`: the endpoint's
-/// hash, when its drops (and audit verdicts) are logged.
+/// The rule specs (everything after `-A <chain> `) of an endpoint's direction.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EndpointChains {
+    /// The [`endpoint_chain`]'s.
+    pub main: Vec<String>,
+    /// The [`passed_chain`]'s, when an Admin Pass goes there.
+    pub passed: Option<Vec<String>>,
+}
+
+/// Whether the endpoint's `direction` in `family` has a chain: a NetworkPolicy isolates
+/// it or tiers judge it, and the pod has an address in that family.
+fn enforced(ep: &Endpoint, direction: Direction, family: Family) -> bool {
+    let policy = ep.direction(direction);
+    (policy.isolated || !policy.admin.is_empty() || !policy.baseline.is_empty())
+        && address(ep, family).is_some()
+}
+
+/// The chains of the endpoint (chain hash `hash`) for `direction` in `family`; `None`
+/// when it has none (see [`enforced`]; then nothing is dispatched). `log`: whether its
+/// drops (and audit verdicts) are logged.
 pub fn endpoint_rules(
     ep: &Endpoint,
     direction: Direction,
     family: Family,
-    log: Option<u64>,
-) -> Option<Vec<String>> {
-    let policy = ep.direction(direction);
-    if !policy.isolated || address(ep, family).is_none() {
+    hash: u64,
+    log: bool,
+) -> Option<EndpointChains> {
+    if !enforced(ep, direction, family) {
         return None;
+    }
+    let policy = ep.direction(direction);
+    let log = log.then_some(hash);
+    let rest = rest_rules(ep, policy, direction, family, log);
+    if policy.admin.is_empty() {
+        return Some(EndpointChains {
+            main: rest,
+            passed: None,
+        });
+    }
+    let passed = passed_chain(hash, direction);
+    let mut main = Vec::new();
+    for rule in &policy.admin {
+        main.extend(tier_rule_specs(
+            rule,
+            Tier::Admin,
+            direction,
+            family,
+            log,
+            &passed,
+        ));
+    }
+    if policy.admin.iter().any(|r| r.action == Action::Pass) {
+        main.push(format!("-g {passed}"));
+        return Some(EndpointChains {
+            main,
+            passed: Some(rest),
+        });
+    }
+    main.extend(rest);
+    Some(EndpointChains { main, passed: None })
+}
+
+/// What follows the Admin rules: the NetworkPolicies' rules and default deny when they
+/// isolate, else the Baseline rules (then what none decides returns: allowed).
+fn rest_rules(
+    ep: &Endpoint,
+    policy: &DirectionPolicy,
+    direction: Direction,
+    family: Family,
+    log: Option<u64>,
+) -> Vec<String> {
+    if !policy.isolated {
+        return policy
+            .baseline
+            .iter()
+            .flat_map(|r| tier_rule_specs(r, Tier::Baseline, direction, family, log, ""))
+            .collect();
     }
     // The audit rule allows everything: it must come after every rule it would shadow.
     let (audit, enforced): (Vec<&Rule>, Vec<&Rule>) =
@@ -155,7 +229,59 @@ pub fn endpoint_rules(
         "-m comment --comment {} -j DROP",
         quote(&format!("{} {direction:?} default deny", ep.pod))
     ));
-    Some(rules)
+    rules
+}
+
+/// The specs of one tier rule: Accept RETURNs; Deny DROPs, logged first when `log`
+/// (the endpoint's hash) is given; Pass goes to `passed` in the Admin tier and RETURNs
+/// (nothing later decides) in the Baseline tier.
+fn tier_rule_specs(
+    rule: &TierRule,
+    tier: Tier,
+    direction: Direction,
+    family: Family,
+    log: Option<u64>,
+    passed: &str,
+) -> Vec<String> {
+    let matches = match_spec(rule.peer, rule.ports, direction, family);
+    let comment = quote(&format!(
+        "{TIER_COMMENT_PREFIX}{tier} {} rule {} {}",
+        rule.origin.policy, rule.origin.rule_index, rule.action
+    ));
+    let target = match (rule.action, tier) {
+        (Action::Accept, _) | (Action::Pass, Tier::Baseline) => "-j RETURN".to_owned(),
+        (Action::Deny, _) => "-j DROP".to_owned(),
+        (Action::Pass, Tier::Admin) => format!("-g {passed}"),
+    };
+    let mut specs = Vec::new();
+    if let (Action::Deny, Some(hash)) = (rule.action, log) {
+        let prefix = LogPrefix {
+            kind: LogKind::Deny,
+            direction,
+            hash,
+        };
+        specs.push(log_rule(&matches, prefix));
+    }
+    specs.push(format!("{matches}-m comment --comment {comment} {target}"));
+    specs
+}
+
+/// Starts a tier rule's comment: `cnp <tier> <policy> rule <index> <action>`.
+const TIER_COMMENT_PREFIX: &str = "cnp ";
+
+/// The ClusterNetworkPolicy and action a tier rule's comment names.
+pub fn tier_comment_origin(comment: &str) -> Option<(&str, Action)> {
+    let rest = comment.strip_prefix(TIER_COMMENT_PREFIX)?;
+    let mut words = rest.split(' ');
+    let _tier = words.next()?;
+    let policy = words.next()?;
+    let action = match (words.next()?, words.next()?, words.next()?) {
+        ("rule", _, "Accept") => Action::Accept,
+        ("rule", _, "Deny") => Action::Deny,
+        ("rule", _, "Pass") => Action::Pass,
+        _ => return None,
+    };
+    Some((policy, action))
 }
 
 /// Dispatch specs (in the dispatch chain) for the endpoint's isolated directions, by the
@@ -168,13 +294,13 @@ pub fn dispatch_rules(ep: &Endpoint, hash: u64, family: Family) -> Vec<(Directio
     };
     let host = format!("{addr}/{}", host_prefix(family));
     let mut out = Vec::new();
-    if endpoint_rules(ep, Direction::Egress, family, None).is_some() {
+    if enforced(ep, Direction::Egress, family) {
         out.push((
             Direction::Egress,
             format!("-s {host} -j {}", endpoint_chain(hash, Direction::Egress)),
         ));
     }
-    if endpoint_rules(ep, Direction::Ingress, family, None).is_some() {
+    if enforced(ep, Direction::Ingress, family) {
         out.push((
             Direction::Ingress,
             format!("-d {host} -j {}", endpoint_chain(hash, Direction::Ingress)),
@@ -191,11 +317,20 @@ fn protocol_name(p: Protocol) -> &'static str {
     }
 }
 
-/// One allow rule: protocol and destination ports, then the peer set (the source for
-/// ingress, the destination for egress), then where it came from.
+/// One allow rule: what it matches ([`match_spec`]), then where it came from.
 fn rule_spec(rule: &Rule, direction: Direction, family: Family) -> String {
+    format!(
+        "{}-m comment --comment {} -j RETURN",
+        match_spec(rule.peer, rule.ports, direction, family),
+        quote(&origin_comment(&rule.origin))
+    )
+}
+
+/// Protocol and destination ports, then the peer set (the source for ingress, the
+/// destination for egress); each option followed by a space.
+fn match_spec(peer: Peer, ports: Ports, direction: Direction, family: Family) -> String {
     let mut spec = String::new();
-    if let Ports::Protocol { protocol, range } = rule.ports {
+    if let Ports::Protocol { protocol, range } = ports {
         spec.push_str(&format!("-p {} ", protocol_name(protocol)));
         if let Some(r) = range {
             if r.first == r.last {
@@ -205,7 +340,7 @@ fn rule_spec(rule: &Rule, direction: Direction, family: Family) -> String {
             }
         }
     }
-    if let Peer::Set(id) = rule.peer {
+    if let Peer::Set(id) = peer {
         let side = match direction {
             Direction::Ingress => "src",
             Direction::Egress => "dst",
@@ -215,10 +350,6 @@ fn rule_spec(rule: &Rule, direction: Direction, family: Family) -> String {
             set_name(id, family)
         ));
     }
-    spec.push_str(&format!(
-        "-m comment --comment {} -j RETURN",
-        quote(&origin_comment(&rule.origin))
-    ));
     spec
 }
 
@@ -259,6 +390,7 @@ fn quote(text: &str) -> String {
 
 #[cfg(test)]
 mod tests {
+    use super::super::names::chain_direction;
     use super::*;
     use weir_policy::desired::{DirectionPolicy, PortRange, SetId};
 
@@ -311,7 +443,9 @@ mod tests {
                 },
             ),
         ]);
-        let rules = endpoint_rules(&ep, Direction::Ingress, Family::V4, None).unwrap();
+        let rules = endpoint_rules(&ep, Direction::Ingress, Family::V4, 0xab, false)
+            .unwrap()
+            .main;
         assert_eq!(
             rules,
             [
@@ -336,7 +470,9 @@ mod tests {
         let mut audit = rule(Peer::Any, Ports::All);
         audit.origin = RuleOrigin::audit(&["x/try".to_string()]);
         let ep = endpoint(vec![audit]);
-        let rules = endpoint_rules(&ep, Direction::Ingress, Family::V4, Some(0xab)).unwrap();
+        let rules = endpoint_rules(&ep, Direction::Ingress, Family::V4, 0xab, true)
+            .unwrap()
+            .main;
         let log = |kind: &str| {
             format!(
                 "-m limit --limit 20/sec --limit-burst 40 -j NFLOG \
@@ -374,9 +510,86 @@ mod tests {
     #[test]
     fn nothing_for_open_directions_or_missing_families() {
         let ep = endpoint(vec![]);
-        assert!(endpoint_rules(&ep, Direction::Egress, Family::V4, None).is_none());
-        assert!(endpoint_rules(&ep, Direction::Ingress, Family::V6, Some(1)).is_none());
+        assert!(endpoint_rules(&ep, Direction::Egress, Family::V4, 0xab, false).is_none());
+        assert!(endpoint_rules(&ep, Direction::Ingress, Family::V6, 1, true).is_none());
         assert!(dispatch_rules(&ep, 1, Family::V6).is_empty());
         assert_eq!(quote("a\"b\\c\n"), "\"abc\"");
+    }
+
+    fn tier_rule(peer: Peer, ports: Ports, action: Action, index: u32) -> TierRule {
+        TierRule {
+            peer,
+            ports,
+            action,
+            origin: weir_policy::desired::TierOrigin {
+                policy: "guard".into(),
+                priority: 3,
+                rule_index: index,
+                rule_name: None,
+            },
+        }
+    }
+
+    #[test]
+    fn an_admin_pass_goes_to_the_passed_chain_and_the_baseline_stands_alone() {
+        let tcp80 = Ports::Protocol {
+            protocol: Protocol::Tcp,
+            range: Some(PortRange {
+                first: 80,
+                last: 80,
+            }),
+        };
+        let mut ep = endpoint(vec![rule(Peer::Set(SetId(1)), Ports::All)]);
+        ep.ingress.admin = vec![
+            tier_rule(Peer::Set(SetId(2)), tcp80, Action::Deny, 0),
+            tier_rule(Peer::Set(SetId(2)), Ports::All, Action::Pass, 1),
+            tier_rule(Peer::Any, Ports::All, Action::Accept, 2),
+        ];
+        ep.egress.baseline = vec![
+            tier_rule(Peer::Any, tcp80, Action::Pass, 0),
+            tier_rule(Peer::Set(SetId(3)), Ports::All, Action::Deny, 1),
+        ];
+        let set = |id| set_name(SetId(id), Family::V4);
+        let chains = endpoint_rules(&ep, Direction::Ingress, Family::V4, 0xab, false).unwrap();
+        assert_eq!(
+            chains.main,
+            [
+                format!("-p tcp --dport 80 -m set --match-set {} src -m comment --comment \"cnp Admin guard rule 0 Deny\" -j DROP", set(2)),
+                format!("-m set --match-set {} src -m comment --comment \"cnp Admin guard rule 1 Pass\" -g WEIR-IP-00000000000000ab", set(2)),
+                "-m comment --comment \"cnp Admin guard rule 2 Accept\" -j RETURN".to_string(),
+                "-g WEIR-IP-00000000000000ab".to_string(),
+            ]
+        );
+        assert_eq!(
+            chains.passed.unwrap(),
+            [
+                format!(
+                    "-m set --match-set {} src -m comment --comment \"x/allow rule 0\" -j RETURN",
+                    set(1)
+                ),
+                "-m comment --comment \"x/a Ingress default deny\" -j DROP".to_string(),
+            ]
+        );
+        // Not isolated: the Baseline alone, logged drops included; a Pass returns.
+        let egress = endpoint_rules(&ep, Direction::Egress, Family::V4, 0xab, true).unwrap();
+        assert_eq!(egress.passed, None);
+        assert_eq!(
+            egress.main,
+            [
+                "-p tcp --dport 80 -m comment --comment \"cnp Baseline guard rule 0 Pass\" -j RETURN".to_string(),
+                log_rule(&format!("-m set --match-set {} dst ", set(3)), LogPrefix { kind: LogKind::Deny, direction: Direction::Egress, hash: 0xab }),
+                format!("-m set --match-set {} dst -m comment --comment \"cnp Baseline guard rule 1 Deny\" -j DROP", set(3)),
+            ]
+        );
+        assert_eq!(dispatch_rules(&ep, 0xab, Family::V4).len(), 2);
+        assert_eq!(
+            tier_comment_origin("cnp Admin guard rule 1 Pass"),
+            Some(("guard", Action::Pass))
+        );
+        assert_eq!(tier_comment_origin("x/allow rule 0"), None);
+        assert_eq!(
+            chain_direction("WEIR-EP-00000000000000ab"),
+            Some(Direction::Egress)
+        );
     }
 }

@@ -12,8 +12,8 @@ use crate::reset::iptables_save::{self, SaveParseError};
 use weir_policy::desired::{Desired, Direction, Endpoint};
 
 use super::names::{
-    endpoint_chain, set_name, ChainNames, DISPATCH_CHAIN, FORMER_TABLE, FORWARD_HOOK, HOOKS,
-    IPVS_HOOK, KNOWN_ENDPOINTS_SET, NEW_FROM_POD_CHAIN, NEW_TO_POD_CHAIN, TABLE,
+    endpoint_chain, passed_chain, set_name, ChainNames, DISPATCH_CHAIN, FORMER_TABLE, FORWARD_HOOK,
+    HOOKS, IPVS_HOOK, KNOWN_ENDPOINTS_SET, NEW_FROM_POD_CHAIN, NEW_TO_POD_CHAIN, TABLE,
 };
 use super::rules::{dispatch_rules, endpoint_rules};
 use super::spoof::SPOOF_CHAIN;
@@ -233,9 +233,15 @@ fn full(
     for ep in new.endpoints.values() {
         let hash = names.hash_for(&ep.pod);
         for d in DIRECTIONS {
-            if let Some(rules) = endpoint_rules(ep, d, family, node.verdict_log.then_some(hash)) {
+            if let Some(chains) = endpoint_rules(ep, d, family, hash, node.verdict_log) {
+                // The passed chain first: the endpoint chain's `-g` names it.
+                if let Some(passed) = &chains.passed {
+                    let chain = passed_chain(hash, d);
+                    write_chain(out, &chain, passed);
+                    wanted.insert(chain);
+                }
                 let chain = endpoint_chain(hash, d);
-                write_chain(out, &chain, &rules);
+                write_chain(out, &chain, &chains.main);
                 wanted.insert(chain);
             }
         }
@@ -329,14 +335,23 @@ fn delta(
             continue;
         }
         for d in DIRECTIONS {
-            let rules = |ep: Option<&Endpoint>| {
-                ep.and_then(|e| endpoint_rules(e, d, family, log.then_some(hash)))
-            };
+            let rules =
+                |ep: Option<&Endpoint>| ep.and_then(|e| endpoint_rules(e, d, family, hash, log));
             let (was, is) = (rules(before), rules(after));
-            let chain = endpoint_chain(hash, d);
-            match (was, is) {
-                (was, Some(is)) if was.as_ref() != Some(&is) => write_chain(out, &chain, &is),
-                (Some(_), None) => removed_chains.push(chain),
+            let (main, passed) = (endpoint_chain(hash, d), passed_chain(hash, d));
+            let (was_passed, is_passed) = (
+                was.as_ref().and_then(|c| c.passed.as_ref()),
+                is.as_ref().and_then(|c| c.passed.as_ref()),
+            );
+            // The passed chain before the endpoint chain that names it; removed after.
+            match (was_passed, is_passed) {
+                (was, Some(is)) if was != Some(is) => write_chain(out, &passed, is),
+                (Some(_), None) => removed_chains.push(passed),
+                _ => {}
+            }
+            match (was.map(|c| c.main), is.map(|c| c.main)) {
+                (was, Some(is)) if was.as_ref() != Some(&is) => write_chain(out, &main, &is),
+                (Some(_), None) => removed_chains.push(main),
                 _ => {}
             }
         }

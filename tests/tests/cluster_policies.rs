@@ -1,0 +1,181 @@
+//! ClusterNetworkPolicy's Admin and Baseline tiers, enforced with real packets by the lab's
+//! agent on both dataplanes: every probe of the netpol world, over IPv4 and IPv6, must
+//! connect exactly when weir's verdict on the lab's objects allows it, through a change of
+//! action and a policy's removal, and the two dataplanes' matrices must be identical.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+
+use weir_policy::desired::Protocol;
+use weir_policy::{manifest, verdict, Engine};
+use weir_tests::lab::{manifest as write_manifest, netpol_world, Lab, Matrix};
+
+/// Admin for x's pods (ingress: a port Deny, a Pass, an Accept over a NetworkPolicy, a
+/// Deny over ranges; egress: a named-port Deny), a NetworkPolicy on x/b behind the Pass,
+/// and a Baseline for every pod c (a Pass, a Deny over blocks, an egress Deny over a port
+/// range).
+const TIERS: &str = r#"
+apiVersion: policy.networking.k8s.io/v1alpha2
+kind: ClusterNetworkPolicy
+metadata: {name: admin-x}
+spec:
+  tier: Admin
+  priority: 10
+  subject: {namespaces: {matchLabels: {ns: x}}}
+  ingress:
+  - {name: deny-y-web, action: Deny, from: [{namespaces: {matchLabels: {ns: y}}}], protocols: [{tcp: {destinationPort: {number: 80}}}]}
+  - {name: pass-y, action: Pass, from: [{namespaces: {matchLabels: {ns: y}}}]}
+  - {name: accept-z-a, action: Accept, from: [{pods: {namespaceSelector: {matchLabels: {ns: z}}, podSelector: {matchLabels: {pod: a}}}}]}
+  - {name: deny-z, action: Deny, from: [{namespaces: {matchLabels: {ns: z}}}], protocols: [{udp: {destinationPort: {range: {start: 80, end: 81}}}}, {sctp: {destinationPort: {number: 81}}}]}
+  egress:
+  - {name: deny-z-named, action: Deny, to: [{namespaces: {matchLabels: {ns: z}}}], protocols: [{destinationNamedPort: serve-81-tcp}]}
+---
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: b-from-y, namespace: x}
+spec:
+  podSelector: {matchLabels: {pod: b}}
+  ingress: [{from: [{namespaceSelector: {matchLabels: {ns: y}}}], ports: [{port: 81}]}]
+---
+apiVersion: policy.networking.k8s.io/v1alpha2
+kind: ClusterNetworkPolicy
+metadata: {name: baseline-c}
+spec:
+  tier: Baseline
+  priority: 5
+  subject: {pods: {namespaceSelector: {}, podSelector: {matchLabels: {pod: c}}}}
+  ingress:
+  - {action: Pass, from: [{namespaces: {matchLabels: {ns: y}}}]}
+  - {action: Deny, from: [{networks: [10.244.0.0/16, "fd00:10:244::/64"]}], protocols: [{sctp: {destinationPort: {number: 80}}}, {udp: {destinationPort: {number: 81}}}]}
+  egress:
+  - {action: Deny, to: [{pods: {namespaceSelector: {matchLabels: {ns: y}}, podSelector: {matchLabels: {pod: a}}}}], protocols: [{tcp: {destinationPort: {range: {start: 80, end: 81}}}}]}
+"#;
+
+fn protocol(name: &str) -> Protocol {
+    match name {
+        "TCP" => Protocol::Tcp,
+        "UDP" => Protocol::Udp,
+        "SCTP" => Protocol::Sctp,
+        other => panic!("probe protocol {other}"),
+    }
+}
+
+/// What weir's verdict on the lab's current objects says of each probe of `matrix`.
+fn expected(lab: &Lab, matrix: &Matrix, v6: bool) -> Matrix {
+    let path = lab.dir.join("objects.yaml");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let objects = manifest::parse_named(&path.display().to_string(), &text).unwrap();
+    let mut engine = Engine::new(None);
+    let (_, refused) = engine.load(objects);
+    assert!(refused.is_empty(), "{refused:?}");
+    let addresses: BTreeMap<String, (IpAddr, IpAddr)> = lab.pod_addresses();
+    matrix
+        .keys()
+        .map(|key @ (from, to, port, proto)| {
+            let to = if v6 { addresses[to].1 } else { addresses[to].0 };
+            let v = verdict(engine.desired(), from, to, *port, protocol(proto)).unwrap();
+            (key.clone(), v.allowed)
+        })
+        .collect()
+}
+
+/// Probes both families; returns the matrices and every probe that disagrees with weir's
+/// verdict.
+fn probe(lab: &Lab, dataplane: &str, step: &str) -> (Vec<Matrix>, Vec<String>) {
+    let mut matrices = Vec::new();
+    let mut wrong = Vec::new();
+    for (family, v6) in [("ipv4", false), ("ipv6", true)] {
+        let (running, matrix) = lab.probe(&["--family", family]).unwrap();
+        assert_eq!(running, dataplane);
+        let want = expected(lab, &matrix, v6);
+        for (key, connected) in &matrix {
+            if want[key] != *connected {
+                wrong.push(format!(
+                    "{dataplane} {step} {family}: {key:?} connected {connected}, weir's verdict {}",
+                    want[key]
+                ));
+            }
+        }
+        matrices.push(matrix);
+    }
+    (matrices, wrong)
+}
+
+fn tiers_on(dataplane: &str) -> Vec<Vec<Matrix>> {
+    let lab = Lab::new(&format!("cnp-{dataplane}"));
+    let tiers = write_manifest(&lab, "tiers.yaml", TIERS);
+    lab.weir(&[
+        "up",
+        "--dataplane",
+        dataplane,
+        netpol_world().to_str().unwrap(),
+        tiers.to_str().unwrap(),
+    ])
+    .unwrap();
+    let mut steps = Vec::new();
+    let mut wrong = Vec::new();
+    let (matrices, w) = probe(&lab, dataplane, "tiers");
+    // The tiers decide, and not all the same way.
+    let ipv4 = &matrices[0];
+    let at = |from: &str, to: &str, port: u16, proto: &str| {
+        ipv4[&(from.to_string(), to.to_string(), port, proto.to_string())]
+    };
+    assert!(!at("y/a", "x/a", 80, "TCP"), "Admin Deny");
+    assert!(at("y/a", "x/a", 81, "TCP"), "Admin Pass, nothing else");
+    assert!(
+        at("y/a", "x/b", 81, "TCP"),
+        "Admin Pass, the NetworkPolicy allows"
+    );
+    assert!(
+        !at("y/a", "x/b", 81, "UDP"),
+        "Admin Pass, the NetworkPolicy denies"
+    );
+    assert!(
+        at("z/a", "x/b", 80, "UDP"),
+        "Admin Accept over the NetworkPolicy"
+    );
+    assert!(!at("z/b", "x/a", 81, "SCTP"), "Admin Deny");
+    assert!(
+        !at("x/a", "z/b", 81, "TCP"),
+        "Admin egress Deny by named port"
+    );
+    assert!(!at("z/a", "y/c", 80, "SCTP"), "Baseline Deny");
+    assert!(!at("x/c", "y/a", 81, "TCP"), "Baseline egress Deny");
+    wrong.extend(w);
+    steps.push(matrices);
+
+    // Pass becomes Deny: y loses x entirely.
+    let changed = write_manifest(
+        &lab,
+        "tiers.yaml",
+        &TIERS.replace("name: pass-y, action: Pass", "name: pass-y, action: Deny"),
+    );
+    lab.weir(&["apply", changed.to_str().unwrap()]).unwrap();
+    let (matrices, w) = probe(&lab, dataplane, "pass-to-deny");
+    assert!(!matrices[0][&("y/a".to_string(), "x/b".to_string(), 81, "TCP".to_string())]);
+    wrong.extend(w);
+    steps.push(matrices);
+
+    // The Admin policy goes: the NetworkPolicy and the Baseline remain.
+    let admin = write_manifest(&lab, "admin.yaml", TIERS.split("---").next().unwrap());
+    lab.weir(&["delete", admin.to_str().unwrap()]).unwrap();
+    let (matrices, w) = probe(&lab, dataplane, "admin-deleted");
+    wrong.extend(w);
+    steps.push(matrices);
+
+    lab.weir(&["down"]).unwrap();
+    assert!(
+        wrong.is_empty(),
+        "{} probes disagree:\n{}",
+        wrong.len(),
+        wrong.join("\n")
+    );
+    steps
+}
+
+#[test]
+fn both_dataplanes_enforce_the_tiers_as_weir_decides() {
+    let iptables = tiers_on("iptables");
+    let ebpf = tiers_on("ebpf");
+    assert!(iptables == ebpf, "the dataplanes' matrices differ");
+}
