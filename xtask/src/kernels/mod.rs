@@ -132,6 +132,11 @@ pub fn run(kernels: &[String], quick: bool, only: &[String]) -> Result<()> {
         .filter(|g| only.is_empty() || only.iter().any(|o| o == g.name))
         .collect();
     let binaries = build_tests()?;
+    // The agent-from-its-image tests (dataplane_switch, agent_image) need it; the quick
+    // groups do not.
+    if !quick {
+        crate::image::for_tests().context("building the image the tests run the agent from")?;
+    }
     let started = Instant::now();
     let mut runs = Vec::new();
     for k in &kernels {
