@@ -106,7 +106,13 @@ fn deploy_builds_and_every_object_is_valid() {
                     .all(|v| r.verbs.iter().any(|x| x == v))
         })
     };
-    for res in ["pods", "namespaces", "networkpolicies", "nodes"] {
+    for res in [
+        "pods",
+        "namespaces",
+        "networkpolicies",
+        "nodes",
+        "clusternetworkpolicies",
+    ] {
         assert!(readable(res), "the agent must list and watch {res}");
     }
 
@@ -229,4 +235,39 @@ fn deploy_builds_and_every_object_is_valid() {
         })
         .collect();
     assert_eq!(probe_paths, ["/healthz", "/readyz"]);
+}
+
+/// deploy/crds/ is network-policy-api v0.2.0's standard-channel CRD, byte for byte (its
+/// kustomization names the source and digest), and the one the agent's types read.
+#[test]
+fn the_crd_is_upstream_v0_2_0_standard() {
+    let path = deploy_dir().join("crds/policy.networking.k8s.io_clusternetworkpolicies.yaml");
+    let sum = Command::new("sha256sum")
+        .arg(&path)
+        .output()
+        .expect("prerequisite missing: sha256sum (coreutils)");
+    assert!(
+        String::from_utf8_lossy(&sum.stdout)
+            .starts_with("5df2cdcface11718bd332fd88b4cb5fb3adf63426eaffdcbef4d33aac6836bef "),
+        "{} is not v0.2.0's: {}",
+        path.display(),
+        String::from_utf8_lossy(&sum.stdout)
+    );
+    let out = Command::new("kubectl")
+        .arg("kustomize")
+        .arg(deploy_dir().join("crds"))
+        .output()
+        .expect("prerequisite missing: kubectl (apt-get install kubernetes-client)");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let crd: k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition =
+        serde_yaml::from_slice(&out.stdout).unwrap();
+    assert_eq!(crd.spec.group, "policy.networking.k8s.io");
+    assert_eq!(crd.spec.names.kind, "ClusterNetworkPolicy");
+    assert_eq!(crd.spec.scope, "Cluster");
+    let versions: Vec<_> = crd.spec.versions.iter().map(|v| v.name.as_str()).collect();
+    assert_eq!(versions, ["v1alpha2"]);
 }

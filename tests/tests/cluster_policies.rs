@@ -12,8 +12,8 @@ use weir_tests::lab::{manifest as write_manifest, netpol_world, Lab, Matrix};
 
 /// Admin for x's pods (ingress: a port Deny, a Pass, an Accept over a NetworkPolicy, a
 /// Deny over ranges; egress: a named-port Deny), a NetworkPolicy on x/b behind the Pass,
-/// and a Baseline for every pod c (a Pass, a Deny over blocks, an egress Deny over a port
-/// range).
+/// and a Baseline for every pod c (a Pass, a Deny by port; egress Denies over a port range
+/// and over blocks).
 const TIERS: &str = r#"
 apiVersion: policy.networking.k8s.io/v1alpha2
 kind: ClusterNetworkPolicy
@@ -46,9 +46,10 @@ spec:
   subject: {pods: {namespaceSelector: {}, podSelector: {matchLabels: {pod: c}}}}
   ingress:
   - {action: Pass, from: [{namespaces: {matchLabels: {ns: y}}}]}
-  - {action: Deny, from: [{networks: [10.244.0.0/16, "fd00:10:244::/64"]}], protocols: [{sctp: {destinationPort: {number: 80}}}, {udp: {destinationPort: {number: 81}}}]}
+  - {action: Deny, from: [{namespaces: {}}], protocols: [{sctp: {destinationPort: {number: 80}}}, {udp: {destinationPort: {number: 81}}}]}
   egress:
   - {action: Deny, to: [{pods: {namespaceSelector: {matchLabels: {ns: y}}, podSelector: {matchLabels: {pod: a}}}}], protocols: [{tcp: {destinationPort: {range: {start: 80, end: 81}}}}]}
+  - {action: Deny, to: [{networks: [10.244.0.0/16, "fd00:10:244::/64"]}], protocols: [{udp: {destinationPort: {number: 80}}}]}
 "#;
 
 fn protocol(name: &str) -> Protocol {
@@ -178,4 +179,102 @@ fn both_dataplanes_enforce_the_tiers_as_weir_decides() {
     let iptables = tiers_on("iptables");
     let ebpf = tiers_on("ebpf");
     assert!(iptables == ebpf, "the dataplanes' matrices differ");
+}
+
+/// `kubectl` as the lab's admin, inside the node namespace where the API server listens.
+fn kubectl(lab: &Lab, args: &[&str]) {
+    let kubeconfig = lab.dir.join("api/kubeconfig-admin");
+    let out = std::process::Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &lab.node_netns(),
+            "kubectl",
+            "--kubeconfig",
+        ])
+        .arg(&kubeconfig)
+        .args(args)
+        .output()
+        .expect(
+            "prerequisite missing: ip and kubectl (apt-get install iproute2 kubernetes-client)",
+        );
+    assert!(
+        out.status.success(),
+        "kubectl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn connected(lab: &Lab, from: &str, to: &str, port: u16, proto: &str) -> bool {
+    let (_, matrix) = lab.probe(&["--family", "ipv4"]).unwrap();
+    matrix[&(from.to_string(), to.to_string(), port, proto.to_string())]
+}
+
+/// Against the real kube-apiserver: the lab installs deploy/crds/'s CRD, the agent lists
+/// and watches the policies and enforces them as weir decides. Without the CRD the agent
+/// says so once and goes on enforcing the rest; installed again, it is picked up.
+#[test]
+fn in_cluster_mode_they_are_watched_and_a_missing_crd_is_no_failure() {
+    let lab = Lab::new("cnp-api");
+    let tiers = write_manifest(&lab, "tiers.yaml", TIERS);
+    lab.weir(&[
+        "up",
+        "--api",
+        "server",
+        "--dataplane",
+        "ebpf",
+        netpol_world().to_str().unwrap(),
+        tiers.to_str().unwrap(),
+    ])
+    .unwrap();
+    let (matrices, wrong) = probe(&lab, "ebpf", "cluster");
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+    let key = |from: &str, to: &str, port, proto: &str| {
+        (from.to_string(), to.to_string(), port, proto.to_string())
+    };
+    assert!(!matrices[0][&key("y/a", "x/a", 80, "TCP")], "Admin Deny");
+
+    let crd = "clusternetworkpolicies.policy.networking.k8s.io";
+    kubectl(&lab, &["delete", "crd", crd, "--wait=true"]);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !connected(&lab, "y/a", "x/a", 80, "TCP") {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the tiers outlived their CRD"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(500));
+    }
+    // The NetworkPolicy stays enforced: x/b takes only TCP 81 from y.
+    assert!(!connected(&lab, "y/a", "x/b", 81, "UDP"));
+    assert!(connected(&lab, "y/a", "x/b", 81, "TCP"));
+    let log = std::fs::read_to_string(lab.dir.join("agent.log")).unwrap();
+    assert_eq!(
+        log.matches("ClusterNetworkPolicy CRD (clusternetworkpolicies.policy.networking.k8s.io, v1alpha2) is not installed").count(),
+        1,
+        "said once: {log}"
+    );
+
+    // Installed again, and the policies written again (changed, so the lab writes them).
+    let shipped = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../deploy/crds/policy.networking.k8s.io_clusternetworkpolicies.yaml");
+    kubectl(&lab, &["apply", "-f", shipped.to_str().unwrap()]);
+    kubectl(
+        &lab,
+        &["wait", "--for=condition=Established", &format!("crd/{crd}")],
+    );
+    let again = write_manifest(
+        &lab,
+        "tiers.yaml",
+        &TIERS
+            .replace("priority: 10", "priority: 11")
+            .replace("priority: 5", "priority: 6"),
+    );
+    lab.weir(&["apply", again.to_str().unwrap()]).unwrap();
+    let (matrices, wrong) = probe(&lab, "ebpf", "reinstalled");
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+    assert!(
+        !matrices[0][&key("y/a", "x/a", 80, "TCP")],
+        "Admin Deny again"
+    );
+    lab.weir(&["down"]).unwrap();
 }

@@ -127,13 +127,12 @@ pub fn report(state: &LabState) -> Result<crate::daemon::report::NodeReport, Lab
 /// Whether the agent enforces the lab's current objects: in file mode the status names
 /// the generation of objects.yaml; in server mode its digest equals the server's.
 fn caught_up(dir: &LabDir, state: &LabState, status: &AgentStatus) -> Result<bool, LabError> {
-    let Some(api) = &state.api else {
+    if state.api.is_none() {
         return Ok(status.generation >= state.generation);
-    };
-    let node = api.node_name.clone();
+    }
     let server = ControlPlane::new(dir.api_dir())
         .block_on(&state.node_netns, Identity::Admin, |client| async move {
-            super::api::server_digest(&client, &node).await
+            super::api::server_digest(&client).await
         })
         .map_err(|e| LabError::invalid("the lab's API server", e))?;
     Ok(matches!(server, Ok(d) if status.state_digest.as_deref() == Some(d.as_str())))

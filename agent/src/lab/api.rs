@@ -316,11 +316,9 @@ pub async fn set_node_address(client: &Client, node: &str, ip: &str) -> Result<(
 }
 
 /// The resourceVersion of everything the agent watches, listed from the server: every
-/// Namespace, Pod, NetworkPolicy and Service, and the agent's own Node.
-pub async fn list_versions(
-    client: &Client,
-    node_name: &str,
-) -> Result<BTreeMap<ObjectRef, String>, kube::Error> {
+/// Namespace, Pod, NetworkPolicy, Service, Node and ClusterNetworkPolicy (none where its
+/// CRD is not installed, as the agent sees it).
+pub async fn list_versions(client: &Client) -> Result<BTreeMap<ObjectRef, String>, kube::Error> {
     let mut out = BTreeMap::new();
     let lp = ListParams::default();
     let mut add = |kind: Kind, m: &ObjectMeta| {
@@ -339,18 +337,28 @@ pub async fn list_versions(
     for o in Api::<Service>::all(client.clone()).list(&lp).await? {
         add(Kind::Service, &o.metadata);
     }
-    out.extend(list_versions_of_node(client, node_name).await?);
+    match Api::<ClusterNetworkPolicy>::all(client.clone())
+        .list(&lp)
+        .await
+    {
+        Ok(list) => {
+            for o in list {
+                add(Kind::ClusterNetworkPolicy, &o.metadata);
+            }
+        }
+        Err(kube::Error::Api(s)) if s.code == 404 => {}
+        Err(e) => return Err(e),
+    }
+    out.extend(list_versions_of_nodes(client).await?);
     Ok(out)
 }
 
-/// The agent's Node's resourceVersion (none if it does not exist).
-pub async fn list_versions_of_node(
+/// Every Node's resourceVersion.
+pub async fn list_versions_of_nodes(
     client: &Client,
-    node_name: &str,
 ) -> Result<BTreeMap<ObjectRef, String>, kube::Error> {
-    let this_node = ListParams::default().fields(&format!("metadata.name={node_name}"));
     Ok(Api::<Node>::all(client.clone())
-        .list(&this_node)
+        .list(&ListParams::default())
         .await?
         .into_iter()
         .map(|o| {
@@ -370,8 +378,8 @@ pub fn digest(versions: &BTreeMap<ObjectRef, String>) -> String {
 }
 
 /// The digest of what the agent watches, listed from the server.
-pub async fn server_digest(client: &Client, node_name: &str) -> Result<String, kube::Error> {
-    Ok(digest(&list_versions(client, node_name).await?))
+pub async fn server_digest(client: &Client) -> Result<String, kube::Error> {
+    Ok(digest(&list_versions(client).await?))
 }
 
 fn name(n: Option<&String>) -> &str {

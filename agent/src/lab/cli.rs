@@ -229,9 +229,10 @@ pub enum KubeAction {
         netns: String,
         #[arg(long)]
         dir: PathBuf,
-        /// The agent's Node (pods keep their own spec.nodeName).
+        /// The agent's Node. Accepted as before, and no longer needed: the digest covers
+        /// every Node, as the agent now watches them all.
         #[arg(long)]
-        node: String,
+        node: Option<String>,
         #[arg(long)]
         previous: Option<PathBuf>,
         file: PathBuf,
@@ -304,10 +305,10 @@ pub fn run(args: LabArgs) -> anyhow::Result<()> {
             KubeAction::Apply {
                 netns,
                 dir,
-                node,
+                node: _,
                 previous,
                 file,
-            } => ops::kube_apply(&netns, &dir, &node, previous.as_deref(), &file),
+            } => ops::kube_apply(&netns, &dir, previous.as_deref(), &file),
         }
         .context("weir lab kube"),
         LabCommand::Listen { ports } => super::listen::serve(&ports).context("weir lab listen"),

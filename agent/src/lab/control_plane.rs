@@ -10,15 +10,22 @@
 //!
 //! There is no controller-manager, scheduler or kubelet: the lab sets `spec.nodeName`,
 //! writes Pod status through the status subresource, deletes pods with grace period 0 and
-//! finalizes namespaces itself.
+//! finalizes namespaces itself. The ClusterNetworkPolicy CRD that deploy/crds/ ships is
+//! installed once the server is ready, so manifests may hold that kind.
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Patch, PatchParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
-use kube::Client;
+use kube::{Api, Client};
+
+/// The ClusterNetworkPolicy CRD, as deploy/crds/ ships it.
+const CLUSTER_POLICY_CRD: &str =
+    include_str!("../../../deploy/crds/policy.networking.k8s.io_clusternetworkpolicies.yaml");
 
 use super::{netns, LabError};
 
@@ -126,7 +133,47 @@ impl ControlPlane {
         let etcd = self.start_etcd(node)?;
         let apiserver = self.start_apiserver(node)?;
         self.wait_ready(node, ready_within.max(API_READY_WITHIN))?;
+        self.install_crds(node, ready_within.max(API_READY_WITHIN))?;
         Ok((etcd, apiserver))
+    }
+
+    /// Creates the ClusterNetworkPolicy CRD (deploy/crds/) and waits until the server
+    /// serves the kind.
+    pub fn install_crds(&self, node: &str, timeout: Duration) -> Result<(), LabError> {
+        let crd: CustomResourceDefinition = serde_yaml::from_str(CLUSTER_POLICY_CRD)
+            .map_err(|e| LabError::invalid("deploy/crds/ (built in)", e.to_string()))?;
+        let name = crd.metadata.name.clone().unwrap_or_default();
+        let answer = self.block_on(node, Identity::Admin, |client| async move {
+            let api: Api<CustomResourceDefinition> = Api::all(client);
+            let params = PatchParams::apply("weir-lab").force();
+            api.patch(&name, &params, &Patch::Apply(&crd)).await?;
+            let established = |c: &CustomResourceDefinition| {
+                c.status
+                    .iter()
+                    .flat_map(|s| s.conditions.iter().flatten())
+                    .any(|c| c.type_ == "Established" && c.status == "True")
+            };
+            let deadline = Instant::now() + timeout;
+            loop {
+                if established(&api.get(&name).await?) {
+                    return Ok(());
+                }
+                if Instant::now() > deadline {
+                    return Err(kube::Error::Service(
+                        format!("CRD {name} not established after {timeout:?}").into(),
+                    ));
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        });
+        match answer {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(LabError::invalid(
+                "the ClusterNetworkPolicy CRD",
+                e.to_string(),
+            )),
+            Err(e) => Err(LabError::invalid("the ClusterNetworkPolicy CRD", e)),
+        }
     }
 
     fn prepare(&self) -> Result<(), LabError> {

@@ -206,7 +206,6 @@ pub fn kube_start(netns: &str, dir: &Path) -> Result<(), LabError> {
 pub fn kube_apply(
     netns: &str,
     dir: &Path,
-    node: &str,
     previous: Option<&Path>,
     file: &Path,
 ) -> Result<(), LabError> {
@@ -219,7 +218,6 @@ pub fn kube_apply(
     let known: Option<Vec<(weir_policy::model::ObjectRef, String)>> = std::fs::read(&record)
         .ok()
         .and_then(|b| serde_json::from_slice(&b).ok());
-    let node = node.to_string();
     let versions = ControlPlane::new(dir)
         .block_on(netns, Identity::Admin, |client| async move {
             // The connection is opened first, as a controller's would already be: what is
@@ -237,7 +235,7 @@ pub fn kube_apply(
             crate::stdout::println(&format!("written {started}")).map_err(|e| e.to_string())?;
             let mut versions: BTreeMap<_, _> = match known {
                 Some(k) => k.into_iter().collect(),
-                None => api::list_versions(&client, &node)
+                None => api::list_versions(&client)
                     .await
                     .map_err(|e| e.to_string())?,
             };
@@ -247,8 +245,8 @@ pub fn kube_apply(
                     None => versions.remove(&key),
                 };
             }
-            // The agent annotates its Node itself: take the Node as the server has it.
-            let fresh = api::list_versions_of_node(&client, &node)
+            // The agent annotates its Node itself: take the Nodes as the server has them.
+            let fresh = api::list_versions_of_nodes(&client)
                 .await
                 .map_err(|e| e.to_string())?;
             versions.retain(|k, _| k.kind != weir_policy::model::Kind::Node);

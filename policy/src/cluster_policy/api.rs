@@ -2,11 +2,20 @@
 //! as the API server serves it. k8s-openapi has no types for custom resources, so these
 //! mirror the CRD's schema (`apis/v1alpha2/clusternetworkpolicy_types.go`): every field
 //! the schema requires is still `Option` here, so that a missing one is a validation
-//! error naming the field rather than a decode error. Unknown fields are ignored, which
-//! is how a peer of a newer API version arrives with no field set (and fails closed).
+//! error naming the field rather than a decode error. The one-ofs (peers, protocols) keep
+//! the names of fields they do not know: a peer or protocol of a newer API version, which
+//! fails closed, or an egress-only peer written into an ingress rule, which is refused as
+//! the API server's pruning and schema refuse it.
+
+use std::collections::BTreeMap;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+use serde::de::IgnoredAny;
 use serde::{Deserialize, Serialize};
+
+/// The fields of a one-of (a peer, a protocol) that these types do not know, by name:
+/// those of a newer API version, or another direction's peers.
+pub type UnknownFields = BTreeMap<String, IgnoredAny>;
 
 /// Serializes with its `apiVersion` and `kind`, as k8s-openapi's types do.
 #[derive(Clone, Debug, Default, PartialEq, Deserialize)]
@@ -111,6 +120,8 @@ pub struct IngressPeer {
     pub namespaces: Option<LabelSelector>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pods: Option<NamespacedPod>,
+    #[serde(flatten, skip_serializing)]
+    pub unknown: UnknownFields,
 }
 
 /// Exactly one field. `nodes` and `domainNames` are the experimental channel's.
@@ -127,6 +138,8 @@ pub struct EgressPeer {
     pub networks: Option<Vec<String>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub domain_names: Option<Vec<String>>,
+    #[serde(flatten, skip_serializing)]
+    pub unknown: UnknownFields,
 }
 
 /// Exactly one field.
@@ -141,6 +154,8 @@ pub struct ProtocolEntry {
     pub sctp: Option<ProtocolPort>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub destination_named_port: Option<String>,
+    #[serde(flatten, skip_serializing)]
+    pub unknown: UnknownFields,
 }
 
 /// `tcp`, `udp` or `sctp`: at least one field (`tcp: {}` is refused).

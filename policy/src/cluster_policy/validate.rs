@@ -23,6 +23,9 @@ use crate::names::parse_cidr;
 use crate::selector::Selector;
 use crate::spec::{NamespaceScope, PeerSpec, PortMatch, PortSpec};
 
+/// Egress peers, which the API server prunes from an ingress peer (leaving it empty).
+const EGRESS_ONLY_PEERS: [&str; 3] = ["networks", "nodes", "domainNames"];
+
 /// Rules per direction, peers per rule, networks per peer and protocols per rule.
 const MAX_ITEMS: usize = 25;
 const MAX_PRIORITY: i64 = 1000;
@@ -72,9 +75,19 @@ fn parse(name: &str, policy: &ClusterNetworkPolicy) -> Result<ClusterPolicySpec,
             let peers = required_items(r.from.as_deref(), &format!("{field}.from"))?;
             let peers = peers.iter().enumerate().map(|(j, p)| {
                 let f = format!("{field}.from[{j}]");
+                if let Some(egress_only) = EGRESS_ONLY_PEERS
+                    .iter()
+                    .find(|name| p.unknown.contains_key(**name))
+                {
+                    return Err(FieldError::new(
+                        &format!("{f}.{egress_only}"),
+                        "not allowed in an ingress peer: only namespaces and pods select sources",
+                    ));
+                }
                 let egress = api::EgressPeer {
                     namespaces: p.namespaces.clone(),
                     pods: p.pods.clone(),
+                    unknown: p.unknown.clone(),
                     ..Default::default()
                 };
                 parse_peer(&f, &egress)
@@ -153,10 +166,16 @@ fn selector(s: &LabelSelector, field: &str) -> Result<Selector, FieldError> {
     Selector::parse(s, field)
 }
 
-/// Complains unless exactly one of `set` (field names with whether each is set) is.
-fn exactly_one(field: &str, set: &[(&str, bool)]) -> Result<(), FieldError> {
+/// Complains unless exactly one of `set` (field names with whether each is set) is, or
+/// none is and `unknown` holds fields weir does not know (a newer API's: the caller fails
+/// closed). A one-of with no field at all is refused, as the API server refuses it.
+fn exactly_one(
+    field: &str,
+    set: &[(&str, bool)],
+    unknown: &api::UnknownFields,
+) -> Result<(), FieldError> {
     let count = set.iter().filter(|(_, s)| *s).count();
-    if count > 1 {
+    if count > 1 || (count == 0 && unknown.is_empty()) {
         let names: Vec<&str> = set.iter().map(|(n, _)| *n).collect();
         return Err(FieldError::new(
             field,
@@ -175,6 +194,7 @@ fn parse_subject(subject: Option<&api::Subject>) -> Result<Subject, FieldError> 
             ("namespaces", subject.namespaces.is_some()),
             ("pods", subject.pods.is_some()),
         ],
+        &api::UnknownFields::new(),
     )?;
     match (&subject.namespaces, &subject.pods) {
         (Some(ns), _) => Ok(Subject::Namespaces(selector(
@@ -221,6 +241,7 @@ fn parse_peer(field: &str, peer: &api::EgressPeer) -> Result<Peers, FieldError> 
             ("networks", peer.networks.is_some()),
             ("domainNames", peer.domain_names.is_some()),
         ],
+        &peer.unknown,
     )?;
     if peer.domain_names.is_some() {
         return Err(FieldError::new(
@@ -358,6 +379,7 @@ fn parse_protocol(
             ("sctp", entry.sctp.is_some()),
             ("destinationNamedPort", named.is_some()),
         ],
+        &entry.unknown,
     )?;
     if let Some(name) = named {
         // The name carries no protocol: it resolves to whichever the pod's containerPort
@@ -389,6 +411,7 @@ fn parse_protocol(
             ("number", port.number.is_some()),
             ("range", port.range.is_some()),
         ],
+        &api::UnknownFields::new(),
     )?;
     let number = |n: Option<i64>, f: &str| match n {
         None => Err(FieldError::new(f, "required")),

@@ -1,7 +1,12 @@
 //! The cluster source: kube-rs watchers on Pods, Namespaces, NetworkPolicies, Services (all of
-//! them: peers resolve from every pod) and this node's Node object.
+//! them: peers resolve from every pod), Nodes (this node's label picks the dataplane; every
+//! node's addresses are a ClusterNetworkPolicy `nodes` peer's) and ClusterNetworkPolicies.
 //!
-//! The first batch is the complete initial state of all five kinds. A relist (after a
+//! ClusterNetworkPolicy is a custom resource: where its CRD is not installed, its list
+//! fails with 404, which counts as listing none (once logged; the watcher keeps retrying
+//! with backoff, so a CRD installed later is picked up without a restart).
+//!
+//! The first batch is the complete initial state of all six kinds. A relist (after a
 //! 410 Gone, an API server restart or a watch that could not resume) is buffered until
 //! it is complete and then applied as one batch, with deletes for objects that vanished
 //! meanwhile, so the dataplane never sees a half-listed cluster. Watch errors are retried
@@ -17,6 +22,7 @@ use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::runtime::watcher::{self, watcher};
 use kube::runtime::WatchStreamExt;
 use kube::{Api, Client};
+use weir_policy::cluster_policy::ClusterNetworkPolicy;
 
 use crate::source::digest::StateDigest;
 use crate::source::event::{Batch, Event, EventSource, SourceError, SyncProgress};
@@ -29,7 +35,14 @@ mod lean_pod;
 const MAX_BATCH: usize = 5000;
 
 /// What the first complete state needs, as `/readyz` names it.
-pub const KINDS: [&str; 5] = ["pods", "namespaces", "networkpolicies", "node", "services"];
+pub const KINDS: [&str; 6] = [
+    "pods",
+    "namespaces",
+    "networkpolicies",
+    "nodes",
+    "services",
+    "clusternetworkpolicies",
+];
 
 fn label(kind: Kind) -> &'static str {
     match kind {
@@ -38,8 +51,7 @@ fn label(kind: Kind) -> &'static str {
         Kind::NetworkPolicy => KINDS[2],
         Kind::Node => KINDS[3],
         Kind::Service => KINDS[4],
-        // Not watched yet: the dataplanes do not enforce it.
-        Kind::ClusterNetworkPolicy => "clusternetworkpolicies",
+        Kind::ClusterNetworkPolicy => KINDS[5],
     }
 }
 
@@ -131,13 +143,24 @@ pub struct KubeSource {
     /// When the oldest of `pending` arrived.
     pending_since: Option<std::time::Instant>,
     progress: Option<Arc<SyncProgress>>,
+    /// The ClusterNetworkPolicy CRD was found missing (said once, until it appears).
+    cluster_policies_absent: bool,
+}
+
+/// Whether `e` is a list or watch of a resource the API server does not serve (404): its
+/// CRD is not installed, or was deleted while watched.
+fn not_served(e: &watcher::Error) -> bool {
+    matches!(
+        e,
+        watcher::Error::InitialListFailed(kube::Error::Api(s))
+            | watcher::Error::WatchStartFailed(kube::Error::Api(s)) if s.code == 404
+    )
 }
 
 impl KubeSource {
     /// Watches with lists of `page_size` objects a request.
-    pub fn new(client: Client, node_name: &str, page_size: u32) -> Self {
+    pub fn new(client: Client, page_size: u32) -> Self {
         let all = watcher::Config::default().page_size(page_size);
-        let this_node = watcher::Config::default().fields(&format!("metadata.name={node_name}"));
         let streams = futures::stream::select_all([
             watch(
                 Api::<Namespace>::all(client.clone()),
@@ -147,9 +170,15 @@ impl KubeSource {
             ),
             watch(
                 Api::<Node>::all(client.clone()),
-                this_node,
+                all.clone(),
                 Kind::Node,
                 Object::Node,
+            ),
+            watch(
+                Api::<ClusterNetworkPolicy>::all(client.clone()),
+                all.clone(),
+                Kind::ClusterNetworkPolicy,
+                Object::ClusterNetworkPolicy,
             ),
             // Pods are the many: decoded lean, without the fields enforcement never reads.
             watch(
@@ -182,6 +211,7 @@ impl KubeSource {
             pending: Vec::new(),
             pending_since: None,
             progress: None,
+            cluster_policies_absent: false,
         }
     }
 
@@ -194,6 +224,17 @@ impl KubeSource {
     fn process(&mut self, (kind, update): Update) {
         let event = match update {
             Ok(e) => e,
+            // No CRD: there are none, and the tiers stay empty.
+            Err(e) if kind == Kind::ClusterNetworkPolicy && not_served(&e) => {
+                if !self.cluster_policies_absent {
+                    tracing::warn!(
+                        "the ClusterNetworkPolicy CRD (clusternetworkpolicies.policy.networking.k8s.io, v1alpha2) is not installed: no Admin or Baseline tier is enforced; it is picked up once installed (deploy/crds/)"
+                    );
+                    self.cluster_policies_absent = true;
+                }
+                self.listed(kind, Vec::new());
+                return;
+            }
             Err(e) => {
                 tracing::warn!(kind = kind.name(), error = %e, "watch failed; retrying with backoff");
                 if let Some(p) = &self.progress {
@@ -225,29 +266,44 @@ impl KubeSource {
             watcher::Event::InitApply(a) => self.relisting.entry(kind).or_default().push(a),
             watcher::Event::InitDone => {
                 let listed = self.relisting.remove(&kind).unwrap_or_default();
-                let mut seen = BTreeMap::new();
-                let mut events = Vec::with_capacity(listed.len());
-                for a in listed {
-                    seen.insert(a.key, a.entry);
-                    events.push(a.event);
+                if kind == Kind::ClusterNetworkPolicy && self.cluster_policies_absent {
+                    tracing::info!("the ClusterNetworkPolicy CRD is installed now");
+                    self.cluster_policies_absent = false;
                 }
-                for (gone, _) in known.iter().filter(|(k, _)| !seen.contains_key(*k)) {
-                    self.pending.push(Event::Delete(gone.clone()));
-                }
-                for old in known.values() {
-                    digest.toggle(*old);
-                }
-                for new in seen.values() {
-                    digest.toggle(*new);
-                }
-                *known = seen;
-                tracing::info!(kind = kind.name(), objects = events.len(), "listed");
-                self.pending.extend(events);
-                self.synced.insert(kind);
-                if let Some(p) = &self.progress {
-                    p.done(label(kind));
-                }
+                self.listed(kind, listed);
             }
+        }
+    }
+
+    /// A complete list of `kind`: what vanished since the last one is deleted.
+    fn listed(&mut self, kind: Kind, listed: Vec<Arrival>) {
+        let known = self.known.entry(kind).or_default();
+        let digest = &mut self.digest;
+        let mut seen = BTreeMap::new();
+        let mut events = Vec::with_capacity(listed.len());
+        for a in listed {
+            seen.insert(a.key, a.entry);
+            events.push(a.event);
+        }
+        for (gone, _) in known.iter().filter(|(k, _)| !seen.contains_key(*k)) {
+            self.pending.push(Event::Delete(gone.clone()));
+        }
+        for old in known.values() {
+            digest.toggle(*old);
+        }
+        for new in seen.values() {
+            digest.toggle(*new);
+        }
+        *known = seen;
+        // A missing CRD "lists" at every retry: said once, where it was found missing.
+        let quiet = kind == Kind::ClusterNetworkPolicy && self.cluster_policies_absent;
+        if !quiet {
+            tracing::info!(kind = kind.name(), objects = events.len(), "listed");
+        }
+        self.pending.extend(events);
+        self.synced.insert(kind);
+        if let Some(p) = &self.progress {
+            p.done(label(kind));
         }
     }
 
