@@ -870,6 +870,347 @@ pub fn scenarios(ips: &Addresses) -> Vec<Scenario> {
             ],
         },
     ]
+    .into_iter()
+    .chain(cluster_policy_scenarios(ips))
+    .collect()
+}
+
+/// A ClusterNetworkPolicy manifest; `spec` is YAML, indented under `spec:`.
+pub fn cluster_policy(name: &str, spec: &str) -> String {
+    let spec: String = spec.lines().map(|l| format!("  {l}\n")).collect();
+    format!(
+        "---\napiVersion: policy.networking.k8s.io/v1alpha2\nkind: ClusterNetworkPolicy\nmetadata:\n  name: {name}\nspec:\n{spec}"
+    )
+}
+
+/// `rules` (YAML flow mappings) as a block list under `key`.
+fn rule_list(key: &str, rules: &[&str]) -> String {
+    let items: String = rules.iter().map(|r| format!("- {r}\n")).collect();
+    format!("{key}:\n{items}")
+}
+
+/// ClusterNetworkPolicy scenarios (network-policy-api v0.2.0's conformance tests, on this
+/// world: x plays gryffindor, the subject; y the peer whose rules are reordered; z's pods
+/// a and b the peers of the port rules). Every scenario's names start with "cnp".
+fn cluster_policy_scenarios(ips: &Addresses) -> Vec<Scenario> {
+    let ns = |n: &str| format!("{{namespaces: {{matchLabels: {{ns: {n}}}}}}}");
+    let pod = |n: &str, p: &str| {
+        format!("{{pods: {{namespaceSelector: {{matchLabels: {{ns: {n}}}}}, podSelector: {{matchLabels: {{pod: {p}}}}}}}}}")
+    };
+    let rule = |action: &str, dir: &str, peer: &str, protocols: &str| match protocols {
+        "" => format!("{{action: {action}, {dir}: [{peer}]}}"),
+        p => format!("{{action: {action}, {dir}: [{peer}], protocols: [{p}]}}"),
+    };
+    let admin_x = |name: &str, key: &str, rules: &[String]| {
+        let rules: Vec<&str> = rules.iter().map(String::as_str).collect();
+        cluster_policy(
+            name,
+            &format!(
+                "tier: Admin\npriority: 3\nsubject: {{namespaces: {{matchLabels: {{ns: x}}}}}}\n{}",
+                rule_list(key, &rules)
+            ),
+        )
+    };
+
+    // CNPAdminTierIngress{TCP,UDP,SCTP}: rule order for y, port rules for z/a and z/b.
+    let tcp80 = "{tcp: {destinationPort: {number: 80}}}";
+    let (acc_y, den_y, pas_y) = (
+        rule("Accept", "from", &ns("y"), ""),
+        rule("Deny", "from", &ns("y"), ""),
+        rule("Pass", "from", &ns("y"), ""),
+    );
+    let (den_za, pas_za) = (
+        rule("Deny", "from", &pod("z", "a"), tcp80),
+        rule("Pass", "from", &pod("z", "a"), tcp80),
+    );
+    let (acc_zb, den_zb) = (
+        rule("Accept", "from", &pod("z", "b"), tcp80),
+        rule("Deny", "from", &pod("z", "b"), ""),
+    );
+    let ingress = |order: [&String; 7]| {
+        apply(admin_x(
+            "ingress-rules",
+            "ingress",
+            &order.map(String::clone),
+        ))
+    };
+
+    // CNPAdminTierEgress{UDP,SCTP}: the same shape from x, on other protocols.
+    let (udp80, sctp81) = (
+        "{udp: {destinationPort: {number: 80}}}",
+        "{sctp: {destinationPort: {range: {start: 81, end: 82}}}}",
+    );
+    let (e_acc_y, e_den_y, e_pas_y) = (
+        rule("Accept", "to", &ns("y"), ""),
+        rule("Deny", "to", &ns("y"), ""),
+        rule("Pass", "to", &ns("y"), ""),
+    );
+    let (e_den_za, e_pas_za) = (
+        rule("Deny", "to", &pod("z", "a"), udp80),
+        rule("Pass", "to", &pod("z", "a"), udp80),
+    );
+    let (e_acc_zb, e_den_zb) = (
+        rule("Accept", "to", &pod("z", "b"), sctp81),
+        rule("Deny", "to", &pod("z", "b"), ""),
+    );
+    let egress =
+        |order: [&String; 7]| apply(admin_x("egress-rules", "egress", &order.map(String::clone)));
+
+    // CNPAdminTierIntegration: Admin, NetworkPolicy and Baseline around x and y.
+    let gress = |name: &str, tier: &str, ingress: &str, egress: &str| {
+        cluster_policy(
+            name,
+            &format!(
+                "tier: {tier}\npriority: 10\nsubject: {{namespaces: {{matchLabels: {{ns: x}}}}}}\ningress: [{}]\negress: [{}]",
+                rule(ingress, "from", &ns("y"), ""),
+                rule(egress, "to", &ns("y"), "")
+            ),
+        )
+    };
+    let allow_gress_y = policy(
+        "x",
+        "allow-gress-y",
+        "podSelector: {}\npolicyTypes: [Ingress, Egress]\ningress: [{from: [{namespaceSelector: {matchLabels: {ns: y}}}]}]\negress: [{to: [{namespaceSelector: {matchLabels: {ns: y}}}]}]",
+    );
+
+    // CNPAdminTierPriorityField.
+    let priority = |name: &str, tier: &str, priority: u16, action: &str| {
+        let peer = "{pods: {namespaceSelector: {matchLabels: {ns: y}}, podSelector: {}}}";
+        cluster_policy(
+            name,
+            &format!(
+                "tier: {tier}\npriority: {priority}\nsubject: {{pods: {{namespaceSelector: {{matchLabels: {{ns: x}}}}, podSelector: {{}}}}}}\ningress: [{}]\negress: [{}]",
+                rule(action, "from", peer, ""),
+                rule(action, "to", peer, "")
+            ),
+        )
+    };
+
+    // CNPAdminTierEgressInlineCIDRPeers: networks match pods too.
+    let inline_cidr = |first: &str| {
+        let mut rules = vec![
+            rule(
+                "Accept",
+                "to",
+                "{namespaces: {matchLabels: {house: y}}}",
+                "",
+            ),
+            rule("Deny", "to", "{networks: [0.0.0.0/0, '::/0']}", ""),
+        ];
+        if !first.is_empty() {
+            rules.insert(0, first.to_string());
+        }
+        let rules: Vec<&str> = rules.iter().map(String::as_str).collect();
+        cluster_policy(
+            "inline-cidr",
+            &format!(
+                "tier: Admin\npriority: 85\nsubject: {{pods: {{namespaceSelector: {{matchLabels: {{ns: x}}}}, podSelector: {{}}}}}}\n{}",
+                rule_list("egress", &rules)
+            ),
+        )
+    };
+    let z_a = host_cidr(&ips["z/a"]);
+
+    // CNP{Admin,Baseline}Tier{Egress,Ingress}NamedPort.
+    let named =
+        cluster_policy(
+            "named-ports",
+            &format!(
+            "tier: Admin\npriority: 6\nsubject: {{namespaces: {{matchLabels: {{ns: x}}}}}}\n{}{}",
+            rule_list(
+                "egress",
+                &[
+                    &rule("Accept", "to", &ns("z"), "{destinationNamedPort: serve-80-udp}"),
+                    &rule("Deny", "to", &ns("z"), ""),
+                ]
+            ),
+            rule_list(
+                "ingress",
+                &[
+                    &rule("Accept", "from", &ns("y"), "{destinationNamedPort: serve-81-sctp}"),
+                    &rule("Deny", "from", &ns("y"), ""),
+                ]
+            )
+        ),
+        );
+
+    // CNPBaselineTier*: a NetworkPolicy that selects the pod overrides the Baseline.
+    let baseline = |last: &str| {
+        cluster_policy(
+            "default",
+            &format!(
+                "tier: Baseline\npriority: 10\nsubject: {{namespaces: {{matchLabels: {{ns: x}}}}}}\n{}",
+                rule_list(
+                    "ingress",
+                    &[&rule("Accept", "from", &ns("y"), tcp80), &rule(last, "from", &ns("y"), "")]
+                )
+            ),
+        )
+    };
+    let open_x_a = policy(
+        "x",
+        "open-a",
+        "podSelector: {matchLabels: {pod: a}}\npolicyTypes: [Ingress]\ningress: [{}]",
+    );
+
+    vec![
+        Scenario {
+            name: "cnp admin ingress: rule order and ports",
+            steps: vec![
+                Step {
+                    changes: vec![ingress([
+                        &acc_y, &den_y, &pas_y, &den_za, &pas_za, &acc_zb, &den_zb,
+                    ])],
+                    expect: |p| {
+                        p.to_ns != "x"
+                            || (!p.from("z", "a") || !p.on(80, "TCP"))
+                                && (!p.from("z", "b") || p.on(80, "TCP"))
+                    },
+                },
+                Step {
+                    changes: vec![ingress([
+                        &den_y, &acc_y, &pas_y, &den_za, &pas_za, &acc_zb, &den_zb,
+                    ])],
+                    expect: |p| {
+                        p.to_ns != "x"
+                            || p.from_ns != "y"
+                                && (!p.from("z", "a") || !p.on(80, "TCP"))
+                                && (!p.from("z", "b") || p.on(80, "TCP"))
+                    },
+                },
+                Step {
+                    changes: vec![ingress([
+                        &pas_y, &den_y, &acc_y, &pas_za, &den_za, &acc_zb, &den_zb,
+                    ])],
+                    expect: |p| p.to_ns != "x" || !p.from("z", "b") || p.on(80, "TCP"),
+                },
+            ],
+        },
+        Scenario {
+            name: "cnp admin egress: rule order and ports",
+            steps: vec![
+                Step {
+                    changes: vec![egress([
+                        &e_acc_y, &e_den_y, &e_pas_y, &e_den_za, &e_pas_za, &e_acc_zb, &e_den_zb,
+                    ])],
+                    expect: |p| {
+                        p.from_ns != "x"
+                            || (!p.to("z", "a") || !p.on(80, "UDP"))
+                                && (!p.to("z", "b") || p.on(81, "SCTP"))
+                    },
+                },
+                Step {
+                    changes: vec![egress([
+                        &e_den_y, &e_acc_y, &e_pas_y, &e_pas_za, &e_den_za, &e_acc_zb, &e_den_zb,
+                    ])],
+                    expect: |p| {
+                        p.from_ns != "x" || p.to_ns != "y" && (!p.to("z", "b") || p.on(81, "SCTP"))
+                    },
+                },
+            ],
+        },
+        Scenario {
+            name: "cnp admin pass, then the network policy, then the baseline",
+            steps: vec![
+                Step {
+                    changes: vec![
+                        apply(gress("pass-example", "Admin", "Deny", "Deny")),
+                        apply(allow_gress_y.clone()),
+                        apply(gress("default", "Baseline", "Deny", "Deny")),
+                    ],
+                    expect: |p| p.from_ns != "x" && p.to_ns != "x",
+                },
+                Step {
+                    changes: vec![apply(gress("pass-example", "Admin", "Pass", "Deny"))],
+                    expect: |p| p.from_ns != "x" && (p.to_ns != "x" || p.from_ns == "y"),
+                },
+                Step {
+                    changes: vec![apply(gress("pass-example", "Admin", "Pass", "Pass"))],
+                    expect: |p| {
+                        (p.from_ns != "x" || p.to_ns == "y") && (p.to_ns != "x" || p.from_ns == "y")
+                    },
+                },
+                Step {
+                    changes: vec![Change::Delete(allow_gress_y)],
+                    expect: |p| {
+                        !(p.from_ns == "x" && p.to_ns == "y")
+                            && !(p.from_ns == "y" && p.to_ns == "x")
+                    },
+                },
+            ],
+        },
+        Scenario {
+            name: "cnp priority: the lower number first, and a change re-evaluated",
+            steps: vec![
+                Step {
+                    changes: vec![
+                        apply(priority("priority-50", "Admin", 50, "Deny")),
+                        apply(priority("priority-60", "Admin", 60, "Pass")),
+                        apply(priority("default", "Baseline", 10, "Accept")),
+                    ],
+                    expect: |p| {
+                        !(p.from_ns == "x" && p.to_ns == "y")
+                            && !(p.from_ns == "y" && p.to_ns == "x")
+                    },
+                },
+                Step {
+                    changes: vec![apply(priority("priority-60", "Admin", 40, "Pass"))],
+                    expect: |_| true,
+                },
+            ],
+        },
+        Scenario {
+            name: "cnp networks as peers match pods too",
+            steps: vec![
+                Step {
+                    changes: vec![
+                        apply(relabelled_namespace("y", "house: y")),
+                        apply(inline_cidr("")),
+                    ],
+                    expect: |p| p.from_ns != "x" || p.to_ns == "y",
+                },
+                Step {
+                    changes: vec![apply(relabelled_namespace("y", "house: other"))],
+                    expect: |p| p.from_ns != "x",
+                },
+                Step {
+                    changes: vec![apply(inline_cidr(&rule(
+                        "Accept",
+                        "to",
+                        &format!("{{networks: [{z_a}]}}"),
+                        "",
+                    )))],
+                    expect: |p| p.from_ns != "x" || p.to("z", "a"),
+                },
+            ],
+        },
+        Scenario {
+            name: "cnp named ports resolve on the destination",
+            steps: one(vec![apply(named)], |p| {
+                (p.from_ns != "x" || p.to_ns != "z" || p.on(80, "UDP"))
+                    && (p.to_ns != "x" || p.from_ns != "y" || p.on(81, "SCTP"))
+            }),
+        },
+        Scenario {
+            name: "cnp baseline, and a network policy over it",
+            steps: vec![
+                Step {
+                    changes: vec![apply(baseline("Deny"))],
+                    expect: |p| p.to_ns != "x" || p.from_ns != "y" || p.on(80, "TCP"),
+                },
+                Step {
+                    changes: vec![apply(open_x_a)],
+                    expect: |p| {
+                        p.to_ns != "x" || p.from_ns != "y" || p.on(80, "TCP") || p.to("x", "a")
+                    },
+                },
+                Step {
+                    changes: vec![apply(baseline("Pass"))],
+                    expect: |_| true,
+                },
+            ],
+        },
+    ]
 }
 
 #[cfg(test)]

@@ -39,6 +39,7 @@ const IPV6_TOO: &[&str] = &[
     "ingress on one named port",
     "egress denied on the client even when the server allows",
     "ingress from an updated pod (relabel)",
+    "cnp admin pass, then the network policy, then the baseline",
 ];
 
 /// Every kind of peer, port, direction, update and ipBlock once.
@@ -53,6 +54,7 @@ const BRIDGE_SUBSET: &[&str] = &[
     "except clause of a CIDR block",
     "ingress and egress controlled independently",
     "stop enforcing a policy after it is deleted",
+    "cnp admin ingress: rule order and ports",
 ];
 
 /// Through Services: ingress and egress (egress is what DNAT changes), named ports
@@ -66,6 +68,7 @@ const PROXY_SUBSET: &[&str] = &[
     "egress denied on the client even when the server allows",
     "ports (SCTP)",
     "except clause of a CIDR block",
+    "cnp admin egress: rule order and ports",
 ];
 
 /// Labs running at once: each probes 432 pairs per step with sub-second timeouts, on
@@ -505,7 +508,7 @@ fn run_scenario(
                 Change::Apply(yaml) => ("apply", yaml),
                 Change::Delete(yaml) => ("delete", yaml),
             };
-            if yaml.contains("kind: NetworkPolicy") {
+            if yaml.contains("kind: NetworkPolicy") || yaml.contains("kind: ClusterNetworkPolicy") {
                 policies.push_str(yaml);
             } else {
                 relabelled = true;
