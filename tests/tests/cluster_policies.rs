@@ -144,6 +144,29 @@ fn tiers_on(dataplane: &str) -> Vec<Vec<Matrix>> {
     assert!(!at("x/c", "y/a", 81, "TCP"), "Baseline egress Deny");
     wrong.extend(w);
     steps.push(matrices);
+    // The verdict stream names the Deny rule that dropped, on both dataplanes.
+    let named = "Admin tier clusternetworkpolicy admin-x ingress rule 0 (Deny)";
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+    loop {
+        let log = std::fs::read_to_string(lab.dir.join("agent.log")).unwrap_or_default();
+        let found = log
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .any(|r| {
+                r["verdict"] == "drop"
+                    && r["pod"] == "x/a"
+                    && r["dport"] == 80
+                    && r["rule"] == named
+            });
+        if found {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{dataplane}: no drop record names {named:?}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
 
     // Pass becomes Deny: y loses x entirely.
     let changed = write_manifest(

@@ -1,8 +1,10 @@
 //! Naming a record from the engine: both ends' pods by address, the deciding endpoint,
-//! and, for policy verdicts, the policies behind them. Done in the run loop, which owns
-//! the engine, so the dataplanes' taps stay cheap and both dataplanes' records read alike.
+//! and, for policy verdicts, the policies behind them (for a drop that a
+//! ClusterNetworkPolicy Deny made, that rule). Done in the run loop, which owns the
+//! engine, so the dataplanes' taps stay cheap and both dataplanes' records read alike.
 
-use weir_policy::desired::Direction;
+use weir_policy::desired::{Action, Direction, Protocol};
+use weir_policy::verdict::direction_verdict;
 use weir_policy::Engine;
 
 use super::record::VerdictRecord;
@@ -56,7 +58,9 @@ pub fn name(record: &mut VerdictRecord, engine: &Engine) {
     let dir = direction.name();
     match (record.verdict.as_str(), record.reason.as_str()) {
         ("drop", "policy-deny") => {
-            if let Some(by) = policies(engine, &pod, direction, false) {
+            if let Some(rule) = tier_deny(engine, &pod, direction, record) {
+                record.rule = Some(rule);
+            } else if let Some(by) = policies(engine, &pod, direction, false) {
                 record.rule = Some(format!("default deny by {by} ({dir})"));
             }
         }
@@ -67,6 +71,44 @@ pub fn name(record: &mut VerdictRecord, engine: &Engine) {
         }
         _ => {}
     }
+}
+
+/// The ClusterNetworkPolicy Deny rule that drops the record's packet at `pod`, as
+/// `<Tier> tier clusternetworkpolicy <name> <direction> rule <i> (Deny)`.
+fn tier_deny(
+    engine: &Engine,
+    pod: &str,
+    direction: Direction,
+    record: &VerdictRecord,
+) -> Option<String> {
+    let protocol = match record.protocol {
+        6 => Protocol::Tcp,
+        17 => Protocol::Udp,
+        132 => Protocol::Sctp,
+        _ => return None,
+    };
+    let peer = match direction {
+        Direction::Ingress => record.src,
+        Direction::Egress => record.dst,
+    };
+    let endpoint = engine.desired().endpoints.get(pod)?;
+    let v = direction_verdict(
+        engine.desired(),
+        Some(endpoint),
+        direction,
+        peer,
+        record.dport,
+        protocol,
+    );
+    let decided = v.decided_by.filter(|d| d.rule.action == Action::Deny)?;
+    let origin = &decided.rule.origin;
+    Some(format!(
+        "{} tier clusternetworkpolicy {} {} rule {} (Deny)",
+        decided.tier,
+        origin.policy,
+        direction.name(),
+        origin.rule_index
+    ))
 }
 
 #[cfg(test)]
@@ -121,5 +163,30 @@ mod tests {
         spoof.rule = Some("anti-spoofing".into());
         name(&mut spoof, &engine);
         assert_eq!(spoof.rule.as_deref(), Some("anti-spoofing"));
+
+        // A ClusterNetworkPolicy Deny names its rule, also beside a NetworkPolicy.
+        let cnp = manifest::parse_str(
+            "apiVersion: policy.networking.k8s.io/v1alpha2\nkind: ClusterNetworkPolicy\n\
+             metadata: {name: guard}\nspec: {tier: Admin, priority: 1, subject: {namespaces: {}}, \
+             ingress: [{action: Pass, from: [{namespaces: {}}], protocols: [{udp: {destinationPort: {number: 80}}}]}, \
+             {action: Deny, from: [{pods: {namespaceSelector: {}, podSelector: {matchLabels: {app: b}}}}]}]}\n",
+        )
+        .unwrap();
+        engine.upsert(cnp.into_iter().next().unwrap()).unwrap();
+        let mut drop =
+            VerdictRecord::packet("drop", "policy-deny", "ingress", 6, (b, 4000), (a, 80));
+        name(&mut drop, &engine);
+        assert_eq!(
+            drop.rule.as_deref(),
+            Some("Admin tier clusternetworkpolicy guard ingress rule 1 (Deny)")
+        );
+        // Passed on to the NetworkPolicy, whose default deny drops it.
+        let mut drop =
+            VerdictRecord::packet("drop", "policy-deny", "ingress", 17, (b, 4000), (a, 80));
+        name(&mut drop, &engine);
+        assert_eq!(
+            drop.rule.as_deref(),
+            Some("default deny by x/closed (ingress)")
+        );
     }
 }

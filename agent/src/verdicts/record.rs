@@ -29,7 +29,8 @@ pub struct VerdictRecord {
     pub rule_id: u32,
     /// `ns/policy direction rule N` for allows by a rule; `ns/policy,... direction audit:
     /// would be dropped` for audit verdicts; `default deny by ns/policy,... (direction)`
-    /// for policy drops; `anti-spoofing`, `no tagged frames from pods` or `unreadable IP
+    /// for policy drops, or `<Tier> tier clusternetworkpolicy <name> <direction> rule <i>
+    /// (Deny)` for a ClusterNetworkPolicy's; `anti-spoofing`, `no tagged frames from pods` or `unreadable IP
     /// header` for the drops made before policy.
     pub rule: Option<String>,
     pub packet_len: u32,
