@@ -1052,6 +1052,26 @@ fn cluster_policy_scenarios(ips: &Addresses) -> Vec<Scenario> {
             ),
         )
     };
+    // CNPBaselineTier{EgressInlineCIDRPeers,EgressNamedPort}.
+    let baseline_egress =
+        cluster_policy(
+            "default-egress",
+            &format!(
+            "tier: Baseline\npriority: 10\nsubject: {{namespaces: {{matchLabels: {{ns: x}}}}}}\n{}",
+            rule_list(
+                "egress",
+                &[
+                    &rule("Accept", "to", &ns("z"), "{destinationNamedPort: serve-81-tcp}"),
+                    &rule("Deny", "to", "{networks: [0.0.0.0/0, '::/0']}", ""),
+                ]
+            )
+        ),
+        );
+    let open_x_b_egress = policy(
+        "x",
+        "open-b-egress",
+        "podSelector: {matchLabels: {pod: b}}\npolicyTypes: [Egress]\negress: [{}]",
+    );
     let open_x_a = policy(
         "x",
         "open-a",
@@ -1189,6 +1209,21 @@ fn cluster_policy_scenarios(ips: &Addresses) -> Vec<Scenario> {
                 (p.from_ns != "x" || p.to_ns != "z" || p.on(80, "UDP"))
                     && (p.to_ns != "x" || p.from_ns != "y" || p.on(81, "SCTP"))
             }),
+        },
+        Scenario {
+            name: "cnp baseline egress: networks and a named port",
+            steps: vec![
+                Step {
+                    changes: vec![apply(baseline_egress)],
+                    expect: |p| p.from_ns != "x" || p.to_ns == "z" && p.on(81, "TCP"),
+                },
+                Step {
+                    changes: vec![apply(open_x_b_egress)],
+                    expect: |p| {
+                        p.from_ns != "x" || p.from("x", "b") || p.to_ns == "z" && p.on(81, "TCP")
+                    },
+                },
+            ],
         },
         Scenario {
             name: "cnp baseline, and a network policy over it",

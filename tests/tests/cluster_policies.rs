@@ -187,6 +187,12 @@ fn tiers_on(dataplane: &str) -> Vec<Vec<Matrix>> {
     wrong.extend(w);
     steps.push(matrices);
 
+    if dataplane == "iptables" {
+        // The tiers again, an Admin Pass among them, then reset under them.
+        let again = write_manifest(&lab, "again.yaml", TIERS);
+        lab.weir(&["apply", again.to_str().unwrap()]).unwrap();
+        reset_leaves_nothing(&lab);
+    }
     lab.weir(&["down"]).unwrap();
     assert!(
         wrong.is_empty(),
@@ -195,6 +201,60 @@ fn tiers_on(dataplane: &str) -> Vec<Vec<Matrix>> {
         wrong.join("\n")
     );
     steps
+}
+
+/// The agent frozen, `weir reset` in the node removes every chain and set, the tiers'
+/// passed chains (`-g` targets) included.
+fn reset_leaves_nothing(lab: &Lab) {
+    let node = lab.node_netns();
+    let in_node = |program: &str, args: &[&str]| {
+        let out = std::process::Command::new("ip")
+            .args(["netns", "exec", &node, program])
+            .args(args)
+            .output()
+            .unwrap_or_else(|e| panic!("prerequisite missing: {program}: {e}"));
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+        )
+    };
+    let weir_state = || {
+        let mut found = Vec::new();
+        for save in [
+            "iptables-legacy-save",
+            "iptables-nft-save",
+            "ip6tables-legacy-save",
+            "ip6tables-nft-save",
+        ] {
+            found.extend(
+                in_node(save, &[])
+                    .1
+                    .lines()
+                    .filter(|l| l.contains("WEIR"))
+                    .map(str::to_string),
+            );
+        }
+        found.extend(
+            in_node("ipset", &["list", "-n"])
+                .1
+                .lines()
+                .filter(|l| l.starts_with("weir"))
+                .map(str::to_string),
+        );
+        found
+    };
+    assert!(
+        weir_state().iter().any(|l| l.starts_with(":WEIR-IP-")),
+        "the Admin Pass made no passed chain: {:#?}",
+        weir_state()
+    );
+    lab.weir(&["agent", "signal", "stop"]).unwrap();
+    let weir = weir_tests::weir_bin::path().unwrap();
+    let (ok, report) = in_node(weir.to_str().unwrap(), &["reset", "--output", "json"]);
+    assert!(ok, "weir reset failed: {report}");
+    let left = weir_state();
+    lab.weir(&["agent", "signal", "cont"]).unwrap();
+    assert!(left.is_empty(), "weir reset left: {left:#?}");
 }
 
 #[test]
