@@ -146,6 +146,18 @@ pub fn direction_code(d: Direction) -> u8 {
     kernel_direction(d) as u8
 }
 
+/// The key of `identity` at the endpoint's `d`, protocol and port 0 (a prefix of
+/// [`POLICY_PREFIX_ANY_PROTOCOL`] bits matches every protocol).
+fn base_key(endpoint_id: u32, identity: u32, d: Direction) -> PolicyKey {
+    PolicyKey {
+        endpoint_id,
+        identity,
+        direction: direction_code(d),
+        protocol: 0,
+        port: [0; 2],
+    }
+}
+
 /// Splits `first..=last` into aligned (value, prefix bits) blocks, largest first.
 pub fn port_prefixes(first: u16, last: u16) -> Vec<(u16, u32)> {
     let mut out = Vec::new();
@@ -191,13 +203,7 @@ pub fn endpoint_entries(
                 Peer::Set(id) => identities_of_set.get(&id).map_or(&[], Vec::as_slice),
             };
             for &identity in identities {
-                let base = PolicyKey {
-                    endpoint_id,
-                    identity,
-                    direction: direction_code(d),
-                    protocol: 0,
-                    port: [0; 2],
-                };
+                let base = base_key(endpoint_id, identity, d);
                 let mut put = |prefix: u32, key: PolicyKey| {
                     let v = out.entry((prefix, key)).or_insert(rule_id);
                     *v = (*v).min(rule_id);
@@ -367,13 +373,7 @@ fn tiered_entries(
                 identity != IDENTITY_ANY && of_set(set).binary_search(&identity).is_ok()
             }
         };
-        let base = PolicyKey {
-            endpoint_id,
-            identity,
-            direction: direction_code(d),
-            protocol: 0,
-            port: [0; 2],
-        };
+        let base = base_key(endpoint_id, identity, d);
         let other = tiered.decide(&peer_in, None, 0);
         out.insert((POLICY_PREFIX_ANY_PROTOCOL, base), other);
         for (protocol, starts) in &breaks {
