@@ -90,6 +90,7 @@ pub fn disagreements(case: &Case, keep: impl Fn(usize) -> bool) -> Vec<String> {
 /// Every disagreement between weir's verdict and the decoded maps on the world with
 /// `extra` objects (ClusterNetworkPolicies, NetworkPolicies), on every probe over IPv4 and
 /// IPv6. The reference evaluator knows no tiers: weir's verdict is the oracle here.
+#[allow(dead_code)] // agent/tests/ebpf_encoding.rs's; the fuzz target shares the file
 pub fn verdict_disagreements(extra: Vec<Object>) -> Vec<String> {
     let mut engine = Engine::new(None);
     let (_, refused) = engine.load(world_objects().iter().cloned().chain(extra));
