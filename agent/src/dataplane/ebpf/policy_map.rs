@@ -366,6 +366,9 @@ fn tiered_entries(
             }
         }
     }
+    // An identity whose decisions are the any-peer identity's needs no entries: its own
+    // lookup misses, and the program looks up IDENTITY_ANY.
+    let any = decisions(&tiered, &breaks, &|peer| peer == Peer::Any);
     for identity in identities {
         let peer_in = |peer: Peer| match peer {
             Peer::Any => true,
@@ -373,22 +376,59 @@ fn tiered_entries(
                 identity != IDENTITY_ANY && of_set(set).binary_search(&identity).is_ok()
             }
         };
-        let base = base_key(endpoint_id, identity, d);
-        let other = tiered.decide(&peer_in, None, 0);
-        out.insert((POLICY_PREFIX_ANY_PROTOCOL, base), other);
-        for (protocol, starts) in &breaks {
+        let table = match identity {
+            IDENTITY_ANY => any.clone(),
+            _ => decisions(&tiered, &breaks, &peer_in),
+        };
+        if identity != IDENTITY_ANY && table == any {
+            continue;
+        }
+        table.encode(base_key(endpoint_id, identity, d), out);
+    }
+}
+
+/// One identity's decisions: for protocols other than TCP, UDP and SCTP, and per
+/// protocol as (first, last, value) port pieces, neighbours with equal values merged.
+#[derive(Clone, PartialEq, Eq)]
+struct Decisions {
+    other: u32,
+    by_protocol: Vec<(Protocol, Vec<(u16, u16, u32)>)>,
+}
+
+fn decisions(
+    tiered: &TieredDirection,
+    breaks: &BTreeMap<Protocol, BTreeSet<u16>>,
+    peer_in: &dyn Fn(Peer) -> bool,
+) -> Decisions {
+    let by_protocol = breaks
+        .iter()
+        .map(|(protocol, starts)| {
             let starts: Vec<u16> = starts.iter().copied().collect();
-            // (first, last, value) pieces, neighbours with equal values merged.
             let mut pieces: Vec<(u16, u16, u32)> = Vec::new();
             for (i, &first) in starts.iter().enumerate() {
                 let last = starts.get(i + 1).map_or(u16::MAX, |n| n - 1);
-                let value = tiered.decide(&peer_in, Some(*protocol), first);
+                let value = tiered.decide(peer_in, Some(*protocol), first);
                 match pieces.last_mut() {
                     Some(p) if p.2 == value => p.1 = last,
                     _ => pieces.push((first, last, value)),
                 }
             }
-            // The widest value covers the protocol; the others override it by port.
+            (*protocol, pieces)
+        })
+        .collect();
+    Decisions {
+        other: tiered.decide(peer_in, None, 0),
+        by_protocol,
+    }
+}
+
+impl Decisions {
+    /// The entries under `base` (the identity's all-protocol key): one for every
+    /// protocol, per protocol an all-port entry where its widest value differs, and port
+    /// ranges where a piece differs from that.
+    fn encode(self, base: PolicyKey, out: &mut BTreeMap<PolicyEntry, u32>) {
+        out.insert((POLICY_PREFIX_ANY_PROTOCOL, base), self.other);
+        for (protocol, pieces) in self.by_protocol {
             let mut width: BTreeMap<u32, u32> = BTreeMap::new();
             for (first, last, value) in &pieces {
                 *width.entry(*value).or_default() += u32::from(*last - *first) + 1;
@@ -397,12 +437,12 @@ fn tiered_entries(
                 .iter()
                 .max_by_key(|(value, w)| (**w, std::cmp::Reverse(**value)))
                 .map(|(value, _)| *value)
-                .unwrap_or(other);
+                .unwrap_or(self.other);
             let key = PolicyKey {
                 protocol: protocol.number(),
                 ..base
             };
-            if widest != other {
+            if widest != self.other {
                 out.insert((POLICY_PREFIX_ANY_PORT, key), widest);
             }
             for (first, last, value) in pieces.into_iter().filter(|p| p.2 != widest) {
