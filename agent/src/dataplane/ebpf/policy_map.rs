@@ -387,12 +387,15 @@ fn tiered_entries(
     }
 }
 
+/// Ports `first..=last` and the POLICY value there.
+type Piece = (u16, u16, u32);
+
 /// One identity's decisions: for protocols other than TCP, UDP and SCTP, and per
-/// protocol as (first, last, value) port pieces, neighbours with equal values merged.
+/// protocol as port pieces, neighbours with equal values merged.
 #[derive(Clone, PartialEq, Eq)]
 struct Decisions {
     other: u32,
-    by_protocol: Vec<(Protocol, Vec<(u16, u16, u32)>)>,
+    by_protocol: Vec<(Protocol, Vec<Piece>)>,
 }
 
 fn decisions(
@@ -404,7 +407,7 @@ fn decisions(
         .iter()
         .map(|(protocol, starts)| {
             let starts: Vec<u16> = starts.iter().copied().collect();
-            let mut pieces: Vec<(u16, u16, u32)> = Vec::new();
+            let mut pieces: Vec<Piece> = Vec::new();
             for (i, &first) in starts.iter().enumerate() {
                 let last = starts.get(i + 1).map_or(u16::MAX, |n| n - 1);
                 let value = tiered.decide(peer_in, Some(*protocol), first);
