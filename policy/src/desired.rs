@@ -16,7 +16,6 @@ use ipnet::{IpNet, Ipv6Net};
 use serde::{Deserialize, Serialize};
 
 // The model's pod key and protocol, which every part of the desired state names.
-pub use crate::cluster_policy::{Action, Tier};
 pub use crate::model::{PodKey, Protocol};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -216,6 +215,56 @@ pub struct Rule {
     pub peer: Peer,
     pub ports: Ports,
     pub origin: RuleOrigin,
+}
+
+/// Where a ClusterNetworkPolicy sits: the Admin tier is evaluated before NetworkPolicies,
+/// the Baseline tier after them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum Tier {
+    Admin,
+    Baseline,
+}
+
+impl Tier {
+    pub fn name(self) -> &'static str {
+        match self {
+            Tier::Admin => "Admin",
+            Tier::Baseline => "Baseline",
+        }
+    }
+}
+
+impl fmt::Display for Tier {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// What a matching tier rule does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum Action {
+    /// Allowed in this direction; no later tier (nor NetworkPolicy) is consulted.
+    Accept,
+    /// Dropped; no later tier is consulted.
+    Deny,
+    /// The rest of this tier is skipped; the next tier decides.
+    Pass,
+}
+
+impl Action {
+    pub fn name(self) -> &'static str {
+        match self {
+            Action::Accept => "Accept",
+            Action::Deny => "Deny",
+            Action::Pass => "Pass",
+        }
+    }
+}
+
+impl fmt::Display for Action {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
 }
 
 /// Where a ClusterNetworkPolicy rule came from, for `weir explain`, counters and drops.

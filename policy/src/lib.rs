@@ -29,6 +29,7 @@
 mod change;
 pub mod cluster_policy;
 mod compile;
+pub mod crd;
 pub mod desired;
 mod engine;
 mod error;

@@ -689,7 +689,14 @@ fn ebpf_new_pod(tag: &str, mode: AttachMode) {
     let node = world.node.clone();
     let isolated_at = std::thread::spawn(move || {
         enter(&node);
-        let deadline = Instant::now() + Duration::from_secs(5);
+        // 5 s; in an emulated guest (cargo xtask kernels sets the lab's slow timeout) up
+        // to a minute: there, every `tc` this loop runs takes a large share of two
+        // emulated CPUs from the agent it waits for.
+        let slow = std::env::var("WEIR_LAB_TIMEOUT_SECS")
+            .ok()
+            .and_then(|s| s.parse::<u64>().ok())
+            .map_or(5, |s| s.clamp(5, 60));
+        let deadline = Instant::now() + Duration::from_secs(slow);
         let mut appeared = None;
         let filtered = |hook: &str| {
             std::process::Command::new("tc")
@@ -704,6 +711,7 @@ fn ebpf_new_pod(tag: &str, mode: AttachMode) {
                     return Some((appeared, Instant::now()));
                 }
             }
+            std::thread::sleep(Duration::from_millis(5));
         }
         None
     });

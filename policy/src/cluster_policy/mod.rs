@@ -1,6 +1,6 @@
 //! ClusterNetworkPolicy (policy.networking.k8s.io/v1alpha2): the cluster-scoped Admin and
-//! Baseline tiers around NetworkPolicies. [`api`] is the resource as served, [`validate`]
-//! mirrors its CRD, [`spec`] is the validated form the compiler turns into
+//! Baseline tiers around NetworkPolicies. [`crate::crd`] is the resource as served,
+//! [`validate`] mirrors its CRD, [`spec`] is the validated form the compiler turns into
 //! [`crate::desired::TierRule`]s.
 //!
 //! Evaluation, per direction of a pod (the subject): the Admin tier's rules in order
@@ -10,10 +10,9 @@
 //! likewise. What nothing decided is allowed. An egress Accept does not bypass the
 //! destination's ingress.
 
-pub mod api;
 pub mod spec;
 mod validate;
 
-pub use api::ClusterNetworkPolicy;
+pub use crate::crd::ClusterNetworkPolicy;
 pub use spec::{Action, ClusterPolicySpec, Subject, Tier, TierRuleSpec};
 pub use validate::parse_cluster_policy;

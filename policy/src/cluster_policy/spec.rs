@@ -1,62 +1,9 @@
 //! A ClusterNetworkPolicy after validation, in the form the compiler works with.
 
-use std::fmt;
-
-use serde::{Deserialize, Serialize};
-
+pub use crate::desired::{Action, Tier};
 use crate::model::PodInfo;
 use crate::selector::Selector;
 use crate::spec::{PeerSpec, PortSpec};
-
-/// Where a ClusterNetworkPolicy sits: the Admin tier is evaluated before NetworkPolicies,
-/// the Baseline tier after them.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-pub enum Tier {
-    Admin,
-    Baseline,
-}
-
-impl Tier {
-    pub fn name(self) -> &'static str {
-        match self {
-            Tier::Admin => "Admin",
-            Tier::Baseline => "Baseline",
-        }
-    }
-}
-
-impl fmt::Display for Tier {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-/// What a matching tier rule does.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-pub enum Action {
-    /// Allowed in this direction; no later tier (nor NetworkPolicy) is consulted.
-    Accept,
-    /// Dropped; no later tier is consulted.
-    Deny,
-    /// The rest of this tier is skipped; the next tier decides.
-    Pass,
-}
-
-impl Action {
-    pub fn name(self) -> &'static str {
-        match self {
-            Action::Accept => "Accept",
-            Action::Deny => "Deny",
-            Action::Pass => "Pass",
-        }
-    }
-}
-
-impl fmt::Display for Action {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ClusterPolicySpec {

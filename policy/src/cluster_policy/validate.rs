@@ -14,8 +14,8 @@ use std::collections::BTreeSet;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
-use super::api::{self, ClusterNetworkPolicy};
 use super::spec::{Action, ClusterPolicySpec, Subject, Tier, TierRuleSpec};
+use crate::crd::{self as api, ClusterNetworkPolicy};
 use crate::desired::{PortRange, Protocol};
 use crate::error::PolicyError;
 use crate::model::{FieldError, Kind, ObjectRef};

@@ -6,7 +6,7 @@ use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use serde::{Deserialize, Serialize};
 
-use crate::cluster_policy::ClusterNetworkPolicy;
+use crate::crd::ClusterNetworkPolicy;
 
 /// Namespace of a namespaced object whose manifest names none (as `kubectl apply`).
 pub const DEFAULT_NAMESPACE: &str = "default";

@@ -1,5 +1,5 @@
-//! `ClusterNetworkPolicy` (policy.networking.k8s.io/v1alpha2, network-policy-api v0.2.0)
-//! as the API server serves it. k8s-openapi has no types for custom resources, so these
+//! Custom resources weir reads, as the API server serves them: `ClusterNetworkPolicy`
+//! (policy.networking.k8s.io/v1alpha2, network-policy-api v0.2.0). k8s-openapi has no types for custom resources, so these
 //! mirror the CRD's schema (`apis/v1alpha2/clusternetworkpolicy_types.go`): every field
 //! the schema requires is still `Option` here, so that a missing one is a validation
 //! error naming the field rather than a decode error. The one-ofs (peers, protocols) keep
