@@ -528,7 +528,14 @@ fn judge(
         pkt.tuple.dport,
         identity
     );
-    v.emit(ctx, &pkt.tuple, Verdict::Drop, Reason::PolicyDeny, rule_id(rule), now);
+    v.emit(
+        ctx,
+        &pkt.tuple,
+        Verdict::Drop,
+        Reason::PolicyDeny,
+        rule_id(rule),
+        now,
+    );
     TC_ACT_SHOT
 }
 
