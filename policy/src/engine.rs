@@ -10,7 +10,7 @@ use super::compile::{cluster_named_port_groups, compile_endpoint, named_port_gro
 use super::error::PolicyError;
 use super::registry::SetRegistry;
 use super::selector::Selector;
-use super::sets::{pods_in_namespace_matching, SetDef};
+use super::sets::{pods_in_namespace_matching, NamedPortGroup, SetDef};
 use super::spec::{PeerSpec, PolicySpec};
 use super::validated::Validated;
 use crate::cluster_policy::ClusterPolicySpec;
@@ -342,28 +342,16 @@ impl Engine {
         new: Option<ClusterPolicySpec>,
         change: &mut Change,
     ) {
-        if let Some(spec) = &new {
-            for group in cluster_named_port_groups(spec) {
-                self.registry.add_group_user(&self.model, &group, name);
-            }
-        }
+        let groups =
+            |p: Option<&ClusterPolicySpec>| p.map(cluster_named_port_groups).unwrap_or_default();
+        let new_groups = groups(new.as_ref());
         let old = match new {
             Some(spec) => self.cluster_policies.insert(name.to_owned(), spec),
             None => self.cluster_policies.remove(name),
         };
+        self.replace_group_users(name, groups(old.as_ref()), new_groups);
         let mut endpoints = self.endpoints_of(&BTreeSet::from([name.to_owned()]));
         if let Some(old) = &old {
-            let still_used = self
-                .cluster_policies
-                .get(name)
-                .map(cluster_named_port_groups)
-                .unwrap_or_default();
-            for group in cluster_named_port_groups(old)
-                .iter()
-                .filter(|g| !still_used.contains(g))
-            {
-                self.registry.remove_group_user(group, name);
-            }
             endpoints.extend(self.cluster_selected_endpoints(old));
         }
         self.recompile(endpoints, change);
@@ -385,35 +373,35 @@ impl Engine {
     }
 
     fn apply_policy(&mut self, key: &str, new: Option<PolicySpec>, change: &mut Change) {
-        if let Some(spec) = &new {
-            for group in named_port_groups(spec) {
-                self.registry.add_group_user(&self.model, &group, key);
-            }
-        }
+        let new_groups = new.as_ref().map(named_port_groups).unwrap_or_default();
         let old = store_policy(
             &mut self.policies,
             &mut self.policies_by_namespace,
             key,
             new,
         );
-        if let Some(old) = &old {
-            let still_used = self
-                .policies
-                .get(key)
-                .map(named_port_groups)
-                .unwrap_or_default();
-            for group in named_port_groups(old)
-                .iter()
-                .filter(|g| !still_used.contains(g))
-            {
-                self.registry.remove_group_user(group, key);
-            }
-        }
+        let old_groups = old.as_ref().map(named_port_groups).unwrap_or_default();
+        self.replace_group_users(key, old_groups, new_groups);
         let mut endpoints = self.endpoints_of(&BTreeSet::from([key.to_owned()]));
         if let Some(old) = &old {
             endpoints.extend(self.selected_endpoints(old));
         }
         self.recompile(endpoints, change);
+    }
+
+    /// Policy `key` uses the named-port groups `new` where it used `old`.
+    fn replace_group_users(
+        &mut self,
+        key: &str,
+        old: Vec<NamedPortGroup>,
+        new: Vec<NamedPortGroup>,
+    ) {
+        for group in &new {
+            self.registry.add_group_user(&self.model, group, key);
+        }
+        for group in old.iter().filter(|g| !new.contains(g)) {
+            self.registry.remove_group_user(group, key);
+        }
     }
 
     /// Local endpoints selected by the named policies (NetworkPolicies by

@@ -66,61 +66,34 @@ fn parse(name: &str, policy: &ClusterNetworkPolicy) -> Result<ClusterPolicySpec,
         }
     };
     let subject = parse_subject(spec.subject.as_ref())?;
-    let ingress = at_most(spec.ingress.as_deref(), "spec.ingress")?;
-    let ingress = ingress
-        .iter()
-        .enumerate()
-        .map(|(i, r)| {
-            let field = format!("spec.ingress[{i}]");
-            let peers = required_items(r.from.as_deref(), &format!("{field}.from"))?;
-            let peers = peers.iter().enumerate().map(|(j, p)| {
-                let f = format!("{field}.from[{j}]");
-                if let Some(egress_only) = EGRESS_ONLY_PEERS
-                    .iter()
-                    .find(|name| p.unknown.contains_key(**name))
-                {
-                    return Err(FieldError::new(
-                        &format!("{f}.{egress_only}"),
-                        "not allowed in an ingress peer: only namespaces and pods select sources",
-                    ));
-                }
-                let egress = api::EgressPeer {
-                    namespaces: p.namespaces.clone(),
-                    pods: p.pods.clone(),
-                    unknown: p.unknown.clone(),
-                    ..Default::default()
-                };
-                parse_peer(&f, &egress)
-            });
-            parse_rule(
-                &field,
+    let ingress = parse_rules(
+        "spec.ingress",
+        "from",
+        spec.ingress.as_deref(),
+        |r| {
+            (
                 r.name.as_deref(),
                 r.action.as_deref(),
-                peers,
+                r.from.as_deref(),
                 r.protocols.as_deref(),
             )
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    let egress = at_most(spec.egress.as_deref(), "spec.egress")?;
-    let egress = egress
-        .iter()
-        .enumerate()
-        .map(|(i, r)| {
-            let field = format!("spec.egress[{i}]");
-            let peers = required_items(r.to.as_deref(), &format!("{field}.to"))?;
-            let peers = peers
-                .iter()
-                .enumerate()
-                .map(|(j, p)| parse_peer(&format!("{field}.to[{j}]"), p));
-            parse_rule(
-                &field,
+        },
+        parse_ingress_peer,
+    )?;
+    let egress = parse_rules(
+        "spec.egress",
+        "to",
+        spec.egress.as_deref(),
+        |r| {
+            (
                 r.name.as_deref(),
                 r.action.as_deref(),
-                peers,
+                r.to.as_deref(),
                 r.protocols.as_deref(),
             )
-        })
-        .collect::<Result<Vec<_>, _>>()?;
+        },
+        parse_peer,
+    )?;
     Ok(ClusterPolicySpec {
         name: name.to_owned(),
         tier,
@@ -228,6 +201,59 @@ fn parse_namespaced_pod(
     Ok((namespaces, selector(pods, &pod_field)?))
 }
 
+/// A rule's name, action, peers and protocols, as written.
+type RuleParts<'a, P> = (
+    Option<&'a str>,
+    Option<&'a str>,
+    Option<&'a [P]>,
+    Option<&'a [api::ProtocolEntry]>,
+);
+
+/// The rules of one direction (`field`, whose peers are under `peers_key`).
+fn parse_rules<'a, R, P: 'a>(
+    field: &str,
+    peers_key: &str,
+    rules: Option<&'a [R]>,
+    parts: impl Fn(&'a R) -> RuleParts<'a, P>,
+    peer: impl Fn(&str, &P) -> Result<Peers, FieldError>,
+) -> Result<Vec<TierRuleSpec>, FieldError> {
+    at_most(rules, field)?
+        .iter()
+        .enumerate()
+        .map(|(i, r)| {
+            let (name, action, peers, protocols) = parts(r);
+            let field = format!("{field}[{i}]");
+            let peers_field = format!("{field}.{peers_key}");
+            let peers = required_items(peers, &peers_field)?
+                .iter()
+                .enumerate()
+                .map(|(j, p)| peer(&format!("{peers_field}[{j}]"), p));
+            parse_rule(&field, &peers_field, name, action, peers, protocols)
+        })
+        .collect()
+}
+
+/// An ingress peer: an egress-only peer there is refused, as the API server's pruning
+/// and schema refuse it; the rest is parsed as an egress peer with those fields unset.
+fn parse_ingress_peer(field: &str, p: &api::IngressPeer) -> Result<Peers, FieldError> {
+    if let Some(egress_only) = EGRESS_ONLY_PEERS
+        .iter()
+        .find(|name| p.unknown.contains_key(**name))
+    {
+        return Err(FieldError::new(
+            &format!("{field}.{egress_only}"),
+            "not allowed in an ingress peer: only namespaces and pods select sources",
+        ));
+    }
+    let egress = api::EgressPeer {
+        namespaces: p.namespaces.clone(),
+        pods: p.pods.clone(),
+        unknown: p.unknown.clone(),
+        ..Default::default()
+    };
+    parse_peer(field, &egress)
+}
+
 /// A parsed peer: its address sets, or `None` for a peer with no field weir knows.
 type Peers = Option<Vec<PeerSpec>>;
 
@@ -295,8 +321,10 @@ fn parse_peer(field: &str, peer: &api::EgressPeer) -> Result<Peers, FieldError> 
     Ok(None)
 }
 
+/// One rule (`field`), its peers under `peers_field`.
 fn parse_rule(
     field: &str,
+    peers_field: &str,
     name: Option<&str>,
     action: Option<&str>,
     peers: impl Iterator<Item = Result<Peers, FieldError>>,
@@ -331,12 +359,7 @@ fn parse_rule(
         match peer? {
             Some(p) => specs.extend(p),
             None => {
-                let peers = if field.starts_with("spec.ingress") {
-                    "from"
-                } else {
-                    "to"
-                };
-                unknown.get_or_insert_with(|| format!("{field}.{peers}[{j}]"));
+                unknown.get_or_insert_with(|| format!("{peers_field}[{j}]"));
             }
         }
     }
