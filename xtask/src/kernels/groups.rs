@@ -101,7 +101,7 @@ pub const GROUPS: &[Group] = &[
     group("dataplane_switch", "dataplane_switch", false, 900),
     group("agent_npm_migration", "agent_npm_migration", false, 900),
     group("hostile_packets", "hostile_packets", false, 1200),
-    group("hostile_kill", "hostile_kill", false, 900),
+    group("hostile_kill", "hostile_kill", false, 1800),
     group("hostile_lifecycle", "hostile_lifecycle", false, 1200),
     group("hostile_timing", "hostile_timing", false, 1200),
     group("lab_world", "lab_world", false, 900),
