@@ -99,10 +99,24 @@ fn network_policy(ns: &str, name: &str, spec: &str) -> weir_policy::model::Objec
     weir_policy::model::Object::NetworkPolicy(serde_yaml::from_str(&yaml).expect(&yaml))
 }
 
+/// A Node with `labels` (YAML) and `addresses`.
+fn node(name: &str, labels: &str, addresses: &[&str]) -> weir_policy::model::Object {
+    let addresses: Vec<String> = addresses
+        .iter()
+        .map(|a| format!("{{type: InternalIP, address: '{a}'}}"))
+        .collect();
+    let yaml = format!(
+        "metadata: {{name: {name}, labels: {labels}}}\nstatus: {{addresses: [{}]}}",
+        addresses.join(", ")
+    );
+    weir_policy::model::Object::Node(serde_yaml::from_str(&yaml).expect(&yaml))
+}
+
 /// Tiered directions are encoded as the agent's evaluation of every point: the maps,
 /// decided as the programs decide, must give weir's verdict on every probe, for Admin
 /// and Baseline rules in order (Accept, Deny, Pass), beside NetworkPolicies or not, with
-/// ports, ranges, named ports, blocks and an unknown peer.
+/// ports, ranges, named ports, blocks, node peers and an unknown peer; and on the pods'
+/// egress to their node's addresses (support/encoding.rs).
 #[test]
 fn tiered_directions_decide_as_weir_does() {
     let subject_x = "subject: {namespaces: {matchLabels: {ns: x}}}";
@@ -117,6 +131,12 @@ fn tiered_directions_decide_as_weir_does() {
             cluster_policy("late", "tier: Admin\npriority: 5\nsubject: {pods: {namespaceSelector: {}, podSelector: {matchLabels: {pod: a}}}}\negress:\n- {action: Deny, to: [{namespaces: {}}]}"),
             cluster_policy("early", "tier: Admin\npriority: 4\nsubject: {pods: {namespaceSelector: {}, podSelector: {matchLabels: {pod: a}}}}\negress:\n- {action: Accept, to: [{namespaces: {matchLabels: {ns: y}}}], protocols: [{destinationNamedPort: serve-81-udp}]}\ningress:\n- {action: Accept, from: [{namespaces: {matchLabels: {ns: z}}}], protocols: [{destinationNamedPort: serve-80-sctp}]}\n- {action: Deny, from: [{namespaces: {}}]}"),
             network_policy("y", "deny", "podSelector: {}\npolicyTypes: [Ingress, Egress]\negress: [{ports: [{port: 81, protocol: TCP}]}]"),
+        ]),
+        ("egress to the node", vec![
+            cluster_policy("node-guard", &format!("tier: Admin\npriority: 1\n{subject_x}\negress:\n- {{action: Deny, to: [{{nodes: {{matchLabels: {{role: this}}}}}}], protocols: [{{tcp: {{destinationPort: {{number: 80}}}}}}]}}\n- {{action: Pass, to: [{{networks: [192.0.2.0/24]}}]}}\n- {{action: Accept, to: [{{networks: ['fd00::/8']}}], protocols: [{{udp: {{destinationPort: {{number: 81}}}}}}]}}")),
+            cluster_policy("node-floor", "tier: Baseline\npriority: 1\nsubject: {namespaces: {}}\negress:\n- {action: Deny, to: [{networks: [0.0.0.0/0, '::/0']}], protocols: [{udp: {destinationPort: {range: {start: 80, end: 81}}}}]}"),
+            network_policy("y", "egress", "podSelector: {matchLabels: {pod: a}}\npolicyTypes: [Egress]\negress: [{ports: [{port: 80, protocol: TCP}]}]"),
+            node("this", "{role: this}", &["10.9.0.1", "fd00:9::1"]),
         ]),
         ("unknown peer fails closed", vec![
             cluster_policy("future", &format!("tier: Baseline\npriority: 1\n{subject_x}\ningress:\n- {{action: Pass, from: [{{futureField: {{}}}}]}}\negress:\n- {{action: Accept, to: [{{futureField: {{}}}}]}}\n- {{action: Deny, to: [{{namespaces: {{matchLabels: {{ns: y}}}}}}], protocols: [{{tcp: {{destinationPort: {{number: 81}}}}}}]}}")),

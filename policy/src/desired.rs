@@ -309,6 +309,12 @@ pub struct DirectionPolicy {
 }
 
 impl DirectionPolicy {
+    /// Whether ClusterNetworkPolicy tiers judge the direction (then the dataplanes judge
+    /// it whether or not a NetworkPolicy isolates it).
+    pub fn is_tiered(&self) -> bool {
+        !self.admin.is_empty() || !self.baseline.is_empty()
+    }
+
     pub fn tier(&self, tier: Tier) -> &[TierRule] {
         match tier {
             Tier::Admin => &self.admin,

@@ -57,6 +57,13 @@ pub enum VerdictError {
     },
 }
 
+fn endpoint_of<'a>(desired: &'a Desired, pod: &str) -> Result<&'a Endpoint, VerdictError> {
+    desired
+        .endpoints
+        .get(pod)
+        .ok_or_else(|| VerdictError::NotAnEndpoint(pod.to_owned()))
+}
+
 /// The verdict for pod `from_pod` (`namespace/name`) connecting to `to` on
 /// `port`/`protocol`.
 pub fn verdict(
@@ -66,10 +73,7 @@ pub fn verdict(
     port: u16,
     protocol: Protocol,
 ) -> Result<Verdict, VerdictError> {
-    let source = desired
-        .endpoints
-        .get(from_pod)
-        .ok_or_else(|| VerdictError::NotAnEndpoint(from_pod.to_owned()))?;
+    let source = endpoint_of(desired, from_pod)?;
     let from = match to {
         IpAddr::V4(_) => source.ipv4.map(IpAddr::V4),
         IpAddr::V6(_) => source.ipv6.map(IpAddr::V6),
@@ -131,6 +135,45 @@ pub fn direction_verdict(
     port: u16,
     protocol: Protocol,
 ) -> DirectionVerdict {
+    judge(desired, endpoint, direction, peer, port, protocol, false)
+}
+
+/// Pod `from_pod`'s egress to `node_addr`, one of its own node's addresses. A
+/// NetworkPolicy never stops a pod reaching its node (Kubernetes semantics: both
+/// dataplanes allow it whatever the NetworkPolicies say), but the ClusterNetworkPolicy
+/// tiers around them judge it like any destination: an Admin rule decides first; where
+/// no NetworkPolicy isolates the direction, a Baseline rule may. The node's side (its
+/// INPUT) is no endpoint, so this is the whole verdict.
+pub fn egress_to_node(
+    desired: &Desired,
+    from_pod: &str,
+    node_addr: IpAddr,
+    port: u16,
+    protocol: Protocol,
+) -> Result<DirectionVerdict, VerdictError> {
+    let source = endpoint_of(desired, from_pod)?;
+    Ok(judge(
+        desired,
+        Some(source),
+        Direction::Egress,
+        node_addr,
+        port,
+        protocol,
+        true,
+    ))
+}
+
+/// [`direction_verdict`]; `peer_is_node`: the peer is the endpoint's own node, which
+/// the NetworkPolicies always admit.
+fn judge(
+    desired: &Desired,
+    endpoint: Option<&Endpoint>,
+    direction: Direction,
+    peer: IpAddr,
+    port: u16,
+    protocol: Protocol,
+    peer_is_node: bool,
+) -> DirectionVerdict {
     let Some(endpoint) = endpoint else {
         return DirectionVerdict {
             endpoint: None,
@@ -151,7 +194,7 @@ pub fn direction_verdict(
     let mut verdict = DirectionVerdict {
         endpoint: Some(endpoint.pod.clone()),
         isolated: policy.isolated,
-        allowed: !policy.isolated || !matched.is_empty(),
+        allowed: !policy.isolated || !matched.is_empty() || peer_is_node,
         matched,
         decided_by: None,
         passed_by: Vec::new(),

@@ -264,6 +264,155 @@ fn both_dataplanes_enforce_the_tiers_as_weir_decides() {
     assert!(iptables == ebpf, "the dataplanes' matrices differ");
 }
 
+/// Guards on the node (Admin: x may not reach its port 80, by a `nodes` peer for TCP and
+/// a `networks` one for UDP; Baseline: no pod reaches its port 81) and a NetworkPolicy isolating y/a's egress, which lets y/a reach its node
+/// whatever it allows.
+const NODE_GUARDS: &str = r#"
+apiVersion: policy.networking.k8s.io/v1alpha2
+kind: ClusterNetworkPolicy
+metadata: {name: node-guard}
+spec:
+  tier: Admin
+  priority: 1
+  subject: {namespaces: {matchLabels: {ns: x}}}
+  egress:
+  - {name: no-node-web, action: Deny, to: [{nodes: {matchLabels: {guarded: "yes"}}}], protocols: [{tcp: {destinationPort: {number: 80}}}]}
+  - {name: no-node-dns, action: Deny, to: [{networks: [GW4/32, "GW6/128"]}], protocols: [{udp: {destinationPort: {number: 80}}}]}
+---
+apiVersion: v1
+kind: Node
+metadata: {name: guarded, labels: {guarded: "yes"}}
+status: {addresses: [{type: InternalIP, address: GW4}, {type: InternalIP, address: "GW6"}]}
+---
+apiVersion: policy.networking.k8s.io/v1alpha2
+kind: ClusterNetworkPolicy
+metadata: {name: node-floor}
+spec:
+  tier: Baseline
+  priority: 1
+  subject: {namespaces: {}}
+  egress:
+  - {action: Deny, to: [{networks: [0.0.0.0/0, "::/0"]}], protocols: [{tcp: {destinationPort: {number: 81}}}, {udp: {destinationPort: {number: 81}}}]}
+---
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: a-out, namespace: y}
+spec:
+  podSelector: {matchLabels: {pod: a}}
+  policyTypes: [Egress]
+  egress: [{ports: [{port: 80, protocol: TCP}]}]
+"#;
+
+/// The node's global addresses on its bridge (the pods' gateways): IPv4, IPv6.
+fn bridge_addresses(node: &str) -> (IpAddr, IpAddr) {
+    let out = std::process::Command::new("ip")
+        .args(["-n", node, "-j", "addr", "show", "dev", "cni0"])
+        .output()
+        .expect("prerequisite missing: ip (apt-get install iproute2)");
+    let links: serde_json::Value = serde_json::from_slice(&out.stdout).expect("ip -j addr");
+    let addrs: Vec<IpAddr> = links[0]["addr_info"]
+        .as_array()
+        .expect("cni0's addresses")
+        .iter()
+        .filter(|a| a["scope"] == "global")
+        .filter_map(|a| a["local"].as_str()?.parse().ok())
+        .collect();
+    let v4 = addrs.iter().find(|a| a.is_ipv4()).expect("an IPv4 gateway");
+    let v6 = addrs.iter().find(|a| a.is_ipv6()).expect("an IPv6 gateway");
+    (*v4, *v6)
+}
+
+/// Every pod to each of its node's bridge addresses, TCP (and UDP over IPv4) to ports 80
+/// and 81: (pod, address, port, protocol) → connected; and every one that disagrees with
+/// weir's verdict (`egress_to_node`).
+fn node_matrix(dataplane: &str) -> (BTreeMap<String, bool>, Vec<String>) {
+    let lab = Lab::new(&format!("cnp-node-{dataplane}"));
+    lab.weir(&[
+        "up",
+        "--dataplane",
+        dataplane,
+        "--topology",
+        "bridge",
+        netpol_world().to_str().unwrap(),
+    ])
+    .unwrap();
+    let node = lab.node_netns();
+    let (gw4, gw6) = bridge_addresses(&node);
+    let guards = write_manifest(
+        &lab,
+        "guards.yaml",
+        &NODE_GUARDS
+            .replace("GW4", &gw4.to_string())
+            .replace("GW6", &gw6.to_string()),
+    );
+    lab.weir(&["apply", guards.to_str().unwrap()]).unwrap();
+    let path = lab.dir.join("objects.yaml");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let mut engine = Engine::new(None);
+    let (_, refused) = engine.load(manifest::parse_named("objects.yaml", &text).unwrap());
+    assert!(refused.is_empty(), "{refused:?}");
+    // Dual-stack listeners ([::] takes IPv4 too).
+    let _listeners = weir_tests::probe::EchoServers::start_v6(&node, &[80, 81]);
+    let timeout = std::time::Duration::from_millis(700);
+    let mut matrix = BTreeMap::new();
+    let mut wrong = Vec::new();
+    for pod in lab.pod_addresses().keys() {
+        let (ns, _) = lab.pod(pod);
+        for (addr, port, proto) in [gw4, gw6]
+            .into_iter()
+            .flat_map(|a| [80, 81].map(|p| (a, p)))
+            .flat_map(|(a, p)| [(a, p, "TCP"), (a, p, "UDP")])
+            .filter(|(a, _, proto)| a.is_ipv4() || *proto == "TCP")
+        {
+            let to = std::net::SocketAddr::new(addr, port);
+            let got = match proto {
+                "TCP" => weir_tests::probe::tcp_from(&ns, to, timeout),
+                _ => weir_tests::probe::udp_from(&ns, to, timeout),
+            };
+            let want = verdict::egress_to_node(engine.desired(), pod, addr, port, protocol(proto))
+                .unwrap()
+                .allowed;
+            if got != want {
+                wrong.push(format!(
+                    "{dataplane}: {pod} -> node {to} {proto}: connected {got}, weir's verdict {want}"
+                ));
+            }
+            matrix.insert(format!("{pod} -> {addr} {port}/{proto}"), got);
+        }
+    }
+    let at = |pod: &str, port: u16, proto: &str| matrix[&format!("{pod} -> {gw4} {port}/{proto}")];
+    assert!(
+        !at("x/a", 80, "TCP"),
+        "{dataplane}: Admin Deny to the node (nodes)"
+    );
+    assert!(
+        !at("x/a", 80, "UDP"),
+        "{dataplane}: Admin Deny to the node (networks)"
+    );
+    assert!(
+        !at("x/a", 81, "UDP"),
+        "{dataplane}: Baseline Deny to the node"
+    );
+    assert!(at("z/a", 80, "TCP"), "{dataplane}: nothing stops z/a");
+    assert!(
+        at("y/a", 81, "TCP"),
+        "{dataplane}: a NetworkPolicy never stops a pod reaching its node"
+    );
+    lab.weir(&["down"]).unwrap();
+    (matrix, wrong)
+}
+
+/// A pod's traffic to its own node: the tiers judge it (a `networks` Deny on the node's
+/// addresses holds), the NetworkPolicies never stop it, on both dataplanes alike.
+#[test]
+fn the_tiers_judge_a_pods_traffic_to_its_node_on_both_dataplanes() {
+    let (iptables, mut wrong) = node_matrix("iptables");
+    let (ebpf, w) = node_matrix("ebpf");
+    wrong.extend(w);
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+    assert_eq!(iptables, ebpf, "the dataplanes' matrices differ");
+}
+
 /// `kubectl` as the lab's admin, inside the node namespace where the API server listens.
 fn kubectl(lab: &Lab, args: &[&str]) {
     let kubeconfig = lab.dir.join("api/kubeconfig-admin");

@@ -5,13 +5,32 @@
 
 use netpol_scenarios::generated::{self, Case, DualAddresses, Family};
 use netpol_scenarios::{probes, reference};
+use std::collections::BTreeSet;
+use std::net::IpAddr;
 use std::sync::OnceLock;
 use weir::dataplane::ebpf::decode;
-use weir_policy::desired::Protocol;
+use weir_policy::desired::{Direction, Protocol};
 
 use serde_json::Value;
 use weir_policy::model::Object;
 use weir_policy::{verdict, Engine};
+
+/// The node's own addresses in [`verdict_disagreements`]: two in blocks its cases name
+/// (10.0.0.0/8, fd00::/8), one in neither.
+#[allow(dead_code)] // agent/tests/ebpf_encoding.rs's; the fuzz target shares the file
+pub const NODE_ADDRESSES: [&str; 3] = ["10.9.0.1", "fd00:9::1", "192.0.2.1"];
+
+/// Every (node address, port, protocol) the node checks probe: the lab's ports.
+#[allow(dead_code)] // as above
+fn node_probes(node: &[IpAddr]) -> impl Iterator<Item = (&IpAddr, u16, Protocol)> {
+    node.iter().flat_map(|a| {
+        [80, 81].into_iter().flat_map(move |port| {
+            [Protocol::Tcp, Protocol::Udp, Protocol::Sctp]
+                .into_iter()
+                .map(move |p| (a, port, p))
+        })
+    })
+}
 
 /// The addresses the lab gives the world.
 pub fn addresses() -> DualAddresses {
@@ -98,9 +117,29 @@ pub fn verdict_disagreements(extra: Vec<Object>) -> Vec<String> {
         return refused.iter().map(|e| format!("refused: {e}")).collect();
     }
     let desired = engine.desired();
-    let encoded = decode::encode(desired);
+    let node: Vec<IpAddr> = NODE_ADDRESSES.iter().map(|a| a.parse().unwrap()).collect();
+    let encoded = decode::encode_on_node(desired, &node);
     let addresses = addresses();
     let mut out = Vec::new();
+    // The pods' traffic with their node: egress as the tiers around the NetworkPolicies
+    // say; from the node, always allowed.
+    let froms: BTreeSet<String> = probes().into_iter().map(|(from, ..)| from).collect();
+    for from in &froms {
+        for (&addr, port, proto) in node_probes(&node) {
+            let compiled = verdict::egress_to_node(desired, from, addr, port, proto)
+                .map(|v| v.allowed)
+                .map_err(|e| e.to_string());
+            let maps = encoded.admits(from, Direction::Egress, addr, port, proto);
+            if compiled != Ok(maps) {
+                out.push(format!(
+                    "{from} -> node {addr} {port}/{proto:?}: weir {compiled:?}, maps {maps}"
+                ));
+            }
+            if !encoded.admits(from, Direction::Ingress, addr, port, proto) {
+                out.push(format!("node {addr} -> {from} {port}/{proto:?}: maps deny"));
+            }
+        }
+    }
     for (from, to, port, proto) in probes() {
         for family in [Family::V4, Family::V6] {
             let address = |pod: &str| match family {

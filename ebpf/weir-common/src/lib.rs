@@ -59,9 +59,21 @@ pub mod program_names {
 /// Identity of a peer that matched no trie entry, or an entry whose prefix belongs to no
 /// set (an `except` hole). Only `Peer::Any` rules apply to it.
 pub const IDENTITY_WORLD: u32 = 1;
-/// The node's own addresses: traffic between a pod and its node is always allowed
-/// (Kubernetes NetworkPolicy semantics), whatever the policies say.
+/// The node's own addresses: traffic between a pod and its node is always allowed by
+/// NetworkPolicies (Kubernetes semantics), and ClusterNetworkPolicy ingress peers never
+/// select it. Only a pod's egress to its node, where ClusterNetworkPolicy tiers judge
+/// that direction, is looked up: then the node's addresses carry [`IDENTITY_HOST_BIT`].
 pub const IDENTITY_HOST: u32 = 2;
+/// Marks a node address whose set memberships are those of identity
+/// `value & !IDENTITY_HOST_BIT` (a `networks` or `nodes` peer can name it). The agent uses
+/// it only while some endpoint's egress is tiered; otherwise every node address is
+/// [`IDENTITY_HOST`]. Dynamic identities stay far below it.
+pub const IDENTITY_HOST_BIT: u32 = 1 << 31;
+
+/// Whether an IDENTITY value is one of the node's own addresses.
+pub const fn is_host(identity: u32) -> bool {
+    identity == IDENTITY_HOST || identity & IDENTITY_HOST_BIT != 0
+}
 /// Identity used in POLICY keys of rules whose peer is "any address".
 pub const IDENTITY_ANY: u32 = 0;
 /// First identity handed out for a set-membership signature.

@@ -11,6 +11,9 @@
 //! discovery passes; ICMP errors about a flow of this endpoint pass; packets of a flow this
 //! endpoint's hooks admitted pass (either way); the rest is judged by policy, and only
 //! what that full verdict allows creates a CT entry, keyed to this endpoint and direction.
+//! Traffic with the node's own addresses is allowed, except a pod's egress to its node
+//! where ClusterNetworkPolicy tiers judge it: then the node address's own POLICY entries
+//! decide (see `host_policy_value`).
 //!
 //! Service traffic: a packet from an egress-isolated pod to a Service frontend (WEIR_SERVICE)
 //! cannot be judged at `weir_from_pod`, before kube-proxy picks the backend (DNAT runs
@@ -311,17 +314,21 @@ fn judge_deferred(
     let (counter, reason, rule) = if isolated {
         let identity = identity_of(pkt.tuple.family, &pkt.tuple.daddr);
         v.identity = identity;
-        if identity == IDENTITY_HOST {
-            (COUNTER_HOST, Reason::Host, 0)
+        let host = is_host(identity);
+        let rule = if host {
+            host_policy_value(client, identity, Direction::Egress, &pkt.tuple)
         } else {
-            let rule = policy_value(client, identity, Direction::Egress, &pkt.tuple);
-            if !allows(rule) {
-                count(ctx, drop_counter(rule, Direction::Egress));
-                let id = rule_id(rule);
-                v.emit(ctx, &pkt.tuple, Verdict::Drop, Reason::PolicyDeny, id, now);
-                return Deferred::Drop;
-            }
+            policy_value(client, identity, Direction::Egress, &pkt.tuple)
+        };
+        if host && rule == 0 {
+            (COUNTER_HOST, Reason::Host, 0)
+        } else if allows(rule) {
             (rule, Reason::PolicyAllow, rule)
+        } else {
+            count(ctx, drop_counter(rule, Direction::Egress));
+            let id = rule_id(rule);
+            v.emit(ctx, &pkt.tuple, Verdict::Drop, Reason::PolicyDeny, id, now);
+            return Deferred::Drop;
         }
     } else {
         (COUNTER_NOT_ISOLATED, Reason::NotIsolated, 0)
@@ -384,7 +391,7 @@ fn to_frontend(t: &Tuple) -> bool {
     }
     WEIR_IDENTITY
         .get(&Key::new(128, IdentityKey { addr: t.daddr }))
-        .is_some_and(|id| *id == IDENTITY_HOST)
+        .is_some_and(|id| is_host(*id))
 }
 
 /// Passes a packet to a Service frontend on, to be judged after DNAT (module docs).
@@ -505,11 +512,16 @@ fn judge(
     };
     let identity = identity_of(pkt.tuple.family, peer);
     v.identity = identity;
-    if identity == IDENTITY_HOST {
+    let host = is_host(identity);
+    let rule = if host {
+        host_policy_value(id, identity, direction, &pkt.tuple)
+    } else {
+        policy_value(id, identity, direction, &pkt.tuple)
+    };
+    if host && rule == 0 {
         ct_track(ctx, &mut pkt.key, id, direction, &pkt.tuple, 0, now);
         return v.allow(ctx, &pkt.tuple, COUNTER_HOST, Reason::Host);
     }
-    let rule = policy_value(id, identity, direction, &pkt.tuple);
     if allows(rule) {
         ct_track(ctx, &mut pkt.key, id, direction, &pkt.tuple, rule, now);
         return v.allow(ctx, &pkt.tuple, rule, Reason::PolicyAllow);
@@ -551,6 +563,17 @@ fn policy_value(endpoint_id: u32, identity: u32, direction: Direction, t: &Tuple
         value = policy_lookup(endpoint_id, IDENTITY_ANY, direction, t);
     }
     value
+}
+
+/// The POLICY value for traffic with the node (a host identity): 0, allowed as the node's,
+/// unless tiers judge the endpoint's egress, for which the agent writes entries under each
+/// node address's identity (no any-peer fallback: the node is no pod).
+#[inline(always)]
+fn host_policy_value(endpoint_id: u32, identity: u32, direction: Direction, t: &Tuple) -> u32 {
+    if direction != Direction::Egress {
+        return 0;
+    }
+    policy_lookup(endpoint_id, identity, direction, t)
 }
 
 /// Whether a POLICY value admits the packet: a rule matched, and it is no drop.

@@ -2,13 +2,15 @@
 //! ([`KernelState`]), to check the eBPF encoding (identities, LPM prefixes, rule ids)
 //! against weir's own verdict: agent/tests/ebpf_encoding.rs on generated cases, and the
 //! `ebpf_encoding` fuzz target. It mirrors `judge` in ebpf/weir-ebpf/src/main.rs for a
-//! packet with no conntrack entry, no Service and not from the node. It is no stand-in for
+//! packet with no conntrack entry, no Service and not from the node (to it, yes). It is no stand-in for
 //! the programs: those run on the real kernel in the lab tests.
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 
-use weir_common::{PolicyKey, IDENTITY_ANY, IDENTITY_WORLD, POLICY_PREFIX_FULL, TIER_DENY_BIT};
+use weir_common::{
+    is_host, PolicyKey, IDENTITY_ANY, IDENTITY_WORLD, POLICY_PREFIX_FULL, TIER_DENY_BIT,
+};
 use weir_policy::desired::{is_ipv4_mapped, Desired, Direction, PodKey, Protocol};
 
 use super::identities::{IdentityTable, Prefix};
@@ -25,6 +27,15 @@ pub struct Encoded {
 /// Plans the maps for `desired` as a fresh agent does (no earlier ids), with every
 /// endpoint placed on an interface of its own.
 pub fn encode(desired: &Desired) -> Encoded {
+    encode_on_node(desired, &[])
+}
+
+/// [`encode`] on a node whose own addresses are `node`.
+pub fn encode_on_node(desired: &Desired, node: &[IpAddr]) -> Encoded {
+    let node: Vec<Prefix> = node
+        .iter()
+        .map(|a| Prefix::from_net(&ipnet::IpNet::from(*a)))
+        .collect();
     let plan = IdentityTable::default().plan(desired.sets.values());
     let rule_ids = RuleTable::default().plan(desired.endpoints.values());
     let placed: BTreeMap<PodKey, (u32, String, u32)> = desired
@@ -33,7 +44,7 @@ pub fn encode(desired: &Desired) -> Encoded {
         .zip(1..)
         .map(|(pod, id)| (pod.clone(), (id, format!("lxc{id}"), id)))
         .collect();
-    let (state, _) = planned_state(desired, &placed, plan, &rule_ids, &[]);
+    let (state, _) = planned_state(desired, &placed, plan, &rule_ids, &node);
     let ids = placed
         .into_iter()
         .map(|(pod, (id, _, _))| (pod, id))
@@ -78,6 +89,14 @@ impl Encoded {
             return true;
         }
         let identity = self.identity_of(peer);
+        if is_host(identity) {
+            // The node: its own entries, only where tiers judge the pod's egress to it.
+            let rule = match direction {
+                Direction::Egress => self.policy_lookup(id, identity, direction, port, protocol),
+                Direction::Ingress => 0,
+            };
+            return rule == 0 || rule & TIER_DENY_BIT == 0;
+        }
         let mut rule = 0;
         if identity != IDENTITY_WORLD {
             rule = self.policy_lookup(id, identity, direction, port, protocol);

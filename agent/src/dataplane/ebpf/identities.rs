@@ -9,7 +9,9 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
-use weir_common::{IdentityKey, IDENTITY_FIRST_DYNAMIC, IDENTITY_WORLD};
+use weir_common::{
+    IdentityKey, IDENTITY_FIRST_DYNAMIC, IDENTITY_HOST, IDENTITY_HOST_BIT, IDENTITY_WORLD,
+};
 
 use weir_policy::desired::{programmed_members, AddressSet, SetId};
 
@@ -69,6 +71,23 @@ pub struct IdentityTable {
 pub struct IdentityPlan {
     pub trie: BTreeMap<Prefix, u32>,
     pub identities_of_set: BTreeMap<SetId, Vec<u32>>,
+}
+
+/// The IDENTITY value of the node address `host` where tiers judge pods' egress to the
+/// node: [`IDENTITY_HOST_BIT`] with the identity `trie` (the plan's) gives its longest
+/// match, whose sets a `networks` or `nodes` peer names; [`IDENTITY_HOST`] when no set
+/// holds it.
+pub fn host_identity(trie: &BTreeMap<Prefix, u32>, host: &Prefix) -> u32 {
+    (0..=host.len)
+        .rev()
+        .find_map(|len| {
+            let mask = u128::MAX.checked_shl(128 - u32::from(len)).unwrap_or(0);
+            trie.get(&Prefix {
+                addr: host.addr & mask,
+                len,
+            })
+        })
+        .map_or(IDENTITY_HOST, |id| IDENTITY_HOST_BIT | id)
 }
 
 /// IPv4 lives in the trie as IPv4-mapped IPv6, ::ffff:0:0/96.
@@ -214,6 +233,27 @@ mod tests {
         assert_eq!(table.by_id[&a], vec![SetId(1), SetId(2)]);
         assert_eq!(table.by_id[&c], vec![SetId(1)]);
         assert_eq!(plan.identities_of_set[&SetId(2)].len(), 2);
+    }
+
+    #[test]
+    fn a_node_address_carries_the_sets_of_its_longest_match() {
+        let block = set(1, &["10.0.0.0/8", "!10.1.0.0/16"]);
+        let node = set(2, &["10.0.0.9/32"]);
+        let plan = IdentityTable::default().plan([&block, &node]);
+        let node_id = plan.trie[&prefix("10.0.0.9/32")];
+        let host = |a: &str| host_identity(&plan.trie, &prefix(a));
+        assert_eq!(host("10.0.0.9/32"), IDENTITY_HOST_BIT | node_id);
+        assert_eq!(
+            host("10.2.0.1/32"),
+            IDENTITY_HOST_BIT | plan.trie[&prefix("10.0.0.0/8")]
+        );
+        // The except hole is the world's: no set.
+        assert_eq!(host("10.1.0.1/32"), IDENTITY_HOST_BIT | IDENTITY_WORLD);
+        assert_eq!(host("192.0.2.1/32"), IDENTITY_HOST);
+        assert_eq!(host("fd00::1/128"), IDENTITY_HOST);
+        assert!([node_id, IDENTITY_WORLD]
+            .iter()
+            .all(|id| weir_common::is_host(id | IDENTITY_HOST_BIT)));
     }
 
     #[test]

@@ -851,13 +851,22 @@ pub(crate) fn planned_state(
     rule_ids: &BTreeMap<policy_map::RuleName, u32>,
     host: &[identities::Prefix],
 ) -> (KernelState, BTreeMap<u32, String>) {
+    // The node's addresses are one host identity, unless tiers judge some pod's egress
+    // to them: then each carries its sets (weir-common's IDENTITY_HOST_BIT).
+    let egress_tiered = desired.endpoints.values().any(|e| e.egress.is_tiered());
+    let host: Vec<(identities::Prefix, u32)> = host
+        .iter()
+        .map(|p| match egress_tiered {
+            true => (*p, identities::host_identity(&plan.trie, p)),
+            false => (*p, weir_common::IDENTITY_HOST),
+        })
+        .collect();
+    let host_identities: BTreeSet<u32> = host.iter().map(|(_, id)| *id).collect();
     let mut target = KernelState {
         identity: plan.trie,
         ..Default::default()
     };
-    for prefix in host {
-        target.identity.insert(*prefix, weir_common::IDENTITY_HOST);
-    }
+    target.identity.extend(host);
     for f in &desired.frontends {
         target.service.insert(service_key(f), 1);
     }
@@ -865,8 +874,7 @@ pub(crate) fn planned_state(
     for (pod, (id, _, ifindex)) in placed {
         let ep = &desired.endpoints[pod];
         // A direction the tiers judge is looked up too: its entries decide every packet.
-        let judged =
-            |p: &weir_policy::desired::DirectionPolicy| p.isolated || policy_map::is_tiered(p);
+        let judged = |p: &weir_policy::desired::DirectionPolicy| p.isolated || p.is_tiered();
         let mut flags = 0;
         if judged(&ep.ingress) {
             flags |= EP_INGRESS_ISOLATED;
@@ -891,6 +899,7 @@ pub(crate) fn planned_state(
             *id,
             ep,
             &plan.identities_of_set,
+            &host_identities,
             rule_ids,
             &mut target.policy,
         );

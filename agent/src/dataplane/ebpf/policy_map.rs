@@ -8,14 +8,16 @@
 //! identity the rules name (and for [`IDENTITY_ANY`], the rest), and writes the outcome at
 //! every point of the (protocol, port) space, allows as rule ids and drops with
 //! [`TIER_DENY_BIT`]. The program still makes one or two lookups, however many policies
-//! and tiers there are.
+//! and tiers there are. A tiered egress direction also gets a table for each of the node's
+//! addresses' identities: the tiers judge a pod's traffic to its node, the
+//! NetworkPolicies never stop it.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 use weir_common::{
-    PolicyKey, AUDIT_RULE_BIT, COUNTER_NOT_ISOLATED, IDENTITY_ANY, POLICY_PREFIX_ANY_PORT,
-    POLICY_PREFIX_ANY_PROTOCOL, RULE_ID_FIRST, TIER_DENY_BIT,
+    PolicyKey, AUDIT_RULE_BIT, COUNTER_HOST, COUNTER_NOT_ISOLATED, IDENTITY_ANY, IDENTITY_HOST_BIT,
+    POLICY_PREFIX_ANY_PORT, POLICY_PREFIX_ANY_PROTOCOL, RULE_ID_FIRST, TIER_DENY_BIT,
 };
 
 use weir_policy::desired::{
@@ -180,17 +182,28 @@ pub fn port_prefixes(first: u16, last: u16) -> Vec<(u16, u32)> {
 
 /// Adds the entries of `ep` (endpoint id `endpoint_id`) to `out`. A key produced by two
 /// rules keeps the lower rule id, so the result does not depend on iteration order.
+/// `host_identities`: the IDENTITY values of the node's addresses, which a tiered egress
+/// direction judges too.
 pub fn endpoint_entries(
     endpoint_id: u32,
     ep: &Endpoint,
     identities_of_set: &BTreeMap<SetId, Vec<u32>>,
+    host_identities: &BTreeSet<u32>,
     rule_ids: &BTreeMap<RuleName, u32>,
     out: &mut BTreeMap<PolicyEntry, u32>,
 ) {
     for d in [Direction::Ingress, Direction::Egress] {
         let policy = ep.direction(d);
-        if is_tiered(policy) {
-            tiered_entries(endpoint_id, d, policy, identities_of_set, rule_ids, out);
+        if policy.is_tiered() {
+            let hosts = match d {
+                Direction::Egress => host_identities,
+                Direction::Ingress => &BTreeSet::new(),
+            };
+            let of = Identities {
+                of_set: identities_of_set,
+                hosts,
+            };
+            tiered_entries(endpoint_id, d, policy, of, rule_ids, out);
             continue;
         }
         if !policy.isolated {
@@ -234,12 +247,6 @@ pub fn endpoint_entries(
     }
 }
 
-/// Whether ClusterNetworkPolicy tiers judge the direction (then the programs look it up
-/// whether or not a NetworkPolicy isolates it).
-pub fn is_tiered(policy: &DirectionPolicy) -> bool {
-    !policy.admin.is_empty() || !policy.baseline.is_empty()
-}
-
 /// A NetworkPolicy rule's POLICY value: its id, with [`AUDIT_RULE_BIT`] for the audit rule
 /// (higher than any rule id, so a real rule with the same key wins the tie).
 fn np_rule_value(d: Direction, rule: &Rule, rule_ids: &BTreeMap<RuleName, u32>) -> u32 {
@@ -258,13 +265,30 @@ struct TieredDirection<'a> {
     rule_ids: &'a BTreeMap<RuleName, u32>,
 }
 
+/// Whom a table of decisions is for: a peer of some identity, or the node itself, which
+/// the NetworkPolicies always admit (weir_policy::verdict::egress_to_node).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum PeerKind {
+    Peer,
+    Node,
+}
+
 impl TieredDirection<'_> {
-    fn decide(&self, peer_in: &dyn Fn(Peer) -> bool, protocol: Option<Protocol>, port: u16) -> u32 {
+    fn decide(
+        &self,
+        peer_in: &dyn Fn(Peer) -> bool,
+        kind: PeerKind,
+        protocol: Option<Protocol>,
+        port: u16,
+    ) -> u32 {
         let matches =
             |peer: Peer, ports: Ports| peer_in(peer) && ports_match(ports, protocol, port);
         // Admin, then NetworkPolicies (when they isolate), then Baseline, then allowed.
         if let Some(v) = self.tier(Tier::Admin, &matches) {
             return v;
+        }
+        if self.policy.isolated && kind == PeerKind::Node {
+            return COUNTER_HOST;
         }
         if self.policy.isolated {
             return self
@@ -280,8 +304,11 @@ impl TieredDirection<'_> {
         if let Some(v) = self.tier(Tier::Baseline, &matches) {
             return v;
         }
-        // Allowed by default: counted as a direction no policy isolates.
-        COUNTER_NOT_ISOLATED
+        // Allowed by default: counted as a direction no policy isolates, or as the node's.
+        match kind {
+            PeerKind::Peer => COUNTER_NOT_ISOLATED,
+            PeerKind::Node => COUNTER_HOST,
+        }
     }
 
     /// The first matching rule's value in `tier`, unless there is none or it is a Pass.
@@ -320,15 +347,24 @@ fn ports_match(ports: Ports, protocol: Option<Protocol>, port: u16) -> bool {
     }
 }
 
+/// The identities a tiered direction's entries are for.
+#[derive(Clone, Copy)]
+struct Identities<'a> {
+    /// Each set's identities, ascending.
+    of_set: &'a BTreeMap<SetId, Vec<u32>>,
+    /// The node's addresses' (IDENTITY_HOST_BIT with the identity whose sets they are in).
+    hosts: &'a BTreeSet<u32>,
+}
+
 /// The entries of a tiered direction: per identity its rules name (and
-/// [`IDENTITY_ANY`]), the decision over the whole (protocol, port) space: one
-/// all-protocol entry, and per protocol an all-port entry and port ranges where they
-/// differ. `identities_of_set` lists each set's identities in ascending order.
+/// [`IDENTITY_ANY`]), and per host identity of `of.hosts`, the decision over the whole
+/// (protocol, port) space: one all-protocol entry, and per protocol an all-port entry and
+/// port ranges where they differ.
 fn tiered_entries(
     endpoint_id: u32,
     d: Direction,
     policy: &DirectionPolicy,
-    identities_of_set: &BTreeMap<SetId, Vec<u32>>,
+    of: Identities,
     rule_ids: &BTreeMap<RuleName, u32>,
     out: &mut BTreeMap<PolicyEntry, u32>,
 ) {
@@ -337,7 +373,7 @@ fn tiered_entries(
         policy,
         rule_ids,
     };
-    let of_set = |set: SetId| identities_of_set.get(&set).map_or(&[][..], Vec::as_slice);
+    let of_set = |set: SetId| of.of_set.get(&set).map_or(&[][..], Vec::as_slice);
     let mut identities: BTreeSet<u32> = tiered
         .rules()
         .filter_map(|(peer, _)| match peer {
@@ -368,7 +404,7 @@ fn tiered_entries(
     }
     // An identity whose decisions are the any-peer identity's needs no entries: its own
     // lookup misses, and the program looks up IDENTITY_ANY.
-    let any = decisions(&tiered, &breaks, &|peer| peer == Peer::Any);
+    let any = decisions(&tiered, &breaks, &|peer| peer == Peer::Any, PeerKind::Peer);
     for identity in identities {
         let peer_in = |peer: Peer| match peer {
             Peer::Any => true,
@@ -378,12 +414,27 @@ fn tiered_entries(
         };
         let table = match identity {
             IDENTITY_ANY => any.clone(),
-            _ => decisions(&tiered, &breaks, &peer_in),
+            _ => decisions(&tiered, &breaks, &peer_in, PeerKind::Peer),
         };
         if identity != IDENTITY_ANY && table == any {
             continue;
         }
         table.encode(base_key(endpoint_id, identity, d), out);
+    }
+    // Every host identity gets its table: the programs look the node up without falling
+    // back to the any-peer entries.
+    for &host in of.hosts {
+        let peer_in = |peer: Peer| match peer {
+            Peer::Any => true,
+            Peer::Set(set) => {
+                host & IDENTITY_HOST_BIT != 0
+                    && of_set(set)
+                        .binary_search(&(host & !IDENTITY_HOST_BIT))
+                        .is_ok()
+            }
+        };
+        decisions(&tiered, &breaks, &peer_in, PeerKind::Node)
+            .encode(base_key(endpoint_id, host, d), out);
     }
 }
 
@@ -402,6 +453,7 @@ fn decisions(
     tiered: &TieredDirection,
     breaks: &BTreeMap<Protocol, BTreeSet<u16>>,
     peer_in: &dyn Fn(Peer) -> bool,
+    kind: PeerKind,
 ) -> Decisions {
     let by_protocol = breaks
         .iter()
@@ -410,7 +462,7 @@ fn decisions(
             let mut pieces: Vec<Piece> = Vec::new();
             for (i, &first) in starts.iter().enumerate() {
                 let last = starts.get(i + 1).map_or(u16::MAX, |n| n - 1);
-                let value = tiered.decide(peer_in, Some(*protocol), first);
+                let value = tiered.decide(peer_in, kind, Some(*protocol), first);
                 match pieces.last_mut() {
                     Some(p) if p.2 == value => p.1 = last,
                     _ => pieces.push((first, last, value)),
@@ -420,7 +472,7 @@ fn decisions(
         })
         .collect();
     Decisions {
-        other: tiered.decide(peer_in, None, 0),
+        other: tiered.decide(peer_in, kind, None, 0),
         by_protocol,
     }
 }

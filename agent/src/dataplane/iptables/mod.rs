@@ -4,7 +4,9 @@
 //! from FORWARD, first drops packets from a pod interface whose source is not the pod's
 //! (`WEIR-SPOOF`, see [`spoof`]), then lets packets of known connections through
 //! (conntrack ESTABLISHED,RELATED) and dispatches by pod address. Traffic between a pod
-//! and its own node (INPUT, OUTPUT) is not policed. IPv4 through iptables, IPv6 through
+//! and its own node (INPUT, OUTPUT) is not policed by NetworkPolicies; where
+//! ClusterNetworkPolicy tiers judge a pod's egress, `WEIR-TO-NODE` (entered first from
+//! INPUT) sends its packets to the node to its egress chain. IPv4 through iptables, IPv6 through
 //! ip6tables, on the backend (legacy or nft) the node already uses.
 //!
 //! Writes are batched: one `ipset restore` for additions, one `iptables-restore

@@ -16,30 +16,33 @@ pub const MAX_CHAIN_NAME: usize = 28;
 /// The chain the hooks jump to; it dispatches to endpoint chains.
 pub const DISPATCH_CHAIN: &str = "WEIR-FILTER";
 
-/// A built-in chain's jump to [`DISPATCH_CHAIN`], always its first rule.
+/// A built-in chain's jump to one of weir's chains, always its first rule.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Hook {
     pub chain: &'static str,
     /// Matches before `-j`, as `iptables-save` prints them.
     pub matches: &'static str,
+    pub target: &'static str,
 }
 
 impl Hook {
     /// The rule spec, after `-A <chain> `.
     pub fn spec(&self) -> String {
         match self.matches {
-            "" => format!("-j {DISPATCH_CHAIN}"),
-            m => format!("{m} -j {DISPATCH_CHAIN}"),
+            "" => format!("-j {}", self.target),
+            m => format!("{m} -j {}", self.target),
         }
     }
 }
 
 /// Everything routed or bridged (br_netfilter) to or from a pod. Traffic between a pod
-/// and its own node's addresses (INPUT, OUTPUT) is always allowed, as NetworkPolicy
-/// specifies and as the eBPF dataplane does.
+/// and its own node's addresses (INPUT, OUTPUT) is allowed by NetworkPolicies, as they
+/// specify and as the eBPF dataplane does; ClusterNetworkPolicy tiers judge a pod's
+/// egress to its node through [`INPUT_HOOK`].
 pub const FORWARD_HOOK: Hook = Hook {
     chain: "FORWARD",
     matches: "",
+    target: DISPATCH_CHAIN,
 };
 /// What IPVS forwards. kube-proxy's ipvs mode puts every Service address on the node
 /// (`kube-ipvs0`), so a pod's packet to one goes to INPUT, where IPVS (LOCAL_IN) picks
@@ -49,8 +52,19 @@ pub const FORWARD_HOOK: Hook = Hook {
 pub const IPVS_HOOK: Hook = Hook {
     chain: "OUTPUT",
     matches: "-m ipvs --ipvs",
+    target: DISPATCH_CHAIN,
 };
-pub const HOOKS: [Hook; 2] = [FORWARD_HOOK, IPVS_HOOK];
+/// A pod's packets to its own node, which tiers judge (see [`TO_NODE_CHAIN`]).
+pub const INPUT_HOOK: Hook = Hook {
+    chain: "INPUT",
+    matches: "",
+    target: TO_NODE_CHAIN,
+};
+pub const HOOKS: [Hook; 3] = [FORWARD_HOOK, IPVS_HOOK, INPUT_HOOK];
+/// Sends a pod's packets to its own node's addresses to the pod's egress chain, where
+/// ClusterNetworkPolicy tiers judge that direction (empty while none does). The chain
+/// RETURNs such a packet before the NetworkPolicies' rules, which never stop it.
+pub const TO_NODE_CHAIN: &str = "WEIR-TO-NODE";
 /// The table weir's chains live in: mangle's FORWARD runs before filter's, after
 /// kube-proxy's DNAT, so an ACCEPT in filter FORWARD cannot let a packet past a policy
 /// (kube-proxy's iptables mode prepends `KUBE-FORWARD`, which ACCEPTs every packet it
@@ -190,6 +204,7 @@ mod tests {
         }
         assert!(endpoint_chain(u64::MAX, Direction::Ingress).len() <= MAX_CHAIN_NAME);
         assert!(DISPATCH_CHAIN.len() <= MAX_CHAIN_NAME);
+        assert!(TO_NODE_CHAIN.len() <= MAX_CHAIN_NAME);
         assert_eq!(set_name(SetId(0xab), Family::V6), "weir-00000000000000ab-6");
     }
 

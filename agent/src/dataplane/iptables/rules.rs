@@ -22,6 +22,8 @@ use weir_policy::desired::{
     TierRule,
 };
 
+#[cfg(doc)]
+use super::names::TO_NODE_CHAIN;
 use super::names::{endpoint_chain, passed_chain, set_name};
 use crate::netfilter::backend::Family;
 
@@ -136,8 +138,7 @@ pub struct EndpointChains {
 /// it or tiers judge it, and the pod has an address in that family.
 fn enforced(ep: &Endpoint, direction: Direction, family: Family) -> bool {
     let policy = ep.direction(direction);
-    (policy.isolated || !policy.admin.is_empty() || !policy.baseline.is_empty())
-        && address(ep, family).is_some()
+    (policy.isolated || policy.is_tiered()) && address(ep, family).is_some()
 }
 
 /// The chains of the endpoint (chain hash `hash`) for `direction` in `family`; `None`
@@ -201,13 +202,20 @@ fn rest_rules(
             .flat_map(|r| tier_rule_specs(r, Tier::Baseline, direction, family, log, ""))
             .collect();
     }
+    let mut rules = Vec::new();
+    if direction == Direction::Egress && policy.is_tiered() {
+        // The chain also judges the pod's packets to its node (TO_NODE_CHAIN), which no
+        // NetworkPolicy stops.
+        rules.push(NODE_RETURN.to_string());
+    }
     // The audit rule allows everything: it must come after every rule it would shadow.
     let (audit, enforced): (Vec<&Rule>, Vec<&Rule>) =
         policy.rules.iter().partition(|r| r.origin.is_audit());
-    let mut rules: Vec<String> = enforced
-        .into_iter()
-        .map(|r| rule_spec(r, direction, family))
-        .collect();
+    rules.extend(
+        enforced
+            .into_iter()
+            .map(|r| rule_spec(r, direction, family)),
+    );
     let log_as = |kind| {
         log.map(|hash| {
             log_rule(
@@ -282,6 +290,52 @@ pub fn tier_comment_origin(comment: &str) -> Option<(&str, Action)> {
         _ => return None,
     };
     Some((policy, action))
+}
+
+/// In a tiered egress chain, before the NetworkPolicies' rules: the node's own addresses.
+const NODE_RETURN: &str =
+    "-m addrtype --dst-type LOCAL -m comment --comment \"its node: no NetworkPolicy stops it\" -j RETURN";
+
+/// The [`TO_NODE_CHAIN`] jump of the endpoint (chain hash `hash`): its packets to the node
+/// go to its egress chain, where tiers judge that direction; `None` where they do not.
+pub fn to_node_rule(ep: &Endpoint, hash: u64, family: Family) -> Option<String> {
+    let addr = address(ep, family)?;
+    ep.egress.is_tiered().then(|| {
+        format!(
+            "-s {addr}/{} -j {}",
+            host_prefix(family),
+            endpoint_chain(hash, Direction::Egress)
+        )
+    })
+}
+
+/// [`TO_NODE_CHAIN`]'s rules, given the endpoints' [`to_node_rule`]s: none without them.
+/// Before them: anti-spoofing (`spoof_chain`; not for IPv6 link-local and unspecified
+/// sources, which neighbour discovery uses), replies of the node's own connections, and
+/// IPv6 neighbour discovery, as the eBPF programs pass them first.
+pub fn to_node_chain(jumps: Vec<String>, family: Family, spoof_chain: &str) -> Vec<String> {
+    if jumps.is_empty() {
+        return jumps;
+    }
+    let mut rules = Vec::new();
+    if family == Family::V6 {
+        rules.push("-s fe80::/10 -j RETURN".to_string());
+        rules.push("-s ::/128 -j RETURN".to_string());
+    }
+    rules.push(format!("-j {spoof_chain}"));
+    rules.push("-m conntrack --ctstate ESTABLISHED,RELATED -j RETURN".to_string());
+    if family == Family::V6 {
+        // Neighbour discovery (ICMPv6 133-137, unrouted) towards link scope.
+        for dst in ["ff02::/16", "fe80::/10"] {
+            for ty in 133..=137 {
+                rules.push(format!(
+                    "-d {dst} -p ipv6-icmp -m icmp6 --icmpv6-type {ty} -m hl --hl-eq 255 -j RETURN"
+                ));
+            }
+        }
+    }
+    rules.extend(jumps);
+    rules
 }
 
 /// Dispatch specs (in the dispatch chain) for the endpoint's isolated directions, by the
@@ -591,5 +645,41 @@ mod tests {
             chain_direction("WEIR-EP-00000000000000ab"),
             Some(Direction::Egress)
         );
+    }
+
+    #[test]
+    fn tiers_judge_a_pods_egress_to_its_node_and_network_policies_never_stop_it() {
+        let np = rule(Peer::Set(SetId(1)), Ports::All);
+        let mut ep = endpoint(vec![np.clone()]);
+        // Only NetworkPolicies: the node is not the chain's business.
+        ep.egress.isolated = true;
+        ep.egress.rules = [np].into();
+        assert_eq!(to_node_rule(&ep, 0xab, Family::V4), None);
+        let plain = endpoint_rules(&ep, Direction::Egress, Family::V4, 0xab, false).unwrap();
+        assert!(!plain.main.contains(&NODE_RETURN.to_string()));
+        assert!(to_node_chain(Vec::new(), Family::V4, "WEIR-SPOOF").is_empty());
+        // An Admin rule: the node's packets come to the chain, and after the Admin rules
+        // return before the NetworkPolicies'.
+        ep.egress.admin = vec![tier_rule(Peer::Set(SetId(2)), Ports::All, Action::Deny, 0)];
+        let jump = to_node_rule(&ep, 0xab, Family::V4).unwrap();
+        assert_eq!(jump, "-s 10.0.0.5/32 -j WEIR-E-00000000000000ab");
+        assert_eq!(to_node_rule(&ep, 0xab, Family::V6), None);
+        let tiered = endpoint_rules(&ep, Direction::Egress, Family::V4, 0xab, false).unwrap();
+        assert_eq!(tiered.main[1], NODE_RETURN);
+        let chain = to_node_chain(vec![jump.clone()], Family::V4, "WEIR-SPOOF");
+        assert_eq!(chain.first().map(String::as_str), Some("-j WEIR-SPOOF"));
+        assert_eq!(chain.last(), Some(&jump));
+        // Not isolated: the Baseline judges the node as any destination.
+        ep.egress.isolated = false;
+        ep.egress.rules.clear();
+        ep.egress.admin.clear();
+        ep.egress.baseline = vec![tier_rule(Peer::Any, Ports::All, Action::Deny, 0)];
+        let baseline = endpoint_rules(&ep, Direction::Egress, Family::V4, 0xab, false).unwrap();
+        assert!(!baseline.main.contains(&NODE_RETURN.to_string()));
+        assert!(to_node_rule(&ep, 0xab, Family::V4).is_some());
+        // IPv6: link-local and unspecified sources, and neighbour discovery, pass first.
+        let v6 = to_node_chain(vec![jump], Family::V6, "WEIR-SPOOF");
+        assert_eq!(v6[0], "-s fe80::/10 -j RETURN");
+        assert!(v6.iter().any(|r| r.contains("--icmpv6-type 135")));
     }
 }

@@ -14,8 +14,9 @@ use weir_policy::desired::{Desired, Direction, Endpoint};
 use super::names::{
     endpoint_chain, passed_chain, set_name, ChainNames, DISPATCH_CHAIN, FORMER_TABLE, FORWARD_HOOK,
     HOOKS, IPVS_HOOK, KNOWN_ENDPOINTS_SET, NEW_FROM_POD_CHAIN, NEW_TO_POD_CHAIN, TABLE,
+    TO_NODE_CHAIN,
 };
-use super::rules::{dispatch_rules, endpoint_rules};
+use super::rules::{dispatch_rules, endpoint_rules, to_node_chain, to_node_rule};
 use super::spoof::SPOOF_CHAIN;
 use crate::dataplane::new_pods::NewPodIsolation;
 use crate::netfilter::backend::Family;
@@ -225,13 +226,19 @@ fn full(
 ) -> Result<(), SaveParseError> {
     let tables = iptables_save::parse(saved)?;
     let filter = tables.iter().find(|t| t.name == TABLE);
-    let mut wanted = BTreeSet::from([DISPATCH_CHAIN.to_string(), SPOOF_CHAIN.to_string()]);
+    let mut wanted = BTreeSet::from([
+        DISPATCH_CHAIN.to_string(),
+        SPOOF_CHAIN.to_string(),
+        TO_NODE_CHAIN.to_string(),
+    ]);
     // Anti-spoofing before anything else, the conntrack shortcut included.
     write_chain(out, SPOOF_CHAIN, spoof);
     let mut dispatch = dispatch_head(family, node.bridged);
     let mut to_pods = Vec::new();
+    let mut to_node = Vec::new();
     for ep in new.endpoints.values() {
         let hash = names.hash_for(&ep.pod);
+        to_node.extend(to_node_rule(ep, hash, family));
         for d in DIRECTIONS {
             if let Some(chains) = endpoint_rules(ep, d, family, hash, node.verdict_log) {
                 // The passed chain first: the endpoint chain's `-g` names it.
@@ -259,6 +266,11 @@ fn full(
         wanted.insert(NEW_TO_POD_CHAIN.to_string());
     }
     write_chain(out, DISPATCH_CHAIN, &dispatch);
+    write_chain(
+        out,
+        TO_NODE_CHAIN,
+        &to_node_chain(to_node, family, SPOOF_CHAIN),
+    );
     let existing = filter.map(|t| t.chains.as_slice()).unwrap_or_default();
     let stale: Vec<&String> = existing
         .iter()
@@ -277,7 +289,7 @@ fn full(
             .flat_map(|t| &t.rules)
             .filter(|r| r.chain == hook.chain)
             .collect();
-        let is_jump = |r: &iptables_save::SavedRule| r.target.as_deref() == Some(DISPATCH_CHAIN);
+        let is_jump = |r: &iptables_save::SavedRule| r.target.as_deref() == Some(hook.target);
         let jumps: Vec<_> = rules.iter().copied().filter(|r| is_jump(r)).collect();
         let first = rules
             .first()
@@ -321,15 +333,18 @@ fn delta(
     let first_jump = dispatch_head(family, node.bridged).len() + 1;
     let mut removed_chains = Vec::new();
     let (mut old_dispatch, mut new_dispatch) = (BTreeSet::new(), BTreeSet::new());
+    let (mut old_to_node, mut new_to_node) = (Vec::new(), Vec::new());
     let pods: BTreeSet<&String> = old.endpoints.keys().chain(new.endpoints.keys()).collect();
     for pod in pods {
         let hash = names.hash_for(pod);
         let (before, after) = (old.endpoints.get(pod), new.endpoints.get(pod));
         if let Some(ep) = before {
             old_dispatch.extend(dispatch_rules(ep, hash, family));
+            old_to_node.extend(to_node_rule(ep, hash, family));
         }
         if let Some(ep) = after {
             new_dispatch.extend(dispatch_rules(ep, hash, family));
+            new_to_node.extend(to_node_rule(ep, hash, family));
         }
         if before == after {
             continue;
@@ -355,6 +370,11 @@ fn delta(
                 _ => {}
             }
         }
+    }
+    // After the endpoint chains it names are written, before any is removed.
+    if old_to_node != new_to_node {
+        let rules = to_node_chain(new_to_node, family, SPOOF_CHAIN);
+        write_chain(out, TO_NODE_CHAIN, &rules);
     }
     for (direction, spec) in new_dispatch.difference(&old_dispatch) {
         let _ = match direction {
