@@ -5,7 +5,8 @@
 //!
 //! Scenarios, each on fresh network namespaces that are removed afterwards:
 //! - datapath: TCP throughput (iperf3) and request/response latency between two local
-//!   pods, with N policies and M remote pods, for no enforcement, eBPF and iptables;
+//!   pods, with N policies and M remote pods, for no enforcement, eBPF and iptables; and
+//!   with the most policies plus C ClusterNetworkPolicies;
 //! - convergence: cold start, then policy creates, updates and deletes, pod and namespace
 //!   label changes, each kind observed by a probe (p50, p99, max);
 //! - memory: the agent's peak RSS and its kernel state, at M and at a larger M;
@@ -166,31 +167,11 @@ fn run_scenarios(env: &Env, report: &mut Report) {
         if last {
             planned.extend([&convergence, &memory]);
         }
-        let mut setups = Vec::new();
-        match Setup::baseline(&format!("none{n}")) {
-            Ok(s) => setups.push(s),
-            Err(e) => report.rows.push(Row::failed(
-                &datapath,
-                "none",
-                "all figures",
-                format!("{e:#}"),
-            )),
-        }
         // The largest world's agents watch the real API server: their convergence, cold
         // start and memory are the cluster path's.
         let source = if last { Source::Cluster } else { Source::File };
-        for dp in Dataplane::ALL {
-            let tag = format!("{}{n}", dp.as_str());
-            match Setup::enforcing(env, &tag, dp, World::new(n, remote), source) {
-                Ok(s) => setups.push(s),
-                Err(e) => report.rows.extend(unavailable(&planned, dp, &e)),
-            }
-        }
-        let all: Vec<&Setup> = setups.iter().collect();
-        report
-            .rows
-            .extend(trial::traffic_rows(&all, scale, &datapath));
-        report.add_ratios(&datapath, "none");
+        let world = || World::new(n, remote);
+        let mut setups = datapath_setups(env, report, &planned, &n.to_string(), world, source);
         if last {
             for setup in setups.iter_mut().filter(|s| s.cold_start.is_some()) {
                 progress(&format!("{convergence}: {}", setup.label()));
@@ -205,6 +186,14 @@ fn run_scenarios(env: &Env, report: &mut Report) {
                     .extend(rows_or_failure(rows, &memory, setup.label()));
             }
         }
+    }
+    for &c in scale.cluster_policy_counts {
+        let datapath =
+            format!("datapath, {max} policies + {c} cluster policies, {remote} remote pods");
+        progress(&datapath);
+        let world = || World::new(max, remote).with_cluster_policies(c);
+        let tag = format!("c{c}");
+        datapath_setups(env, report, &[&datapath], &tag, world, Source::File);
     }
     let large = scale.large_remote_pods;
     let memory_large = format!("memory, {max} policies, {large} remote pods");
@@ -228,6 +217,44 @@ fn run_scenarios(env: &Env, report: &mut Report) {
     let reset = reset::scenario(scale);
     progress(&reset);
     report.rows.extend(reset::rows(&env.weir, scale, &reset));
+}
+
+/// A datapath scenario (the first of `planned`): no enforcement and each dataplane on
+/// `world`, their traffic rows and ratios to no enforcement. Returns the setups that
+/// started (`tag` tells their namespaces apart); a dataplane that did not fails every
+/// planned scenario.
+fn datapath_setups(
+    env: &Env,
+    report: &mut Report,
+    planned: &[&String],
+    tag: &str,
+    world: impl Fn() -> World,
+    source: Source,
+) -> Vec<Setup> {
+    let datapath = planned[0];
+    let mut setups = Vec::new();
+    match Setup::baseline(&format!("none{tag}")) {
+        Ok(s) => setups.push(s),
+        Err(e) => report.rows.push(Row::failed(
+            datapath,
+            "none",
+            "all figures",
+            format!("{e:#}"),
+        )),
+    }
+    for dp in Dataplane::ALL {
+        let tag = format!("{}{tag}", dp.as_str());
+        match Setup::enforcing(env, &tag, dp, world(), source) {
+            Ok(s) => setups.push(s),
+            Err(e) => report.rows.extend(unavailable(planned, dp, &e)),
+        }
+    }
+    let all: Vec<&Setup> = setups.iter().collect();
+    report
+        .rows
+        .extend(trial::traffic_rows(&all, &env.scale, datapath));
+    report.add_ratios(datapath, "none");
+    setups
 }
 
 /// A dataplane that could not be started or did not enforce: one row per scenario.

@@ -7,6 +7,9 @@ pub struct Scale {
     /// memory world.
     pub policy_counts: &'static [usize],
     pub remote_pods: usize,
+    /// Datapath worlds with this many ClusterNetworkPolicies besides the largest number
+    /// of policies: the programs' per-packet cost must not grow with them.
+    pub cluster_policy_counts: &'static [usize],
     /// The second memory world.
     pub large_remote_pods: usize,
     /// Traffic is measured in this many interleaved rounds per setup, each with:
@@ -30,6 +33,7 @@ impl Scale {
             Scale {
                 policy_counts: &[10],
                 remote_pods: 500,
+                cluster_policy_counts: &[10],
                 large_remote_pods: 2_000,
                 traffic_rounds: 1,
                 throughput_seconds: 1,
@@ -44,6 +48,7 @@ impl Scale {
             Scale {
                 policy_counts: &[10, 100, 1_000],
                 remote_pods: 20_000,
+                cluster_policy_counts: &[10, 100, 1_000],
                 large_remote_pods: 100_000,
                 traffic_rounds: 4,
                 throughput_seconds: 2,

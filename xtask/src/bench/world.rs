@@ -115,6 +115,16 @@ impl World {
         }
     }
 
+    /// Adds `count` ClusterNetworkPolicies (see [`cluster_policy`]).
+    pub fn with_cluster_policies(mut self, count: usize) -> Self {
+        for i in 0..count {
+            self.fixed.push_str("---\n");
+            self.fixed.push_str(&cluster_policy(i).to_string());
+            self.fixed.push('\n');
+        }
+        self
+    }
+
     /// Whether the client may connect to the server's TOGGLE_PORT in this state.
     pub fn toggle_open(&self) -> bool {
         self.toggle == Toggle::Allow || self.client_granted || self.namespace_granted
@@ -233,6 +243,36 @@ fn generated_policy(i: usize) -> Value {
     }
 }
 
+/// ClusterNetworkPolicy i: Admin (even i) or Baseline, for the server's ingress (i % 4
+/// < 2) or the client's egress, with a Deny of one remote group and a Pass of the remote
+/// namespaces, each on a port nothing uses: it costs without changing a verdict.
+fn cluster_policy(i: usize) -> Value {
+    let port = POLICY_PORT_BASE + (i % 1000) as u16;
+    let group = json!({"pods": {
+        "namespaceSelector": {},
+        "podSelector": {"matchLabels": {"group": format!("g{}", i % GROUPS)}},
+    }});
+    let remote = json!({"namespaces": {"matchLabels": {"tier": "remote"}}});
+    let tcp = |port: u16| json!([{"tcp": {"destinationPort": {"number": port}}}]);
+    let (app, direction, peers) = match i % 4 < 2 {
+        true => ("server", "ingress", "from"),
+        false => ("client", "egress", "to"),
+    };
+    json!({
+        "apiVersion": "policy.networking.k8s.io/v1alpha2", "kind": "ClusterNetworkPolicy",
+        "metadata": {"name": format!("c{i:05}")},
+        "spec": {
+            "tier": if i.is_multiple_of(2) { "Admin" } else { "Baseline" },
+            "priority": i % 1001,
+            "subject": {"pods": {"namespaceSelector": {}, "podSelector": {"matchLabels": {"app": app}}}},
+            direction: [
+                {"name": "deny-group", "action": "Deny", peers: [group], "protocols": tcp(port)},
+                {"name": "pass-remote", "action": "Pass", peers: [remote], "protocols": tcp(port + 1)},
+            ],
+        },
+    })
+}
+
 fn ingress(peer: Value, ports: &[u16]) -> Value {
     let ports: Vec<Value> = ports
         .iter()
@@ -282,6 +322,20 @@ mod tests {
             .map(|p| p["status"]["podIP"].as_str().unwrap())
             .collect();
         assert_eq!(ips.len(), 30, "remote pod addresses are distinct");
+    }
+
+    #[test]
+    fn cluster_policies_are_added_to_the_world() {
+        let text = World::new(2, 3).with_cluster_policies(5).manifest(1);
+        let docs = docs(&text);
+        let cnps: Vec<&Value> = docs
+            .iter()
+            .filter(|d| d["kind"] == "ClusterNetworkPolicy")
+            .collect();
+        assert_eq!(cnps.len(), 5);
+        assert_eq!(cnps[0]["spec"]["tier"], "Admin");
+        assert_eq!(cnps[1]["spec"]["tier"], "Baseline");
+        assert_eq!(cnps[2]["spec"]["egress"][0]["action"], "Deny");
     }
 
     #[test]

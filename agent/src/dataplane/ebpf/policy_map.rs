@@ -273,35 +273,87 @@ enum PeerKind {
     Node,
 }
 
+/// The three steps of a tiered direction's evaluation, in order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Step {
+    Admin,
+    NetworkPolicy,
+    Baseline,
+}
+
+/// A rule that matches the peer: its step, its rank there (the lowest active rank of a
+/// step decides: a tier rule's position, a NetworkPolicy rule's value), where it applies,
+/// and what it decides (`None`: a Pass, which skips the rest of its tier).
+struct Candidate {
+    step: Step,
+    rank: u32,
+    ports: Ports,
+    value: Option<u32>,
+}
+
+/// The rules in force over one piece of the port space: (step, rank) → how many active
+/// rules have that key, and their decision.
+type Active = BTreeMap<(Step, u32), (usize, Option<u32>)>;
+
 impl TieredDirection<'_> {
-    fn decide(
-        &self,
-        peer_in: &dyn Fn(Peer) -> bool,
-        kind: PeerKind,
-        protocol: Option<Protocol>,
-        port: u16,
-    ) -> u32 {
-        let matches =
-            |peer: Peer, ports: Ports| peer_in(peer) && ports_match(ports, protocol, port);
-        // Admin, then NetworkPolicies (when they isolate), then Baseline, then allowed.
-        if let Some(v) = self.tier(Tier::Admin, &matches) {
-            return v;
-        }
-        if self.policy.isolated && kind == PeerKind::Node {
-            return COUNTER_HOST;
+    /// The direction's rules that match a peer `peer_in` admits.
+    fn candidates(&self, peer_in: &dyn Fn(Peer) -> bool) -> Vec<Candidate> {
+        let mut out = Vec::new();
+        for (step, tier) in [(Step::Admin, Tier::Admin), (Step::Baseline, Tier::Baseline)] {
+            for (rank, rule) in self.policy.tier(tier).iter().enumerate() {
+                if !peer_in(rule.peer) {
+                    continue;
+                }
+                let id = self.rule_ids[&tier_rule_name(self.d, tier, rule)];
+                let value = match rule.action {
+                    Action::Accept => Some(id),
+                    Action::Deny => Some(id | TIER_DENY_BIT),
+                    Action::Pass => None,
+                };
+                out.push(Candidate {
+                    step,
+                    rank: rank as u32,
+                    ports: rule.ports,
+                    value,
+                });
+            }
         }
         if self.policy.isolated {
-            return self
-                .policy
-                .rules
-                .iter()
-                .filter(|r| matches(r.peer, r.ports))
-                .map(|r| np_rule_value(self.d, r, self.rule_ids))
-                .min()
-                // The NetworkPolicies' default deny.
-                .unwrap_or(TIER_DENY_BIT);
+            for rule in self.policy.rules.iter().filter(|r| peer_in(r.peer)) {
+                let value = np_rule_value(self.d, rule, self.rule_ids);
+                out.push(Candidate {
+                    step: Step::NetworkPolicy,
+                    rank: value,
+                    ports: rule.ports,
+                    value: Some(value),
+                });
+            }
         }
-        if let Some(v) = self.tier(Tier::Baseline, &matches) {
+        out
+    }
+
+    /// The POLICY value where the `active` rules apply: Admin, then the NetworkPolicies
+    /// (when they isolate), then Baseline, then allowed.
+    fn decide(&self, active: &Active, kind: PeerKind) -> u32 {
+        let first = |step: Step| {
+            active
+                .range((step, 0)..=(step, u32::MAX))
+                .next()
+                .map(|(_, (_, value))| *value)
+        };
+        if let Some(Some(v)) = first(Step::Admin) {
+            return v;
+        }
+        if self.policy.isolated {
+            return match kind {
+                PeerKind::Node => COUNTER_HOST,
+                // The NetworkPolicies' default deny when none matches.
+                PeerKind::Peer => first(Step::NetworkPolicy)
+                    .flatten()
+                    .unwrap_or(TIER_DENY_BIT),
+            };
+        }
+        if let Some(Some(v)) = first(Step::Baseline) {
             return v;
         }
         // Allowed by default: counted as a direction no policy isolates, or as the node's.
@@ -311,39 +363,15 @@ impl TieredDirection<'_> {
         }
     }
 
-    /// The first matching rule's value in `tier`, unless there is none or it is a Pass.
-    fn tier(&self, tier: Tier, matches: &dyn Fn(Peer, Ports) -> bool) -> Option<u32> {
-        let rule = self
-            .policy
-            .tier(tier)
-            .iter()
-            .find(|r| matches(r.peer, r.ports))?;
-        let id = self.rule_ids[&tier_rule_name(self.d, tier, rule)];
-        match rule.action {
-            Action::Accept => Some(id),
-            Action::Deny => Some(id | TIER_DENY_BIT),
-            Action::Pass => None,
-        }
-    }
-
-    fn rules(&self) -> impl Iterator<Item = (Peer, Ports)> + '_ {
+    fn rules(&self) -> impl Iterator<Item = Peer> + '_ {
         let np = self
             .policy
             .rules
             .iter()
             .filter(|_| self.policy.isolated)
-            .map(|r| (r.peer, r.ports));
+            .map(|r| r.peer);
         let tiers = self.policy.admin.iter().chain(&self.policy.baseline);
-        np.chain(tiers.map(|r| (r.peer, r.ports)))
-    }
-}
-
-fn ports_match(ports: Ports, protocol: Option<Protocol>, port: u16) -> bool {
-    match ports {
-        Ports::All => true,
-        Ports::Protocol { protocol: p, range } => {
-            protocol == Some(p) && range.is_none_or(|r| r.first <= port && port <= r.last)
-        }
+        np.chain(tiers.map(|r| r.peer))
     }
 }
 
@@ -376,35 +404,16 @@ fn tiered_entries(
     let of_set = |set: SetId| of.of_set.get(&set).map_or(&[][..], Vec::as_slice);
     let mut identities: BTreeSet<u32> = tiered
         .rules()
-        .filter_map(|(peer, _)| match peer {
+        .filter_map(|peer| match peer {
             Peer::Set(id) => Some(id),
             Peer::Any => None,
         })
         .flat_map(|set| of_set(set).iter().copied())
         .collect();
     identities.insert(IDENTITY_ANY);
-    // Where the decision may change along each protocol's ports.
-    let mut breaks: BTreeMap<Protocol, BTreeSet<u16>> =
-        [Protocol::Tcp, Protocol::Udp, Protocol::Sctp]
-            .into_iter()
-            .map(|p| (p, BTreeSet::from([0])))
-            .collect();
-    for (_, ports) in tiered.rules() {
-        if let Ports::Protocol {
-            protocol,
-            range: Some(r),
-        } = ports
-        {
-            let b = breaks.entry(protocol).or_default();
-            b.insert(r.first);
-            if let Some(next) = r.last.checked_add(1) {
-                b.insert(next);
-            }
-        }
-    }
     // An identity whose decisions are the any-peer identity's needs no entries: its own
     // lookup misses, and the program looks up IDENTITY_ANY.
-    let any = decisions(&tiered, &breaks, &|peer| peer == Peer::Any, PeerKind::Peer);
+    let any = decisions(&tiered, &|peer| peer == Peer::Any, PeerKind::Peer);
     for identity in identities {
         let peer_in = |peer: Peer| match peer {
             Peer::Any => true,
@@ -414,7 +423,7 @@ fn tiered_entries(
         };
         let table = match identity {
             IDENTITY_ANY => any.clone(),
-            _ => decisions(&tiered, &breaks, &peer_in, PeerKind::Peer),
+            _ => decisions(&tiered, &peer_in, PeerKind::Peer),
         };
         if identity != IDENTITY_ANY && table == any {
             continue;
@@ -433,8 +442,7 @@ fn tiered_entries(
                         .is_ok()
             }
         };
-        decisions(&tiered, &breaks, &peer_in, PeerKind::Node)
-            .encode(base_key(endpoint_id, host, d), out);
+        decisions(&tiered, &peer_in, PeerKind::Node).encode(base_key(endpoint_id, host, d), out);
     }
 }
 
@@ -449,30 +457,68 @@ struct Decisions {
     by_protocol: Vec<(Protocol, Vec<Piece>)>,
 }
 
+/// The decisions for a peer `peer_in` admits: a sweep over each protocol's ports, where
+/// the rules that match the peer start and end, so its cost grows with those rules only.
 fn decisions(
     tiered: &TieredDirection,
-    breaks: &BTreeMap<Protocol, BTreeSet<u16>>,
     peer_in: &dyn Fn(Peer) -> bool,
     kind: PeerKind,
 ) -> Decisions {
-    let by_protocol = breaks
-        .iter()
-        .map(|(protocol, starts)| {
-            let starts: Vec<u16> = starts.iter().copied().collect();
+    let candidates = tiered.candidates(peer_in);
+    let activate = |active: &mut Active, c: &Candidate| {
+        active.entry((c.step, c.rank)).or_insert((0, c.value)).0 += 1;
+    };
+    let mut all_protocols = Active::new();
+    for c in candidates.iter().filter(|c| c.ports == Ports::All) {
+        activate(&mut all_protocols, c);
+    }
+    let by_protocol = [Protocol::Tcp, Protocol::Udp, Protocol::Sctp]
+        .into_iter()
+        .map(|protocol| {
+            // Port → the candidates that start there, and those that end just before.
+            let mut events: BTreeMap<u16, (Vec<usize>, Vec<usize>)> = BTreeMap::new();
+            events.entry(0).or_default();
+            for (i, c) in candidates.iter().enumerate() {
+                let (first, last) = match c.ports {
+                    Ports::All => (0, u16::MAX),
+                    Ports::Protocol { protocol: p, range } if p == protocol => {
+                        range.map_or((0, u16::MAX), |r| (r.first, r.last))
+                    }
+                    Ports::Protocol { .. } => continue,
+                };
+                events.entry(first).or_default().0.push(i);
+                if let Some(next) = last.checked_add(1) {
+                    events.entry(next).or_default().1.push(i);
+                }
+            }
+            let mut active = Active::new();
             let mut pieces: Vec<Piece> = Vec::new();
-            for (i, &first) in starts.iter().enumerate() {
-                let last = starts.get(i + 1).map_or(u16::MAX, |n| n - 1);
-                let value = tiered.decide(peer_in, kind, Some(*protocol), first);
+            let points: Vec<u16> = events.keys().copied().collect();
+            for (n, (&first, (starts, ends))) in events.iter().enumerate() {
+                for &i in ends {
+                    let c = &candidates[i];
+                    if let Some(e) = active.get_mut(&(c.step, c.rank)) {
+                        e.0 -= 1;
+                        if e.0 == 0 {
+                            active.remove(&(c.step, c.rank));
+                        }
+                    }
+                }
+                for &i in starts {
+                    activate(&mut active, &candidates[i]);
+                }
+                let last = points.get(n + 1).map_or(u16::MAX, |next| next - 1);
+                let value = tiered.decide(&active, kind);
                 match pieces.last_mut() {
                     Some(p) if p.2 == value => p.1 = last,
                     _ => pieces.push((first, last, value)),
                 }
             }
-            (*protocol, pieces)
+            (protocol, pieces)
         })
         .collect();
     Decisions {
-        other: tiered.decide(peer_in, kind, None, 0),
+        other: tiered.decide(&all_protocols, kind),
         by_protocol,
     }
 }
