@@ -8,6 +8,20 @@ use std::process::{Command, Output};
 use anyhow::{bail, Context, Result};
 use serde_json::Value;
 
+/// `normal`, or in an emulated guest (`cargo xtask kernels` sets the lab's slow timeout,
+/// WEIR_LAB_TIMEOUT_SECS) up to `slow`: there an agent starts and answers several times
+/// slower.
+pub fn guest_timeout(
+    normal: std::time::Duration,
+    slow: std::time::Duration,
+) -> std::time::Duration {
+    let emulated = std::env::var("WEIR_LAB_TIMEOUT_SECS")
+        .ok()
+        .and_then(|s| s.parse::<u64>().ok())
+        .map(std::time::Duration::from_secs);
+    emulated.map_or(normal, |e| e.clamp(normal, slow.max(normal)))
+}
+
 /// One lab in a private state directory; `down` runs when it is dropped.
 pub struct Lab {
     pub dir: PathBuf,

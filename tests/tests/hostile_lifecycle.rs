@@ -692,11 +692,8 @@ fn ebpf_new_pod(tag: &str, mode: AttachMode) {
         // 5 s; in an emulated guest (cargo xtask kernels sets the lab's slow timeout) up
         // to a minute: there, every `tc` this loop runs takes a large share of two
         // emulated CPUs from the agent it waits for.
-        let slow = std::env::var("WEIR_LAB_TIMEOUT_SECS")
-            .ok()
-            .and_then(|s| s.parse::<u64>().ok())
-            .map_or(5, |s| s.clamp(5, 60));
-        let deadline = Instant::now() + Duration::from_secs(slow);
+        let wait = weir_tests::lab::guest_timeout(Duration::from_secs(5), Duration::from_secs(60));
+        let deadline = Instant::now() + wait;
         let mut appeared = None;
         let filtered = |hook: &str| {
             std::process::Command::new("tc")

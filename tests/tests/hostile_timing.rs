@@ -222,8 +222,13 @@ fn get(netns: &str, path: &str) -> Option<(u16, String)> {
     )
 }
 
+/// `secs`, or two minutes in an emulated guest.
+fn slow_guest(secs: u64) -> Duration {
+    weir_tests::lab::guest_timeout(Duration::from_secs(secs), Duration::from_secs(120))
+}
+
 fn wait_for_server(netns: &str, agent: &mut Agent) {
-    let deadline = Instant::now() + Duration::from_secs(20);
+    let deadline = Instant::now() + slow_guest(20);
     while get(netns, "/healthz").is_none() {
         agent.assert_running();
         assert!(
@@ -322,6 +327,11 @@ fn api_server_down_at_boot_changes_nothing(dataplane: &str) {
         &[("KUBECONFIG", &kubeconfig), ("NODE_NAME", Path::new(NODE))],
     );
     wait_for_server(&netns, &mut agent);
+    // Its first list must have failed before /readyz can name the error (an emulated
+    // guest takes seconds to get there).
+    wait_until(&mut agent, "/readyz never named the source's error", || {
+        get(&netns, "/readyz").is_some_and(|(_, body)| body.contains("last source error"))
+    });
     holds_without_change(
         &lab,
         &mut agent,
@@ -754,9 +764,10 @@ impl Drop for TempDir {
     }
 }
 
-/// Waits until `check` holds, polling; panics with `what` and the agent's log after 20 s.
+/// Waits until `check` holds, polling; panics with `what` and the agent's log after 20 s
+/// (two minutes in an emulated guest).
 fn wait_until(agent: &mut Agent, what: &str, mut check: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(20);
+    let deadline = Instant::now() + slow_guest(20);
     while !check() {
         agent.assert_running();
         assert!(Instant::now() < deadline, "{what}:\n{}", agent.log());
