@@ -68,7 +68,8 @@ pub fn parse(text: &str) -> Result<Vec<SavedTable>, SaveParseError> {
                 table.chains.push(chain.to_string());
             }
         } else if let Some((packets, rule)) = counted(line) {
-            let tokens = tokens(rule).ok_or(SaveParseError::UnterminatedQuote { line: line_no })?;
+            let (tokens, chain_end) =
+                tokens(rule).ok_or(SaveParseError::UnterminatedQuote { line: line_no })?;
             let Some(chain) = tokens.first() else {
                 continue;
             };
@@ -85,7 +86,8 @@ pub fn parse(text: &str) -> Result<Vec<SavedTable>, SaveParseError> {
                 .windows(2)
                 .find(|w| w[0] == "--comment")
                 .map(|w| w[1].clone());
-            let spec = rule.trim_start()[chain.len()..].trim().to_string();
+            // The chain's raw text may be longer than its token (quotes, escapes).
+            let spec = rule[chain_end..].trim().to_string();
             table.rules.push(SavedRule {
                 chain: chain.clone(),
                 target,
@@ -112,17 +114,19 @@ fn counted(line: &str) -> Option<(Option<u64>, &str)> {
 }
 
 /// Splits a rule into words the way iptables-save quotes them: double quotes group,
-/// backslash escapes the next character. `None` for an unterminated quote.
-fn tokens(rule: &str) -> Option<Vec<String>> {
+/// backslash escapes the next character. Also gives the byte offset in `rule` where the
+/// first word ends. `None` for an unterminated quote.
+fn tokens(rule: &str) -> Option<(Vec<String>, usize)> {
     let mut out = Vec::new();
+    let mut first_end = rule.len();
     let mut word = String::new();
     let mut in_word = false;
     let mut quoted = false;
-    let mut chars = rule.chars();
-    while let Some(c) = chars.next() {
+    let mut chars = rule.char_indices();
+    while let Some((at, c)) = chars.next() {
         match c {
             '\\' => {
-                word.extend(chars.next());
+                word.extend(chars.next().map(|(_, escaped)| escaped));
                 in_word = true;
             }
             '"' => {
@@ -131,6 +135,9 @@ fn tokens(rule: &str) -> Option<Vec<String>> {
             }
             c if c.is_whitespace() && !quoted => {
                 if in_word {
+                    if out.is_empty() {
+                        first_end = at;
+                    }
                     out.push(std::mem::take(&mut word));
                     in_word = false;
                 }
@@ -147,7 +154,7 @@ fn tokens(rule: &str) -> Option<Vec<String>> {
     if in_word {
         out.push(word);
     }
-    Some(out)
+    Some((out, first_end))
 }
 
 #[cfg(test)]
@@ -193,6 +200,18 @@ mod tests {
         );
         assert_eq!(rules[2].packets, None);
         assert_eq!(rules[2].comment, None);
+    }
+
+    /// Found by the `reset_parsers` fuzz target: an escape made the chain's token shorter
+    /// than its text, and the spec was cut inside a multi-byte character.
+    #[test]
+    fn an_escaped_chain_name_keeps_its_spec() {
+        let tables = parse("*filter\n-A AZURE\\é -m set --match-set s src -j DROP\nCOMMIT\n")
+            .expect("parses");
+        let rule = &tables[0].rules[0];
+        assert_eq!(rule.chain, "AZUREé");
+        assert_eq!(rule.spec, "-m set --match-set s src -j DROP");
+        assert_eq!(rule.sets, vec!["s".to_string()]);
     }
 
     #[test]
