@@ -180,6 +180,11 @@ impl Cell {
     fn through_services(&self) -> bool {
         self.proxy != "none"
     }
+
+    /// A peer in weir's place (`weir lab up --enforcer`, see [`the_peers_side_by_side`]).
+    fn is_peer(&self) -> bool {
+        PEERS.contains(&self.dataplane)
+    }
 }
 
 /// The cells `cargo xtask test` runs: the first is the reference of the differential
@@ -379,12 +384,28 @@ fn run_suite(cell: Cell) -> SuiteRun {
             ),
         };
     }
+    if cell.dataplane == "kube-network-policies" && !weir_tests::kernel_has_nft_queue() {
+        return SuiteRun {
+            matrices: BTreeMap::new(),
+            ipv6_pass: false,
+            failures: Vec::new(),
+            scenarios: 0,
+            elapsed: started.elapsed(),
+            not_run: Some(
+                "this kernel refuses nftables' queue statement (CONFIG_NFT_QUEUE), which kube-network-policies needs".into(),
+            ),
+        };
+    }
     let lab = Lab::new(&cell.tag());
     let world = netpol_world();
+    let enforcer = match cell.is_peer() {
+        true => ["--enforcer", cell.dataplane],
+        false => ["--dataplane", cell.dataplane],
+    };
     let mut up = vec![
         "up",
-        "--dataplane",
-        cell.dataplane,
+        enforcer[0],
+        enforcer[1],
         "--api",
         cell.api,
         "--topology",
@@ -433,7 +454,8 @@ fn run_suite(cell: Cell) -> SuiteRun {
     }
     let mut run = SuiteRun {
         matrices: BTreeMap::new(),
-        ipv6_pass: cell.subset.is_none() && !cell.through_services(),
+        // The lab runs the peers on IPv4 alone (kube-router needs an IPv6 Node address).
+        ipv6_pass: cell.subset.is_none() && !cell.through_services() && !cell.is_peer(),
         failures: variant_failures,
         scenarios: 0,
         elapsed: Duration::ZERO,
@@ -546,7 +568,7 @@ fn run_scenario(
         } else {
             probed.push((label.clone(), probe(lab, cell, "ipv4")));
         }
-        if pass == Pass::Cell && IPV6_TOO.contains(&scenario.name) {
+        if pass == Pass::Cell && IPV6_TOO.contains(&scenario.name) && !cell.is_peer() {
             probed.push((format!("{label} (ipv6)"), probe(lab, cell, "ipv6")));
         }
         for (label, matrix) in probed {
@@ -853,6 +875,145 @@ fn table(runs: &[(Cell, &SuiteRun)]) -> String {
             run.failures.len(),
             run.elapsed.as_secs_f64(),
         );
+    }
+    out
+}
+
+/// The peers `cargo xtask peers` builds (deploy/peer-versions), by their `--enforcer` name.
+const PEERS: &[&str] = &["kube-router", "kube-network-policies"];
+
+/// weir and its peers on the same scenario table, through the lab's API server:
+/// `cargo xtask peers` (`WEIR_PEERS_FULL=1`) runs every scenario, `cargo xtask test` the
+/// bridge subset. weir must pass; a peer's wrong verdicts are findings, printed in the
+/// table with the probes it got wrong, and do not fail the test. A peer that could not
+/// come up fails it (a missing binary names `cargo xtask peers --build-only`), and one the
+/// kernel cannot run is listed as not run, with the reason.
+#[test]
+fn the_peers_side_by_side() {
+    let subset = match std::env::var_os("WEIR_PEERS_FULL") {
+        Some(_) => None,
+        None => Some(BRIDGE_SUBSET),
+    };
+    let cells: Vec<Cell> = ["ebpf", "iptables"]
+        .into_iter()
+        .chain(PEERS.iter().copied())
+        .map(|enforcer| Cell::new(enforcer, "server", "routed", "none", subset))
+        .collect();
+    let runs: Vec<(Cell, Arc<OnceLock<SuiteRun>>)> = std::thread::scope(|s| {
+        let handles: Vec<_> = cells
+            .iter()
+            .map(|cell| s.spawn(move || (*cell, suite(*cell))))
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let runs: Vec<(Cell, &SuiteRun)> = runs
+        .iter()
+        .map(|(c, r)| (*c, r.get().expect("run")))
+        .collect();
+    let table = peers_table(&runs);
+    eprintln!("{table}");
+    let out = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/conformance");
+    if let Err(e) =
+        std::fs::create_dir_all(&out).and_then(|()| std::fs::write(out.join("peers.txt"), &table))
+    {
+        eprintln!("peers table not kept in {}: {e}", out.display());
+    }
+    let mut broken = Vec::new();
+    for (cell, run) in &runs {
+        let lab_failures: Vec<&String> = run
+            .failures
+            .iter()
+            .filter(|f| !cell.is_peer() || !f.contains(" / step "))
+            .collect();
+        if !lab_failures.is_empty() {
+            broken.push(format!(
+                "{}:\n{}",
+                cell.name(),
+                lab_failures
+                    .iter()
+                    .map(|f| f.as_str())
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            ));
+        }
+        if run.not_run.is_none() && run.matrices.is_empty() {
+            broken.push(format!("{}: no scenario was probed", cell.name()));
+        }
+    }
+    assert!(
+        runs.iter().any(|(c, r)| c.is_peer() && r.not_run.is_none()),
+        "no peer ran"
+    );
+    assert!(broken.is_empty(), "{}", broken.join("\n"));
+}
+
+/// One row per scenario, one column per enforcer: pass, FAIL (with the number of wrong
+/// probes), `unsupported` where a peer fails a scenario built on what it does not
+/// implement (ClusterNetworkPolicy), or not run; then each failure's probes.
+fn peers_table(runs: &[(Cell, &SuiteRun)]) -> String {
+    // Only the names are needed; the ipBlock scenarios want an address for each pod.
+    let placeholders: Addresses = ["x", "y", "z"]
+        .iter()
+        .flat_map(|ns| ["a", "b", "c"].map(|pod| format!("{ns}/{pod}")))
+        .enumerate()
+        .map(|(i, pod)| (pod, format!("10.0.0.{}", i + 1)))
+        .collect();
+    let all = scenarios(&placeholders);
+    let mut out = String::from("\npeers side by side (upstream netpol scenarios through the lab's API server, routed, IPv4)\n");
+    let _ = write!(out, "{:<78}", "scenario");
+    for (cell, _) in runs {
+        let _ = write!(out, " {:<22}", cell.dataplane);
+    }
+    out.push('\n');
+    let mut details = String::new();
+    for (n, scenario) in all.iter().enumerate() {
+        if runs.iter().all(|(_, r)| {
+            r.not_run.is_some()
+                || !r
+                    .matrices
+                    .keys()
+                    .any(|k| k.starts_with(&format!("{n:02} ")))
+        }) {
+            continue;
+        }
+        let _ = write!(out, "{:<78}", format!("{n:02} {}", scenario.name));
+        for (cell, run) in runs {
+            let prefix = format!(": {n:02} {} / step ", scenario.name);
+            let wrong: Vec<&String> = run
+                .failures
+                .iter()
+                .filter(|f| f.contains(&prefix))
+                .collect();
+            let probed = run
+                .matrices
+                .keys()
+                .any(|k| k.starts_with(&format!("{n:02} ")));
+            let verdict = match (&run.not_run, probed, wrong.len()) {
+                (Some(_), _, _) => "not run".to_string(),
+                (None, false, _) => "-".to_string(),
+                (None, true, 0) => "pass".to_string(),
+                (None, true, _) if cell.is_peer() && scenario.name.starts_with("cnp ") => {
+                    "unsupported (CNP)".to_string()
+                }
+                (None, true, k) => format!("FAIL ({k} steps)"),
+            };
+            let _ = write!(out, " {verdict:<22}");
+            if verdict.starts_with("FAIL") {
+                for f in wrong {
+                    let _ = writeln!(details, "  {f}");
+                }
+            }
+        }
+        out.push('\n');
+    }
+    for (cell, run) in runs {
+        if let Some(why) = &run.not_run {
+            let _ = writeln!(out, "{}: not run: {why}", cell.dataplane);
+        }
+    }
+    if !details.is_empty() {
+        out.push_str("\nwrong probes:\n");
+        out.push_str(&details);
     }
     out
 }

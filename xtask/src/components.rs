@@ -29,15 +29,20 @@ pub fn kubernetes_version() -> Result<String> {
     Ok(text.trim().to_string())
 }
 
-/// Where the binaries of `version` live; the agent's lab computes the same path.
-pub fn bin_dir(version: &str) -> PathBuf {
-    let root = std::env::var_os("WEIR_COMPONENTS_DIR")
+/// `$WEIR_COMPONENTS_DIR`, default `~/.cache/weir/components`: one directory per
+/// component and version (the peers' too); the agent's lab computes the same paths.
+pub fn root() -> PathBuf {
+    std::env::var_os("WEIR_COMPONENTS_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| {
             PathBuf::from(std::env::var("HOME").unwrap_or_else(|_| "/root".into()))
                 .join(".cache/weir/components")
-        });
-    root.join(format!("kubernetes-{version}"))
+        })
+}
+
+/// Where the binaries of `version` live.
+pub fn bin_dir(version: &str) -> PathBuf {
+    root().join(format!("kubernetes-{version}"))
 }
 
 /// The binaries' directory, building them first when they are not cached.
@@ -51,7 +56,7 @@ pub fn ensure() -> Result<PathBuf> {
     Ok(dir)
 }
 
-fn go() -> Result<PathBuf> {
+pub fn go() -> Result<PathBuf> {
     for candidate in ["go", "/usr/local/go/bin/go", "/usr/lib/go/bin/go"] {
         if output(Command::new(candidate).arg("version")).is_some() {
             return Ok(PathBuf::from(candidate));

@@ -14,6 +14,7 @@ mod fuzz;
 mod host_guard;
 mod image;
 mod kernels;
+mod peers;
 mod setup;
 mod structure;
 mod test;
@@ -108,6 +109,16 @@ enum Command {
         #[arg(long = "group")]
         groups: Vec<String>,
     },
+    /// The other NetworkPolicy agents (deploy/peer-versions: kube-router,
+    /// kube-network-policies), built from the Go module proxy and cached, then the upstream
+    /// netpol scenarios on each of them and on weir, printed as a scenario × enforcer
+    /// table. A peer's failures are findings, reported, not errors; a peer that cannot run
+    /// on this kernel is reported as not run, with the reason. Needs root and Go.
+    Peers {
+        /// Only build (or find cached) the peers' binaries.
+        #[arg(long)]
+        build_only: bool,
+    },
     /// Measure datapath, convergence, memory and reset against no enforcement and the
     /// iptables path, in one run; prints a table and writes target/bench/latest.json.
     Bench {
@@ -148,6 +159,7 @@ fn main() {
         }),
         Command::Demo { dataplane } => demo::run(&dataplane),
         Command::Bench { quick } => bench::run(quick),
+        Command::Peers { build_only } => peers::run(build_only),
         Command::Kernels {
             kernels,
             quick,

@@ -139,6 +139,9 @@ pub fn run() -> Result<()> {
     // The integration tests drive the real binary, and run it from its image too.
     run_cmd(cargo().args(["build", "--package", "weir", "--bins"]))?;
     crate::image::for_tests().context("building the image the tests run the agent from")?;
+    // The side-by-side conformance test runs kube-router (kube-network-policies needs the
+    // nft queue the host kernel lacks: `cargo xtask peers` builds and runs every peer).
+    crate::peers::ensure(Some(&["kube-router"])).context("building the peers the tests run")?;
     steps.start("integration tests (real kernel)");
     let host_before = crate::host_guard::snapshot()?;
     let conformance_table = workspace_root().join("target/conformance/latest.txt");

@@ -10,7 +10,7 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Service};
+use k8s_openapi::api::core::v1::{HostIP, Namespace, Node, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -209,6 +209,16 @@ async fn apply(
             }
             let pod_name = name(pod.metadata.name.as_ref());
             api.patch(pod_name, &pp, &Patch::Apply(&spec_only)).await?;
+            // Scheduled on the lab's node: its address, as a kubelet reports it (kube-router
+            // takes a pod as its node's own by it).
+            let mut status = status;
+            if schedule_on.is_some() {
+                let status = status.get_or_insert_with(Default::default);
+                status.host_ip = Some(super::proxy::NODE_IP.to_string());
+                status.host_ips = Some(vec![HostIP {
+                    ip: super::proxy::NODE_IP.to_string(),
+                }]);
+            }
             let status = json!({ "apiVersion": "v1", "kind": "Pod", "status": status });
             api.patch_status(pod_name, &pp, &Patch::Apply(&status))
                 .await?

@@ -12,6 +12,7 @@ use super::addr::{DEFAULT_IPV4_POOL, DEFAULT_IPV6_POOL};
 use super::objects::ObjectSet;
 use super::ops::{self, UpOptions};
 use super::output::{self, OutputFormat};
+use super::peers::Enforcer;
 use super::probe::{self, IpFamily, Via};
 use super::proxy::ProxyMode;
 use super::services::ServicesMode;
@@ -87,6 +88,18 @@ pub struct UpArgs {
     /// a node configured so would.
     #[arg(long = "agent-arg", value_name = "FLAG", allow_hyphen_values = true)]
     pub agent_args: Vec<String>,
+    /// Who enforces the lab's policies. weir: weir's agent, on --dataplane. The others are
+    /// the peers weir is measured against, run in its place in the node namespace against
+    /// the lab's API server (implies --api server) as their DaemonSets would, from the
+    /// binaries `cargo xtask peers --build-only` builds at the versions deploy/peer-versions
+    /// pins; their log is peer.log in the state directory. kube-router: its
+    /// network-policy controller alone (iptables and ipset). kube-network-policies:
+    /// nftables with NFQUEUE (the kernel's nft `queue` is checked first). azure-npm: refused,
+    /// with the reason. The lab takes a peer's change as enforced once its rules have
+    /// stood still for 1.5 s (a peer reports no applied generation); probes and JSON are
+    /// the same, with the enforcer's name where the dataplane's would be.
+    #[arg(long, value_enum, default_value_t = Enforcer::Weir)]
+    pub enforcer: Enforcer,
     #[command(flatten)]
     pub wait: WaitArgs,
     #[arg(required = true)]
@@ -331,9 +344,15 @@ fn up_lab(dir: &LabDir, up: &UpArgs) -> anyhow::Result<()> {
             "weir lab up: --proxy runs kube-proxy against the lab's API server; it cannot be combined with --api file"
         );
     }
+    if up.api == Some(ApiMode::File) && up.enforcer != Enforcer::Weir {
+        anyhow::bail!(
+            "weir lab up: --enforcer {} runs against the lab's API server; it cannot be combined with --api file",
+            up.enforcer.name()
+        );
+    }
     let api_server = match up.api {
         Some(mode) => mode == ApiMode::Server,
-        None => up.proxy != ProxyMode::None,
+        None => up.proxy != ProxyMode::None || up.enforcer != Enforcer::Weir,
     };
     let opts = UpOptions {
         dataplane: up.dataplane,
@@ -347,6 +366,7 @@ fn up_lab(dir: &LabDir, up: &UpArgs) -> anyhow::Result<()> {
         proxy: up.proxy,
         agent_image: up.agent_image.clone(),
         agent_args: up.agent_args.clone(),
+        enforcer: up.enforcer,
     };
     ops::up(dir, &opts, &up.manifests).context("weir lab up")
 }
@@ -368,9 +388,10 @@ fn probe_lab(dir: &LabDir, args: &ProbeArgs) -> anyhow::Result<()> {
     let plan = probe::plan(&pods, args.family, args.via, &frontends);
     let probes = probe::probe_all(&pods, &plan, Duration::from_millis(args.timeout_ms), run)
         .context("weir lab probe")?;
-    let dataplane = match state.with_agent {
-        true => super::agent::current_dataplane(dir).unwrap_or(state.dataplane.to_string()),
-        false => "none".to_string(),
+    let dataplane = match (&state.peer, state.with_agent) {
+        (Some(peer), _) => peer.enforcer.name().to_string(),
+        (None, true) => super::agent::current_dataplane(dir).unwrap_or(state.dataplane.to_string()),
+        (None, false) => "none".to_string(),
     };
     let text = match args.output {
         OutputFormat::Json => output::json_with_skipped(&dataplane, &probes, &plan.skipped) + "\n",

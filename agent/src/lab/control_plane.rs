@@ -34,16 +34,20 @@ pub fn kubernetes_version() -> &'static str {
     include_str!("../../../deploy/kubernetes-version").trim()
 }
 
-/// Where `cargo xtask setup` caches the binaries: `$WEIR_COMPONENTS_DIR` (default
-/// `~/.cache/weir/components`) / `kubernetes-<version>`.
-pub fn components_dir() -> PathBuf {
-    let root = std::env::var_os("WEIR_COMPONENTS_DIR")
+/// Where xtask caches the Go-built binaries, one directory per component and version:
+/// `$WEIR_COMPONENTS_DIR`, default `~/.cache/weir/components`.
+pub fn components_root() -> PathBuf {
+    std::env::var_os("WEIR_COMPONENTS_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| {
             PathBuf::from(std::env::var("HOME").unwrap_or_else(|_| "/root".into()))
                 .join(".cache/weir/components")
-        });
-    root.join(format!("kubernetes-{}", kubernetes_version()))
+        })
+}
+
+/// Where `cargo xtask setup` puts kube-apiserver, kube-proxy and etcd.
+pub fn components_dir() -> PathBuf {
+    components_root().join(format!("kubernetes-{}", kubernetes_version()))
 }
 
 pub const ETCD_CLIENT: &str = "127.0.0.1:2379";

@@ -19,6 +19,7 @@ pub mod netns;
 pub mod objects;
 pub mod ops;
 pub mod output;
+pub mod peers;
 pub mod probe;
 pub mod proxy;
 pub mod sctp;

@@ -14,6 +14,7 @@ use k8s_openapi::api::core::v1::{Pod, PodIP, PodStatus};
 
 use super::control_plane::{ControlPlane, Identity, AGENT_GROUPS, AGENT_USER, API_READY_WITHIN};
 use super::objects::{self, ObjectSet};
+use super::peers::{self, Enforcer};
 use super::proxy::{self, ProxyMode, ProxyState};
 use super::services::{self, ServicesMode};
 use super::state::{write_atomic, ApiState, LabDir, LabState, PodState, ServedPort, Topology};
@@ -41,6 +42,8 @@ pub struct UpOptions {
     pub agent_image: Option<String>,
     /// `--agent-arg`: flags for the agent, after the lab's.
     pub agent_args: Vec<String>,
+    /// `--enforcer`: weir's agent, or a peer in its place (server mode only).
+    pub enforcer: Enforcer,
 }
 
 /// The Node a server-mode lab's agent runs as when the manifests name none.
@@ -63,6 +66,21 @@ pub fn up(dir: &LabDir, opts: &UpOptions, manifests: &[PathBuf]) -> Result<(), L
         }
         proxy::check_host(opts.proxy)?;
     }
+    if opts.enforcer != Enforcer::Weir {
+        if !opts.api_server {
+            return Err(LabError::invalid(
+                "weir lab up",
+                "--enforcer runs a peer against the lab's API server, as its DaemonSet would: it needs --api server",
+            ));
+        }
+        if opts.agent_image.is_some() || !opts.agent_args.is_empty() {
+            return Err(LabError::invalid(
+                "weir lab up",
+                "--agent-image and --agent-arg are weir's agent's: a peer (--enforcer) runs in its place",
+            ));
+        }
+        peers::check_host(opts.enforcer)?;
+    }
     let id = dir.lab_id();
     let mut state = LabState {
         node_netns: format!("{id}-node"),
@@ -70,7 +88,7 @@ pub fn up(dir: &LabDir, opts: &UpOptions, manifests: &[PathBuf]) -> Result<(), L
         id,
         dataplane: opts.dataplane,
         topology: opts.topology,
-        with_agent: !opts.without_agent,
+        with_agent: !opts.without_agent && opts.enforcer == Enforcer::Weir,
         ipv4_pool: opts.ipv4_pool,
         ipv6_pool: opts.ipv6_pool,
         generation: 0,
@@ -81,6 +99,7 @@ pub fn up(dir: &LabDir, opts: &UpOptions, manifests: &[PathBuf]) -> Result<(), L
         proxy: None,
         agent_container: None,
         agent_args: opts.agent_args.clone(),
+        peer: None,
     };
     // The image is unpacked and the DaemonSet read before anything is built: a lab that
     // cannot run them is refused at once. (Without an agent too: `weir lab agent start`
@@ -106,7 +125,12 @@ pub fn up(dir: &LabDir, opts: &UpOptions, manifests: &[PathBuf]) -> Result<(), L
                 incoming.into_iter().for_each(|o| set.apply(o))
             })
         })
-        // After the first change: kube-proxy waits for its Node to exist.
+        // After the first change: kube-proxy and the peers wait for their Node to exist.
+        .and_then(|()| match opts.enforcer {
+            Enforcer::Weir => Ok(()),
+            _ if opts.without_agent => Ok(()),
+            enforcer => start_peer(dir, &mut state, enforcer, opts.timeout),
+        })
         .and_then(|()| match opts.proxy {
             ProxyMode::None => Ok(()),
             mode => start_proxy(dir, &mut state, mode, opts.timeout),
@@ -161,6 +185,19 @@ fn start_proxy(
     proxy::wait_healthy(dir, state, timeout)?;
     let set = ObjectSet::load(&dir.objects_file())?;
     proxy::wait_programmed(dir, state, mode, &ObjectSet::default(), &set, timeout)
+}
+
+/// Starts the peer in the node namespace and waits until it has programmed the lab's
+/// objects (see [`peers::wait_programmed`]).
+fn start_peer(
+    dir: &LabDir,
+    state: &mut LabState,
+    enforcer: Enforcer,
+    timeout: Duration,
+) -> Result<(), LabError> {
+    state.peer = Some(peers::start(dir, state, enforcer)?);
+    dir.save(state)?;
+    peers::wait_programmed(dir, state, timeout)
 }
 
 /// Applies deploy/'s RBAC and waits until the server's authorizer lets the agent's
@@ -504,6 +541,9 @@ fn change(
         if let Some(timeout) = timeout {
             agent::wait_for(dir, state, timeout)?;
         }
+    }
+    if let (Some(_), Some(timeout)) = (&state.peer, timeout) {
+        peers::wait_programmed(dir, state, timeout)?;
     }
     if let (Some(p), Some(timeout)) = (&state.proxy, timeout) {
         proxy::wait_programmed(dir, state, p.mode, &before, &set, timeout)?;

@@ -55,7 +55,7 @@ pub struct ProxyState {
 const HEALTHZ: &str = "127.0.0.1:10256";
 /// The Node's InternalIP for kube-proxy: the node namespace's own address (the pods'
 /// gateway, on its loopback).
-const NODE_IP: &str = "169.254.1.1";
+pub(super) const NODE_IP: &str = "169.254.1.1";
 const METRICS: &str = "127.0.0.1:10249";
 
 /// Refuses a mode this host cannot run, before anything is built: the binary, `nft` for

@@ -105,6 +105,9 @@ pub struct LabState {
     /// `--agent-arg`: the agent's own flags, after the lab's, at every start.
     #[serde(default)]
     pub agent_args: Vec<String>,
+    /// `--enforcer`: the peer enforcing in place of weir's agent, once started.
+    #[serde(default)]
+    pub peer: Option<super::peers::PeerState>,
 }
 
 /// The control plane of a lab in server mode (files in [`LabDir::api_dir`]).
@@ -143,6 +146,10 @@ impl LabDir {
     }
     pub fn proxy_log(&self) -> PathBuf {
         self.dir.join("kube-proxy.log")
+    }
+    /// The log of the peer that `--enforcer` runs.
+    pub fn peer_log(&self) -> PathBuf {
+        self.dir.join("peer.log")
     }
     pub fn agent_log(&self) -> PathBuf {
         self.dir.join("agent.log")
@@ -253,6 +260,7 @@ mod tests {
             services: Default::default(),
             proxy: None,
             agent_container: None,
+            peer: None,
             agent_args: Vec::new(),
         };
         let mut json: serde_json::Value = serde_json::to_value(&state).unwrap();

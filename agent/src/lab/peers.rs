@@ -1,0 +1,317 @@
+//! The other NetworkPolicy agents in the lab (`weir lab up --enforcer NAME`, server mode
+//! only): each runs in the node namespace against the lab's API server, as its own
+//! DaemonSet would run it on a node, in place of weir's agent. The probes and their JSON
+//! stay as they are, so one scenario table judges every enforcer. All the peer plumbing is
+//! here: the agent knows nothing of its peers.
+//!
+//! The binaries are built by `cargo xtask peers` from the Go module proxy, at the versions
+//! `deploy/peer-versions` pins, into `$WEIR_COMPONENTS_DIR/<name>-<version>/<name>`.
+//!
+//! A peer reports no applied generation, as weir's agent does, so the lab takes a peer's
+//! change as enforced once its rules (iptables-save and ipset for kube-router, the nft
+//! ruleset for kube-network-policies) have stood still for [`QUIET`] after the write. That
+//! is the lab's definition, not the peer's; a peer slower than it shows as a wrong verdict.
+//! kube-network-policies decides each connection's first packet in user space from its
+//! informer caches, so its rules may not change at all: the quiet wait is all it gets.
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use super::control_plane::{components_root, ControlPlane, Identity};
+use super::state::{LabDir, LabState};
+use super::{netns, LabError};
+use crate::exec;
+
+/// `weir lab up --enforcer`: who enforces the lab's policies.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum Enforcer {
+    /// weir's own agent (`--dataplane` chooses its dataplane).
+    #[default]
+    Weir,
+    /// kube-router's network-policy controller alone (iptables and ipset).
+    KubeRouter,
+    /// sigs.k8s.io/kube-network-policies (nftables, the first packet judged in user space
+    /// through NFQUEUE).
+    KubeNetworkPolicies,
+    /// Azure NPM: refused with the reason (it cannot be built from the Go module proxy).
+    AzureNpm,
+}
+
+impl Enforcer {
+    pub fn name(self) -> &'static str {
+        match self {
+            Enforcer::Weir => "weir",
+            Enforcer::KubeRouter => "kube-router",
+            Enforcer::KubeNetworkPolicies => "kube-network-policies",
+            Enforcer::AzureNpm => "azure-npm",
+        }
+    }
+}
+
+/// The lab's peer, in state.json.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct PeerState {
+    pub enforcer: Enforcer,
+    pub version: String,
+    pub pid: u32,
+}
+
+/// How long a peer's rules must stand still before the lab takes a change as enforced.
+pub const QUIET: Duration = Duration::from_millis(1500);
+
+/// kube-router's health endpoint, on the node namespace's loopback.
+const KUBE_ROUTER_HEALTH_PORT: u16 = 20244;
+/// kube-network-policies' metrics (and /healthz) address, on the node's loopback.
+const KNP_METRICS: &str = "127.0.0.1:9080";
+/// The NFQUEUE number kube-network-policies reads (its default).
+const KNP_QUEUE: u16 = 100;
+
+/// The pinned version of a peer, from deploy/peer-versions.
+fn version(enforcer: Enforcer) -> Option<&'static str> {
+    include_str!("../../../deploy/peer-versions")
+        .lines()
+        .filter(|l| !l.trim_start().starts_with('#'))
+        .find_map(|l| match l.split_whitespace().collect::<Vec<_>>()[..] {
+            [name, _, version] if name == enforcer.name() => Some(version),
+            _ => None,
+        })
+}
+
+/// Where `cargo xtask peers` puts the peer's binary.
+pub fn binary(enforcer: Enforcer) -> Option<PathBuf> {
+    let version = version(enforcer)?;
+    Some(
+        components_root()
+            .join(format!("{}-{version}", enforcer.name()))
+            .join(enforcer.name()),
+    )
+}
+
+/// Refuses a peer this host cannot run, before anything is built: Azure NPM (no source),
+/// a binary not built yet, and for kube-network-policies the kernel's nftables `queue`
+/// statement (probed in a scratch namespace).
+pub fn check_host(enforcer: Enforcer) -> Result<(), LabError> {
+    let what = format!("--enforcer {}", enforcer.name());
+    let binary = match (enforcer, binary(enforcer)) {
+        (Enforcer::Weir, _) => return Ok(()),
+        (Enforcer::AzureNpm, _) | (_, None) => {
+            return Err(LabError::invalid(
+                &what,
+                "Azure NPM cannot be built here: the Go module proxy refuses github.com/Azure/azure-container-networking (403 Forbidden, every version), and the lab runs peers built from the proxy only",
+            ))
+        }
+        (_, Some(b)) => b,
+    };
+    if !binary.is_file() {
+        return Err(LabError::invalid(
+            &what,
+            format!(
+                "{} not found: `cargo xtask peers --build-only` builds {} {} from the Go module proxy (or set WEIR_COMPONENTS_DIR)",
+                binary.display(),
+                enforcer.name(),
+                version(enforcer).unwrap_or("?"),
+            ),
+        ));
+    }
+    if enforcer == Enforcer::KubeNetworkPolicies {
+        nft_queue_support().map_err(|why| {
+            LabError::invalid(
+                &what,
+                format!("kube-network-policies queues packets with nftables' `queue` statement, which this kernel refuses (CONFIG_NFT_QUEUE): {why}; run it on a kernel that has it (e.g. Debian's, in a VM)"),
+            )
+        })?;
+    }
+    Ok(())
+}
+
+/// Whether nftables accepts a `queue` rule, in a namespace of its own.
+fn nft_queue_support() -> Result<(), String> {
+    let _ = exec::run_with_timeout("modprobe", &["nft_queue"], None, Duration::from_secs(10));
+    let ns = format!("weir-nftq-probe-{}", std::process::id());
+    netns::add(&ns).map_err(|e| e.to_string())?;
+    let ruleset = format!(
+        "table inet weir_probe {{ chain c {{ type filter hook forward priority 0; queue num {KNP_QUEUE} bypass; }} }}\n"
+    );
+    let loaded = netns::in_netns(&ns, || {
+        exec::run_with_timeout(
+            "nft",
+            &["-c", "-f", "-"],
+            Some(&ruleset),
+            Duration::from_secs(10),
+        )
+    });
+    let _ = netns::delete(&ns);
+    match loaded {
+        Ok(Ok(out)) if out.success => Ok(()),
+        Ok(Ok(out)) => Err(out.stderr.trim().to_string()),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// Starts the peer in the node namespace with the lab admin's credentials (the lab does
+/// not reproduce each peer's ClusterRole); returns its state.
+pub fn start(dir: &LabDir, state: &LabState, enforcer: Enforcer) -> Result<PeerState, LabError> {
+    let api = state.api.as_ref().ok_or_else(|| {
+        LabError::invalid(enforcer.name(), "needs the lab's API server (--api server)")
+    })?;
+    let cp = ControlPlane::new(dir.api_dir());
+    let node = api.node_name.clone();
+    // kube-router finds its node's address, and so which pods are its own, in the Node's
+    // status, as kube-proxy does.
+    cp.block_on(&state.node_netns, Identity::Admin, |client| async move {
+        super::api::set_node_address(&client, &node, super::proxy::NODE_IP).await
+    })
+    .and_then(|r| r)
+    .map_err(|e| LabError::invalid("the lab's Node", e))?;
+    let binary = binary(enforcer).expect("check_host passed");
+    let kubeconfig = cp.kubeconfig(Identity::Admin);
+    let mut command = Command::new(&binary);
+    match enforcer {
+        Enforcer::KubeRouter => {
+            command
+                .arg(format!("--kubeconfig={}", kubeconfig.display()))
+                .arg(format!("--hostname-override={}", api.node_name))
+                .args([
+                    "--run-firewall=true",
+                    "--run-router=false",
+                    "--run-service-proxy=false",
+                    "--enable-ipv4=true",
+                    "--enable-ipv6=false",
+                    "--metrics-port=0",
+                ])
+                .arg(format!("--health-port={KUBE_ROUTER_HEALTH_PORT}"))
+                .arg("--v=1")
+                .env("NODE_NAME", &api.node_name);
+        }
+        Enforcer::KubeNetworkPolicies => {
+            command
+                .arg(format!("--kubeconfig={}", kubeconfig.display()))
+                .arg(format!("--hostname-override={}", api.node_name))
+                // No container runtime: pods' addresses come from the API server.
+                .arg("--disable-nri")
+                .arg(format!("--nfqueue-id={KNP_QUEUE}"))
+                .arg(format!("--metrics-bind-address={KNP_METRICS}"))
+                .arg("--v=2");
+        }
+        Enforcer::Weir | Enforcer::AzureNpm => unreachable!("not a runnable peer"),
+    }
+    let child = netns::spawn_detached(
+        &state.node_netns,
+        &mut command,
+        &dir.peer_log(),
+        netns::Stdout::Log,
+    )?;
+    Ok(PeerState {
+        enforcer,
+        version: version(enforcer).unwrap_or_default().to_string(),
+        pid: child.id(),
+    })
+}
+
+/// Waits until the peer's rules have stood still for [`QUIET`] (see the module's doc),
+/// and, at its start, until it has programmed anything at all.
+pub fn wait_programmed(dir: &LabDir, state: &LabState, timeout: Duration) -> Result<(), LabError> {
+    let Some(peer) = &state.peer else {
+        return Ok(());
+    };
+    let started = Instant::now();
+    let mut last = None;
+    let mut still_since = Instant::now();
+    loop {
+        check_alive(dir, peer)?;
+        let rules = rules(&state.node_netns, peer.enforcer)?;
+        let programmed = match peer.enforcer {
+            Enforcer::KubeRouter => rules.contains(":KUBE-ROUTER-FORWARD"),
+            _ => rules.contains("table inet kube-network-policies"),
+        };
+        if last.as_ref() != Some(&rules) {
+            last = Some(rules);
+            still_since = Instant::now();
+        } else if programmed && still_since.elapsed() >= QUIET {
+            return Ok(());
+        }
+        if started.elapsed() > timeout {
+            return Err(not_ready(
+                dir,
+                peer,
+                format!(
+                    "its rules did not {} within {timeout:?}",
+                    if programmed { "settle" } else { "appear" }
+                ),
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// The peer's rules as text in the node namespace, without packet counters.
+fn rules(node: &str, enforcer: Enforcer) -> Result<String, LabError> {
+    let listings: &[(&str, &[&str])] = match enforcer {
+        Enforcer::KubeRouter => &[
+            ("iptables-save", &[]),
+            ("ip6tables-save", &[]),
+            ("ipset", &["save"]),
+        ],
+        _ => &[("nft", &["list", "ruleset"])],
+    };
+    let mut text = String::new();
+    for (program, args) in listings {
+        let out = netns::in_netns(node, || {
+            exec::run_with_timeout(program, args, None, Duration::from_secs(10))
+        })?
+        .map_err(|e| LabError::Command {
+            command: format!("{program} {}", args.join(" ")),
+            stderr: e.to_string(),
+        })?;
+        for line in out.stdout.lines().filter(|l| !l.starts_with('#')) {
+            // ":CHAIN POLICY [packets:bytes]": the counters move with the probes.
+            text.push_str(line.split(" [").next().unwrap_or(line));
+            text.push('\n');
+        }
+    }
+    Ok(text)
+}
+
+fn check_alive(dir: &LabDir, peer: &PeerState) -> Result<(), LabError> {
+    let alive = std::fs::read_to_string(format!("/proc/{}/stat", peer.pid))
+        .map(|s| !s.rsplit_once(") ").is_some_and(|(_, r)| r.starts_with('Z')))
+        .unwrap_or(false);
+    match alive {
+        true => Ok(()),
+        false => Err(not_ready(dir, peer, "it exited".to_string())),
+    }
+}
+
+fn not_ready(dir: &LabDir, peer: &PeerState, reason: String) -> LabError {
+    let text = std::fs::read_to_string(dir.peer_log()).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    LabError::invalid(
+        format!("{} {}", peer.enforcer.name(), peer.version),
+        format!(
+            "{reason}; last lines of {}:\n{}",
+            dir.peer_log().display(),
+            lines[lines.len().saturating_sub(15)..].join("\n")
+        ),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_runnable_peer_has_a_pinned_version() {
+        for enforcer in [Enforcer::KubeRouter, Enforcer::KubeNetworkPolicies] {
+            assert!(
+                version(enforcer).is_some_and(|v| v.starts_with('v')),
+                "{enforcer:?}"
+            );
+        }
+        assert_eq!(version(Enforcer::AzureNpm), None);
+    }
+}
