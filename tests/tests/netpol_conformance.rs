@@ -887,17 +887,30 @@ const PEERS: &[&str] = &["kube-router", "kube-network-policies"];
 /// bridge subset. weir must pass; a peer's wrong verdicts are findings, printed in the
 /// table with the probes it got wrong, and do not fail the test. A peer that could not
 /// come up fails it (a missing binary names `cargo xtask peers --build-only`), and one the
-/// kernel cannot run is listed as not run, with the reason.
+/// kernel cannot run is listed as not run, with the reason. `WEIR_PEERS_ENFORCERS` names
+/// the columns (default: both dataplanes and every peer; `cargo xtask kernels` runs fewer).
 #[test]
 fn the_peers_side_by_side() {
     let subset = match std::env::var_os("WEIR_PEERS_FULL") {
         Some(_) => None,
         None => Some(BRIDGE_SUBSET),
     };
-    let cells: Vec<Cell> = ["ebpf", "iptables"]
+    let known: Vec<&'static str> = ["ebpf", "iptables"]
         .into_iter()
         .chain(PEERS.iter().copied())
-        .map(|enforcer| Cell::new(enforcer, "server", "routed", "none", subset))
+        .collect();
+    let chosen = std::env::var("WEIR_PEERS_ENFORCERS").unwrap_or_else(|_| known.join(","));
+    let cells: Vec<Cell> = chosen
+        .split(',')
+        .map(|name| {
+            let enforcer = known
+                .iter()
+                .find(|k| **k == name.trim())
+                .unwrap_or_else(|| {
+                    panic!("WEIR_PEERS_ENFORCERS: {name:?} is not one of {known:?}")
+                });
+            Cell::new(enforcer, "server", "routed", "none", subset)
+        })
         .collect();
     let runs: Vec<(Cell, Arc<OnceLock<SuiteRun>>)> = std::thread::scope(|s| {
         let handles: Vec<_> = cells

@@ -105,6 +105,15 @@ impl ControlPlane {
     pub fn kubeconfig(&self, who: Identity) -> PathBuf {
         self.dir.join(format!("kubeconfig-{}", who.name()))
     }
+    /// The identity's bearer token alone (for a client that reads only a ServiceAccount's
+    /// in-cluster files).
+    pub fn token_file(&self, who: Identity) -> PathBuf {
+        self.dir.join(format!("token-{}", who.name()))
+    }
+    /// The certificate clients verify the server with.
+    pub fn server_certificate(&self) -> PathBuf {
+        self.dir.join("certs/apiserver.crt")
+    }
     pub fn audit_log(&self) -> PathBuf {
         self.dir.join("audit.log")
     }
@@ -214,6 +223,7 @@ impl ControlPlane {
                 name = who.name(),
             );
             std::fs::write(self.kubeconfig(who), kubeconfig).map_err(|e| io("writing", e))?;
+            std::fs::write(self.token_file(who), &token).map_err(|e| io("writing", e))?;
         }
         std::fs::write(self.dir.join("tokens.csv"), csv).map_err(|e| io("writing", e))?;
         // Every request of the agent's identity, at Metadata level: who, verb, resource,

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use super::control_plane::{components_root, ControlPlane, Identity};
+use super::control_plane::{components_root, ControlPlane, Identity, APISERVER_PORT};
 use super::state::{LabDir, LabState};
 use super::{netns, LabError};
 use crate::exec;
@@ -169,10 +169,10 @@ pub fn start(dir: &LabDir, state: &LabState, enforcer: Enforcer) -> Result<PeerS
     .and_then(|r| r)
     .map_err(|e| LabError::invalid("the lab's Node", e))?;
     let binary = binary(enforcer).expect("check_host passed");
-    let kubeconfig = cp.kubeconfig(Identity::Admin);
     let mut command = Command::new(&binary);
     match enforcer {
         Enforcer::KubeRouter => {
+            let kubeconfig = cp.kubeconfig(Identity::Admin);
             command
                 .arg(format!("--kubeconfig={}", kubeconfig.display()))
                 .arg(format!("--hostname-override={}", api.node_name))
@@ -189,14 +189,32 @@ pub fn start(dir: &LabDir, state: &LabState, enforcer: Enforcer) -> Result<PeerS
                 .env("NODE_NAME", &api.node_name);
         }
         Enforcer::KubeNetworkPolicies => {
+            // It reads only the in-cluster config: the ServiceAccount's files at a fixed
+            // path and the Service's address in the environment. The files go into a
+            // tmpfs on /run of a mount namespace of its own, so the host's stay untouched.
+            command = Command::new("unshare");
             command
-                .arg(format!("--kubeconfig={}", kubeconfig.display()))
+                .args(["--mount", "--propagation", "private", "--", "sh", "-c"])
+                .arg(concat!(
+                    "set -e; token=$(cat \"$1\"); ca=$(cat \"$2\"); shift 2; ",
+                    "mount -t tmpfs -o size=1m weir-peer /run; ",
+                    "d=/run/secrets/kubernetes.io/serviceaccount; mkdir -p $d; ",
+                    "printf '%s' \"$token\" > $d/token; printf '%s\\n' \"$ca\" > $d/ca.crt; ",
+                    "exec \"$@\""
+                ))
+                .arg("sh")
+                .arg(cp.token_file(Identity::Admin))
+                .arg(cp.server_certificate())
+                .arg(&binary)
                 .arg(format!("--hostname-override={}", api.node_name))
-                // No container runtime: pods' addresses come from the API server.
-                .arg("--disable-nri")
                 .arg(format!("--nfqueue-id={KNP_QUEUE}"))
                 .arg(format!("--metrics-bind-address={KNP_METRICS}"))
-                .arg("--v=2");
+                .arg("--v=2")
+                .env("KUBERNETES_SERVICE_HOST", "127.0.0.1")
+                .env("KUBERNETES_SERVICE_PORT", APISERVER_PORT.to_string())
+                // Either one set makes its NRI stub fail, and it then dereferences nil.
+                .env_remove("NRI_PLUGIN_NAME")
+                .env_remove("NRI_PLUGIN_IDX");
         }
         Enforcer::Weir | Enforcer::AzureNpm => unreachable!("not a runnable peer"),
     }
@@ -227,7 +245,10 @@ pub fn wait_programmed(dir: &LabDir, state: &LabState, timeout: Duration) -> Res
         let rules = rules(&state.node_netns, peer.enforcer)?;
         let programmed = match peer.enforcer {
             Enforcer::KubeRouter => rules.contains(":KUBE-ROUTER-FORWARD"),
-            _ => rules.contains("table inet kube-network-policies"),
+            _ => {
+                rules.contains("table inet kube-network-policies")
+                    && knp_listening(&state.node_netns)?
+            }
         };
         if last.as_ref() != Some(&rules) {
             last = Some(rules);
@@ -247,6 +268,21 @@ pub fn wait_programmed(dir: &LabDir, state: &LabState, timeout: Duration) -> Res
         }
         std::thread::sleep(Duration::from_millis(100));
     }
+}
+
+/// Whether a process reads kube-network-policies' queue in the node namespace (until it
+/// does, its rules drop what they queue).
+fn knp_listening(node: &str) -> Result<bool, LabError> {
+    let table = netns::in_netns(node, || {
+        std::fs::read_to_string("/proc/thread-self/net/netfilter/nfnetlink_queue")
+            .unwrap_or_default()
+    })?;
+    // "  100  12345 ...": queue number, then the listener's netlink port id (0: none).
+    Ok(table.lines().any(|l| {
+        let mut fields = l.split_whitespace();
+        fields.next() == Some(KNP_QUEUE.to_string().as_str())
+            && fields.next().is_some_and(|port| port != "0")
+    }))
 }
 
 /// The peer's rules as text in the node namespace, without packet counters.

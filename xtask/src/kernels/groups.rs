@@ -149,6 +149,20 @@ pub const GROUPS: &[Group] = &[
         true,
         1200,
     ),
+    // The peers side by side (`cargo xtask peers`): kube-network-policies needs nftables'
+    // queue, which Debian's kernels have and the host's lacks; weir's iptables dataplane is
+    // the column it is read against.
+    Group {
+        args: &["the_peers_side_by_side", "--exact", "--nocapture"],
+        env: &[
+            (
+                "WEIR_PEERS_ENFORCERS",
+                "iptables,kube-network-policies,kube-router",
+            ),
+            (LABS_AT_ONCE, "1"),
+        ],
+        ..group("peers", "netpol_conformance", false, 3600)
+    },
     Group {
         guests_only: Some(IPVS_GUESTS_ONLY),
         ..conformance(
