@@ -7,8 +7,8 @@
 //! eBPF, where a Pass counts nothing).
 
 use super::names::chain_direction;
+use super::names::SPOOF_CHAIN;
 use super::rules::{comment_origin, tier_comment_origin};
-use super::spoof::SPOOF_CHAIN;
 use crate::dataplane::{VerdictCounts, DROP_SPOOFED};
 use crate::reset::iptables_save::SavedTable;
 use weir_policy::desired::Action;

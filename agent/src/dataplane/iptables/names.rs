@@ -65,6 +65,9 @@ pub const HOOKS: [Hook; 3] = [FORWARD_HOOK, IPVS_HOOK, INPUT_HOOK];
 /// ClusterNetworkPolicy tiers judge that direction (empty while none does). The chain
 /// RETURNs such a packet before the NetworkPolicies' rules, which never stop it.
 pub const TO_NODE_CHAIN: &str = "WEIR-TO-NODE";
+
+/// The chain of anti-spoofing rules, entered first from `WEIR-FILTER` and `WEIR-TO-NODE`.
+pub const SPOOF_CHAIN: &str = "WEIR-SPOOF";
 /// The table weir's chains live in: mangle's FORWARD runs before filter's, after
 /// kube-proxy's DNAT, so an ACCEPT in filter FORWARD cannot let a packet past a policy
 /// (kube-proxy's iptables mode prepends `KUBE-FORWARD`, which ACCEPTs every packet it

@@ -22,6 +22,7 @@ use weir_policy::desired::{
     TierRule,
 };
 
+use super::names::SPOOF_CHAIN;
 #[cfg(doc)]
 use super::names::TO_NODE_CHAIN;
 use super::names::{endpoint_chain, passed_chain, set_name};
@@ -313,7 +314,7 @@ pub fn to_node_rule(ep: &Endpoint, hash: u64, family: Family) -> Option<String> 
 /// Before them: anti-spoofing (`spoof_chain`; not for IPv6 link-local and unspecified
 /// sources, which neighbour discovery uses), replies of the node's own connections, and
 /// IPv6 neighbour discovery, as the eBPF programs pass them first.
-pub fn to_node_chain(jumps: Vec<String>, family: Family, spoof_chain: &str) -> Vec<String> {
+pub fn to_node_chain(jumps: Vec<String>, family: Family) -> Vec<String> {
     if jumps.is_empty() {
         return jumps;
     }
@@ -322,8 +323,8 @@ pub fn to_node_chain(jumps: Vec<String>, family: Family, spoof_chain: &str) -> V
         rules.push("-s fe80::/10 -j RETURN".to_string());
         rules.push("-s ::/128 -j RETURN".to_string());
     }
-    rules.push(format!("-j {spoof_chain}"));
-    rules.push("-m conntrack --ctstate ESTABLISHED,RELATED -j RETURN".to_string());
+    rules.push(format!("-j {SPOOF_CHAIN}"));
+    rules.push(CONNTRACK_RULE.to_string());
     if family == Family::V6 {
         // Neighbour discovery (ICMPv6 133-137, unrouted) towards link scope.
         for dst in ["ff02::/16", "fe80::/10"] {
@@ -337,6 +338,9 @@ pub fn to_node_chain(jumps: Vec<String>, family: Family, spoof_chain: &str) -> V
     rules.extend(jumps);
     rules
 }
+
+/// Replies and related ICMP errors of connections weir already let through.
+pub const CONNTRACK_RULE: &str = "-m conntrack --ctstate ESTABLISHED,RELATED -j RETURN";
 
 /// Dispatch specs (in the dispatch chain) for the endpoint's isolated directions, by the
 /// direction they send to. A packet leaves its source before it reaches its destination:
@@ -657,7 +661,7 @@ mod tests {
         assert_eq!(to_node_rule(&ep, 0xab, Family::V4), None);
         let plain = endpoint_rules(&ep, Direction::Egress, Family::V4, 0xab, false).unwrap();
         assert!(!plain.main.contains(&NODE_RETURN.to_string()));
-        assert!(to_node_chain(Vec::new(), Family::V4, "WEIR-SPOOF").is_empty());
+        assert!(to_node_chain(Vec::new(), Family::V4).is_empty());
         // An Admin rule: the node's packets come to the chain, and after the Admin rules
         // return before the NetworkPolicies'.
         ep.egress.admin = vec![tier_rule(Peer::Set(SetId(2)), Ports::All, Action::Deny, 0)];
@@ -666,7 +670,7 @@ mod tests {
         assert_eq!(to_node_rule(&ep, 0xab, Family::V6), None);
         let tiered = endpoint_rules(&ep, Direction::Egress, Family::V4, 0xab, false).unwrap();
         assert_eq!(tiered.main[1], NODE_RETURN);
-        let chain = to_node_chain(vec![jump.clone()], Family::V4, "WEIR-SPOOF");
+        let chain = to_node_chain(vec![jump.clone()], Family::V4);
         assert_eq!(chain.first().map(String::as_str), Some("-j WEIR-SPOOF"));
         assert_eq!(chain.last(), Some(&jump));
         // Not isolated: the Baseline judges the node as any destination.
@@ -678,7 +682,7 @@ mod tests {
         assert!(!baseline.main.contains(&NODE_RETURN.to_string()));
         assert!(to_node_rule(&ep, 0xab, Family::V4).is_some());
         // IPv6: link-local and unspecified sources, and neighbour discovery, pass first.
-        let v6 = to_node_chain(vec![jump], Family::V6, "WEIR-SPOOF");
+        let v6 = to_node_chain(vec![jump], Family::V6);
         assert_eq!(v6[0], "-s fe80::/10 -j RETURN");
         assert!(v6.iter().any(|r| r.contains("--icmpv6-type 135")));
     }

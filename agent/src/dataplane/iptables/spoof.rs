@@ -26,9 +26,6 @@ use super::rules::{log_rule, LogKind, LogPrefix};
 
 use crate::netfilter::backend::Family;
 
-/// The chain of anti-spoofing rules, entered first from `WEIR-FILTER`.
-pub const SPOOF_CHAIN: &str = "WEIR-SPOOF";
-
 #[derive(Deserialize)]
 struct Route {
     dst: Option<String>,

@@ -11,20 +11,18 @@ use crate::netfilter::WEIR_CHAIN_PREFIX;
 use crate::reset::iptables_save::{self, SaveParseError};
 use weir_policy::desired::{Desired, Direction, Endpoint};
 
+use super::names::SPOOF_CHAIN;
 use super::names::{
     endpoint_chain, passed_chain, set_name, ChainNames, DISPATCH_CHAIN, FORMER_TABLE, FORWARD_HOOK,
     HOOKS, IPVS_HOOK, KNOWN_ENDPOINTS_SET, NEW_FROM_POD_CHAIN, NEW_TO_POD_CHAIN, TABLE,
     TO_NODE_CHAIN,
 };
+use super::rules::CONNTRACK_RULE;
 use super::rules::{dispatch_rules, endpoint_rules, to_node_chain, to_node_rule};
-use super::spoof::SPOOF_CHAIN;
 use crate::dataplane::new_pods::NewPodIsolation;
 use crate::netfilter::backend::Family;
 
 const DIRECTIONS: [Direction; 2] = [Direction::Ingress, Direction::Egress];
-
-/// Replies and related ICMP errors of connections weir already let through.
-const CONNTRACK_RULE: &str = "-m conntrack --ctstate ESTABLISHED,RELATED -j RETURN";
 
 /// What the node has that shapes the rules; a change asks for a full write.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -266,11 +264,7 @@ fn full(
         wanted.insert(NEW_TO_POD_CHAIN.to_string());
     }
     write_chain(out, DISPATCH_CHAIN, &dispatch);
-    write_chain(
-        out,
-        TO_NODE_CHAIN,
-        &to_node_chain(to_node, family, SPOOF_CHAIN),
-    );
+    write_chain(out, TO_NODE_CHAIN, &to_node_chain(to_node, family));
     let existing = filter.map(|t| t.chains.as_slice()).unwrap_or_default();
     let stale: Vec<&String> = existing
         .iter()
@@ -373,7 +367,7 @@ fn delta(
     }
     // After the endpoint chains it names are written, before any is removed.
     if old_to_node != new_to_node {
-        let rules = to_node_chain(new_to_node, family, SPOOF_CHAIN);
+        let rules = to_node_chain(new_to_node, family);
         write_chain(out, TO_NODE_CHAIN, &rules);
     }
     for (direction, spec) in new_dispatch.difference(&old_dispatch) {
