@@ -125,6 +125,11 @@ enum Command {
         /// Scaled down to about a minute (the run that `cargo xtask test` makes).
         #[arg(long)]
         quick: bool,
+        /// Instead: weir's dataplanes and the peers (deploy/peer-versions, built as by
+        /// `cargo xtask peers`) side by side on the largest world through the API server:
+        /// datapath ratios, cold start, convergence, memory; writes target/bench/peers.json.
+        #[arg(long)]
+        peers: bool,
     },
 }
 
@@ -158,7 +163,7 @@ fn main() {
             engine,
         }),
         Command::Demo { dataplane } => demo::run(&dataplane),
-        Command::Bench { quick } => bench::run(quick),
+        Command::Bench { quick, peers } => bench::run(quick, peers),
         Command::Peers { build_only } => peers::run(build_only),
         Command::Kernels {
             kernels,

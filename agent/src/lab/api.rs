@@ -174,9 +174,24 @@ async fn apply(
         }
         Object::Node(node) => {
             let api: Api<Node> = Api::all(client.clone());
-            api.patch(name(node.metadata.name.as_ref()), &pp, &Patch::Apply(node))
+            let written = api
+                .patch(name(node.metadata.name.as_ref()), &pp, &Patch::Apply(node))
                 .await?
-                .metadata
+                .metadata;
+            // A manifest's status (addresses), as its kubelet would report it.
+            match &node.status {
+                Some(status) => {
+                    let status = json!({ "apiVersion": "v1", "kind": "Node", "status": status });
+                    api.patch_status(
+                        name(node.metadata.name.as_ref()),
+                        &pp,
+                        &Patch::Apply(&status),
+                    )
+                    .await?
+                    .metadata
+                }
+                None => written,
+            }
         }
         Object::NetworkPolicy(np) => {
             let api: Api<NetworkPolicy> = Api::namespaced(client.clone(), namespace(object));

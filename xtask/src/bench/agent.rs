@@ -21,10 +21,14 @@ const METRICS_ADDR: &str = "127.0.0.1:9402";
 /// How often the agent checks the manifest file (the bench's notes quote it).
 pub const POLL_MS: u64 = 10;
 
+/// What enforces a setup: weir on one of its dataplanes, or a peer in its place
+/// (`cargo xtask bench --peers`; deploy/peer-versions).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Dataplane {
     Ebpf,
     Iptables,
+    /// kube-router's network-policy controller alone, against the bench's API server.
+    KubeRouter,
 }
 
 impl Dataplane {
@@ -34,9 +38,18 @@ impl Dataplane {
         match self {
             Dataplane::Ebpf => "ebpf",
             Dataplane::Iptables => "iptables",
+            Dataplane::KubeRouter => "kube-router",
         }
     }
+
+    pub fn is_peer(self) -> bool {
+        self == Dataplane::KubeRouter
+    }
 }
+
+/// A peer reports no convergence: the bench takes its rules standing still this long as
+/// programmed, from the instant they last changed (as `weir lab` does, there for 1.5 s).
+const PEER_QUIET: Duration = Duration::from_secs(1);
 
 /// Where the agent reads the world from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -53,6 +66,8 @@ pub struct Agent {
     generation: u64,
     /// Cluster mode: the control plane and the last write to it.
     cluster: Option<Cluster>,
+    /// The node's namespace (a peer's rules are read there).
+    node: String,
 }
 
 /// The bench node's control plane (`weir lab kube`), and what the agent must reach.
@@ -159,6 +174,29 @@ impl Agent {
         let log = File::create(dir.join("agent.log"))?;
         let mut command = Command::new(weir);
         command.arg("agent");
+        if dataplane.is_peer() {
+            if cluster.is_none() {
+                bail!("a peer runs against the API server only");
+            }
+            command = peer_command(dir)?;
+            command
+                .stdin(Stdio::null())
+                .stdout(log.try_clone()?)
+                .stderr(log);
+            node.command(&mut command)?;
+            let started = Instant::now();
+            let child = command.spawn().context("starting the peer")?;
+            let agent = Agent {
+                child,
+                dir: dir.to_path_buf(),
+                bpf_root,
+                dataplane,
+                generation: 1,
+                cluster,
+                node: node.name().to_string(),
+            };
+            return Ok((agent, started));
+        }
         match &cluster {
             None => {
                 command
@@ -193,12 +231,18 @@ impl Agent {
             dataplane,
             generation: 1,
             cluster,
+            node: node.name().to_string(),
         };
         Ok((agent, started))
     }
 
     pub fn pid(&self) -> u32 {
         self.child.id()
+    }
+
+    /// A peer in weir's place: no status file, no metrics of weir's.
+    pub fn is_peer(&self) -> bool {
+        self.dataplane.is_peer()
     }
 
     /// Writes the next generation of `world`; returns the instant it became visible (the
@@ -228,6 +272,9 @@ impl Agent {
     /// Waits until the agent reports the latest generation converged on the requested
     /// dataplane with no errors; returns the instant it saw that.
     pub fn wait_converged(&mut self, timeout: Duration) -> Result<Instant> {
+        if self.dataplane.is_peer() {
+            return self.wait_peer_programmed(timeout);
+        }
         let deadline = Instant::now() + timeout;
         let path = self.dir.join("status.json");
         loop {
@@ -255,9 +302,61 @@ impl Agent {
         }
     }
 
+    /// A peer: waits until its rules (iptables-save and ipset save in the node) have stood
+    /// still for [`PEER_QUIET`], and returns the instant they last changed.
+    fn wait_peer_programmed(&mut self, timeout: Duration) -> Result<Instant> {
+        let deadline = Instant::now() + timeout;
+        let (mut last, mut changed) = (String::new(), Instant::now());
+        loop {
+            let rules = self.peer_rules()?;
+            if rules != last {
+                (last, changed) = (rules, Instant::now());
+            } else if last.contains(":KUBE-ROUTER-FORWARD") && changed.elapsed() >= PEER_QUIET {
+                return Ok(changed);
+            }
+            if let Some(exit) = self.child.try_wait()? {
+                bail!(
+                    "{} exited ({exit}); last lines of its log:\n{}",
+                    self.dataplane.as_str(),
+                    self.log_tail()
+                );
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "{}'s rules did not settle within {timeout:?}; last lines of its log:\n{}",
+                    self.dataplane.as_str(),
+                    self.log_tail()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// kube-router's rules and sets in the node, without packet counters.
+    fn peer_rules(&self) -> Result<String> {
+        let mut text = String::new();
+        for (program, args) in [("iptables-save", &[][..]), ("ipset", &["save"][..])] {
+            let out = Command::new("ip")
+                .args(["netns", "exec", &self.node, program])
+                .args(args)
+                .output()
+                .with_context(|| format!("running {program} in {}", self.node))?;
+            for line in String::from_utf8_lossy(&out.stdout).lines() {
+                if !line.starts_with('#') {
+                    text.push_str(line.split(" [").next().unwrap_or(line));
+                    text.push('\n');
+                }
+            }
+        }
+        Ok(text)
+    }
+
     /// The cold start's phases from the status file (`startup`, written at the first
-    /// convergence), in milliseconds, in the order they happen.
+    /// convergence), in milliseconds, in the order they happen. A peer reports none.
     pub fn startup_phases(&self) -> Result<Vec<(String, f64)>> {
+        if self.dataplane.is_peer() {
+            return Ok(Vec::new());
+        }
         let path = self.dir.join("status.json");
         let status = read_status(&path)?.with_context(|| format!("{} is gone", path.display()))?;
         let Some(startup) = status["startup"].as_object() else {
@@ -305,8 +404,12 @@ impl Agent {
         self.histogram_totals(node, "weir_policy_implementation_delay_seconds")
     }
 
-    /// A histogram's sum and count from the agent's /metrics.
+    /// A histogram's sum and count from the agent's /metrics (nothing for a peer: its
+    /// share is not measured).
     fn histogram_totals(&self, node: &Netns, histogram: &str) -> Result<(f64, f64)> {
+        if self.dataplane.is_peer() {
+            return Ok((0.0, 0.0));
+        }
         let text = node.run(|| {
             let mut conn = TcpStream::connect(METRICS_ADDR)
                 .with_context(|| format!("connecting to the agent's metrics at {METRICS_ADDR}"))?;
@@ -406,6 +509,33 @@ fn start_cluster(weir: &Path, node: &Netns, dir: &Path) -> Result<Cluster> {
     cluster.write(dir, None, &dir.join("manifests.yaml"))?;
     cluster.expected()?;
     Ok(cluster)
+}
+
+/// kube-router in the bench node, as its DaemonSet runs it with only the firewall: the
+/// binary `cargo xtask peers` built, with the bench control plane's admin credentials.
+fn peer_command(dir: &Path) -> Result<Command> {
+    let peer = crate::peers::ensure(Some(&["kube-router"]))?
+        .pop()
+        .context("deploy/peer-versions pins no kube-router")?;
+    let mut command = Command::new(peer.binary());
+    command
+        .arg(format!(
+            "--kubeconfig={}",
+            Cluster::api_dir(dir).join("kubeconfig-admin").display()
+        ))
+        .arg(format!("--hostname-override={NODE_NAME}"))
+        .args([
+            "--run-firewall=true",
+            "--run-router=false",
+            "--run-service-proxy=false",
+            "--enable-ipv4=true",
+            "--enable-ipv6=false",
+            "--metrics-port=0",
+            "--health-port=20244",
+            "--v=1",
+        ])
+        .env("NODE_NAME", NODE_NAME);
+    Ok(command)
 }
 
 fn read_status(path: &Path) -> Result<Option<Value>> {

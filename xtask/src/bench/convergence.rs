@@ -114,7 +114,11 @@ pub fn changes(
             rows.push(Row::number(scenario, dp, &name, v, "ms"));
         }
         // The agent's part of the same changes: event received to dataplane programmed.
-        for (label, p) in [("p50", 50.0), ("p99", 99.0)] {
+        // (A peer's is not measured.)
+        for (label, p) in [("p50", 50.0), ("p99", 99.0)]
+            .into_iter()
+            .filter(|_| !agent.is_peer())
+        {
             let v = percentile(&mut agent_ms, p);
             let name = format!("{}: in the agent {label}", kind.name());
             rows.push(Row::number(scenario, dp, &name, v, "ms"));
@@ -122,7 +126,7 @@ pub fn changes(
     }
     // The part the agent spends in engine and dataplane, without the source.
     for (group, (s0, n0), (s1, n1)) in applies {
-        if n1 > n0 {
+        if n1 > n0 && !agent.is_peer() {
             let mean = (s1 - s0) / (n1 - n0) * 1e3;
             let name = format!("{group}: agent apply mean");
             rows.push(Row::number(scenario, dp, &name, mean, "ms"));

@@ -53,8 +53,10 @@ pub fn rows(
                 ));
             }
         }
-        Dataplane::Iptables => {
-            let (sets, bytes) = ipset_memory(&topo.node)?;
+        Dataplane::Iptables | Dataplane::KubeRouter => {
+            // kube-router's sets have no common prefix: the node holds no others.
+            let prefix = if dataplane.is_peer() { "" } else { "weir-" };
+            let (sets, bytes) = ipset_memory(&topo.node, prefix)?;
             rows.push(Row::number(
                 scenario,
                 dp,
@@ -67,9 +69,9 @@ pub fn rows(
     Ok(rows)
 }
 
-/// Number and total size in memory of weir's sets in the namespace (`ipset list -terse`:
-/// one `Name:` line, then that set's `Size in memory:` line).
-fn ipset_memory(ns: &Netns) -> Result<(usize, u64)> {
+/// Number and total size in memory of the sets named `prefix...` in the namespace
+/// (`ipset list -terse`: one `Name:` line, then that set's `Size in memory:` line).
+fn ipset_memory(ns: &Netns, prefix: &str) -> Result<(usize, u64)> {
     let mut c = Command::new("ipset");
     c.args(["list", "-terse"]);
     ns.command(&mut c)?;
@@ -84,7 +86,7 @@ fn ipset_memory(ns: &Netns) -> Result<(usize, u64)> {
     let (mut sets, mut bytes, mut ours) = (0, 0, false);
     for line in text.lines() {
         if let Some(name) = line.strip_prefix("Name: ") {
-            ours = name.trim().starts_with("weir-");
+            ours = name.trim().starts_with(prefix);
             sets += usize::from(ours);
         } else if let Some(size) = line.strip_prefix("Size in memory: ") {
             if ours {

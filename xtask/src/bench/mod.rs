@@ -37,6 +37,23 @@ use scale::Scale;
 use trial::{Env, Setup};
 use world::World;
 
+/// What `--peers` measures differently for a peer, which reports no convergence.
+fn peer_notes() -> Vec<String> {
+    let versions = crate::peers::pinned()
+        .map(|p| {
+            p.iter()
+                .map(|p| format!("{} {}", p.name, p.version))
+                .collect::<Vec<_>>()
+                .join(", ")
+        })
+        .unwrap_or_default();
+    vec![
+        format!("peers ({versions}, deploy/peer-versions, built from the Go module proxy): every enforcer watches the same kube-apiserver world; a peer runs with the lab admin's credentials, in weir's place in the node's namespace, as its DaemonSet would (kube-router: --run-firewall only)"),
+        "a peer's cold start: from starting it to the instant its rules (iptables-save and ipset save in the node) last changed before standing still for 1 s; its convergence is probe-observed like weir's, and after each change the bench waits for its rules to stand still; a peer has no 'in the agent' share".into(),
+        "memory of a peer: VmHWM of its process; ipset memory is every set in the node (only the peer's exist there)".into(),
+    ]
+}
+
 fn notes() -> Vec<String> {
     vec![
         "datapath: RR = 64-byte request/response on one TCP connection, CRR = a new connection per request; ratios are to no enforcement in the same run".into(),
@@ -47,7 +64,7 @@ fn notes() -> Vec<String> {
     ]
 }
 
-pub fn run(quick: bool) -> Result<()> {
+pub fn run(quick: bool, peers: bool) -> Result<()> {
     if !is_root() {
         bail!("the bench builds network namespaces, loads BPF programs and edits iptables: run it as root");
     }
@@ -69,7 +86,11 @@ pub fn run(quick: bool) -> Result<()> {
         scale: Scale::new(quick),
     };
     let mut report = Report {
-        command: format!("cargo xtask bench{}", if quick { " --quick" } else { "" }),
+        command: format!(
+            "cargo xtask bench{}{}",
+            if quick { " --quick" } else { "" },
+            if peers { " --peers" } else { "" }
+        ),
         quick,
         profile: profile.into(),
         kernel: kernel_release(),
@@ -77,14 +98,25 @@ pub fn run(quick: bool) -> Result<()> {
             .duration_since(SystemTime::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs()),
         seconds: 0.0,
-        notes: notes(),
+        notes: match peers {
+            true => notes().into_iter().take(3).chain(peer_notes()).collect(),
+            false => notes(),
+        },
         rows: Vec::new(),
     };
-    binary_rows(&env.weir, &mut report);
-    run_scenarios(&env, &mut report);
+    match peers {
+        true => run_peers(&env, &mut report),
+        false => {
+            binary_rows(&env.weir, &mut report);
+            run_scenarios(&env, &mut report);
+        }
+    }
     report.seconds = (started.elapsed().as_secs_f64() * 10.0).round() / 10.0;
 
-    let json = root.join("target/bench/latest.json");
+    let json = root.join(match peers {
+        true => "target/bench/peers.json",
+        false => "target/bench/latest.json",
+    });
     report.write_json(&json)?;
     println!("\n{}", report.table());
     println!(
@@ -217,6 +249,80 @@ fn run_scenarios(env: &Env, report: &mut Report) {
     let reset = reset::scenario(scale);
     progress(&reset);
     report.rows.extend(reset::rows(&env.weir, scale, &reset));
+}
+
+/// `--peers`: weir's two dataplanes and each peer the host can run, on the largest world
+/// through the API server, side by side: datapath ratios to no enforcement (interleaved
+/// rounds, as every datapath scenario), cold start, convergence and memory.
+fn run_peers(env: &Env, report: &mut Report) {
+    let scale = &env.scale;
+    let (max, remote) = (scale.max_policies(), scale.remote_pods);
+    let datapath = format!("peers: datapath, {max} policies, {remote} remote pods");
+    let convergence = format!("peers: convergence, {max} policies, {remote} remote pods");
+    let memory = format!("peers: memory, {max} policies, {remote} remote pods");
+    let planned = [&datapath, &convergence, &memory];
+    progress(&datapath);
+    let world = || World::new(max, remote);
+    let mut setups = Vec::new();
+    match Setup::baseline("peersnone") {
+        Ok(s) => setups.push(s),
+        Err(e) => report.rows.push(Row::failed(
+            &datapath,
+            "none",
+            "all figures",
+            format!("{e:#}"),
+        )),
+    }
+    for dp in Dataplane::ALL.into_iter().chain([Dataplane::KubeRouter]) {
+        let tag = format!("peers{}", dp.as_str());
+        match Setup::enforcing(env, &tag, dp, world(), Source::Cluster) {
+            Ok(s) => setups.push(s),
+            Err(e) => report.rows.extend(unavailable(&planned, dp, &e)),
+        }
+    }
+    // kube-network-policies needs nftables' queue statement (CONFIG_NFT_QUEUE).
+    if !nft_queue_available() {
+        for scenario in planned {
+            report.rows.push(Row::text(
+                scenario,
+                "kube-network-policies",
+                "all figures",
+                "not measured: this kernel refuses nftables' queue statement (CONFIG_NFT_QUEUE)",
+            ));
+        }
+    }
+    let all: Vec<&Setup> = setups.iter().collect();
+    report
+        .rows
+        .extend(trial::traffic_rows(&all, scale, &datapath));
+    report.add_ratios(&datapath, "none");
+    for setup in setups.iter_mut().filter(|s| s.cold_start.is_some()) {
+        progress(&format!("{convergence}: {}", setup.label()));
+        report.rows.extend(cold_start_rows(&convergence, setup));
+        let rows = setup.convergence_rows(scale.changes, &convergence);
+        report
+            .rows
+            .extend(rows_or_failure(rows, &convergence, setup.label()));
+        let rows = setup.memory_rows(&memory);
+        report
+            .rows
+            .extend(rows_or_failure(rows, &memory, setup.label()));
+    }
+    for scenario in [&convergence, &memory] {
+        report.add_ratios(scenario, Dataplane::Iptables.as_str());
+    }
+}
+
+/// Whether nftables accepts a `queue` rule, in a scratch namespace.
+fn nft_queue_available() -> bool {
+    let Ok(ns) = netns::Netns::create("nftq") else {
+        return false;
+    };
+    let rule =
+        "table inet t { chain c { type filter hook forward priority 0; queue num 100 bypass; } }";
+    let mut c = Command::new("nft");
+    c.arg(rule);
+    ns.command(&mut c).is_ok() && c.output().is_ok_and(|o| o.status.success())
 }
 
 /// A datapath scenario (the first of `planned`): no enforcement and each dataplane on

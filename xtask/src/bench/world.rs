@@ -9,6 +9,9 @@ use anyhow::{Context, Result};
 use serde_json::{json, Value};
 
 pub const NODE_NAME: &str = "bench-node";
+/// The bench node's InternalIP, and so its pods' hostIP (kube-router takes a pod as its
+/// node's own by it); remote nodes' are [`remote_node_ip`].
+const NODE_IP: Ipv4Addr = Ipv4Addr::new(169, 254, 1, 1);
 pub const NAMESPACE: &str = "bench";
 pub const CLIENT_IP: Ipv4Addr = Ipv4Addr::new(10, 244, 0, 2);
 pub const SERVER_IP: Ipv4Addr = Ipv4Addr::new(10, 244, 0, 3);
@@ -53,7 +56,11 @@ pub struct World {
 
 impl World {
     pub fn new(policies: usize, remote_pods: usize) -> Self {
-        let mut docs = Vec::new();
+        let mut docs = vec![json!({
+            "apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": NODE_NAME},
+            "status": {"addresses": [{"type": "InternalIP", "address": NODE_IP.to_string()}]},
+        })];
         for n in 0..REMOTE_NAMESPACES {
             docs.push(namespace(&format!("remote-{n}"), json!({"tier": "remote"})));
         }
@@ -177,10 +184,15 @@ fn namespace(name: &str, mut labels: Value) -> Value {
     json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels}})
 }
 
+/// The address of remote node `n` (no packet goes there).
+fn remote_node_ip(n: usize) -> Ipv4Addr {
+    Ipv4Addr::new(10, 255, 0, n as u8)
+}
+
 fn pod(
     namespace: &str,
     name: &str,
-    node: &str,
+    (node, host_ip): (&str, Ipv4Addr),
     ip: Ipv4Addr,
     labels: Value,
     ports: &[u16],
@@ -193,12 +205,15 @@ fn pod(
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": name, "namespace": namespace, "labels": labels},
         "spec": {"nodeName": node, "containers": [{"name": "c", "image": "bench", "ports": ports}]},
-        "status": {"phase": "Running", "podIP": ip.to_string(), "podIPs": [{"ip": ip.to_string()}]},
+        "status": {
+            "phase": "Running", "hostIP": host_ip.to_string(),
+            "podIP": ip.to_string(), "podIPs": [{"ip": ip.to_string()}],
+        },
     })
 }
 
 fn local_pod(name: &str, ip: Ipv4Addr, labels: Value, ports: &[u16]) -> Value {
-    pod(NAMESPACE, name, NODE_NAME, ip, labels, ports)
+    pod(NAMESPACE, name, (NODE_NAME, NODE_IP), ip, labels, ports)
 }
 
 fn server_pod() -> Value {
@@ -215,7 +230,10 @@ fn remote_pod(i: usize) -> Value {
     pod(
         &format!("remote-{}", i % REMOTE_NAMESPACES),
         &format!("r{i}"),
-        &format!("remote-node-{}", i % REMOTE_NODES),
+        (
+            &format!("remote-node-{}", i % REMOTE_NODES),
+            remote_node_ip(i % REMOTE_NODES),
+        ),
         ip,
         json!({"group": format!("g{}", i % GROUPS)}),
         &[],
