@@ -110,3 +110,28 @@ fn up_with_an_invalid_manifest_builds_nothing() {
     let pods = lab.weir_raw(&["pods"]).unwrap();
     assert!(!pods.status.success(), "a lab exists after a refused up");
 }
+
+/// `--enforcer` refuses what it cannot run before building anything, and says why: Azure
+/// NPM (no source on the Go module proxy), and a peer without the lab's API server.
+#[test]
+fn a_peer_the_lab_cannot_run_is_refused_with_the_reason() {
+    let lab = Lab::new("peerno");
+    let world = netpol_world();
+    let world = world.to_str().unwrap();
+    for (args, reason) in [
+        (
+            vec!["up", "--enforcer", "azure-npm", world],
+            "403 Forbidden",
+        ),
+        (
+            vec!["up", "--enforcer", "kube-router", "--api", "file", world],
+            "--api file",
+        ),
+    ] {
+        let out = lab.weir_raw(&args).unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} came up");
+        assert!(stderr.contains(reason), "{args:?}: {stderr}");
+        assert!(!lab.dir.join("state.json").exists(), "{args:?} left a lab");
+    }
+}

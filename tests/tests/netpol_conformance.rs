@@ -911,7 +911,11 @@ fn the_peers_side_by_side() {
                 });
             // weir's cells are the CI's own (every scenario), run once for both tests: a
             // second run of the same cell would collide with it (one lab per cell name).
-            let subset = if PEERS.contains(enforcer) { subset } else { None };
+            let subset = if PEERS.contains(enforcer) {
+                subset
+            } else {
+                None
+            };
             Cell::new(enforcer, "server", "routed", "none", subset)
         })
         .collect();
