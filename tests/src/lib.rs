@@ -116,7 +116,7 @@ pub fn kernel_has_nft_queue() -> bool {
                 .is_ok_and(|o| o.status.success())
         };
         run("ip", &["netns", "add", &ns]);
-        let rule = "table inet t { chain c { type filter hook forward priority 0; queue num 100 bypass; } }";
+        let rule = "table inet t { chain c { type filter hook forward priority 0; queue num 100 bypass; }; }";
         let queued = run("ip", &["netns", "exec", &ns, "nft", rule]);
         run("ip", &["netns", "delete", &ns]);
         queued

@@ -197,7 +197,7 @@ fn start_peer(
 ) -> Result<(), LabError> {
     state.peer = Some(peers::start(dir, state, enforcer)?);
     dir.save(state)?;
-    peers::wait_programmed(dir, state, timeout)
+    peers::wait_programmed(dir, state, 0, timeout)
 }
 
 /// Applies deploy/'s RBAC and waits until the server's authorizer lets the agent's
@@ -517,6 +517,7 @@ fn change(
         .collect();
     state.generation += 1;
     state.pods = pods;
+    let peer_mark = peers::log_mark(dir);
     set.save(&dir.objects_file(), state.generation)?;
     dir.save(state)?;
     if let Some(api_state) = &state.api {
@@ -542,8 +543,18 @@ fn change(
             agent::wait_for(dir, state, timeout)?;
         }
     }
+    // A peer shows nothing for a change to what it does not watch (nothing at all, or a
+    // ClusterNetworkPolicy, which none of them implements).
     if let (Some(_), Some(timeout)) = (&state.peer, timeout) {
-        peers::wait_programmed(dir, state, timeout)?;
+        let changed = set
+            .objects
+            .keys()
+            .chain(before.objects.keys())
+            .filter(|k| before.objects.get(*k) != set.objects.get(*k))
+            .map(|k| k.kind);
+        if changed.into_iter().any(peers::watched) {
+            peers::wait_programmed(dir, state, peer_mark, timeout)?;
+        }
     }
     if let (Some(p), Some(timeout)) = (&state.proxy, timeout) {
         proxy::wait_programmed(dir, state, p.mode, &before, &set, timeout)?;

@@ -24,6 +24,7 @@ use super::control_plane::{components_root, ControlPlane, Identity, APISERVER_PO
 use super::state::{LabDir, LabState};
 use super::{netns, LabError};
 use crate::exec;
+use weir_policy::model::Kind;
 
 /// `weir lab up --enforcer`: who enforces the lab's policies.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
@@ -60,8 +61,39 @@ pub struct PeerState {
     pub pid: u32,
 }
 
-/// How long a peer's rules must stand still before the lab takes a change as enforced.
+/// How long a peer's rules must stand still before the lab takes a change as enforced
+/// (`WEIR_LAB_PEER_QUIET_MS` sets another: `cargo xtask kernels` does in an emulated
+/// guest, where a peer takes seconds to notice a change).
 pub const QUIET: Duration = Duration::from_millis(1500);
+
+fn quiet() -> Duration {
+    std::env::var("WEIR_LAB_PEER_QUIET_MS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .map(Duration::from_millis)
+        .unwrap_or(QUIET)
+}
+
+/// Whether the peers react to a change of this kind: they watch Pods, Namespaces and
+/// NetworkPolicies (and Nodes, Services only to find their node and the Service ranges).
+pub fn watched(kind: Kind) -> bool {
+    matches!(kind, Kind::Pod | Kind::Namespace | Kind::NetworkPolicy)
+}
+
+/// Where the peer's log ends now: a later wait looks for its work after this.
+pub fn log_mark(dir: &LabDir) -> u64 {
+    std::fs::metadata(dir.peer_log()).map_or(0, |m| m.len())
+}
+
+/// Whether kube-router logged a whole sync of its rules (`--v=1`: "Starting sync of
+/// iptables", then "sync iptables took") after `mark` in its log.
+fn kube_router_synced_since(dir: &LabDir, mark: u64) -> bool {
+    let text = std::fs::read(dir.peer_log()).unwrap_or_default();
+    let after = String::from_utf8_lossy(text.get(mark as usize..).unwrap_or_default());
+    after
+        .split_once("Starting sync of iptables")
+        .is_some_and(|(_, rest)| rest.contains("sync iptables took"))
+}
 
 /// kube-router's health endpoint, on the node namespace's loopback.
 const KUBE_ROUTER_HEALTH_PORT: u16 = 20244;
@@ -133,8 +165,9 @@ fn nft_queue_support() -> Result<(), String> {
     let _ = exec::run_with_timeout("modprobe", &["nft_queue"], None, Duration::from_secs(10));
     let ns = format!("weir-nftq-probe-{}", std::process::id());
     netns::add(&ns).map_err(|e| e.to_string())?;
+    // nft 1.0.6 wants the `;` after the chain's block.
     let ruleset = format!(
-        "table inet weir_probe {{ chain c {{ type filter hook forward priority 0; queue num {KNP_QUEUE} bypass; }} }}\n"
+        "table inet weir_probe {{ chain c {{ type filter hook forward priority 0; queue num {KNP_QUEUE} bypass; }}; }}\n"
     );
     let loaded = netns::in_netns(&ns, || {
         exec::run_with_timeout(
@@ -231,12 +264,19 @@ pub fn start(dir: &LabDir, state: &LabState, enforcer: Enforcer) -> Result<PeerS
     })
 }
 
-/// Waits until the peer's rules have stood still for [`QUIET`] (see the module's doc),
-/// and, at its start, until it has programmed anything at all.
-pub fn wait_programmed(dir: &LabDir, state: &LabState, timeout: Duration) -> Result<(), LabError> {
+/// Waits until the peer has worked on the change made after `mark` (its log; see
+/// [`log_mark`]): kube-router has run a whole sync since, kube-network-policies reads its
+/// queue; and until then its rules have stood still for [`QUIET`] (see the module's doc).
+pub fn wait_programmed(
+    dir: &LabDir,
+    state: &LabState,
+    mark: u64,
+    timeout: Duration,
+) -> Result<(), LabError> {
     let Some(peer) = &state.peer else {
         return Ok(());
     };
+    let quiet = quiet();
     let started = Instant::now();
     let mut last = None;
     let mut still_since = Instant::now();
@@ -244,7 +284,9 @@ pub fn wait_programmed(dir: &LabDir, state: &LabState, timeout: Duration) -> Res
         check_alive(dir, peer)?;
         let rules = rules(&state.node_netns, peer.enforcer)?;
         let programmed = match peer.enforcer {
-            Enforcer::KubeRouter => rules.contains(":KUBE-ROUTER-FORWARD"),
+            Enforcer::KubeRouter => {
+                rules.contains(":KUBE-ROUTER-FORWARD") && kube_router_synced_since(dir, mark)
+            }
             _ => {
                 rules.contains("table inet kube-network-policies")
                     && knp_listening(&state.node_netns)?
@@ -253,7 +295,7 @@ pub fn wait_programmed(dir: &LabDir, state: &LabState, timeout: Duration) -> Res
         if last.as_ref() != Some(&rules) {
             last = Some(rules);
             still_since = Instant::now();
-        } else if programmed && still_since.elapsed() >= QUIET {
+        } else if programmed && still_since.elapsed() >= quiet {
             return Ok(());
         }
         if started.elapsed() > timeout {

@@ -319,7 +319,7 @@ fn nft_queue_available() -> bool {
         return false;
     };
     let rule =
-        "table inet t { chain c { type filter hook forward priority 0; queue num 100 bypass; } }";
+        "table inet t { chain c { type filter hook forward priority 0; queue num 100 bypass; }; }";
     let mut c = Command::new("nft");
     c.arg(rule);
     ns.command(&mut c).is_ok() && c.output().is_ok_and(|o| o.status.success())

@@ -181,6 +181,10 @@ const SLOW_LAB_TIMEOUT_SECS: u32 = 300;
 /// etcd and kube-proxy sharing two emulated CPUs, answers took longer and allowed pairs
 /// were counted as blocked.
 const SLOW_PROBE_TIMEOUT_MS: u32 = 2000;
+/// A peer's rules must stand still this long there before the lab takes a change as
+/// enforced (1.5 s by default): on 5.10 under TCG, kube-router's first sync after a change
+/// came later than that, and probes saw the old verdicts.
+const SLOW_PEER_QUIET_MS: u32 = 5000;
 
 /// A POSIX shell script that runs `groups` one after another, each under `timeout`, with
 /// its log, its exit code and seconds in `results`, then touches `done` there. `slow`: the
@@ -206,7 +210,8 @@ pub fn script(
         if slow {
             format!(
                 "export WEIR_LAB_TIMEOUT_SECS={SLOW_LAB_TIMEOUT_SECS}\n\
-                 export WEIR_LAB_PROBE_TIMEOUT_MS={SLOW_PROBE_TIMEOUT_MS}\n"
+                 export WEIR_LAB_PROBE_TIMEOUT_MS={SLOW_PROBE_TIMEOUT_MS}\n\
+                 export WEIR_LAB_PEER_QUIET_MS={SLOW_PEER_QUIET_MS}\n"
             )
         } else {
             String::new()
