@@ -967,9 +967,21 @@ fn the_peers_side_by_side() {
     assert!(broken.is_empty(), "{}", broken.join("\n"));
 }
 
+/// What a scenario is built on that no peer implements: ClusterNetworkPolicy, and weir's
+/// own audit mode (an annotation).
+fn peer_lacks(scenario: &Scenario) -> Option<&'static str> {
+    if scenario.name.starts_with("cnp ") {
+        Some("CNP")
+    } else if scenario.name.contains("audit-mode") {
+        Some("weir's audit mode")
+    } else {
+        None
+    }
+}
+
 /// One row per scenario, one column per enforcer: pass, FAIL (with the number of wrong
 /// probes), `unsupported` where a peer fails a scenario built on what it does not
-/// implement (ClusterNetworkPolicy), or not run; then each failure's probes.
+/// implement ([`peer_lacks`]), or not run; then each failure's probes.
 fn peers_table(runs: &[(Cell, &SuiteRun)]) -> String {
     // Only the names are needed; the ipBlock scenarios want an address for each pod.
     let placeholders: Addresses = ["x", "y", "z"]
@@ -1012,8 +1024,8 @@ fn peers_table(runs: &[(Cell, &SuiteRun)]) -> String {
                 (Some(_), _, _) => "not run".to_string(),
                 (None, false, _) => "-".to_string(),
                 (None, true, 0) => "pass".to_string(),
-                (None, true, _) if cell.is_peer() && scenario.name.starts_with("cnp ") => {
-                    "unsupported (CNP)".to_string()
+                (None, true, _) if cell.is_peer() && peer_lacks(scenario).is_some() => {
+                    format!("unsupported ({})", peer_lacks(scenario).unwrap_or_default())
                 }
                 (None, true, k) => format!("FAIL ({k} steps)"),
             };
