@@ -372,29 +372,19 @@ fn run_suite(cell: Cell) -> SuiteRun {
     let _slot = LabSlots::take();
     let name = cell.name();
     let started = Instant::now();
+    let not_run = |why: &str| SuiteRun {
+        matrices: BTreeMap::new(),
+        ipv6_pass: false,
+        failures: Vec::new(),
+        scenarios: 0,
+        elapsed: started.elapsed(),
+        not_run: Some(why.into()),
+    };
     if cell.proxy == "ipvs" && !weir_tests::kernel_has_ipvs() {
-        return SuiteRun {
-            matrices: BTreeMap::new(),
-            ipv6_pass: false,
-            failures: Vec::new(),
-            scenarios: 0,
-            elapsed: started.elapsed(),
-            not_run: Some(
-                "this kernel has no IPVS (CONFIG_IP_VS): kube-proxy's ipvs mode needs a kernel that has it".into(),
-            ),
-        };
+        return not_run("this kernel has no IPVS (CONFIG_IP_VS): kube-proxy's ipvs mode needs a kernel that has it");
     }
     if cell.dataplane == "kube-network-policies" && !weir_tests::kernel_has_nft_queue() {
-        return SuiteRun {
-            matrices: BTreeMap::new(),
-            ipv6_pass: false,
-            failures: Vec::new(),
-            scenarios: 0,
-            elapsed: started.elapsed(),
-            not_run: Some(
-                "this kernel refuses nftables' queue statement (CONFIG_NFT_QUEUE), which kube-network-policies needs".into(),
-            ),
-        };
+        return not_run("this kernel refuses nftables' queue statement (CONFIG_NFT_QUEUE), which kube-network-policies needs");
     }
     let lab = Lab::new(&cell.tag());
     let world = netpol_world();

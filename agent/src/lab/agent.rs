@@ -138,15 +138,10 @@ fn caught_up(dir: &LabDir, state: &LabState, status: &AgentStatus) -> Result<boo
     Ok(matches!(server, Ok(d) if status.state_digest.as_deref() == Some(d.as_str())))
 }
 
-/// Whether the agent process is alive (a zombie, not yet reaped by its parent, is not).
+/// Whether the agent process is alive.
 fn agent_alive(state: &LabState) -> Result<bool, LabError> {
     match state.agent_pid {
-        Some(pid) => Ok(
-            std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
-                stat.rsplit_once(") ")
-                    .is_some_and(|(_, rest)| !rest.starts_with('Z'))
-            }),
-        ),
+        Some(pid) => Ok(netns::alive(pid)),
         None => Ok(!netns::pids(&state.node_netns)?.is_empty()),
     }
 }
@@ -191,7 +186,7 @@ pub fn wait_for(
             return Err(LabError::Agent(format!(
                 "the agent is not running; last lines of {}:\n{}",
                 dir.agent_log().display(),
-                log_tail(&dir.agent_log())
+                netns::log_tail(&dir.agent_log())
             )));
         }
         if Instant::now() > deadline {
@@ -204,7 +199,7 @@ pub fn wait_for(
                     ""
                 },
                 dir.agent_log().display(),
-                log_tail(&dir.agent_log())
+                netns::log_tail(&dir.agent_log())
             )));
         }
         std::thread::sleep(Duration::from_millis(20));
@@ -219,12 +214,6 @@ fn read_status(path: &Path) -> Result<Option<AgentStatus>, LabError> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
         Err(e) => Err(LabError::io(format!("reading {}", path.display()), e)),
     }
-}
-
-fn log_tail(path: &Path) -> String {
-    let text = std::fs::read_to_string(path).unwrap_or_default();
-    let lines: Vec<&str> = text.lines().collect();
-    lines[lines.len().saturating_sub(15)..].join("\n")
 }
 
 /// The dataplane the agent reports enforcing (it may have fallen back or switched).

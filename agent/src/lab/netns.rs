@@ -202,6 +202,34 @@ pub fn stop_processes(netns: &str) -> Result<(), LabError> {
 
 /// Stops one process: SIGTERM, then SIGKILL after `grace`; waits until it is gone (or a
 /// zombie). A pid that no longer exists is already stopped.
+/// Whether the process is alive (a zombie, not yet reaped by its parent, is not).
+pub fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        stat.rsplit_once(") ")
+            .is_some_and(|(_, rest)| !rest.starts_with('Z'))
+    })
+}
+
+/// A helper process (kube-proxy, a peer) that is not doing its job: the reason, then the
+/// end of its log.
+pub fn not_ready(what: impl Into<String>, reason: &str, log: &std::path::Path) -> LabError {
+    LabError::invalid(
+        what,
+        format!(
+            "{reason}; last lines of {}:\n{}",
+            log.display(),
+            log_tail(log)
+        ),
+    )
+}
+
+/// A process's log as an error quotes it: its last 15 lines.
+pub fn log_tail(path: &std::path::Path) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(15)..].join("\n")
+}
+
 pub fn stop_pid(pid: u32, grace: std::time::Duration) {
     // A zombie leader is not enough: its other threads may still be exiting, holding the
     // process's files (the agent's listening port, say) until the last one is gone.

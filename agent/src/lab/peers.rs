@@ -302,7 +302,7 @@ pub fn wait_programmed(
             return Err(not_ready(
                 dir,
                 peer,
-                format!(
+                &format!(
                     "its rules did not {} within {timeout:?}",
                     if programmed { "settle" } else { "appear" }
                 ),
@@ -356,26 +356,15 @@ fn rules(node: &str, enforcer: Enforcer) -> Result<String, LabError> {
 }
 
 fn check_alive(dir: &LabDir, peer: &PeerState) -> Result<(), LabError> {
-    let alive = std::fs::read_to_string(format!("/proc/{}/stat", peer.pid))
-        .map(|s| !s.rsplit_once(") ").is_some_and(|(_, r)| r.starts_with('Z')))
-        .unwrap_or(false);
-    match alive {
+    match netns::alive(peer.pid) {
         true => Ok(()),
-        false => Err(not_ready(dir, peer, "it exited".to_string())),
+        false => Err(not_ready(dir, peer, "it exited")),
     }
 }
 
-fn not_ready(dir: &LabDir, peer: &PeerState, reason: String) -> LabError {
-    let text = std::fs::read_to_string(dir.peer_log()).unwrap_or_default();
-    let lines: Vec<&str> = text.lines().collect();
-    LabError::invalid(
-        format!("{} {}", peer.enforcer.name(), peer.version),
-        format!(
-            "{reason}; last lines of {}:\n{}",
-            dir.peer_log().display(),
-            lines[lines.len().saturating_sub(15)..].join("\n")
-        ),
-    )
+fn not_ready(dir: &LabDir, peer: &PeerState, reason: &str) -> LabError {
+    let what = format!("{} {}", peer.enforcer.name(), peer.version);
+    netns::not_ready(what, reason, &dir.peer_log())
 }
 
 #[cfg(test)]

@@ -191,7 +191,7 @@ pub fn wait_healthy(dir: &LabDir, state: &LabState, timeout: Duration) -> Result
     }
     Err(not_ready(
         dir,
-        format!("/healthz not OK after {timeout:?}: {last}"),
+        &format!("/healthz not OK after {timeout:?}: {last}"),
     ))
 }
 
@@ -294,7 +294,7 @@ pub fn wait_programmed(
     }
     Err(not_ready(
         dir,
-        format!(
+        &format!(
             "its {} rules do not match the lab's Services after {timeout:?}: {}",
             mode.flag(),
             missing.join(", ")
@@ -343,29 +343,14 @@ fn rules(node: &str, mode: ProxyMode) -> Result<String, LabError> {
 }
 
 fn check_alive(dir: &LabDir, state: &LabState) -> Result<(), LabError> {
-    let Some(proxy) = &state.proxy else {
-        return Ok(());
-    };
-    let alive = std::fs::read_to_string(format!("/proc/{}/stat", proxy.pid))
-        .map(|s| !s.rsplit_once(") ").is_some_and(|(_, r)| r.starts_with('Z')))
-        .unwrap_or(false);
-    match alive {
-        true => Ok(()),
-        false => Err(not_ready(dir, "it exited".to_string())),
+    match &state.proxy {
+        Some(proxy) if !netns::alive(proxy.pid) => Err(not_ready(dir, "it exited")),
+        _ => Ok(()),
     }
 }
 
-fn not_ready(dir: &LabDir, reason: String) -> LabError {
-    let text = std::fs::read_to_string(dir.proxy_log()).unwrap_or_default();
-    let lines: Vec<&str> = text.lines().collect();
-    LabError::invalid(
-        "kube-proxy",
-        format!(
-            "{reason}; last lines of {}:\n{}",
-            dir.proxy_log().display(),
-            lines[lines.len().saturating_sub(15)..].join("\n")
-        ),
-    )
+fn not_ready(dir: &LabDir, reason: &str) -> LabError {
+    netns::not_ready("kube-proxy", reason, &dir.proxy_log())
 }
 
 #[cfg(test)]

@@ -172,50 +172,35 @@ impl Agent {
             std::process::id()
         ));
         let log = File::create(dir.join("agent.log"))?;
-        let mut command = Command::new(weir);
-        command.arg("agent");
-        if dataplane.is_peer() {
-            if cluster.is_none() {
-                bail!("a peer runs against the API server only");
-            }
-            command = peer_command(dir)?;
-            command
-                .stdin(Stdio::null())
-                .stdout(log.try_clone()?)
-                .stderr(log);
-            node.command(&mut command)?;
-            let started = Instant::now();
-            let child = command.spawn().context("starting the peer")?;
-            let agent = Agent {
-                child,
-                dir: dir.to_path_buf(),
-                bpf_root,
-                dataplane,
-                generation: 1,
-                cluster,
-                node: node.name().to_string(),
-            };
-            return Ok((agent, started));
-        }
-        match &cluster {
-            None => {
+        let mut command = match (dataplane.is_peer(), &cluster) {
+            (true, None) => bail!("a peer runs against the API server only"),
+            (true, Some(_)) => peer_command(dir)?,
+            (false, cluster) => {
+                let mut command = Command::new(weir);
+                command.arg("agent");
+                match cluster {
+                    None => {
+                        command
+                            .arg("--manifests")
+                            .arg(dir.join("manifests.yaml"))
+                            .args(["--poll-ms", &POLL_MS.to_string()]);
+                    }
+                    // As the DaemonSet: the ServiceAccount's kubeconfig, the node's name.
+                    Some(_) => {
+                        command.env("KUBECONFIG", Cluster::api_dir(dir).join("kubeconfig-agent"));
+                    }
+                }
                 command
-                    .arg("--manifests")
-                    .arg(dir.join("manifests.yaml"))
-                    .args(["--poll-ms", &POLL_MS.to_string()]);
+                    .arg("--status-file")
+                    .arg(dir.join("status.json"))
+                    .args(["--dataplane", dataplane.as_str(), "--node-name", NODE_NAME])
+                    .args(["--listen", METRICS_ADDR])
+                    .arg("--bpf-root")
+                    .arg(&bpf_root);
+                command
             }
-            // As the DaemonSet: the ServiceAccount's kubeconfig, the node's name.
-            Some(_) => {
-                command.env("KUBECONFIG", Cluster::api_dir(dir).join("kubeconfig-agent"));
-            }
-        }
+        };
         command
-            .arg("--status-file")
-            .arg(dir.join("status.json"))
-            .args(["--dataplane", dataplane.as_str(), "--node-name", NODE_NAME])
-            .args(["--listen", METRICS_ADDR])
-            .arg("--bpf-root")
-            .arg(&bpf_root)
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log);
@@ -223,7 +208,7 @@ impl Agent {
         let started = Instant::now();
         let child = command
             .spawn()
-            .with_context(|| format!("starting {}", weir.display()))?;
+            .with_context(|| format!("starting {}", dataplane.as_str()))?;
         let agent = Agent {
             child,
             dir: dir.to_path_buf(),

@@ -203,7 +203,15 @@ fn run_scenarios(env: &Env, report: &mut Report) {
         // start and memory are the cluster path's.
         let source = if last { Source::Cluster } else { Source::File };
         let world = || World::new(n, remote);
-        let mut setups = datapath_setups(env, report, &planned, &n.to_string(), world, source);
+        let mut setups = datapath_setups(
+            env,
+            report,
+            &planned,
+            &n.to_string(),
+            world,
+            source,
+            &Dataplane::ALL,
+        );
         if last {
             for setup in setups.iter_mut().filter(|s| s.cold_start.is_some()) {
                 progress(&format!("{convergence}: {}", setup.label()));
@@ -225,7 +233,15 @@ fn run_scenarios(env: &Env, report: &mut Report) {
         progress(&datapath);
         let world = || World::new(max, remote).with_cluster_policies(c);
         let tag = format!("c{c}");
-        datapath_setups(env, report, &[&datapath], &tag, world, Source::File);
+        datapath_setups(
+            env,
+            report,
+            &[&datapath],
+            &tag,
+            world,
+            Source::File,
+            &Dataplane::ALL,
+        );
     }
     let large = scale.large_remote_pods;
     let memory_large = format!("memory, {max} policies, {large} remote pods");
@@ -263,23 +279,16 @@ fn run_peers(env: &Env, report: &mut Report) {
     let planned = [&datapath, &convergence, &memory];
     progress(&datapath);
     let world = || World::new(max, remote);
-    let mut setups = Vec::new();
-    match Setup::baseline("peersnone") {
-        Ok(s) => setups.push(s),
-        Err(e) => report.rows.push(Row::failed(
-            &datapath,
-            "none",
-            "all figures",
-            format!("{e:#}"),
-        )),
-    }
-    for dp in Dataplane::ALL.into_iter().chain([Dataplane::KubeRouter]) {
-        let tag = format!("peers{}", dp.as_str());
-        match Setup::enforcing(env, &tag, dp, world(), Source::Cluster) {
-            Ok(s) => setups.push(s),
-            Err(e) => report.rows.extend(unavailable(&planned, dp, &e)),
-        }
-    }
+    let enforcers = [Dataplane::Ebpf, Dataplane::Iptables, Dataplane::KubeRouter];
+    let mut setups = datapath_setups(
+        env,
+        report,
+        &planned,
+        "peers",
+        world,
+        Source::Cluster,
+        &enforcers,
+    );
     // kube-network-policies needs nftables' queue statement (CONFIG_NFT_QUEUE).
     if !nft_queue_available() {
         for scenario in planned {
@@ -291,11 +300,6 @@ fn run_peers(env: &Env, report: &mut Report) {
             ));
         }
     }
-    let all: Vec<&Setup> = setups.iter().collect();
-    report
-        .rows
-        .extend(trial::traffic_rows(&all, scale, &datapath));
-    report.add_ratios(&datapath, "none");
     for setup in setups.iter_mut().filter(|s| s.cold_start.is_some()) {
         progress(&format!("{convergence}: {}", setup.label()));
         report.rows.extend(cold_start_rows(&convergence, setup));
@@ -325,7 +329,7 @@ fn nft_queue_available() -> bool {
     ns.command(&mut c).is_ok() && c.output().is_ok_and(|o| o.status.success())
 }
 
-/// A datapath scenario (the first of `planned`): no enforcement and each dataplane on
+/// A datapath scenario (the first of `planned`): no enforcement and each of `enforcers` on
 /// `world`, their traffic rows and ratios to no enforcement. Returns the setups that
 /// started (`tag` tells their namespaces apart); a dataplane that did not fails every
 /// planned scenario.
@@ -336,6 +340,7 @@ fn datapath_setups(
     tag: &str,
     world: impl Fn() -> World,
     source: Source,
+    enforcers: &[Dataplane],
 ) -> Vec<Setup> {
     let datapath = planned[0];
     let mut setups = Vec::new();
@@ -348,7 +353,7 @@ fn datapath_setups(
             format!("{e:#}"),
         )),
     }
-    for dp in Dataplane::ALL {
+    for &dp in enforcers {
         let tag = format!("{}{tag}", dp.as_str());
         match Setup::enforcing(env, &tag, dp, world(), source) {
             Ok(s) => setups.push(s),
