@@ -1078,6 +1078,78 @@ fn cluster_policy_scenarios(ips: &Addresses) -> Vec<Scenario> {
         "podSelector: {matchLabels: {pod: a}}\npolicyTypes: [Ingress]\ningress: [{}]",
     );
 
+    // CNP{Admin,Baseline}TierGress, and the tiers' per-protocol tests ({Ingress,Egress}
+    // {TCP,UDP,SCTP}): one policy judging both directions, each port rule listing all three
+    // protocols on different ports, so a rule that matched the wrong protocol shows.
+    let (out_ports, in_ports) = (
+        "{tcp: {destinationPort: {number: 80}}}, {udp: {destinationPort: {number: 81}}}, {sctp: {destinationPort: {number: 80}}}",
+        "{tcp: {destinationPort: {number: 81}}}, {udp: {destinationPort: {number: 80}}}, {sctp: {destinationPort: {number: 81}}}",
+    );
+    let both_ways = |name: &str, tier: &str, egress: &[String], ingress: &[String]| {
+        let egress: Vec<&str> = egress.iter().map(String::as_str).collect();
+        let ingress: Vec<&str> = ingress.iter().map(String::as_str).collect();
+        cluster_policy(
+            name,
+            &format!(
+                "tier: {tier}\npriority: 15\nsubject: {{namespaces: {{matchLabels: {{ns: x}}}}}}\n{}{}",
+                rule_list("egress", &egress),
+                rule_list("ingress", &ingress)
+            ),
+        )
+    };
+    let admin_gress = |y_first: &str, z_first: &str| {
+        let y_order = match y_first {
+            "Accept" => ["Accept", "Deny", "Pass"],
+            _ => ["Deny", "Accept", "Pass"],
+        };
+        let z_order = match z_first {
+            "Deny" => ["Deny", "Pass"],
+            _ => ["Pass", "Deny"],
+        };
+        let side = |dir: &str, ports: &str| {
+            let mut rules: Vec<String> =
+                y_order.iter().map(|a| rule(a, dir, &ns("y"), "")).collect();
+            rules.extend(z_order.iter().map(|a| rule(a, dir, &ns("z"), ports)));
+            rules
+        };
+        apply(both_ways(
+            "gress-rules",
+            "Admin",
+            &side("to", out_ports),
+            &side("from", in_ports),
+        ))
+    };
+    let baseline_gress = |y_first: &str| {
+        let y_order = match y_first {
+            "Accept" => ["Accept", "Deny"],
+            _ => ["Deny", "Accept"],
+        };
+        let mut egress: Vec<String> = y_order
+            .iter()
+            .map(|a| rule(a, "to", &ns("y"), ""))
+            .collect();
+        egress.push(rule("Deny", "to", &ns("z"), out_ports));
+        let mut ingress: Vec<String> = y_order
+            .iter()
+            .map(|a| rule(a, "from", &ns("y"), ""))
+            .collect();
+        ingress.push(rule("Accept", "from", &ns("z"), in_ports));
+        // CNPBaselineTierIngressNamedPort.
+        ingress.push(rule(
+            "Accept",
+            "from",
+            &ns("z"),
+            "{destinationNamedPort: serve-80-tcp}",
+        ));
+        ingress.push(rule("Deny", "from", &ns("z"), ""));
+        apply(both_ways("default-gress", "Baseline", &egress, &ingress))
+    };
+    let x_a_from_z = policy(
+        "x",
+        "a-from-z",
+        "podSelector: {matchLabels: {pod: a}}\npolicyTypes: [Ingress]\ningress: [{from: [{namespaceSelector: {matchLabels: {ns: z}}}]}]",
+    );
+
     vec![
         Scenario {
             name: "cnp admin ingress: rule order and ports",
@@ -1241,6 +1313,58 @@ fn cluster_policy_scenarios(ips: &Addresses) -> Vec<Scenario> {
                 Step {
                     changes: vec![apply(baseline("Pass"))],
                     expect: |_| true,
+                },
+            ],
+        },
+        Scenario {
+            name: "cnp admin gress: both directions in one policy, every protocol",
+            steps: vec![
+                Step {
+                    changes: vec![admin_gress("Accept", "Deny")],
+                    expect: |p| {
+                        let out = p.on(80, "TCP") || p.on(81, "UDP") || p.on(80, "SCTP");
+                        let inward = p.on(81, "TCP") || p.on(80, "UDP") || p.on(81, "SCTP");
+                        (p.from_ns != "x" || p.to_ns != "z" || !out)
+                            && (p.to_ns != "x" || p.from_ns != "z" || !inward)
+                    },
+                },
+                Step {
+                    changes: vec![admin_gress("Deny", "Pass")],
+                    expect: |p| !between_x_and_y(p),
+                },
+            ],
+        },
+        Scenario {
+            name: "cnp baseline gress: both directions in one policy, every protocol",
+            steps: vec![
+                Step {
+                    changes: vec![baseline_gress("Accept")],
+                    expect: |p| {
+                        let out = p.on(80, "TCP") || p.on(81, "UDP") || p.on(80, "SCTP");
+                        (p.from_ns != "x" || p.to_ns != "z" || !out)
+                            && (p.to_ns != "x" || p.from_ns != "z" || !out || p.on(80, "TCP"))
+                    },
+                },
+                Step {
+                    changes: vec![baseline_gress("Deny")],
+                    expect: |p| {
+                        let out = p.on(80, "TCP") || p.on(81, "UDP") || p.on(80, "SCTP");
+                        !between_x_and_y(p)
+                            && (p.from_ns != "x" || p.to_ns != "z" || !out)
+                            && (p.to_ns != "x" || p.from_ns != "z" || !out || p.on(80, "TCP"))
+                    },
+                },
+                Step {
+                    changes: vec![apply(x_a_from_z)],
+                    expect: |p| {
+                        let out = p.on(80, "TCP") || p.on(81, "UDP") || p.on(80, "SCTP");
+                        if p.to("x", "a") {
+                            return p.from_ns == "z";
+                        }
+                        !between_x_and_y(p)
+                            && (p.from_ns != "x" || p.to_ns != "z" || !out)
+                            && (p.to_ns != "x" || p.from_ns != "z" || !out || p.on(80, "TCP"))
+                    },
                 },
             ],
         },

@@ -118,26 +118,9 @@ fn run(
     }
     for (s, step) in scenario.steps.iter().enumerate() {
         let label = format!("{n:02} {} / step {} ({family:?})", scenario.name, s + 1);
-        let mut step_ok = true;
-        for change in &step.changes {
-            match change {
-                Change::Apply(yaml) => {
-                    for object in objects(yaml) {
-                        let key = object.key();
-                        if let Err(e) = harness.upsert_object(scheduled(object, addresses)) {
-                            failures.push(format!("{label}: apply {key}: {e}"));
-                            step_ok = false;
-                        }
-                    }
-                }
-                Change::Delete(yaml) => {
-                    for object in objects(yaml) {
-                        harness.delete(&object.key());
-                    }
-                }
-            }
-        }
-        if !step_ok {
+        let refused = apply_changes(&mut harness, &step.changes, addresses);
+        if !refused.is_empty() {
+            failures.extend(refused.into_iter().map(|e| format!("{label}: {e}")));
             continue;
         }
         match matrix(&harness, addresses, family) {
@@ -150,6 +133,33 @@ fn run(
         }
     }
     failures
+}
+
+/// Applies a step's changes to the harness; returns each object the engine refused.
+fn apply_changes(
+    harness: &mut Harness,
+    changes: &[Change],
+    addresses: &BTreeMap<String, (String, String)>,
+) -> Vec<String> {
+    let mut refused = Vec::new();
+    for change in changes {
+        match change {
+            Change::Apply(yaml) => {
+                for object in objects(yaml) {
+                    let key = object.key();
+                    if let Err(e) = harness.upsert_object(scheduled(object, addresses)) {
+                        refused.push(format!("apply {key}: {e}"));
+                    }
+                }
+            }
+            Change::Delete(yaml) => {
+                for object in objects(yaml) {
+                    harness.delete(&object.key());
+                }
+            }
+        }
+    }
+    refused
 }
 
 /// The scenarios' pod addresses of one family (`ns/name` → address).
@@ -254,4 +264,114 @@ fn generated_cases_agree_with_the_reference_evaluator() {
         seeds.len(),
         failures.join("\n")
     );
+}
+
+/// What `weir explain` says decided each side, in the words of the table below: `"<side>
+/// decided <tier> <policy> <rule> <action>"` and `"<side> passed <tier> <policy> <rule>"`.
+fn tier_words(x: &weir_policy::explain::Explanation) -> Vec<String> {
+    let mut words = Vec::new();
+    for (side, s) in [("egress", &x.egress), ("ingress", &x.ingress)] {
+        for p in &s.passed_by {
+            words.push(format!("{side} passed {} {} {}", p.tier, p.policy, p.rule));
+        }
+        if let Some(d) = &s.decided_by {
+            words.push(format!(
+                "{side} decided {} {} {} {}",
+                d.tier, d.policy, d.rule, d.action
+            ));
+        }
+    }
+    words
+}
+
+/// `weir explain` names the right tier, policy and rule on every ClusterNetworkPolicy
+/// scenario of the table: hand-written deciders for probes of each scenario, after the
+/// step given (1-based), over IPv4.
+#[test]
+fn explain_names_the_deciding_rule_on_every_cluster_policy_scenario() {
+    use weir_policy::explain::{explain, PortProtocol, Target};
+    // (scenario, step, from, to, port, protocol, allowed, what decided)
+    #[rustfmt::skip]
+    let table: &[(&str, usize, &str, &str, u16, &str, bool, &[&str])] = &[
+        ("cnp admin ingress: rule order and ports", 1, "y/a", "x/a", 80, "TCP", true, &["ingress decided Admin ingress-rules ingress[0] Accept"]),
+        ("cnp admin ingress: rule order and ports", 1, "z/a", "x/a", 80, "TCP", false, &["ingress decided Admin ingress-rules ingress[3] Deny"]),
+        ("cnp admin ingress: rule order and ports", 1, "z/b", "x/b", 81, "UDP", false, &["ingress decided Admin ingress-rules ingress[6] Deny"]),
+        ("cnp admin ingress: rule order and ports", 3, "y/a", "x/a", 80, "TCP", true, &["ingress passed Admin ingress-rules ingress[0]"]),
+        ("cnp admin ingress: rule order and ports", 3, "z/a", "x/c", 80, "TCP", true, &["ingress passed Admin ingress-rules ingress[3]"]),
+        ("cnp admin egress: rule order and ports", 2, "x/a", "y/b", 81, "SCTP", false, &["egress decided Admin egress-rules egress[0] Deny"]),
+        ("cnp admin egress: rule order and ports", 2, "x/a", "z/b", 81, "SCTP", true, &["egress decided Admin egress-rules egress[5] Accept"]),
+        ("cnp admin egress: rule order and ports", 2, "x/a", "z/a", 80, "UDP", true, &["egress passed Admin egress-rules egress[3]"]),
+        ("cnp admin pass, then the network policy, then the baseline", 2, "y/a", "x/a", 80, "TCP", true, &["ingress passed Admin pass-example ingress[0]"]),
+        ("cnp admin pass, then the network policy, then the baseline", 2, "x/a", "y/a", 80, "TCP", false, &["egress decided Admin pass-example egress[0] Deny"]),
+        ("cnp admin pass, then the network policy, then the baseline", 4, "y/a", "x/a", 80, "TCP", false, &["ingress passed Admin pass-example ingress[0]", "ingress decided Baseline default ingress[0] Deny"]),
+        ("cnp priority: the lower number first, and a change re-evaluated", 1, "y/a", "x/a", 80, "TCP", false, &["ingress decided Admin priority-50 ingress[0] Deny"]),
+        ("cnp priority: the lower number first, and a change re-evaluated", 2, "y/a", "x/a", 80, "TCP", true, &["ingress passed Admin priority-60 ingress[0]", "ingress decided Baseline default ingress[0] Accept"]),
+        ("cnp networks as peers match pods too", 1, "x/a", "y/a", 80, "TCP", true, &["egress decided Admin inline-cidr egress[0] Accept"]),
+        ("cnp networks as peers match pods too", 1, "x/a", "z/a", 80, "TCP", false, &["egress decided Admin inline-cidr egress[1] Deny"]),
+        ("cnp networks as peers match pods too", 3, "x/a", "z/a", 80, "TCP", true, &["egress decided Admin inline-cidr egress[0] Accept"]),
+        ("cnp named ports resolve on the destination", 1, "x/a", "z/a", 80, "UDP", true, &["egress decided Admin named-ports egress[0] Accept"]),
+        ("cnp named ports resolve on the destination", 1, "x/a", "z/a", 80, "TCP", false, &["egress decided Admin named-ports egress[1] Deny"]),
+        ("cnp named ports resolve on the destination", 1, "y/a", "x/a", 81, "SCTP", true, &["ingress decided Admin named-ports ingress[0] Accept"]),
+        ("cnp baseline egress: networks and a named port", 1, "x/a", "z/a", 81, "TCP", true, &["egress decided Baseline default-egress egress[0] Accept"]),
+        ("cnp baseline egress: networks and a named port", 1, "x/a", "y/a", 80, "TCP", false, &["egress decided Baseline default-egress egress[1] Deny"]),
+        ("cnp baseline egress: networks and a named port", 2, "x/b", "y/a", 80, "TCP", true, &[]),
+        ("cnp baseline, and a network policy over it", 1, "y/a", "x/b", 81, "TCP", false, &["ingress decided Baseline default ingress[1] Deny"]),
+        ("cnp baseline, and a network policy over it", 3, "y/a", "x/b", 81, "TCP", true, &["ingress passed Baseline default ingress[1]"]),
+        ("cnp admin gress: both directions in one policy, every protocol", 1, "x/a", "z/a", 81, "UDP", false, &["egress decided Admin gress-rules egress[3] Deny"]),
+        ("cnp admin gress: both directions in one policy, every protocol", 1, "z/a", "x/a", 80, "UDP", false, &["ingress decided Admin gress-rules ingress[3] Deny"]),
+        ("cnp admin gress: both directions in one policy, every protocol", 1, "x/a", "y/a", 80, "SCTP", true, &["egress decided Admin gress-rules egress[0] Accept"]),
+        ("cnp admin gress: both directions in one policy, every protocol", 2, "x/a", "z/a", 80, "SCTP", true, &["egress passed Admin gress-rules egress[3]"]),
+        ("cnp admin gress: both directions in one policy, every protocol", 2, "y/a", "x/a", 80, "SCTP", false, &["ingress decided Admin gress-rules ingress[0] Deny"]),
+        ("cnp baseline gress: both directions in one policy, every protocol", 1, "z/a", "x/a", 80, "TCP", true, &["ingress decided Baseline default-gress ingress[3] Accept"]),
+        ("cnp baseline gress: both directions in one policy, every protocol", 1, "z/a", "x/a", 80, "UDP", true, &["ingress decided Baseline default-gress ingress[2] Accept"]),
+        ("cnp baseline gress: both directions in one policy, every protocol", 1, "z/a", "x/a", 81, "UDP", false, &["ingress decided Baseline default-gress ingress[4] Deny"]),
+        ("cnp baseline gress: both directions in one policy, every protocol", 1, "x/a", "z/b", 80, "SCTP", false, &["egress decided Baseline default-gress egress[2] Deny"]),
+        ("cnp baseline gress: both directions in one policy, every protocol", 2, "x/b", "y/c", 81, "TCP", false, &["egress decided Baseline default-gress egress[0] Deny"]),
+        ("cnp baseline gress: both directions in one policy, every protocol", 3, "z/a", "x/a", 81, "UDP", true, &[]),
+        ("cnp baseline gress: both directions in one policy, every protocol", 3, "x/a", "y/a", 80, "TCP", false, &["egress decided Baseline default-gress egress[0] Deny"]),
+        ("cnp baseline gress: both directions in one policy, every protocol", 3, "y/a", "x/a", 80, "TCP", false, &[]),
+    ];
+    let addresses = world_addresses();
+    let world: Vec<Object> = objects(WORLD)
+        .into_iter()
+        .map(|o| scheduled(o, &addresses))
+        .collect();
+    let all = scenarios(&addresses_of(&addresses, Family::V4));
+    let cluster_scenarios: Vec<&Scenario> =
+        all.iter().filter(|s| s.name.starts_with("cnp")).collect();
+    let mut failures = Vec::new();
+    for scenario in &cluster_scenarios {
+        assert!(
+            table.iter().any(|row| row.0 == scenario.name),
+            "no explain case for {:?}",
+            scenario.name
+        );
+    }
+    for &(name, step, from, to, port, proto, allowed, words) in table {
+        let scenario = cluster_scenarios
+            .iter()
+            .find(|s| s.name == name)
+            .unwrap_or_else(|| panic!("no scenario {name:?}"));
+        let mut harness = Harness::new(Some(NODE));
+        for object in &world {
+            harness.upsert_object(object.clone()).unwrap();
+        }
+        for s in &scenario.steps[..step] {
+            let refused = apply_changes(&mut harness, &s.changes, &addresses);
+            assert!(refused.is_empty(), "{name}: {refused:?}");
+        }
+        let at = PortProtocol {
+            port,
+            protocol: protocol(proto),
+        };
+        let x = explain(&harness.engine, from, &Target::Pod(to.into()), at).unwrap();
+        let got = tier_words(&x);
+        if x.allowed != allowed || got != words {
+            failures.push(format!(
+                "{name} / step {step}: {from} -> {to} {port}/{proto}: allowed {} by {got:?}, expected {allowed} by {words:?}",
+                x.allowed
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
 }

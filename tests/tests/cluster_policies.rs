@@ -264,8 +264,10 @@ fn both_dataplanes_enforce_the_tiers_as_weir_decides() {
     assert!(iptables == ebpf, "the dataplanes' matrices differ");
 }
 
-/// Guards on the node (Admin: x may not reach its port 80, by a `nodes` peer for TCP and
-/// a `networks` one for UDP; Baseline: no pod reaches its port 81) and a NetworkPolicy isolating y/a's egress, which lets y/a reach its node
+/// Guards on the node, after upstream's CNP{Admin,Baseline}TierEgressNodePeers: Admin, for
+/// x: Deny port 80 (a `nodes` peer for TCP, a `networks` one for UDP), Accept 81/TCP and
+/// Pass 81/UDP (`nodes`); Baseline, for every pod: Deny 81/TCP (`nodes`) and 81/UDP
+/// (`networks`). And a NetworkPolicy isolating y/a's egress, which lets y/a reach its node
 /// whatever it allows.
 const NODE_GUARDS: &str = r#"
 apiVersion: policy.networking.k8s.io/v1alpha2
@@ -278,6 +280,8 @@ spec:
   egress:
   - {name: no-node-web, action: Deny, to: [{nodes: {matchLabels: {guarded: "yes"}}}], protocols: [{tcp: {destinationPort: {number: 80}}}]}
   - {name: no-node-dns, action: Deny, to: [{networks: [GW4/32, "GW6/128"]}], protocols: [{udp: {destinationPort: {number: 80}}}]}
+  - {name: node-metrics, action: Accept, to: [{nodes: {matchLabels: {guarded: "yes"}}}], protocols: [{tcp: {destinationPort: {number: 81}}}]}
+  - {name: node-floor-decides, action: Pass, to: [{nodes: {matchLabels: {guarded: "yes"}}}], protocols: [{udp: {destinationPort: {number: 81}}}]}
 ---
 apiVersion: v1
 kind: Node
@@ -292,7 +296,8 @@ spec:
   priority: 1
   subject: {namespaces: {}}
   egress:
-  - {action: Deny, to: [{networks: [0.0.0.0/0, "::/0"]}], protocols: [{tcp: {destinationPort: {number: 81}}}, {udp: {destinationPort: {number: 81}}}]}
+  - {action: Deny, to: [{nodes: {matchLabels: {guarded: "yes"}}}], protocols: [{tcp: {destinationPort: {number: 81}}}]}
+  - {action: Deny, to: [{networks: [0.0.0.0/0, "::/0"]}], protocols: [{udp: {destinationPort: {number: 81}}}]}
 ---
 apiVersion: networking.k8s.io/v1
 kind: NetworkPolicy
@@ -391,9 +396,17 @@ fn node_matrix(dataplane: &str) -> (BTreeMap<String, bool>, Vec<String>) {
     );
     assert!(
         !at("x/a", 81, "UDP"),
-        "{dataplane}: Baseline Deny to the node"
+        "{dataplane}: Admin Pass, then Baseline Deny to the node (networks)"
     );
-    assert!(at("z/a", 80, "TCP"), "{dataplane}: nothing stops z/a");
+    assert!(
+        at("x/a", 81, "TCP"),
+        "{dataplane}: Admin Accept to the node over a Baseline Deny (nodes)"
+    );
+    assert!(
+        !at("z/a", 81, "TCP"),
+        "{dataplane}: Baseline Deny to the node (nodes)"
+    );
+    assert!(at("z/a", 80, "TCP"), "{dataplane}: nothing stops z/a on 80");
     assert!(
         at("y/a", 81, "TCP"),
         "{dataplane}: a NetworkPolicy never stops a pod reaching its node"
