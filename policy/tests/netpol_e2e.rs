@@ -290,9 +290,19 @@ fn tier_words(x: &weir_policy::explain::Explanation) -> Vec<String> {
 #[test]
 fn explain_names_the_deciding_rule_on_every_cluster_policy_scenario() {
     use weir_policy::explain::{explain, PortProtocol, Target};
-    // (scenario, step, from, to, port, protocol, allowed, what decided)
+    /// (scenario, step, from, to, port, protocol, allowed, what decided)
+    type Case = (
+        &'static str,
+        usize,
+        &'static str,
+        &'static str,
+        u16,
+        &'static str,
+        bool,
+        &'static [&'static str],
+    );
     #[rustfmt::skip]
-    let table: &[(&str, usize, &str, &str, u16, &str, bool, &[&str])] = &[
+    let table: &[Case] = &[
         ("cnp admin ingress: rule order and ports", 1, "y/a", "x/a", 80, "TCP", true, &["ingress decided Admin ingress-rules ingress[0] Accept"]),
         ("cnp admin ingress: rule order and ports", 1, "z/a", "x/a", 80, "TCP", false, &["ingress decided Admin ingress-rules ingress[3] Deny"]),
         ("cnp admin ingress: rule order and ports", 1, "z/b", "x/b", 81, "UDP", false, &["ingress decided Admin ingress-rules ingress[6] Deny"]),

@@ -106,21 +106,7 @@ pub fn kernel_has_ipvs() -> bool {
 /// kube-network-policies needs: probed in a scratch namespace.
 pub fn kernel_has_nft_queue() -> bool {
     static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *HAS.get_or_init(|| {
-        let _ = std::process::Command::new("modprobe").arg("nft_queue").output();
-        let ns = format!("weir-test-nftq-{}", std::process::id());
-        let run = |program: &str, args: &[&str]| {
-            std::process::Command::new(program)
-                .args(args)
-                .output()
-                .is_ok_and(|o| o.status.success())
-        };
-        run("ip", &["netns", "add", &ns]);
-        let rule = "table inet t { chain c { type filter hook forward priority 0; queue num 100 bypass; }; }";
-        let queued = run("ip", &["netns", "exec", &ns, "nft", rule]);
-        run("ip", &["netns", "delete", &ns]);
-        queued
-    })
+    *HAS.get_or_init(|| weir::lab::peers::nft_queue_support().is_ok())
 }
 
 /// weir's image as an OCI layout for `weir lab up --agent-image`: `WEIR_AGENT_IMAGE`, else

@@ -58,7 +58,8 @@ const BRIDGE_SUBSET: &[&str] = &[
 ];
 
 /// Through Services: ingress and egress (egress is what DNAT changes), named ports
-/// (targetPort by name resolves per pod), namespace selectors, a relabel, SCTP, ipBlock.
+/// (targetPort by name resolves per pod), namespace selectors, a relabel, SCTP, ipBlock;
+/// and every ClusterNetworkPolicy scenario (about 3 s each through Services).
 const PROXY_SUBSET: &[&str] = &[
     "default-deny-all",
     "only from a pod in a different namespace by podSelector and namespaceSelector",
@@ -68,7 +69,16 @@ const PROXY_SUBSET: &[&str] = &[
     "egress denied on the client even when the server allows",
     "ports (SCTP)",
     "except clause of a CIDR block",
+    "cnp admin ingress: rule order and ports",
     "cnp admin egress: rule order and ports",
+    "cnp admin pass, then the network policy, then the baseline",
+    "cnp priority: the lower number first, and a change re-evaluated",
+    "cnp networks as peers match pods too",
+    "cnp named ports resolve on the destination",
+    "cnp baseline egress: networks and a named port",
+    "cnp baseline, and a network policy over it",
+    "cnp admin gress: both directions in one policy, every protocol",
+    "cnp baseline gress: both directions in one policy, every protocol",
 ];
 
 /// Labs running at once: each probes 432 pairs per step with sub-second timeouts, on
@@ -301,6 +311,22 @@ fn chosen_cells() -> Option<Vec<Cell>> {
     Some(cells)
 }
 
+/// `WEIR_CONFORMANCE_SCENARIOS=PREFIX,...` (`cargo xtask conformance --scenarios`): only
+/// the scenarios whose names start with one of them, in every cell of the run; all without
+/// it. A prefix that names no scenario is an error, not an empty run.
+fn chosen_scenarios(all: &[Scenario]) -> impl Fn(&str) -> bool {
+    let prefixes: Vec<String> = std::env::var("WEIR_CONFORMANCE_SCENARIOS")
+        .map(|v| v.split(',').map(|p| p.trim().to_string()).collect())
+        .unwrap_or_default();
+    for prefix in &prefixes {
+        assert!(
+            all.iter().any(|s| s.name.starts_with(prefix.as_str())),
+            "WEIR_CONFORMANCE_SCENARIOS: no scenario's name starts with {prefix:?}"
+        );
+    }
+    move |name: &str| prefixes.is_empty() || prefixes.iter().any(|p| name.starts_with(p.as_str()))
+}
+
 /// A CI cell as this run runs it (in the full matrix, with every scenario).
 fn cell(dataplane: &str, api: &str, topology: &str, proxy: &str) -> Cell {
     let matches = |c: &Cell| {
@@ -442,6 +468,13 @@ fn run_suite(cell: Cell) -> SuiteRun {
             "a subset names no scenario {name:?}"
         );
     }
+    for scenario in all.iter().filter(|s| s.name.starts_with("cnp")) {
+        assert!(
+            PROXY_SUBSET.contains(&scenario.name),
+            "every ClusterNetworkPolicy scenario runs through Services: PROXY_SUBSET lacks {:?}",
+            scenario.name
+        );
+    }
     let mut run = SuiteRun {
         matrices: BTreeMap::new(),
         // The lab runs the peers on IPv4 alone (kube-router needs an IPv6 Node address).
@@ -451,8 +484,9 @@ fn run_suite(cell: Cell) -> SuiteRun {
         elapsed: Duration::ZERO,
         not_run: None,
     };
+    let chosen = chosen_scenarios(&all);
     for (n, scenario) in all.iter().enumerate() {
-        if cell.subset.is_some_and(|s| !s.contains(&scenario.name)) {
+        if cell.subset.is_some_and(|s| !s.contains(&scenario.name)) || !chosen(scenario.name) {
             continue;
         }
         run.scenarios += 1;
@@ -464,7 +498,7 @@ fn run_suite(cell: Cell) -> SuiteRun {
     // the cells that run them all directly (the lab's Services are IPv4).
     if run.ipv6_pass {
         for (n, scenario) in scenarios(&ips6).iter().enumerate() {
-            if IPV6_TOO.contains(&scenario.name) {
+            if IPV6_TOO.contains(&scenario.name) || !chosen(scenario.name) {
                 continue;
             }
             if !run_scenario(&lab, cell, &world, n, scenario, Pass::Ipv6, &mut run) {
@@ -749,15 +783,7 @@ fn every_cell_gives_the_same_matrices() {
             .collect::<Vec<_>>(),
     );
     eprintln!("{table}");
-    // Kept where `cargo xtask test` prints it: what ran on which dataplane, variant and
-    // family, even when every cell passes and the test's output is captured.
-    // (A read-only tree, as in `cargo xtask kernels`' guests, keeps it in the log only.)
-    let out = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/conformance");
-    if let Err(e) =
-        std::fs::create_dir_all(&out).and_then(|()| std::fs::write(out.join("latest.txt"), &table))
-    {
-        eprintln!("conformance table not kept in {}: {e}", out.display());
-    }
+    keep_table("latest.txt", &table);
     assert!(
         differences.is_empty(),
         "{} differences:\n{}",
@@ -775,6 +801,18 @@ fn every_cell_gives_the_same_matrices() {
 }
 
 /// The differences between `run`'s matrices and the reference's on the same steps.
+/// Keeps a printed table in target/conformance/`name`, where `cargo xtask test` prints it:
+/// what ran where, even when every cell passes and the test's output is captured. (A
+/// read-only tree, as in `cargo xtask kernels`' guests, keeps it in the log only.)
+fn keep_table(name: &str, table: &str) {
+    let out = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/conformance");
+    if let Err(e) =
+        std::fs::create_dir_all(&out).and_then(|()| std::fs::write(out.join(name), table))
+    {
+        eprintln!("{name} not kept in {}: {e}", out.display());
+    }
+}
+
 fn differ(
     reference_name: &str,
     reference: &SuiteRun,
@@ -922,12 +960,7 @@ fn the_peers_side_by_side() {
         .collect();
     let table = peers_table(&runs);
     eprintln!("{table}");
-    let out = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/conformance");
-    if let Err(e) =
-        std::fs::create_dir_all(&out).and_then(|()| std::fs::write(out.join("peers.txt"), &table))
-    {
-        eprintln!("peers table not kept in {}: {e}", out.display());
-    }
+    keep_table("peers.txt", &table);
     let mut broken = Vec::new();
     for (cell, run) in &runs {
         let lab_failures: Vec<&String> = run

@@ -6,12 +6,22 @@ use anyhow::{bail, Result};
 
 use crate::cmd::{cargo, exec};
 
-pub fn run() -> Result<()> {
+/// `scenarios`: name prefixes (`cnp` for the ClusterNetworkPolicy ones); every scenario
+/// when empty. `cells`: `WEIR_CONFORMANCE_CELLS`' syntax; the whole matrix when `None`.
+pub fn run(scenarios: &[String], cells: Option<&str>) -> Result<()> {
     if !crate::cmd::is_root() {
         bail!("the conformance suite builds network namespaces and loads BPF programs: run it as root");
     }
     crate::build::run(false)?;
-    exec(cargo().env("WEIR_CONFORMANCE_FULL", "1").args([
+    let mut command = cargo();
+    command.env("WEIR_CONFORMANCE_FULL", "1");
+    if !scenarios.is_empty() {
+        command.env("WEIR_CONFORMANCE_SCENARIOS", scenarios.join(","));
+    }
+    if let Some(cells) = cells {
+        command.env("WEIR_CONFORMANCE_CELLS", cells);
+    }
+    exec(command.args([
         "test",
         "--package",
         "weir-tests",

@@ -47,7 +47,17 @@ enum Command {
     Test,
     /// The upstream netpol scenarios on both dataplanes, both lab modes and both lab
     /// topologies, all of them (the test step runs the bridge topology on a subset).
-    Conformance,
+    Conformance {
+        /// Only the scenarios whose names start with this (repeatable), e.g. `cnp` for
+        /// the ClusterNetworkPolicy ones.
+        #[arg(long = "scenarios", value_name = "PREFIX")]
+        scenarios: Vec<String>,
+        /// Only these cells, as `dataplane/api/topology/proxy[/subset][/image][/variant]`
+        /// separated by commas (e.g. `ebpf/server/routed/iptables`); the whole matrix
+        /// without it.
+        #[arg(long, value_name = "CELLS")]
+        cells: Option<String>,
+    },
     /// Fuzz every cargo-fuzz target (agent/fuzz) from its seeds and dictionary, optimized,
     /// printing libFuzzer's execution count for each; fails when a target crashes or runs
     /// fewer than --min-runs inputs. New inputs collect in target/fuzz-corpus/.
@@ -139,7 +149,7 @@ fn main() {
         Command::Setup => setup::run(),
         Command::Build { release } => build::run(release),
         Command::Test => test::run(),
-        Command::Conformance => conformance::run(),
+        Command::Conformance { scenarios, cells } => conformance::run(&scenarios, cells.as_deref()),
         Command::Structure => structure::run(),
         Command::Fuzz {
             seconds,

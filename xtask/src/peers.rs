@@ -38,6 +38,19 @@ pub fn pinned() -> Result<Vec<Peer>> {
     parse(&text).with_context(|| format!("{}", path.display()))
 }
 
+/// The flags kube-router runs with, from `deploy/kube-router-flags` (which the lab reads
+/// too): one per line, `#` comments.
+pub fn kube_router_flags() -> Result<Vec<String>> {
+    let path = workspace_root().join("deploy/kube-router-flags");
+    let text = fs::read_to_string(&path).with_context(|| format!("read {}", path.display()))?;
+    Ok(text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(str::to_owned)
+        .collect())
+}
+
 fn parse(text: &str) -> Result<Vec<Peer>> {
     text.lines()
         .enumerate()

@@ -43,6 +43,23 @@ pub fn tool(
     Ok(output.stdout)
 }
 
+/// Runs a rule listing (`iptables-save`, `nft list ...`) in `netns`, killed after 10 s:
+/// its output whatever its exit status, which the caller judges (a table that does not
+/// exist yet is no error to some).
+pub fn listing(
+    netns: &str,
+    program: &str,
+    args: &[&str],
+) -> Result<crate::exec::ToolOutput, LabError> {
+    in_netns(netns, || {
+        crate::exec::run_with_timeout(program, args, None, std::time::Duration::from_secs(10))
+    })?
+    .map_err(|e| LabError::Command {
+        command: format!("{program} {}", args.join(" ")),
+        stderr: e.to_string(),
+    })
+}
+
 /// Runs `f` on a thread that entered the namespace (and so do the processes it starts).
 pub fn in_netns<T: Send>(netns: &str, f: impl FnOnce() -> T + Send) -> Result<T, LabError> {
     let fd = open(netns)?;

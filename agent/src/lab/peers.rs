@@ -95,8 +95,14 @@ fn kube_router_synced_since(dir: &LabDir, mark: u64) -> bool {
         .is_some_and(|(_, rest)| rest.contains("sync iptables took"))
 }
 
-/// kube-router's health endpoint, on the node namespace's loopback.
-const KUBE_ROUTER_HEALTH_PORT: u16 = 20244;
+/// The flags kube-router runs with (deploy/kube-router-flags, which the bench reads too).
+fn kube_router_flags() -> impl Iterator<Item = &'static str> {
+    include_str!("../../../deploy/kube-router-flags")
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+}
+
 /// kube-network-policies' metrics (and /healthz) address, on the node's loopback.
 const KNP_METRICS: &str = "127.0.0.1:9080";
 /// The NFQUEUE number kube-network-policies reads (its default).
@@ -160,8 +166,9 @@ pub fn check_host(enforcer: Enforcer) -> Result<(), LabError> {
     Ok(())
 }
 
-/// Whether nftables accepts a `queue` rule, in a namespace of its own.
-fn nft_queue_support() -> Result<(), String> {
+/// Whether nftables accepts a `queue` rule, in a namespace of its own (the tests ask it
+/// too, to say why a kube-network-policies cell does not run).
+pub fn nft_queue_support() -> Result<(), String> {
     let _ = exec::run_with_timeout("modprobe", &["nft_queue"], None, Duration::from_secs(10));
     let ns = format!("weir-nftq-probe-{}", std::process::id());
     netns::add(&ns).map_err(|e| e.to_string())?;
@@ -209,16 +216,7 @@ pub fn start(dir: &LabDir, state: &LabState, enforcer: Enforcer) -> Result<PeerS
             command
                 .arg(format!("--kubeconfig={}", kubeconfig.display()))
                 .arg(format!("--hostname-override={}", api.node_name))
-                .args([
-                    "--run-firewall=true",
-                    "--run-router=false",
-                    "--run-service-proxy=false",
-                    "--enable-ipv4=true",
-                    "--enable-ipv6=false",
-                    "--metrics-port=0",
-                ])
-                .arg(format!("--health-port={KUBE_ROUTER_HEALTH_PORT}"))
-                .arg("--v=1")
+                .args(kube_router_flags())
                 .env("NODE_NAME", &api.node_name);
         }
         Enforcer::KubeNetworkPolicies => {
@@ -339,13 +337,7 @@ fn rules(node: &str, enforcer: Enforcer) -> Result<String, LabError> {
     };
     let mut text = String::new();
     for (program, args) in listings {
-        let out = netns::in_netns(node, || {
-            exec::run_with_timeout(program, args, None, Duration::from_secs(10))
-        })?
-        .map_err(|e| LabError::Command {
-            command: format!("{program} {}", args.join(" ")),
-            stderr: e.to_string(),
-        })?;
+        let out = netns::listing(node, program, args)?;
         for line in out.stdout.lines().filter(|l| !l.starts_with('#')) {
             // ":CHAIN POLICY [packets:bytes]": the counters move with the probes.
             text.push_str(line.split(" [").next().unwrap_or(line));

@@ -328,13 +328,7 @@ fn rules(node: &str, mode: ProxyMode) -> Result<String, LabError> {
         ProxyMode::Nftables => ("nft", &["list", "table", "ip", "kube-proxy"]),
         _ => ("iptables-save", &["-t", "nat"]),
     };
-    let out = netns::in_netns(node, || {
-        exec::run_with_timeout(program, args, None, Duration::from_secs(10))
-    })?
-    .map_err(|e| LabError::Command {
-        command: format!("{program} {}", args.join(" ")),
-        stderr: e.to_string(),
-    })?;
+    let out = netns::listing(node, program, args)?;
     // Before its first sync kube-proxy's nftables table does not exist yet.
     Ok(match out.success {
         true => out.stdout,

@@ -513,7 +513,7 @@ fn start_cluster(weir: &Path, node: &Netns, dir: &Path) -> Result<Cluster> {
     Ok(cluster)
 }
 
-/// kube-router in the bench node, as its DaemonSet runs it with only the firewall: the
+/// kube-router in the bench node, as the lab runs it (deploy/kube-router-flags): the
 /// binary `cargo xtask peers` built, with the bench control plane's admin credentials.
 fn peer_command(dir: &Path) -> Result<Command> {
     let peer = crate::peers::ensure(Some(&["kube-router"]))?
@@ -526,16 +526,7 @@ fn peer_command(dir: &Path) -> Result<Command> {
             Cluster::api_dir(dir).join("kubeconfig-admin").display()
         ))
         .arg(format!("--hostname-override={NODE_NAME}"))
-        .args([
-            "--run-firewall=true",
-            "--run-router=false",
-            "--run-service-proxy=false",
-            "--enable-ipv4=true",
-            "--enable-ipv6=false",
-            "--metrics-port=0",
-            "--health-port=20244",
-            "--v=1",
-        ])
+        .args(crate::peers::kube_router_flags()?)
         .env("NODE_NAME", NODE_NAME);
     Ok(command)
 }

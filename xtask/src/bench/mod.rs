@@ -213,18 +213,7 @@ fn run_scenarios(env: &Env, report: &mut Report) {
             &Dataplane::ALL,
         );
         if last {
-            for setup in setups.iter_mut().filter(|s| s.cold_start.is_some()) {
-                progress(&format!("{convergence}: {}", setup.label()));
-                report.rows.extend(cold_start_rows(&convergence, setup));
-                let rows = setup.convergence_rows(scale.changes, &convergence);
-                report
-                    .rows
-                    .extend(rows_or_failure(rows, &convergence, setup.label()));
-                let rows = setup.memory_rows(&memory);
-                report
-                    .rows
-                    .extend(rows_or_failure(rows, &memory, setup.label()));
-            }
+            converge_and_measure(env, report, &mut setups, &convergence, &memory);
         }
     }
     for &c in scale.cluster_policy_counts {
@@ -300,20 +289,32 @@ fn run_peers(env: &Env, report: &mut Report) {
             ));
         }
     }
-    for setup in setups.iter_mut().filter(|s| s.cold_start.is_some()) {
-        progress(&format!("{convergence}: {}", setup.label()));
-        report.rows.extend(cold_start_rows(&convergence, setup));
-        let rows = setup.convergence_rows(scale.changes, &convergence);
-        report
-            .rows
-            .extend(rows_or_failure(rows, &convergence, setup.label()));
-        let rows = setup.memory_rows(&memory);
-        report
-            .rows
-            .extend(rows_or_failure(rows, &memory, setup.label()));
-    }
+    converge_and_measure(env, report, &mut setups, &convergence, &memory);
     for scenario in [&convergence, &memory] {
         report.add_ratios(scenario, Dataplane::Iptables.as_str());
+    }
+}
+
+/// Each enforcing setup of the largest world: its cold start and convergence (under
+/// `convergence`), then its memory (under `memory`).
+fn converge_and_measure(
+    env: &Env,
+    report: &mut Report,
+    setups: &mut [Setup],
+    convergence: &str,
+    memory: &str,
+) {
+    for setup in setups.iter_mut().filter(|s| s.cold_start.is_some()) {
+        progress(&format!("{convergence}: {}", setup.label()));
+        report.rows.extend(cold_start_rows(convergence, setup));
+        let rows = setup.convergence_rows(env.scale.changes, convergence);
+        report
+            .rows
+            .extend(rows_or_failure(rows, convergence, setup.label()));
+        let rows = setup.memory_rows(memory);
+        report
+            .rows
+            .extend(rows_or_failure(rows, memory, setup.label()));
     }
 }
 
