@@ -10,6 +10,7 @@
 
 use std::collections::BTreeMap;
 
+use futures::{stream, StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{HostIP, Namespace, Node, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
@@ -101,6 +102,9 @@ pub async fn can_list_pods(client: &Client, user: &str, groups: &[&str]) -> Resu
     }
 }
 
+/// Write requests [`sync`] keeps in flight within a class of objects.
+const WRITES_IN_FLIGHT: usize = 16;
+
 /// What [`sync`] wrote: each object's new resourceVersion (None: deleted), and the
 /// monotonic clock (ns) just before its first write request (None: nothing to write).
 pub struct Synced {
@@ -140,17 +144,28 @@ pub async fn sync(
     gone.sort_by_key(|k| k.kind == Kind::Namespace);
     let first_write_ns =
         (!changed.is_empty() || !gone.is_empty()).then(crate::kernel::monotonic_ns);
-    for object in changed {
-        let version = apply(client, object, schedule_on)
-            .await
-            .map_err(|e| format!("{}: {e}", object.key()))?;
-        written.push((object.key(), version));
+    // Each class in turn (namespaces and the Node before what lives in them), its objects
+    // WRITES_IN_FLIGHT at a time: a world of 20,000 pods took 9 minutes one request at a
+    // time.
+    for class in changed.chunk_by(|a, b| order(a) == order(b)) {
+        let versions: Vec<Option<String>> = stream::iter(class)
+            .map(|object| async move {
+                apply(client, object, schedule_on)
+                    .await
+                    .map_err(|e| format!("{}: {e}", object.key()))
+            })
+            .buffered(WRITES_IN_FLIGHT)
+            .try_collect()
+            .await?;
+        written.extend(class.iter().map(|o| o.key()).zip(versions));
     }
-    for key in gone {
-        delete(client, key)
-            .await
-            .map_err(|e| format!("{key}: {e}"))?;
-        written.push((key.clone(), None));
+    for class in gone.chunk_by(|a, b| (a.kind == Kind::Namespace) == (b.kind == Kind::Namespace)) {
+        stream::iter(class)
+            .map(|key| async move { delete(client, key).await.map_err(|e| format!("{key}: {e}")) })
+            .buffered(WRITES_IN_FLIGHT)
+            .try_collect::<Vec<()>>()
+            .await?;
+        written.extend(class.iter().map(|key| ((*key).clone(), None)));
     }
     Ok(Synced {
         written,
