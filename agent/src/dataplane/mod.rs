@@ -45,6 +45,10 @@ pub struct ApplyReport {
     /// cleanups' undeletable sets and reports them the same way on both dataplanes (log and
     /// `weir_reset_undeletable_ipsets`).
     pub held_sets: Vec<ObjectError>,
+    /// This write made every rule again, so the dataplane's own counters start from zero
+    /// (iptables' rule counters on a full write; eBPF's counter map persists).
+    #[serde(default)]
+    pub counters_restarted: bool,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]

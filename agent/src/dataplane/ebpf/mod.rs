@@ -543,7 +543,7 @@ impl EbpfDataplane {
         );
         Ok(ApplyReport {
             failures,
-            held_sets: Vec::new(),
+            ..ApplyReport::default()
         })
     }
 }

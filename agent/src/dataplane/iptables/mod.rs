@@ -159,6 +159,7 @@ impl IptablesDataplane {
             );
         }
         let full = full || self.shape != Some(shape);
+        report.counters_restarted = full;
         let old = if full {
             Desired::default()
         } else {
