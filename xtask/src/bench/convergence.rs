@@ -27,6 +27,8 @@ enum Kind {
     PolicyCreate,
     PolicyUpdate,
     PolicyDelete,
+    ClusterPolicyCreate,
+    ClusterPolicyDelete,
 }
 
 impl Kind {
@@ -37,13 +39,17 @@ impl Kind {
             Kind::PolicyCreate => "policy create",
             Kind::PolicyUpdate => "policy update",
             Kind::PolicyDelete => "policy delete",
+            Kind::ClusterPolicyCreate => "cluster policy create",
+            Kind::ClusterPolicyDelete => "cluster policy delete",
         }
     }
 }
 
-/// Runs `count` pod label changes, `count` namespace label changes, then `count` cycles of
-/// policy create, update (away), update (back) and delete; returns p50, p99 and max of each
-/// kind, and the agent's own apply time per group.
+/// Runs `count` pod label changes, `count` namespace label changes, `count` cycles of
+/// policy create, update (away), update (back) and delete, then (weir only: the peers
+/// implement no ClusterNetworkPolicy) `count` cycles of an Admin Deny's create and delete
+/// over an allowed port; returns p50, p99 and max of each kind, and the agent's own apply
+/// time per group.
 pub fn changes(
     topo: &Topology,
     agent: &mut Agent,
@@ -60,12 +66,23 @@ pub fn changes(
         "pod label change",
         "namespace label change",
         "policy change",
+        "cluster policy change",
     ] {
+        if group == "cluster policy change" {
+            if agent.is_peer() {
+                continue;
+            }
+            // The Deny closes a port the toggle policy opened.
+            world.toggle = Toggle::Allow;
+            agent.update(world)?;
+            agent.wait_converged(CHANGE_TIMEOUT)?;
+        }
         let before = agent.apply_totals(&topo.node)?;
         for i in 0..count {
             let kinds: &[Kind] = match group {
                 "pod label change" => &[Kind::PodLabel],
                 "namespace label change" => &[Kind::NamespaceLabel],
+                "cluster policy change" => &[Kind::ClusterPolicyCreate, Kind::ClusterPolicyDelete],
                 _ => &[
                     Kind::PolicyCreate,
                     Kind::PolicyUpdate,
@@ -81,6 +98,8 @@ pub fn changes(
                     (Kind::PolicyUpdate, 1) => world.toggle = Toggle::Moved,
                     (Kind::PolicyUpdate, _) => world.toggle = Toggle::Allow,
                     (Kind::PolicyDelete, _) => world.toggle = Toggle::Absent,
+                    (Kind::ClusterPolicyCreate, _) => world.cluster_deny = true,
+                    (Kind::ClusterPolicyDelete, _) => world.cluster_deny = false,
                 }
                 let (seen, agent_ms) = one_change(topo, agent, world, n)?;
                 samples.push((*kind, seen, agent_ms));
@@ -88,9 +107,10 @@ pub fn changes(
             }
         }
         // Every group starts from the port closed.
-        if world.client_granted || world.namespace_granted {
+        if world.toggle_open() {
             world.client_granted = false;
             world.namespace_granted = false;
+            world.toggle = Toggle::Absent;
             agent.update(world)?;
             agent.wait_converged(CHANGE_TIMEOUT)?;
         }
@@ -103,8 +123,13 @@ pub fn changes(
         Kind::PolicyDelete,
         Kind::PodLabel,
         Kind::NamespaceLabel,
+        Kind::ClusterPolicyCreate,
+        Kind::ClusterPolicyDelete,
     ] {
         let of_kind = samples.iter().filter(|(k, ..)| *k == kind);
+        if of_kind.clone().next().is_none() {
+            continue;
+        }
         let mut seen: Vec<f64> = of_kind.clone().map(|(_, ms, _)| *ms).collect();
         let mut agent_ms: Vec<f64> = of_kind.map(|(.., ms)| *ms).collect();
         let n = seen.len();

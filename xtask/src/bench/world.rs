@@ -52,6 +52,9 @@ pub struct World {
     /// The bench namespace carries `access: granted`, which the `namespace-granted` policy
     /// admits on TOGGLE_PORT (the client is in that namespace).
     pub namespace_granted: bool,
+    /// An Admin-tier ClusterNetworkPolicy denies the client TOGGLE_PORT, whatever the
+    /// NetworkPolicies allow.
+    pub cluster_deny: bool,
 }
 
 impl World {
@@ -119,6 +122,7 @@ impl World {
             toggle: Toggle::Absent,
             client_granted: false,
             namespace_granted: false,
+            cluster_deny: false,
         }
     }
 
@@ -134,7 +138,8 @@ impl World {
 
     /// Whether the client may connect to the server's TOGGLE_PORT in this state.
     pub fn toggle_open(&self) -> bool {
-        self.toggle == Toggle::Allow || self.client_granted || self.namespace_granted
+        !self.cluster_deny
+            && (self.toggle == Toggle::Allow || self.client_granted || self.namespace_granted)
     }
 
     pub fn manifest(&self, generation: u64) -> String {
@@ -166,6 +171,9 @@ impl World {
                 "---\n{}\n",
                 policy("toggle", "server", ingress(from_client, &[port]))
             ));
+        }
+        if self.cluster_deny {
+            text.push_str(&format!("---\n{}\n", toggle_guard()));
         }
         text
     }
@@ -264,6 +272,23 @@ fn generated_policy(i: usize) -> Value {
 /// ClusterNetworkPolicy i: Admin (even i) or Baseline, for the server's ingress (i % 4
 /// < 2) or the client's egress, with a Deny of one remote group and a Pass of the remote
 /// namespaces, each on a port nothing uses: it costs without changing a verdict.
+/// The Admin-tier Deny that the cluster policy changes create and delete: the client may
+/// not reach the server's TOGGLE_PORT.
+fn toggle_guard() -> Value {
+    let pod = |app: &str| json!({"pods": {"namespaceSelector": {}, "podSelector": {"matchLabels": {"app": app}}}});
+    json!({
+        "apiVersion": "policy.networking.k8s.io/v1alpha2", "kind": "ClusterNetworkPolicy",
+        "metadata": {"name": "toggle-guard"},
+        "spec": {
+            "tier": "Admin",
+            "priority": 0,
+            "subject": pod("server"),
+            "ingress": [{"name": "no-client", "action": "Deny", "from": [pod("client")],
+                "protocols": [{"tcp": {"destinationPort": {"number": TOGGLE_PORT}}}]}],
+        },
+    })
+}
+
 fn cluster_policy(i: usize) -> Value {
     let port = POLICY_PORT_BASE + (i % 1000) as u16;
     let group = json!({"pods": {
@@ -390,5 +415,17 @@ mod tests {
             .find(|d| d["kind"] == "Namespace" && d["metadata"]["name"] == NAMESPACE)
             .unwrap();
         assert_eq!(bench["metadata"]["labels"]["access"], "granted");
+        // An Admin Deny closes the port whatever the NetworkPolicies allow.
+        world.cluster_deny = true;
+        assert!(!world.toggle_open());
+        let guard = docs(&world.manifest(4))
+            .into_iter()
+            .find(|d| d["metadata"]["name"] == "toggle-guard")
+            .unwrap();
+        assert_eq!(guard["spec"]["ingress"][0]["action"], "Deny");
+        assert_eq!(
+            guard["spec"]["ingress"][0]["protocols"][0]["tcp"]["destinationPort"]["number"],
+            TOGGLE_PORT
+        );
     }
 }
