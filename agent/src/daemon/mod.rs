@@ -102,6 +102,16 @@ async fn run_agent(args: AgentArgs) -> anyhow::Result<()> {
         .with_new_pods(args.new_pods())
         .with_pod_netns_dir(args.pod_netns_dir.clone())
         .with_variants(args.ebpf_attach.mode(), args.iptables_backend.backend());
+    // The verifier's second at a node's first start overlaps the lists when eBPF is the
+    // likely choice (the node's label, read with the lists, may still choose iptables).
+    let ebpf_likely = match args.dataplane {
+        select::DataplaneChoice::Ebpf => true,
+        select::DataplaneChoice::Auto => crate::dataplane::ebpf::probe().is_ok(),
+        select::DataplaneChoice::Iptables => false,
+    };
+    if ebpf_likely {
+        backends.preload_ebpf();
+    }
     match &args.manifests {
         Some(path) => {
             tracing::info!(manifests = %path.display(), "file mode");

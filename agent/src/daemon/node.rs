@@ -20,6 +20,8 @@ pub struct NodeBackends {
     attach_mode: Option<AttachMode>,
     /// None: detected.
     iptables_backend: Option<Backend>,
+    /// The eBPF programs loading while the cluster is listed ([`NodeBackends::preload_ebpf`]).
+    preload: std::sync::Mutex<Option<ebpf::Preload>>,
 }
 
 impl NodeBackends {
@@ -30,6 +32,25 @@ impl NodeBackends {
             pod_netns_dir: crate::dataplane::pod_ports::DEFAULT_POD_NETNS_DIR.into(),
             attach_mode: None,
             iptables_backend: None,
+            preload: std::sync::Mutex::new(None),
+        }
+    }
+
+    /// Starts loading the eBPF programs now, on a node's first start (an empty pin root),
+    /// so that the verifier runs while the cluster is listed; the eBPF dataplane built
+    /// later takes them. See [`ebpf::Preload`].
+    pub fn preload_ebpf(&self) {
+        let preload = ebpf::Preload::start(&self.ebpf_config());
+        *self.preload.lock().unwrap_or_else(|e| e.into_inner()) = preload;
+    }
+
+    fn ebpf_config(&self) -> EbpfConfig {
+        EbpfConfig {
+            pin_root: self.bpf_root.clone(),
+            new_pods: self.new_pods.clone(),
+            pod_netns_dir: self.pod_netns_dir.clone(),
+            attach_mode: self.attach_mode,
+            ..Default::default()
         }
     }
 
@@ -82,13 +103,10 @@ impl Backends for NodeBackends {
 
     fn build(&self, kind: DataplaneKind) -> Result<Box<dyn Dataplane>, DataplaneError> {
         Ok(match kind {
-            DataplaneKind::Ebpf => Box::new(EbpfDataplane::new(EbpfConfig {
-                pin_root: self.bpf_root.clone(),
-                new_pods: self.new_pods.clone(),
-                pod_netns_dir: self.pod_netns_dir.clone(),
-                attach_mode: self.attach_mode,
-                ..Default::default()
-            })?),
+            DataplaneKind::Ebpf => {
+                let preload = self.preload.lock().unwrap_or_else(|e| e.into_inner()).take();
+                Box::new(EbpfDataplane::with_preload(self.ebpf_config(), preload)?)
+            }
             DataplaneKind::Iptables => Box::new(IptablesDataplane::new(IptablesConfig {
                 new_pods: self.new_pods.clone(),
                 pod_netns_dir: self.pod_netns_dir.clone(),

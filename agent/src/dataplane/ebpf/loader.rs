@@ -72,6 +72,55 @@ pub fn load_error(e: &aya::EbpfError, memlock: &Result<(), std::io::Error>) -> S
     text
 }
 
+/// The programs loaded and pinned on a thread of their own while the agent lists the
+/// cluster: the verifier's second or so at a node's first start overlaps the lists instead
+/// of following them. Only on a pin root that holds no program and no map yet, so nothing
+/// an earlier run pinned is adopted, migrated or replaced out of turn; loading, pinning and
+/// creating maps enforce nothing until a convergence attaches the programs (and the cleanup
+/// of the other dataplane's leftovers removes them if the node chooses iptables).
+pub struct Preload(std::thread::JoinHandle<Result<(), DataplaneError>>);
+
+impl Preload {
+    /// Starts loading when the pin root is empty; None when it holds anything.
+    pub fn start(config: &EbpfConfig) -> Option<Preload> {
+        let layout = PinLayout::new(&config.pin_root);
+        let empty = |dir: PathBuf| {
+            std::fs::read_dir(dir).map_or(true, |mut entries| entries.next().is_none())
+        };
+        if !(empty(layout.progs()) && empty(layout.maps())) {
+            return None;
+        }
+        let config = config.clone();
+        let handle = std::thread::Builder::new()
+            .name("ebpf-preload".into())
+            .spawn(move || {
+                let started = std::time::Instant::now();
+                let loaded = ensure_loaded(&layout, &config).map(drop);
+                tracing::info!(
+                    ms = started.elapsed().as_millis() as u64,
+                    ok = loaded.is_ok(),
+                    "eBPF programs loaded while the cluster is listed"
+                );
+                loaded
+            })
+            .ok()?;
+        Some(Preload(handle))
+    }
+
+    /// Waits for it: whether the programs are pinned now, by this process. A failure is
+    /// logged; the caller then loads them itself and reports its own error.
+    pub fn finish(self) -> bool {
+        match self.0.join() {
+            Ok(Ok(())) => true,
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "loading the eBPF programs early failed; loading them again");
+                false
+            }
+            Err(_) => false,
+        }
+    }
+}
+
 /// Loads and pins the programs unless pinned programs are already there (adoption).
 /// Returns whether it loaded them now.
 pub fn ensure_loaded(layout: &PinLayout, config: &EbpfConfig) -> Result<bool, DataplaneError> {

@@ -45,7 +45,7 @@ use weir_common::{
 
 pub use attach::{tcx_missing, AttachMode, Role};
 pub use config::{EbpfConfig, DEFAULT_PIN_ROOT};
-pub use loader::OBJECT as EMBEDDED_OBJECT;
+pub use loader::{Preload, OBJECT as EMBEDDED_OBJECT};
 pub use migrate::{expected as expected_map_shapes, Shape as MapShape};
 pub use newpods::PENDING_ENDPOINT_ID;
 pub use probe::{kernel_lacks, probe, probe_kernel, MIN_KERNEL};
@@ -101,6 +101,16 @@ impl EbpfDataplane {
     /// Loads and pins the programs, or adopts the ones pinned under the pin root. Never
     /// detaches anything: what is attached keeps enforcing until [`Dataplane::reconcile`].
     pub fn new(config: EbpfConfig) -> Result<Self, DataplaneError> {
+        Self::with_preload(config, None)
+    }
+
+    /// [`EbpfDataplane::new`], taking the programs a [`Preload`] loaded while the cluster
+    /// was listed (it waits for them).
+    pub fn with_preload(
+        config: EbpfConfig,
+        preload: Option<Preload>,
+    ) -> Result<Self, DataplaneError> {
+        let preloaded = preload.is_some_and(Preload::finish);
         let no_tcx = attach::tcx_missing();
         let mode = match config.attach_mode {
             Some(AttachMode::Tcx) => match &no_tcx {
@@ -129,7 +139,8 @@ impl EbpfDataplane {
         let migration = migrate::Migration::prepare(&layout, &config)?;
         let fresh = match &migration {
             Some(_) => false,
-            None => loader::ensure_loaded(&layout, &config)?,
+            // Pinned by the preload, unless something (a cleanup) removed them since.
+            None => loader::ensure_loaded(&layout, &config)? || preloaded,
         };
         let mut maps = Maps::open(|name| match &migration {
             Some(m) => m.map_path(&layout, name),
