@@ -106,7 +106,8 @@ async fn run_agent(args: AgentArgs) -> anyhow::Result<()> {
     // likely choice (the node's label, read with the lists, may still choose iptables).
     let ebpf_likely = match args.dataplane {
         select::DataplaneChoice::Ebpf => true,
-        select::DataplaneChoice::Auto => crate::dataplane::ebpf::probe().is_ok(),
+        // The map and program types only, as the start checks them (not the verifier).
+        select::DataplaneChoice::Auto => crate::dataplane::ebpf::probe_kernel().is_ok(),
         select::DataplaneChoice::Iptables => false,
     };
     if ebpf_likely {

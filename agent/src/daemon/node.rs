@@ -104,7 +104,11 @@ impl Backends for NodeBackends {
     fn build(&self, kind: DataplaneKind) -> Result<Box<dyn Dataplane>, DataplaneError> {
         Ok(match kind {
             DataplaneKind::Ebpf => {
-                let preload = self.preload.lock().unwrap_or_else(|e| e.into_inner()).take();
+                let preload = self
+                    .preload
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .take();
                 Box::new(EbpfDataplane::with_preload(self.ebpf_config(), preload)?)
             }
             DataplaneKind::Iptables => Box::new(IptablesDataplane::new(IptablesConfig {
