@@ -423,28 +423,26 @@ fn status_and_metrics_agree_on_both_dataplanes() {
     );
 }
 
-/// iptables' periodic repair writes every rule again, which restarts the rules' counters
-/// from zero: what they counted since the agent's last read (every 5 s) must be read
-/// first, and all of the next reading taken as new. With a repair every second, every
-/// round of probes between two reads meets at least one rewrite; every connection the
-/// `web-public` rule let in must still be counted (on 5.10, a repair between a probe and
-/// the next read lost its counts).
-#[test]
-fn iptables_counts_survive_the_periodic_rewrite() {
-    let lab = Lab::new("status-resync");
-    lab.weir(&[
-        "up",
-        "--dataplane",
-        "iptables",
-        "--agent-arg=--resync-seconds=1",
-        demo_world().to_str().unwrap(),
-    ])
-    .expect("lab up");
+/// A policy beside `web-public` that selects shop/web too, admitting nothing new: applying
+/// or deleting it makes web's ingress chain again.
+const WEB_EXTRA: &str = r#"
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: web-extra, namespace: shop}
+spec:
+  podSelector: {matchLabels: {app: web}}
+  policyTypes: [Ingress]
+  ingress: [{ports: [{port: 81, protocol: TCP}]}]
+"#;
+
+/// Rounds of probes, `between` after each; how many connections the `web-public` rule let
+/// in, and whether the agent counted at least those (polling its metrics up to 15 s).
+fn web_public_allows_counted(lab: &Lab, between: impl Fn(usize)) -> (u64, u64, u64) {
     let series = "weir_policy_verdicts_total{namespace=\"shop\",policy=\"web-public\",direction=\"ingress\",verdict=\"allow\"}";
-    let counted = || sample(&metrics(&lab), series).unwrap_or(0.0) as u64;
+    let counted = || sample(&metrics(lab), series).unwrap_or(0.0) as u64;
     let before = counted();
     let mut connections = 0;
-    for _ in 0..4 {
+    for round in 0..4 {
         let (_, matrix) = lab.probe(&[]).unwrap();
         connections += matrix
             .iter()
@@ -452,7 +450,7 @@ fn iptables_counts_survive_the_periodic_rewrite() {
                 **connected && to == "shop/web" && *port == 80 && proto == "TCP"
             })
             .count() as u64;
-        std::thread::sleep(Duration::from_millis(1500));
+        between(round);
     }
     assert!(connections > 0, "no probe reached shop/web on 80/TCP");
     let deadline = Instant::now() + Duration::from_secs(15);
@@ -461,10 +459,43 @@ fn iptables_counts_survive_the_periodic_rewrite() {
         std::thread::sleep(Duration::from_millis(500));
         now = counted();
     }
-    lab.weir(&["down"]).unwrap();
-    assert!(
-        now >= before + connections,
-        "web-public's allows: {now} counted, at least {} expected ({before} before, then {connections} connections)",
-        before + connections
-    );
+    (before, connections, now)
+}
+
+/// A write that makes a chain again restarts its rules' counters: what they counted since
+/// the agent's last read (every 5 s) must still be counted. Two ways on iptables: the
+/// periodic repair, which writes every rule again (every second here), and a policy change
+/// that makes web's chain again after each round of probes. On 5.10, a repair between a
+/// probe and the next read lost its counts; with a repair every second this test counted
+/// 0 of 8 allows before the fix.
+#[test]
+fn iptables_counts_survive_rewrites_of_their_chains() {
+    let extra = std::env::temp_dir().join(format!("weir-web-extra-{}.yaml", std::process::id()));
+    std::fs::write(&extra, WEB_EXTRA).unwrap();
+    for (name, resync, changes) in [("repair", "1", false), ("change", "60", true)] {
+        let lab = Lab::new(&format!("status-{name}"));
+        lab.weir(&[
+            "up",
+            "--dataplane",
+            "iptables",
+            &format!("--agent-arg=--resync-seconds={resync}"),
+            demo_world().to_str().unwrap(),
+        ])
+        .expect("lab up");
+        let (before, connections, now) = web_public_allows_counted(&lab, |round| {
+            if changes {
+                let verb = if round % 2 == 0 { "apply" } else { "delete" };
+                lab.weir(&[verb, extra.to_str().unwrap()]).unwrap();
+            } else {
+                std::thread::sleep(Duration::from_millis(1500));
+            }
+        });
+        lab.weir(&["down"]).unwrap();
+        assert!(
+            now >= before + connections,
+            "{name}: web-public's allows: {now} counted, at least {} expected ({before} before, then {connections} connections)",
+            before + connections
+        );
+    }
+    let _ = std::fs::remove_file(&extra);
 }

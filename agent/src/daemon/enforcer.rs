@@ -88,9 +88,6 @@ pub struct Enforcer<B: Backends> {
     held_sets: Vec<String>,
     /// Why the last switch did not happen, until one succeeds.
     switch_error: Option<String>,
-    /// A write since [`Enforcer::take_counters_restarted`] restarted the dataplane's
-    /// counters from zero.
-    counters_restarted: bool,
     /// Where the active dataplane's verdicts go, and its reader (`Err`: why it has none).
     verdicts: Option<(Arc<VerdictTx>, Result<VerdictTap, String>)>,
 }
@@ -141,7 +138,6 @@ impl<B: Backends> Enforcer<B> {
             failures: Vec::new(),
             held_sets: Vec::new(),
             switch_error: None,
-            counters_restarted: false,
             verdicts: None,
         };
         enforcer.take(report);
@@ -314,19 +310,12 @@ impl<B: Backends> Enforcer<B> {
     /// (it retries them itself; they are logged, once, and counted like the cleanups').
     fn take(&mut self, report: ApplyReport) {
         self.failures = report.failures;
-        self.counters_restarted |= report.counters_restarted;
         for held in &report.held_sets {
             if !self.held_sets.contains(&held.object) {
                 tracing::warn!(set = %held.object, reason = %held.reason, "could not destroy; will retry");
             }
         }
         self.held_sets = report.held_sets.into_iter().map(|h| h.object).collect();
-    }
-
-    /// Whether a write since the last call restarted the dataplane's counters from zero
-    /// (a switch's new dataplane, iptables' full rewrite).
-    pub fn take_counters_restarted(&mut self) -> bool {
-        std::mem::take(&mut self.counters_restarted)
     }
 
     /// Sets that could not be destroyed: the cleanups' and the active dataplane's own.

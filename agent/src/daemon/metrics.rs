@@ -250,15 +250,6 @@ impl Metrics {
         }
     }
 
-    /// The dataplane's counters start from zero again (every rule written anew): their
-    /// next readings are all new.
-    pub fn restart_mirrored_counts(&self) {
-        self.mirrored
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clear();
-    }
-
     /// Advances a counter by what `count` (a dataplane's own, monotonic until its state
     /// is recreated) grew since the last read. A count below the last one started again
     /// from zero (new maps or chains after a switch or restart): all of it is new.
@@ -352,15 +343,6 @@ mod tests {
         );
         assert!(
             text.contains("weir_drops_total{reason=\"default-deny\"} 4"),
-            "{text}"
-        );
-        // Every rule written again (iptables' full rewrite) and counting past the last
-        // reading before the next read: all of it is new once the restart is said.
-        m.restart_mirrored_counts();
-        m.set_verdict_counts(&counts(3, 0));
-        let text = m.encode();
-        assert!(
-            text.contains("weir_policy_verdicts_total{namespace=\"x\",policy=\"allow-a\",direction=\"ingress\",verdict=\"allow\"} 13"),
             "{text}"
         );
     }

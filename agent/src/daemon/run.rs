@@ -365,19 +365,8 @@ impl<B: Backends> Daemon<B> {
             self.metrics
                 .observe_implementation_delay(received.elapsed().as_secs_f64());
         }
-        self.restart_counts_if_rewritten();
         self.converged(trigger, started);
         self.report();
-    }
-
-    /// After a write that made every rule again, the dataplane's counters start from zero:
-    /// the metrics take all of their next reading as new.
-    fn restart_counts_if_rewritten(&mut self) {
-        if let Some(enforcer) = &mut self.enforcer {
-            if enforcer.take_counters_restarted() {
-                self.metrics.restart_mirrored_counts();
-            }
-        }
     }
 
     /// Reads the dataplane's verdict counters into the metrics.
@@ -414,11 +403,7 @@ impl<B: Backends> Daemon<B> {
         let choice = self.node_choice.unwrap_or(self.opts.default_choice);
         match &mut self.enforcer {
             None => self.start(choice),
-            Some(_) => {
-                // The repair may write every rule again (iptables), which restarts the
-                // rules' counters: what they counted since the last read is read first.
-                self.read_counts();
-                let enforcer = self.enforcer.as_mut().expect("matched Some");
+            Some(enforcer) => {
                 let desired = self.engine.desired();
                 let switched = enforcer.choose(choice, desired);
                 let repaired = enforcer.reconcile(desired);
@@ -432,7 +417,6 @@ impl<B: Backends> Daemon<B> {
                 }
             }
         }
-        self.restart_counts_if_rewritten();
         self.converged("resync", started);
         self.report();
     }

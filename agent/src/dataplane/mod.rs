@@ -45,10 +45,6 @@ pub struct ApplyReport {
     /// cleanups' undeletable sets and reports them the same way on both dataplanes (log and
     /// `weir_reset_undeletable_ipsets`).
     pub held_sets: Vec<ObjectError>,
-    /// This write made every rule again, so the dataplane's own counters start from zero
-    /// (iptables' rule counters on a full write; eBPF's counter map persists).
-    #[serde(default)]
-    pub counters_restarted: bool,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
@@ -220,6 +216,22 @@ pub struct VerdictCounts {
 }
 
 impl VerdictCounts {
+    /// Adds `other`'s counts to these.
+    pub fn add(&mut self, other: &VerdictCounts) {
+        for (key, n) in &other.allowed {
+            *self.allowed.entry(key.clone()).or_default() += n;
+        }
+        for (key, n) in &other.audited {
+            *self.audited.entry(key.clone()).or_default() += n;
+        }
+        for (key, n) in &other.denied {
+            *self.denied.entry(*key).or_default() += n;
+        }
+        for (key, n) in &other.drops {
+            *self.drops.entry(*key).or_default() += n;
+        }
+    }
+
     /// Adds what one rule admitted: an allow of its policy, or, for an audit rule
     /// (`policy` then names every audit policy it stands for), an audit of each.
     pub fn add_rule(&mut self, policy: &str, audit: bool, direction: Direction, packets: u64) {

@@ -554,7 +554,7 @@ impl EbpfDataplane {
         );
         Ok(ApplyReport {
             failures,
-            ..ApplyReport::default()
+            held_sets: Vec::new(),
         })
     }
 }

@@ -6,6 +6,8 @@
 //! policy and action: an Accept's packets are allowed by it, a Deny's are denied (as on
 //! eBPF, where a Pass counts nothing).
 
+use std::collections::BTreeSet;
+
 use super::names::chain_direction;
 use super::names::SPOOF_CHAIN;
 use super::rules::{comment_origin, tier_comment_origin};
@@ -15,7 +17,34 @@ use weir_policy::desired::Action;
 
 /// Adds the counters of weir's rules in `tables` (one family's saved table) to `counts`.
 pub fn add(tables: &[SavedTable], counts: &mut VerdictCounts) {
-    for rule in tables.iter().flat_map(|t| &t.rules) {
+    add_chains(tables, |_| true, counts);
+}
+
+/// The chains a restore script makes again (`:CHAIN`), flushes or deletes: their rules'
+/// counters start from zero, or go, once it runs.
+pub fn rewritten_chains(script: &str) -> BTreeSet<&str> {
+    script
+        .lines()
+        .filter_map(|l| {
+            l.strip_prefix(':')
+                .and_then(|c| c.split_whitespace().next())
+                .or_else(|| l.strip_prefix("-F ").or_else(|| l.strip_prefix("-X ")))
+        })
+        .map(str::trim)
+        .collect()
+}
+
+/// [`add`], for the rules of the chains `chosen` picks.
+pub fn add_chains(
+    tables: &[SavedTable],
+    chosen: impl Fn(&str) -> bool,
+    counts: &mut VerdictCounts,
+) {
+    for rule in tables
+        .iter()
+        .flat_map(|t| &t.rules)
+        .filter(|r| chosen(&r.chain))
+    {
         let Some(packets) = rule.packets else {
             continue;
         };
@@ -93,6 +122,37 @@ mod tests {
                 (("y/try".to_string(), Direction::Egress), 16),
             ]
             .into()
+        );
+    }
+
+    #[test]
+    fn only_the_chains_a_script_makes_again_or_removes_are_carried() {
+        let script = "*mangle\n:WEIR-I-00000000000000ab - [0:0]\n\
+            -A WEIR-I-00000000000000ab -m comment --comment \"x/allow rule 0\" -j RETURN\n\
+            -F WEIR-E-00000000000000cd\n-X WEIR-E-00000000000000cd\nCOMMIT\n";
+        let rewritten = rewritten_chains(script);
+        assert_eq!(
+            rewritten,
+            ["WEIR-E-00000000000000cd", "WEIR-I-00000000000000ab"].into()
+        );
+        let saved = "*mangle\n\
+            [7:420] -A WEIR-I-00000000000000ab -m comment --comment \"x/allow rule 0\" -j RETURN\n\
+            [5:300] -A WEIR-E-00000000000000ab -m comment --comment \"y/out rule 0\" -j RETURN\n\
+            [8:480] -A WEIR-E-00000000000000cd -m comment --comment \"x/try audit\" -j RETURN\n\
+            COMMIT\n";
+        let mut carried = VerdictCounts::default();
+        add_chains(
+            &parse(saved).unwrap(),
+            |c| rewritten.contains(c),
+            &mut carried,
+        );
+        assert_eq!(
+            carried.allowed,
+            [(("x/allow".to_string(), Direction::Ingress), 7)].into()
+        );
+        assert_eq!(
+            carried.audited,
+            [(("x/try".to_string(), Direction::Egress), 8)].into()
         );
     }
 }

@@ -83,6 +83,9 @@ pub struct IptablesDataplane {
     last_write_lines: usize,
     /// Whether drops and audit verdicts are logged (NFLOG rules); why not when not.
     verdict_log: Result<(), String>,
+    /// What rules counted before a write made their chains again (which restarts their
+    /// counters): [`Dataplane::verdict_counts`] adds it, so the counts only grow.
+    carried: VerdictCounts,
 }
 
 impl IptablesDataplane {
@@ -127,6 +130,7 @@ impl IptablesDataplane {
             shape: None,
             last_write_lines: 0,
             verdict_log: nflog::available(),
+            carried: VerdictCounts::default(),
         })
     }
 
@@ -159,7 +163,6 @@ impl IptablesDataplane {
             );
         }
         let full = full || self.shape != Some(shape);
-        report.counters_restarted = full;
         let old = if full {
             Desired::default()
         } else {
@@ -267,6 +270,7 @@ impl IptablesDataplane {
                 source: Box::new(e),
             })?;
             if let Some(script) = script {
+                self.carry_counts(family, &script);
                 self.last_write_lines += script.lines().count();
                 self.backend.restore(family, &script).map_err(|e| {
                     DataplaneError::tool(format!("{} {family} restore", self.backend), e)
@@ -392,7 +396,7 @@ impl Dataplane for IptablesDataplane {
     }
 
     fn verdict_counts(&self) -> Result<VerdictCounts, DataplaneError> {
-        let mut counts = VerdictCounts::default();
+        let mut counts = self.carried.clone();
         for family in Family::ALL {
             let saved = self
                 .backend
@@ -443,6 +447,27 @@ fn other(e: exec::ExecError) -> DataplaneError {
 }
 
 impl IptablesDataplane {
+    /// Before `script` runs: what the rules of the chains it makes again, flushes or
+    /// deletes have counted is carried. A counter that cannot be read is lost, not fatal.
+    fn carry_counts(&mut self, family: Family, script: &str) {
+        let rewritten = counters::rewritten_chains(script);
+        if rewritten.is_empty() {
+            return;
+        }
+        let saved = self.backend.save_counted(family, names::TABLE);
+        match saved.map(|s| crate::reset::iptables_save::parse(&s).map_err(|e| e.to_string())) {
+            Ok(Ok(tables)) => {
+                counters::add_chains(&tables, |c| rewritten.contains(c), &mut self.carried)
+            }
+            Ok(Err(e)) => {
+                tracing::warn!(%family, error = %e, "rule counters not carried over a rewrite")
+            }
+            Err(e) => {
+                tracing::warn!(%family, error = %e, "rule counters not carried over a rewrite")
+            }
+        }
+    }
+
     fn run_ipset(&mut self, script: &str) -> Result<(), DataplaneError> {
         if script.is_empty() {
             return Ok(());
