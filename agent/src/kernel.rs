@@ -17,10 +17,24 @@ pub fn has_ipvs() -> bool {
     std::path::Path::new("/proc/net/ip_vs").exists()
 }
 
+/// The running kernel's release, as `uname -r` prints it.
+pub fn release() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .unwrap_or_default()
+        .trim()
+        .to_string()
+}
+
+/// The (major, minor) of a kernel release such as `5.10.0-46-amd64`; None when it does
+/// not start with two numbers.
+pub fn major_minor(release: &str) -> Option<(u32, u32)> {
+    let mut parts = release.split(|c: char| !c.is_ascii_digit());
+    Some((parts.next()?.parse().ok()?, parts.next()?.parse().ok()?))
+}
+
 /// `/lib/modules/<release>` of the running kernel.
 pub fn modules_dir() -> PathBuf {
-    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
-    PathBuf::from("/lib/modules").join(release.trim())
+    PathBuf::from("/lib/modules").join(release())
 }
 
 /// CLOCK_MONOTONIC in nanoseconds: comparable across processes of one boot, and with the
@@ -33,4 +47,18 @@ pub fn monotonic_ns() -> u64 {
     // SAFETY: clock_gettime writes into the timespec we own.
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::major_minor;
+
+    #[test]
+    fn releases_give_their_major_and_minor() {
+        assert_eq!(major_minor("5.10.0-46-amd64"), Some((5, 10)));
+        assert_eq!(major_minor("6.18.0"), Some((6, 18)));
+        assert_eq!(major_minor("6.1"), Some((6, 1)));
+        assert_eq!(major_minor(""), None);
+        assert_eq!(major_minor("x"), None);
+    }
 }

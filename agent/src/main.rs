@@ -46,8 +46,7 @@ fn main() -> anyhow::Result<()> {
                     bytes
                 ));
             }
-            let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
-            text.push_str(&format!("running kernel: {}\n", release.trim()));
+            text.push_str(&format!("running kernel: {}\n", weir::kernel::release()));
             let lacks = weir::dataplane::ebpf::kernel_lacks();
             if lacks.is_empty() {
                 text.push_str("it lacks nothing weir uses\n");

@@ -235,14 +235,49 @@ fn dns_only_egress_through_kube_proxy_iptables_on_ebpf() {
     dns_only_through_kube_proxy("iptables", "ebpf");
 }
 
+/// On a kernel kube-proxy's nftables mode starts on (5.13 and later): the DNS checks in
+/// nftables mode. Before 5.13 (Debian's 5.10, `cargo xtask kernels`): `--proxy nftables`
+/// fails at once naming the kernel it needs, instead of kube-proxy exiting mid-start.
 #[test]
 fn dns_only_egress_through_kube_proxy_nftables_on_iptables() {
-    dns_only_through_kube_proxy("nftables", "iptables");
+    nftables_or_its_refusal("iptables");
 }
 
 #[test]
 fn dns_only_egress_through_kube_proxy_nftables_on_ebpf() {
-    dns_only_through_kube_proxy("nftables", "ebpf");
+    nftables_or_its_refusal("ebpf");
+}
+
+fn nftables_or_its_refusal(dataplane: &str) {
+    if weir::lab::proxy::kernel_runs_nftables_mode() {
+        dns_only_through_kube_proxy("nftables", dataplane);
+        return;
+    }
+    let lab = Lab::new(&format!("svc-nftables-{dataplane}"));
+    let world = manifest(&lab, "dns-world.yaml", DNS_WORLD);
+    let out = lab
+        .weir_raw(&[
+            "up",
+            "--dataplane",
+            dataplane,
+            "--proxy",
+            "nftables",
+            world.to_str().unwrap(),
+        ])
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "up --proxy nftables succeeded on a kernel kube-proxy refuses"
+    );
+    assert!(
+        stderr.contains("--proxy nftables") && stderr.contains("5.13"),
+        "the error does not name the kernel nftables mode needs: {stderr}"
+    );
+    assert!(
+        !lab.dir.join("state.json").exists(),
+        "a failed up left a lab behind"
+    );
 }
 
 /// On a kernel with IPVS (Debian's, `cargo xtask kernels`): the DNS checks in ipvs mode,

@@ -409,6 +409,12 @@ fn run_suite(cell: Cell) -> SuiteRun {
     if cell.proxy == "ipvs" && !weir_tests::kernel_has_ipvs() {
         return not_run("this kernel has no IPVS (CONFIG_IP_VS): kube-proxy's ipvs mode needs a kernel that has it");
     }
+    if cell.proxy == "nftables" && !weir::lab::proxy::kernel_runs_nftables_mode() {
+        return not_run(&format!(
+            "kube-proxy's nftables mode needs Linux 5.13 or later; this kernel is {}",
+            weir::kernel::release()
+        ));
+    }
     if cell.dataplane == "kube-network-policies" && !weir_tests::kernel_has_nft_queue() {
         return not_run("this kernel refuses nftables' queue statement (CONFIG_NFT_QUEUE), which kube-network-policies needs");
     }

@@ -75,6 +75,15 @@ pub fn check_host(mode: ProxyMode) -> Result<(), LabError> {
         ));
     }
     match mode {
+        ProxyMode::Nftables if !kernel_runs_nftables_mode() => Err(LabError::invalid(
+            &what,
+            format!(
+                "kube-proxy's nftables mode needs Linux {}.{} or later (kube-proxy checks the kernel's version and exits); this kernel is {}: use --proxy iptables or ipvs here",
+                NFTABLES_MODE_KERNEL.0,
+                NFTABLES_MODE_KERNEL.1,
+                crate::kernel::release()
+            ),
+        )),
         ProxyMode::Nftables => match exec::run("nft", &["--version"], None) {
             Ok(out) if out.success => Ok(()),
             Ok(out) => Err(LabError::invalid(&what, format!("`nft --version` failed: {}", out.stderr.trim()))),
@@ -91,6 +100,16 @@ pub fn check_host(mode: ProxyMode) -> Result<(), LabError> {
         }),
         ProxyMode::None | ProxyMode::Iptables => Ok(()),
     }
+}
+
+/// The oldest kernel kube-proxy's nftables mode starts on (its
+/// `NFTablesKubeProxyKernelVersion`).
+pub const NFTABLES_MODE_KERNEL: (u32, u32) = (5, 13);
+
+/// Whether kube-proxy's nftables mode starts on this kernel (by its version, as kube-proxy
+/// itself decides).
+pub fn kernel_runs_nftables_mode() -> bool {
+    crate::kernel::major_minor(&crate::kernel::release()).is_none_or(|v| v >= NFTABLES_MODE_KERNEL)
 }
 
 /// The kernel support ipvs mode needs: IPVS itself (`/proc/net/ip_vs` once `ip_vs` is
