@@ -253,31 +253,7 @@ fn nftables_or_its_refusal(dataplane: &str) {
         dns_only_through_kube_proxy("nftables", dataplane);
         return;
     }
-    let lab = Lab::new(&format!("svc-nftables-{dataplane}"));
-    let world = manifest(&lab, "dns-world.yaml", DNS_WORLD);
-    let out = lab
-        .weir_raw(&[
-            "up",
-            "--dataplane",
-            dataplane,
-            "--proxy",
-            "nftables",
-            world.to_str().unwrap(),
-        ])
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        !out.status.success(),
-        "up --proxy nftables succeeded on a kernel kube-proxy refuses"
-    );
-    assert!(
-        stderr.contains("--proxy nftables") && stderr.contains("5.13"),
-        "the error does not name the kernel nftables mode needs: {stderr}"
-    );
-    assert!(
-        !lab.dir.join("state.json").exists(),
-        "a failed up left a lab behind"
-    );
+    refused_at_once("nftables", dataplane, "5.13");
 }
 
 /// On a kernel with IPVS (Debian's, `cargo xtask kernels`): the DNS checks in ipvs mode,
@@ -293,26 +269,30 @@ fn dns_only_egress_through_kube_proxy_ipvs_on_ebpf() {
     ipvs_or_its_refusal("ebpf");
 }
 
-fn ipvs_or_its_refusal(dataplane: &str) {
-    if weir_tests::kernel_has_ipvs() {
-        eprintln!("this kernel has IPVS and dummy devices: running the DNS checks in ipvs mode");
-        dns_only_through_kube_proxy("ipvs", dataplane);
-        return;
-    }
-    let lab = Lab::new(&format!("svc-ipvs-{dataplane}"));
+/// `weir lab up --proxy <proxy>` on a kernel that mode cannot run: it fails within 15 s,
+/// naming the flag and `what` the kernel lacks, and leaves no lab behind.
+fn refused_at_once(proxy: &str, dataplane: &str, what: &str) -> Lab {
+    let lab = Lab::new(&format!("svc-{proxy}-{dataplane}"));
     let world = manifest(&lab, "dns-world.yaml", DNS_WORLD);
     let started = Instant::now();
     let out = lab
-        .weir_raw(&["up", "--proxy", "ipvs", world.to_str().unwrap()])
+        .weir_raw(&[
+            "up",
+            "--dataplane",
+            dataplane,
+            "--proxy",
+            proxy,
+            world.to_str().unwrap(),
+        ])
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         !out.status.success(),
-        "up --proxy ipvs succeeded on a kernel without IPVS"
+        "up --proxy {proxy} succeeded on a kernel that mode cannot run"
     );
     assert!(
-        stderr.contains("--proxy ipvs") && stderr.contains("CONFIG_IP_VS"),
-        "the error does not name the missing kernel support: {stderr}"
+        stderr.contains(&format!("--proxy {proxy}")) && stderr.contains(what),
+        "the error does not name what the kernel lacks ({what}): {stderr}"
     );
     assert!(
         started.elapsed() < Duration::from_secs(15),
@@ -323,6 +303,17 @@ fn ipvs_or_its_refusal(dataplane: &str) {
         !lab.dir.join("state.json").exists(),
         "a failed up left a lab behind"
     );
+    lab
+}
+
+fn ipvs_or_its_refusal(dataplane: &str) {
+    if weir_tests::kernel_has_ipvs() {
+        eprintln!("this kernel has IPVS and dummy devices: running the DNS checks in ipvs mode");
+        dns_only_through_kube_proxy("ipvs", dataplane);
+        return;
+    }
+    let lab = refused_at_once("ipvs", dataplane, "CONFIG_IP_VS");
+    let world = lab.dir.join("dns-world.yaml");
     // And --proxy with an explicit --api file is refused, naming both.
     let out = lab
         .weir_raw(&[
