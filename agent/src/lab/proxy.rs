@@ -272,9 +272,9 @@ pub fn wait_programmed(
         let rules = rules(&state.node_netns, mode)?;
         // How each mode's listing spells a frontend and a DNAT to a backend.
         let frontend = |ip: &Ipv4Addr| match mode {
-            ProxyMode::Nftables => format!("{ip} . "),
-            ProxyMode::Ipvs => format!(" {:08X}:", u32::from(*ip)),
-            _ => format!("-d {ip}/32 "),
+            ProxyMode::Nftables => rules.contains(&format!("{ip} . ")),
+            ProxyMode::Ipvs => ipvs_frontend(&rules, *ip),
+            _ => rules.contains(&format!("-d {ip}/32 ")),
         };
         let backend = |ip: &Ipv4Addr, port: &u16| match mode {
             ProxyMode::Nftables => rules.contains(&format!("to {ip}:{port}")),
@@ -283,7 +283,7 @@ pub fn wait_programmed(
         };
         missing = ips
             .iter()
-            .filter(|ip| !rules.contains(&frontend(ip)))
+            .filter(|ip| !frontend(ip))
             .map(|ip| format!("ClusterIP {ip}"))
             .chain(
                 endpoints
@@ -293,7 +293,7 @@ pub fn wait_programmed(
             )
             .chain(
                 gone.iter()
-                    .filter(|ip| rules.contains(&frontend(ip)))
+                    .filter(|ip| frontend(ip))
                     .map(|ip| format!("removed ClusterIP {ip} still present")),
             )
             .chain(
@@ -335,13 +335,37 @@ fn ipvs_serves(table: &str, ip: Ipv4Addr, port: u16) -> bool {
     })
 }
 
+/// The set of addresses kube-proxy's ipvs mode has bound to `kube-ipvs0`: its
+/// KUBE-IPVS-FILTER chain rejects new connections to any other address there. It syncs the
+/// set after the virtual and real servers, so a ClusterIP is served only once it is in it
+/// (a probe in between, under emulation, was refused).
+const IPVS_BOUND_SET: &str = "KUBE-IPVS-IPS";
+
+/// Whether the ipvs listing ([`rules`]) serves ClusterIP `ip`: a virtual server, and the
+/// address in [`IPVS_BOUND_SET`].
+fn ipvs_frontend(listing: &str, ip: Ipv4Addr) -> bool {
+    let (table, bound) = listing.split_once(IPVS_BOUND_SET).unwrap_or((listing, ""));
+    table.contains(&format!(" {:08X}:", u32::from(ip)))
+        && bound
+            .lines()
+            .any(|l| l.split_whitespace().next() == Some(ip.to_string().as_str()))
+}
+
 /// kube-proxy's rules as text, listed in the node namespace (ipvs: the kernel's table of
-/// virtual servers, /proc/net/ip_vs, as seen from there).
+/// virtual servers, /proc/net/ip_vs, as seen from there, then the members of
+/// [`IPVS_BOUND_SET`]).
 fn rules(node: &str, mode: ProxyMode) -> Result<String, LabError> {
     if mode == ProxyMode::Ipvs {
-        return netns::in_netns(node, || {
+        let table = netns::in_netns(node, || {
             std::fs::read_to_string("/proc/thread-self/net/ip_vs").unwrap_or_default()
-        });
+        })?;
+        // Before kube-proxy's first sync the set does not exist: nothing is bound yet.
+        let bound = netns::listing(node, "ipset", &["list", IPVS_BOUND_SET])?;
+        let members = match bound.success {
+            true => bound.stdout,
+            false => String::new(),
+        };
+        return Ok(format!("{table}\n{IPVS_BOUND_SET}\n{members}"));
     }
     let (program, args): (&str, &[&str]) = match mode {
         ProxyMode::Nftables => ("nft", &["list", "table", "ip", "kube-proxy"]),
@@ -369,6 +393,21 @@ fn not_ready(dir: &LabDir, reason: &str) -> LabError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_ipvs_cluster_ip_is_served_once_bound() {
+        let table = "TCP  0A600005:1F90 rr\n  -> 0A0A0003:1F90      Masq    1      0          0\n";
+        let ip = Ipv4Addr::new(10, 96, 0, 5);
+        let unbound = format!("{table}\n{IPVS_BOUND_SET}\n");
+        assert!(!ipvs_frontend(&unbound, ip));
+        let members = "Name: KUBE-IPVS-IPS\nType: hash:ip\nMembers:\n10.96.0.5\n10.96.0.10\n";
+        let bound = format!("{table}\n{IPVS_BOUND_SET}\n{members}");
+        assert!(ipvs_frontend(&bound, ip));
+        assert!(
+            !ipvs_frontend(&bound, Ipv4Addr::new(10, 96, 0, 10)),
+            "no virtual server"
+        );
+    }
 
     #[test]
     fn an_ipvs_real_server_at_weight_zero_is_not_serving() {
