@@ -335,37 +335,54 @@ fn ipvs_serves(table: &str, ip: Ipv4Addr, port: u16) -> bool {
     })
 }
 
-/// The set of addresses kube-proxy's ipvs mode has bound to `kube-ipvs0`: its
-/// KUBE-IPVS-FILTER chain rejects new connections to any other address there. It syncs the
-/// set after the virtual and real servers, so a ClusterIP is served only once it is in it
-/// (a probe in between, under emulation, was refused).
+/// kube-proxy's ipvs mode: the addresses bound to `kube-ipvs0`, and the ClusterIP,port
+/// pairs its KUBE-IPVS-FILTER chain lets through; that chain rejects new connections to a
+/// bound address the second set lacks. kube-proxy syncs its sets after the virtual and real
+/// servers, one after the other, so a ClusterIP is served once it is in both (a probe in
+/// between, under emulation, was refused).
 const IPVS_BOUND_SET: &str = "KUBE-IPVS-IPS";
+const IPVS_CLUSTER_IP_SET: &str = "KUBE-CLUSTER-IP";
 
-/// Whether the ipvs listing ([`rules`]) serves ClusterIP `ip`: a virtual server, and the
-/// address in [`IPVS_BOUND_SET`].
+/// The members of ipset `name` in an ipvs listing ([`rules`]), one per line.
+fn listed_members<'a>(listing: &'a str, name: &str) -> impl Iterator<Item = &'a str> {
+    listing
+        .split(&format!("\n== {name}\n"))
+        .nth(1)
+        .and_then(|s| s.split("\n== ").next())
+        .unwrap_or("")
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
+}
+
+/// Whether the ipvs listing ([`rules`]) serves ClusterIP `ip`: a virtual server, the
+/// address in [`IPVS_BOUND_SET`], and an `ip,proto:port` of it in [`IPVS_CLUSTER_IP_SET`].
 fn ipvs_frontend(listing: &str, ip: Ipv4Addr) -> bool {
-    let (table, bound) = listing.split_once(IPVS_BOUND_SET).unwrap_or((listing, ""));
+    let table = listing.split("\n== ").next().unwrap_or("");
+    let ip_text = ip.to_string();
+    let allowed = format!("{ip_text},");
     table.contains(&format!(" {:08X}:", u32::from(ip)))
-        && bound
-            .lines()
-            .any(|l| l.split_whitespace().next() == Some(ip.to_string().as_str()))
+        && listed_members(listing, IPVS_BOUND_SET).any(|m| m == ip_text)
+        && listed_members(listing, IPVS_CLUSTER_IP_SET).any(|m| m.starts_with(&allowed))
 }
 
 /// kube-proxy's rules as text, listed in the node namespace (ipvs: the kernel's table of
-/// virtual servers, /proc/net/ip_vs, as seen from there, then the members of
-/// [`IPVS_BOUND_SET`]).
+/// virtual servers, /proc/net/ip_vs, as seen from there, then the members of its sets
+/// [`IPVS_BOUND_SET`] and [`IPVS_CLUSTER_IP_SET`], each after a `== NAME` line).
 fn rules(node: &str, mode: ProxyMode) -> Result<String, LabError> {
     if mode == ProxyMode::Ipvs {
-        let table = netns::in_netns(node, || {
+        let mut text = netns::in_netns(node, || {
             std::fs::read_to_string("/proc/thread-self/net/ip_vs").unwrap_or_default()
         })?;
-        // Before kube-proxy's first sync the set does not exist: nothing is bound yet.
-        let bound = netns::listing(node, "ipset", &["list", IPVS_BOUND_SET])?;
-        let members = match bound.success {
-            true => bound.stdout,
-            false => String::new(),
-        };
-        return Ok(format!("{table}\n{IPVS_BOUND_SET}\n{members}"));
+        for set in [IPVS_BOUND_SET, IPVS_CLUSTER_IP_SET] {
+            // Before kube-proxy's first sync the sets do not exist: nothing is served yet.
+            let listed = netns::listing(node, "ipset", &["list", set])?;
+            let members = match listed.success {
+                true => listed.stdout,
+                false => String::new(),
+            };
+            text.push_str(&format!("\n== {set}\n{members}"));
+        }
+        return Ok(text);
     }
     let (program, args): (&str, &[&str]) = match mode {
         ProxyMode::Nftables => ("nft", &["list", "table", "ip", "kube-proxy"]),
@@ -398,13 +415,23 @@ mod tests {
     fn an_ipvs_cluster_ip_is_served_once_bound() {
         let table = "TCP  0A600005:1F90 rr\n  -> 0A0A0003:1F90      Masq    1      0          0\n";
         let ip = Ipv4Addr::new(10, 96, 0, 5);
-        let unbound = format!("{table}\n{IPVS_BOUND_SET}\n");
-        assert!(!ipvs_frontend(&unbound, ip));
-        let members = "Name: KUBE-IPVS-IPS\nType: hash:ip\nMembers:\n10.96.0.5\n10.96.0.10\n";
-        let bound = format!("{table}\n{IPVS_BOUND_SET}\n{members}");
-        assert!(ipvs_frontend(&bound, ip));
+        let listing = |bound: &str, allowed: &str| {
+            format!("{table}\n== {IPVS_BOUND_SET}\nName: KUBE-IPVS-IPS\nMembers:\n{bound}\n== {IPVS_CLUSTER_IP_SET}\nName: KUBE-CLUSTER-IP\nMembers:\n{allowed}")
+        };
+        assert!(!ipvs_frontend(&listing("", ""), ip));
         assert!(
-            !ipvs_frontend(&bound, Ipv4Addr::new(10, 96, 0, 10)),
+            !ipvs_frontend(&listing("10.96.0.5\n", ""), ip),
+            "bound, not yet allowed: KUBE-IPVS-FILTER rejects it"
+        );
+        assert!(ipvs_frontend(
+            &listing("10.96.0.5\n", "10.96.0.5,tcp:8080\n"),
+            ip
+        ));
+        assert!(
+            !ipvs_frontend(
+                &listing("10.96.0.10\n", "10.96.0.10,tcp:80\n"),
+                Ipv4Addr::new(10, 96, 0, 10)
+            ),
             "no virtual server"
         );
     }
