@@ -367,6 +367,11 @@ impl<B: Backends> Daemon<B> {
         }
         self.converged(trigger, started);
         self.report();
+        if trigger == "start" {
+            // Serve the verdict families from readiness on, not from the first tick; read
+            // after the report, so a cold start's converge is not delayed by it.
+            self.read_counts();
+        }
     }
 
     /// Reads the dataplane's verdict counters into the metrics.
