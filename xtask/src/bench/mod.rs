@@ -16,6 +16,7 @@ mod bpf_maps;
 mod convergence;
 mod memory;
 mod netns;
+mod noop_hooks;
 mod report;
 mod reset;
 mod scale;
@@ -57,6 +58,7 @@ fn peer_notes() -> Vec<String> {
 fn notes() -> Vec<String> {
     vec![
         "datapath: RR = 64-byte request/response on one TCP connection, CRR = a new connection per request; ratios are to no enforcement in the same run".into(),
+        format!("{}: in the largest datapath world, no enforcement plus a program that does nothing (returns TC_ACT_OK) on both TCX hooks of each pod's host-side interface, where weir's eBPF classifiers attach: the floor of any eBPF enforcement at those hooks", trial::NOOP_HOOKS),
         "convergence and both memory worlds: cluster mode, the agent watching the real kube-apiserver (etcd and kube-apiserver in the bench node's namespace) with the DaemonSet's ServiceAccount; a change is measured from just before its first write request (a server-side apply of the changed Pod, Namespace or NetworkPolicy, or a delete, on a connection already open) to the first probe connection that sees the new verdict; 'in the agent' is the agent's own share of it (weir_policy_implementation_delay_seconds: from the watch event received to the dataplane programmed)".into(),
         "cold start: from starting `weir agent` (the world already on the API server, or in its manifest file) to its status file reporting the world converged; its phases are the agent's own (status file `startup`): listed = from its start to the source's first complete state, compiled = the engine's compile, loaded = kernel probes and building the dataplane (eBPF: programs loaded and attached), programmed = the state written into the kernel, cleaned = the other dataplane's leftovers removed".into(),
         format!("the datapath worlds below the largest and the cluster-policy worlds: file mode, the agent polling a manifest file every {} ms", agent::POLL_MS),
@@ -210,7 +212,10 @@ fn run_scenarios(env: &Env, report: &mut Report) {
             &n.to_string(),
             world,
             source,
-            &Dataplane::ALL,
+            Lineup {
+                enforcers: &Dataplane::ALL,
+                noop_hooks: last,
+            },
         );
         if last {
             converge_and_measure(env, report, &mut setups, &convergence, &memory);
@@ -229,7 +234,10 @@ fn run_scenarios(env: &Env, report: &mut Report) {
             &tag,
             world,
             Source::File,
-            &Dataplane::ALL,
+            Lineup {
+                enforcers: &Dataplane::ALL,
+                noop_hooks: false,
+            },
         );
     }
     // The second memory world through the API server too, as the issue asks: the lab
@@ -278,7 +286,10 @@ fn run_peers(env: &Env, report: &mut Report) {
         "peers",
         world,
         Source::Cluster,
-        &enforcers,
+        Lineup {
+            enforcers: &enforcers,
+            noop_hooks: false,
+        },
     );
     // kube-network-policies needs nftables' queue statement (CONFIG_NFT_QUEUE).
     if !nft_queue_available() {
@@ -332,8 +343,15 @@ fn nft_queue_available() -> bool {
     ns.command(&mut c).is_ok() && c.output().is_ok_and(|o| o.status.success())
 }
 
-/// A datapath scenario (the first of `planned`): no enforcement and each of `enforcers` on
-/// `world`, their traffic rows and ratios to no enforcement. Returns the setups that
+/// What a datapath scenario measures beside no enforcement.
+struct Lineup<'a> {
+    enforcers: &'a [Dataplane],
+    /// The hook floor too: a no-op program at eBPF's hooks.
+    noop_hooks: bool,
+}
+
+/// A datapath scenario (the first of `planned`): no enforcement and the `lineup` on `world`, their
+/// traffic rows and ratios to no enforcement. Returns the setups that
 /// started (`tag` tells their namespaces apart); a dataplane that did not fails every
 /// planned scenario.
 fn datapath_setups(
@@ -343,7 +361,7 @@ fn datapath_setups(
     tag: &str,
     world: impl Fn() -> World,
     source: Source,
-    enforcers: &[Dataplane],
+    lineup: Lineup,
 ) -> Vec<Setup> {
     let datapath = planned[0];
     let mut setups = Vec::new();
@@ -356,7 +374,18 @@ fn datapath_setups(
             format!("{e:#}"),
         )),
     }
-    for &dp in enforcers {
+    if lineup.noop_hooks {
+        match Setup::noop_hooks(&format!("noop{tag}")) {
+            Ok(s) => setups.push(s),
+            Err(e) => report.rows.push(Row::failed(
+                datapath,
+                trial::NOOP_HOOKS,
+                "all figures",
+                format!("{e:#}"),
+            )),
+        }
+    }
+    for &dp in lineup.enforcers {
         let tag = format!("{}{tag}", dp.as_str());
         match Setup::enforcing(env, &tag, dp, world(), source) {
             Ok(s) => setups.push(s),

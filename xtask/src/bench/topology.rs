@@ -10,6 +10,9 @@ use super::world::{CLIENT_IP, SERVER_IP};
 
 const GATEWAY: &str = "169.254.1.1";
 
+/// The pods' host-side interfaces, in the node: where weir's eBPF programs attach.
+pub const HOST_INTERFACES: [&str; 2] = ["lxcclient", "lxcserver"];
+
 pub struct Topology {
     // Pods first: they are dropped (deleted) before the node.
     pub client: Netns,
@@ -33,8 +36,8 @@ impl Topology {
         node.sysctl("net.ipv4.ip_forward", "1")?;
         let client = Netns::create(&format!("{tag}-cli"))?;
         let server = Netns::create(&format!("{tag}-srv"))?;
-        wire(&node, &client, "lxcclient", CLIENT_IP)?;
-        wire(&node, &server, "lxcserver", SERVER_IP)?;
+        wire(&node, &client, HOST_INTERFACES[0], CLIENT_IP)?;
+        wire(&node, &server, HOST_INTERFACES[1], SERVER_IP)?;
         Ok(Topology {
             client,
             server,

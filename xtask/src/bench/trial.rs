@@ -8,12 +8,16 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Result};
 
 use super::agent::{Agent, Dataplane, Source};
+use super::noop_hooks::NoopHooks;
 use super::report::Row;
 use super::scale::Scale;
-use super::topology::Topology;
+use super::topology::{Topology, HOST_INTERFACES};
 use super::traffic::{self, Servers};
 use super::world::World;
 use super::{convergence, memory};
+
+/// The label of the hook-floor setup in the report.
+pub const NOOP_HOOKS: &str = "noop-hooks";
 
 pub struct Env {
     pub weir: PathBuf,
@@ -25,6 +29,8 @@ pub struct Env {
 /// One bench node. Fields drop in order: the agent stops before its node goes away.
 pub struct Setup {
     agent: Option<Agent>,
+    /// The hook floor: a no-op program where weir's eBPF classifiers attach.
+    noop: Option<NoopHooks>,
     _servers: Servers,
     topo: Topology,
     world: World,
@@ -42,6 +48,7 @@ impl Setup {
         let servers = Servers::start(&topo.server)?;
         Ok(Setup {
             agent: None,
+            noop: None,
             _servers: servers,
             topo,
             world: World::new(0, 0),
@@ -49,6 +56,14 @@ impl Setup {
             cold_start: None,
             startup_phases: Ok(Vec::new()),
         })
+    }
+
+    /// A bench node with no enforcement and a no-op program on both TCX hooks of each
+    /// pod's host-side interface, where weir's eBPF dataplane attaches its classifiers.
+    pub fn noop_hooks(tag: &str) -> Result<Self> {
+        let mut setup = Self::baseline(tag)?;
+        setup.noop = Some(NoopHooks::attach(&setup.topo.node, &HOST_INTERFACES)?);
+        Ok(setup)
     }
 
     /// A bench node whose agent has converged on `world` with `dataplane`, and whose probe
@@ -69,6 +84,7 @@ impl Setup {
         let startup_phases = agent.startup_phases().map_err(|e| format!("{e:#}"));
         let setup = Setup {
             agent: Some(agent),
+            noop: None,
             _servers: servers,
             topo,
             world,
@@ -81,7 +97,11 @@ impl Setup {
     }
 
     pub fn label(&self) -> &'static str {
-        self.dataplane.map_or("none", Dataplane::as_str)
+        match (self.dataplane, &self.noop) {
+            (Some(dp), _) => dp.as_str(),
+            (None, Some(_)) => NOOP_HOOKS,
+            (None, None) => "none",
+        }
     }
 
     /// The world closes the toggle port: make sure the dataplane really enforces before
