@@ -239,6 +239,41 @@ impl World {
         (raw::mac(&self.node, &p.host_if), raw::mac(&p.netns, "eth0"))
     }
 
+    /// Whether a UDP socket bound to `port` in the node's namespace receives a datagram
+    /// carrying `marker` while (and shortly after) `send` runs.
+    fn node_receives(&self, port: u16, v6: bool, marker: &[u8], send: impl FnOnce()) -> bool {
+        let (node, marker) = (self.node.clone(), marker.to_vec());
+        let (ready, bound) = std::sync::mpsc::channel();
+        let receiver = std::thread::spawn(move || {
+            enter(&node);
+            let any: IpAddr = if v6 {
+                std::net::Ipv6Addr::UNSPECIFIED.into()
+            } else {
+                std::net::Ipv4Addr::UNSPECIFIED.into()
+            };
+            let socket = std::net::UdpSocket::bind(SocketAddr::new(any, port))
+                .unwrap_or_else(|e| panic!("bind UDP {port} in {node}: {e}"));
+            socket.set_read_timeout(Some(LINGER)).unwrap();
+            ready.send(()).unwrap();
+            let mut buf = [0u8; 2048];
+            let deadline = Instant::now() + LINGER * 3;
+            while Instant::now() < deadline {
+                if let Ok(n) = socket.recv(&mut buf) {
+                    if buf[..n]
+                        .windows(marker.len())
+                        .any(|w| w == marker.as_slice())
+                    {
+                        return true;
+                    }
+                }
+            }
+            false
+        });
+        bound.recv().expect("the node's UDP socket is bound");
+        send();
+        receiver.join().expect("the node's receiver")
+    }
+
     /// Sends `packet` from `from`'s eth0 (tagged with `tags`) and reports whether a frame
     /// carrying `marker` showed up on `to`'s eth0.
     fn reaches(&self, from: &str, to: &str, tags: raw::Tags, packet: &[u8], marker: &[u8]) -> bool {
@@ -310,6 +345,42 @@ fn spoofing(w: &World, out: &mut Outcomes) {
                 &udp_to_web(w, src, marker.as_bytes()),
                 marker.as_bytes(),
             );
+            out.insert(format!("{} {name}", fam(v6)), got);
+        }
+    }
+}
+
+/// A pod's packets to its own node are checked for spoofing too: cli sends UDP to the
+/// gateway address every pod routes through (the node's), from its own address and from
+/// db's, and a socket in the node's namespace reports what arrived. eBPF's classifier
+/// drops the forgery on the pod's interface; iptables in `WEIR-TO-NODE`, from INPUT,
+/// which used to be empty (so passed everything) unless a ClusterNetworkPolicy judged
+/// the node.
+fn spoofed_to_node(w: &World, out: &mut Outcomes) {
+    for v6 in [false, true] {
+        let node: IpAddr = if v6 { "fe80::1" } else { "169.254.1.1" }.parse().unwrap();
+        let cases = [
+            (
+                "control: cli → its node from cli's own address",
+                w.pod("cli"),
+            ),
+            ("spoofed: cli → its node from db's address", w.pod("db")),
+        ];
+        for (i, (name, from)) in cases.into_iter().enumerate() {
+            let src = v(from, v6);
+            let marker = format!("weir-node-spoof-{v6}-{i}");
+            let port = 47000 + i as u16 + if v6 { 10 } else { 0 };
+            let seg = raw::udp(
+                SocketAddr::new(src, 33000),
+                SocketAddr::new(node, port),
+                marker.as_bytes(),
+            );
+            let packet = raw::ip(src, node, raw::IPPROTO_UDP, &seg);
+            let got = w.node_receives(port, v6, marker.as_bytes(), || {
+                let (dst_mac, src_mac) = w.macs("cli");
+                let frame = raw::ethernet(dst_mac, src_mac, &[], &packet);
+                raw::send_frames(&w.pod("cli").netns, "eth0", vec![frame.clone(), frame]);
+            });
             out.insert(format!("{} {name}", fam(v6)), got);
         }
     }
@@ -857,6 +928,14 @@ fn expected() -> Outcomes {
         );
         e.insert(format!("{f} spoofed: cli → web from db's address"), false);
         e.insert(
+            format!("{f} control: cli → its node from cli's own address"),
+            true,
+        );
+        e.insert(
+            format!("{f} spoofed: cli → its node from db's address"),
+            false,
+        );
+        e.insert(
             format!("{f} spoofed: cli → web from an off-cluster address"),
             false,
         );
@@ -948,8 +1027,9 @@ fn run(dataplane: &str) {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let w = World::up(dataplane);
     let mut out = Outcomes::new();
-    let cases: [(&str, Case); 11] = [
+    let cases: [(&str, Case); 12] = [
         ("spoofing", spoofing),
+        ("spoofed_to_node", spoofed_to_node),
         ("forgery", forgery),
         ("tagged", tagged),
         ("icmp_errors", icmp_errors),

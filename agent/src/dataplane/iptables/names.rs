@@ -61,9 +61,10 @@ pub const INPUT_HOOK: Hook = Hook {
     target: TO_NODE_CHAIN,
 };
 pub const HOOKS: [Hook; 3] = [FORWARD_HOOK, IPVS_HOOK, INPUT_HOOK];
-/// Sends a pod's packets to its own node's addresses to the pod's egress chain, where
-/// ClusterNetworkPolicy tiers judge that direction (empty while none does). The chain
-/// RETURNs such a packet before the NetworkPolicies' rules, which never stop it.
+/// Drops a pod's forged packets to its own node (anti-spoofing), and sends its other
+/// packets to the node's addresses to the pod's egress chain, where ClusterNetworkPolicy
+/// tiers judge that direction (no jumps while none does). The chain RETURNs such a packet
+/// before the NetworkPolicies' rules, which never stop it.
 pub const TO_NODE_CHAIN: &str = "WEIR-TO-NODE";
 
 /// The chain of anti-spoofing rules, entered first from `WEIR-FILTER` and `WEIR-TO-NODE`.

@@ -310,20 +310,22 @@ pub fn to_node_rule(ep: &Endpoint, hash: u64, family: Family) -> Option<String> 
     })
 }
 
-/// [`TO_NODE_CHAIN`]'s rules, given the endpoints' [`to_node_rule`]s: none without them.
-/// Before them: anti-spoofing (`spoof_chain`; not for IPv6 link-local and unspecified
-/// sources, which neighbour discovery uses), replies of the node's own connections, and
-/// IPv6 neighbour discovery, as the eBPF programs pass them first.
+/// [`TO_NODE_CHAIN`]'s rules, given the endpoints' [`to_node_rule`]s. Anti-spoofing
+/// (`spoof_chain`; not for IPv6 link-local and unspecified sources, which neighbour
+/// discovery uses) always: a pod's forged packets to its own node are dropped, as eBPF's
+/// classifier drops them, whether or not a tier judges the node. Then, only when there are
+/// jumps: replies of the node's own connections and IPv6 neighbour discovery, as the eBPF
+/// programs pass them first, and the jumps.
 pub fn to_node_chain(jumps: Vec<String>, family: Family) -> Vec<String> {
-    if jumps.is_empty() {
-        return jumps;
-    }
     let mut rules = Vec::new();
     if family == Family::V6 {
         rules.push("-s fe80::/10 -j RETURN".to_string());
         rules.push("-s ::/128 -j RETURN".to_string());
     }
     rules.push(format!("-j {SPOOF_CHAIN}"));
+    if jumps.is_empty() {
+        return rules;
+    }
     rules.push(CONNTRACK_RULE.to_string());
     if family == Family::V6 {
         // Neighbour discovery (ICMPv6 133-137, unrouted) towards link scope.
@@ -661,7 +663,8 @@ mod tests {
         assert_eq!(to_node_rule(&ep, 0xab, Family::V4), None);
         let plain = endpoint_rules(&ep, Direction::Egress, Family::V4, 0xab, false).unwrap();
         assert!(!plain.main.contains(&NODE_RETURN.to_string()));
-        assert!(to_node_chain(Vec::new(), Family::V4).is_empty());
+        // Anti-spoofing only: a pod's forged packets to its node are dropped all the same.
+        assert_eq!(to_node_chain(Vec::new(), Family::V4), ["-j WEIR-SPOOF"]);
         // An Admin rule: the node's packets come to the chain, and after the Admin rules
         // return before the NetworkPolicies'.
         ep.egress.admin = vec![tier_rule(Peer::Set(SetId(2)), Ports::All, Action::Deny, 0)];
