@@ -81,6 +81,8 @@ pub struct IptablesDataplane {
     /// Script lines (ipset and iptables-restore) the last write sent, in `status()`: a
     /// change to one endpoint must cost lines for that endpoint, not for the node.
     last_write_lines: usize,
+    /// Chains the last write declared (made or made again) in iptables.
+    last_write_chains: usize,
     /// Whether drops and audit verdicts are logged (NFLOG rules); why not when not.
     verdict_log: Result<(), String>,
     /// What rules counted before a write made their chains again (which restarts their
@@ -129,6 +131,7 @@ impl IptablesDataplane {
             bridge_ports: BTreeMap::new(),
             shape: None,
             last_write_lines: 0,
+            last_write_chains: 0,
             verdict_log: nflog::available(),
             carried: VerdictCounts::default(),
         })
@@ -145,6 +148,7 @@ impl IptablesDataplane {
         report: &mut ApplyReport,
     ) -> Result<(), DataplaneError> {
         self.last_write_lines = 0;
+        self.last_write_chains = 0;
         let links = pod_ports::NodeLinks::read();
         let bridged = match &links {
             Ok(l) => l.has_bridge(),
@@ -162,6 +166,8 @@ impl IptablesDataplane {
                 if shape.ipvs { "appeared on" } else { "left" }
             );
         }
+        // A full write of an unchanged node and state: what it writes is drift.
+        let repair = full && self.programmed.is_some() && self.shape == Some(shape);
         let full = full || self.shape != Some(shape);
         let old = if full {
             Desired::default()
@@ -271,7 +277,16 @@ impl IptablesDataplane {
             })?;
             if let Some(script) = script {
                 self.carry_counts(family, &script);
+                let declared: Vec<&str> = script
+                    .lines()
+                    .filter_map(|l| l.strip_prefix(':')?.split_whitespace().next())
+                    .collect();
+                if repair && !declared.is_empty() {
+                    tracing::info!(%family, chains = declared.len(), first = ?&declared[..declared.len().min(5)],
+                        "repair: rewrote chains whose rules in the kernel differed (drift, or a change not applied before)");
+                }
                 self.last_write_lines += script.lines().count();
+                self.last_write_chains += declared.len();
                 self.backend.restore(family, &script).map_err(|e| {
                     DataplaneError::tool(format!("{} {family} restore", self.backend), e)
                 })?;
@@ -437,6 +452,10 @@ impl Dataplane for IptablesDataplane {
                 ("backend".into(), self.backend.to_string()),
                 ("in_sync".into(), programmed.is_some().to_string()),
                 ("last_write_lines".into(), self.last_write_lines.to_string()),
+                (
+                    "last_write_chains".into(),
+                    self.last_write_chains.to_string(),
+                ),
             ],
         }
     }

@@ -342,7 +342,8 @@ pub fn to_node_chain(jumps: Vec<String>, family: Family) -> Vec<String> {
 }
 
 /// Replies and related ICMP errors of connections weir already let through.
-pub const CONNTRACK_RULE: &str = "-m conntrack --ctstate ESTABLISHED,RELATED -j RETURN";
+/// The states in the order `iptables-save` prints them back.
+pub const CONNTRACK_RULE: &str = "-m conntrack --ctstate RELATED,ESTABLISHED -j RETURN";
 
 /// Dispatch specs (in the dispatch chain) for the endpoint's isolated directions, by the
 /// direction they send to. A packet leaves its source before it reaches its destination:
@@ -391,8 +392,12 @@ fn rule_spec(rule: &Rule, direction: Direction, family: Family) -> String {
 fn match_spec(peer: Peer, ports: Ports, direction: Direction, family: Family) -> String {
     let mut spec = String::new();
     if let Ports::Protocol { protocol, range } = ports {
-        spec.push_str(&format!("-p {} ", protocol_name(protocol)));
+        let name = protocol_name(protocol);
+        spec.push_str(&format!("-p {name} "));
         if let Some(r) = range {
+            // The port match named, as `iptables-save` prints it back (so a repair finds
+            // the chain unchanged).
+            spec.push_str(&format!("-m {name} "));
             if r.first == r.last {
                 spec.push_str(&format!("--dport {} ", r.first));
             } else {
@@ -510,8 +515,8 @@ mod tests {
             rules,
             [
                 // Rules come in the desired state's order (any peer first).
-                "-p sctp --dport 80:81 -m comment --comment \"x/allow rule 0\" -j RETURN",
-                "-p tcp --dport 80 -m set --match-set weir-0000000000000001-4 src \
+                "-p sctp -m sctp --dport 80:81 -m comment --comment \"x/allow rule 0\" -j RETURN",
+                "-p tcp -m tcp --dport 80 -m set --match-set weir-0000000000000001-4 src \
                  -m comment --comment \"x/allow rule 0\" -j RETURN",
                 "-m comment --comment \"x/a Ingress default deny\" -j DROP",
             ]
@@ -614,7 +619,7 @@ mod tests {
         assert_eq!(
             chains.main,
             [
-                format!("-p tcp --dport 80 -m set --match-set {} src -m comment --comment \"cnp Admin guard rule 0 Deny\" -j DROP", set(2)),
+                format!("-p tcp -m tcp --dport 80 -m set --match-set {} src -m comment --comment \"cnp Admin guard rule 0 Deny\" -j DROP", set(2)),
                 format!("-m set --match-set {} src -m comment --comment \"cnp Admin guard rule 1 Pass\" -g WEIR-IP-00000000000000ab", set(2)),
                 "-m comment --comment \"cnp Admin guard rule 2 Accept\" -j RETURN".to_string(),
                 "-g WEIR-IP-00000000000000ab".to_string(),
@@ -636,7 +641,7 @@ mod tests {
         assert_eq!(
             egress.main,
             [
-                "-p tcp --dport 80 -m comment --comment \"cnp Baseline guard rule 0 Pass\" -j RETURN".to_string(),
+                "-p tcp -m tcp --dport 80 -m comment --comment \"cnp Baseline guard rule 0 Pass\" -j RETURN".to_string(),
                 log_rule(&format!("-m set --match-set {} dst ", set(3)), LogPrefix { kind: LogKind::Deny, direction: Direction::Egress, hash: 0xab }),
                 format!("-m set --match-set {} dst -m comment --comment \"cnp Baseline guard rule 1 Deny\" -j DROP", set(3)),
             ]

@@ -1,14 +1,15 @@
 //! The `iptables-restore --noflush` script for one family: in full (start-up and repair:
-//! every weir chain rewritten, stale ones deleted, hook jumps ensured) or as the delta
-//! between what was programmed and what is desired (only changed endpoint chains and
-//! dispatch rules). Declaring a chain (`:CHAIN - [0:0]`) creates or flushes it, and each
-//! table commits atomically, so no packet sees a half-written chain.
+//! every weir chain that differs from the kernel's rewritten, stale ones deleted, hook
+//! jumps ensured) or as the delta between what was programmed and what is desired (only
+//! changed endpoint chains, and the dispatch chain when a jump comes or goes). Declaring
+//! a chain (`:CHAIN - [0:0]`) creates or flushes it, and each table commits atomically,
+//! so no packet sees a half-written chain.
 
 use std::collections::BTreeSet;
 use std::fmt::Write;
 
 use crate::netfilter::WEIR_CHAIN_PREFIX;
-use crate::reset::iptables_save::{self, SaveParseError};
+use crate::reset::iptables_save::{self, SaveParseError, SavedTable};
 use weir_policy::desired::{Desired, Direction, Endpoint};
 
 use super::names::SPOOF_CHAIN;
@@ -54,23 +55,26 @@ pub fn script(
     let mut former = String::new();
     match saved {
         Some(saved) => {
-            remove_former(saved, &mut former)?;
+            let saved = iptables_save::parse(saved)?;
+            remove_former(&saved, &mut former);
+            let mut all = String::new();
             full(
                 names,
                 new,
                 family,
-                saved,
+                &saved,
                 new_pods,
                 node,
                 spoof.unwrap_or(&[]),
-                &mut body,
-            )?
+                &mut all,
+            );
+            body = without_unchanged_chains(&all, &saved);
         }
         None => {
             if let Some(rules) = spoof {
                 write_chain(&mut body, SPOOF_CHAIN, rules);
             }
-            delta(names, old, new, family, node, &mut body)
+            delta(names, old, new, family, node, new_pods, &mut body)
         }
     }
     let mut script = String::new();
@@ -85,10 +89,9 @@ pub fn script(
 }
 
 /// Removes weir's hook jumps and chains from the table an earlier release used.
-fn remove_former(saved: &str, out: &mut String) -> Result<(), SaveParseError> {
-    let tables = iptables_save::parse(saved)?;
+fn remove_former(tables: &[SavedTable], out: &mut String) {
     let Some(table) = tables.iter().find(|t| t.name == FORMER_TABLE) else {
-        return Ok(());
+        return;
     };
     for r in table
         .rules
@@ -108,7 +111,129 @@ fn remove_former(saved: &str, out: &mut String) -> Result<(), SaveParseError> {
     for chain in &ours {
         let _ = writeln!(out, "-X {chain}");
     }
-    Ok(())
+}
+
+/// `script` without the chains that `saved` already holds rule for rule: a full write
+/// (start-up on an adopted node, the periodic repair) leaves what is right alone, so it
+/// costs nothing when nothing drifted, and a chain left alone keeps its counters. A chain
+/// whose rules `iptables-save` prints differently from how they were written is simply
+/// written again.
+fn without_unchanged_chains(script: &str, tables: &[SavedTable]) -> String {
+    let Some(table) = tables.iter().find(|t| t.name == TABLE) else {
+        return script.to_string();
+    };
+    let mut present: std::collections::BTreeMap<&str, Vec<&str>> = table
+        .chains
+        .iter()
+        .map(|c| (c.as_str(), Vec::new()))
+        .collect();
+    for r in &table.rules {
+        if let Some(rules) = present.get_mut(r.chain.as_str()) {
+            rules.push(r.spec.as_str());
+        }
+    }
+    let mut out = String::new();
+    let mut lines = script.lines().peekable();
+    while let Some(line) = lines.next() {
+        let Some(chain) = line
+            .strip_prefix(':')
+            .and_then(|d| d.strip_suffix(" - [0:0]"))
+        else {
+            let _ = writeln!(out, "{line}");
+            continue;
+        };
+        let append = format!("-A {chain} ");
+        let mut rules = Vec::new();
+        while let Some(rule) = lines.peek().and_then(|l| l.strip_prefix(append.as_str())) {
+            rules.push(rule);
+            lines.next();
+        }
+        let differs = match present.get(chain) {
+            None => Some(("(no such chain)".to_string(), String::new())),
+            Some(saved) if saved.len() != rules.len() => Some((
+                format!("{} rules", saved.len()),
+                format!("{} rules", rules.len()),
+            )),
+            Some(saved) => saved
+                .iter()
+                .zip(&rules)
+                .find(|(s, r)| **s != save_order(r))
+                .map(|(s, r)| (s.to_string(), save_order(r).into_owned())),
+        };
+        let Some((kernel, written)) = differs else {
+            continue;
+        };
+        tracing::debug!(
+            chain,
+            kernel,
+            written,
+            "chain differs from the kernel's: written again"
+        );
+        let _ = writeln!(out, "{line}");
+        for rule in rules {
+            let _ = writeln!(out, "{append}{rule}");
+        }
+    }
+    out
+}
+
+/// `rule` with its address, interface and protocol options (`-s`, `-d`, `-i`, `-o`, `-p`,
+/// each with its `!`) first and in that order, as `iptables-save` prints them wherever
+/// they were written (they are the rule's IP header part, not matches). Everything else
+/// keeps its order; a quoted value (a comment) is one token, and nothing from the target
+/// (`-j`, `-g`) on is moved.
+fn save_order(rule: &str) -> std::borrow::Cow<'_, str> {
+    const ORDER: [&str; 5] = ["-s", "-d", "-i", "-o", "-p"];
+    let mut tokens: Vec<String> = Vec::new();
+    let mut quoted = false;
+    for word in rule.split(' ') {
+        match tokens.last_mut() {
+            Some(last) if quoted => {
+                last.push(' ');
+                last.push_str(word);
+            }
+            _ => tokens.push(word.to_string()),
+        }
+        let escaped = word.matches("\\\"").count();
+        if (word.matches('"').count() - escaped) % 2 == 1 {
+            quoted = !quoted;
+        }
+    }
+    let (mut header, mut rest) = (Vec::new(), Vec::new());
+    let mut i = 0;
+    while i < tokens.len() {
+        if matches!(tokens[i].as_str(), "-j" | "-g") {
+            rest.extend(tokens.drain(i..));
+            break;
+        }
+        let at = i + usize::from(tokens[i] == "!");
+        let rank = tokens
+            .get(at)
+            .and_then(|t| ORDER.iter().position(|o| o == t))
+            .filter(|_| at + 1 < tokens.len());
+        match rank {
+            Some(rank) => {
+                header.push((rank, tokens[i..at + 2].join(" ")));
+                i = at + 2;
+            }
+            None => {
+                rest.push(std::mem::take(&mut tokens[i]));
+                i += 1;
+            }
+        }
+    }
+    header.sort_by_key(|(rank, _)| *rank);
+    let ordered: Vec<String> = header
+        .into_iter()
+        .map(|(_, text)| text)
+        .chain(rest)
+        .collect();
+    let ordered = ordered.join(" ");
+    if ordered == rule {
+        rule.into()
+    } else {
+        ordered.into()
+    }
 }
 
 fn write_chain(out: &mut String, chain: &str, rules: &[String]) {
@@ -127,12 +252,7 @@ fn write_chain(out: &mut String, chain: &str, rules: &[String]) {
 /// On a node with a bridge, pod interfaces are bridge ports: matched with physdev too
 /// (`--physdev-out` only sees bridged packets, from pods on the same bridge), and
 /// link-scope IPv6 (neighbour discovery between the bridge's pods) passes.
-fn new_pod_rules(
-    new_pods: &NewPodIsolation,
-    family: Family,
-    bridged: bool,
-    out: &mut String,
-) -> Vec<String> {
+fn new_pod_dispatch(new_pods: &NewPodIsolation, family: Family, bridged: bool) -> Vec<String> {
     let known = set_name(KNOWN_ENDPOINTS_SET, family);
     let mut dispatch = Vec::new();
     for prefix in &new_pods.prefixes {
@@ -153,6 +273,11 @@ fn new_pod_rules(
             ));
         }
     }
+    dispatch
+}
+
+/// The chains the [`new_pod_dispatch`] rules jump to.
+fn new_pod_chains(new_pods: &NewPodIsolation, family: Family, bridged: bool, out: &mut String) {
     let exempt = new_pods.exempt_iptables();
     let link_scope: &[&str] = match (bridged, family) {
         (true, Family::V6) => &[
@@ -192,18 +317,47 @@ fn new_pod_rules(
         rules.push("-m comment --comment \"pod interface not programmed yet\" -j DROP".to_string());
         write_chain(out, chain, &rules);
     }
+}
+
+/// The dispatch chain in full: its head, every egress jump, every ingress jump, then the
+/// new-pod catch-all. Written whole whenever a jump comes or goes, so the kernel always
+/// holds it in this order and a repair finds it unchanged.
+fn dispatch_chain(
+    names: &mut ChainNames,
+    desired: &Desired,
+    family: Family,
+    node: NodeShape,
+    new_pods: &NewPodIsolation,
+) -> Vec<String> {
+    let mut dispatch = dispatch_head(family, node.bridged);
+    let mut to_pods = Vec::new();
+    for ep in desired.endpoints.values() {
+        let hash = names.hash_for(&ep.pod);
+        for (direction, spec) in dispatch_rules(ep, hash, family) {
+            match direction {
+                Direction::Egress => dispatch.push(spec),
+                Direction::Ingress => to_pods.push(spec),
+            }
+        }
+    }
+    dispatch.extend(to_pods);
+    if new_pods.enabled() {
+        dispatch.extend(new_pod_dispatch(new_pods, family, node.bridged));
+    }
     dispatch
 }
 
 /// Pods on one bridge resolve each other with their own addresses (a solicited
 /// advertisement is unicast, global to global); br_netfilter shows that to FORWARD. At
 /// hop limit 255 it was bridged, not routed: outside NetworkPolicy, as on eBPF.
+/// Written as `iptables-save` prints them back: the protocol first, types as numbers
+/// (135 neighbour solicitation, 136 advertisement).
 fn bridged_neighbour_discovery() -> Vec<String> {
-    ["neighbour-solicitation", "neighbour-advertisement"]
+    [135, 136]
         .iter()
         .map(|t| {
             format!(
-                "-m physdev --physdev-is-bridged -p ipv6-icmp -m icmp6 --icmpv6-type {t} \
+                "-p ipv6-icmp -m physdev --physdev-is-bridged -m icmp6 --icmpv6-type {t} \
                  -m hl --hl-eq 255 -m comment --comment \"bridged neighbour discovery\" \
                  -j RETURN"
             )
@@ -216,13 +370,12 @@ fn full(
     names: &mut ChainNames,
     new: &Desired,
     family: Family,
-    saved: &str,
+    tables: &[SavedTable],
     new_pods: &NewPodIsolation,
     node: NodeShape,
     spoof: &[String],
     out: &mut String,
-) -> Result<(), SaveParseError> {
-    let tables = iptables_save::parse(saved)?;
+) {
     let filter = tables.iter().find(|t| t.name == TABLE);
     let mut wanted = BTreeSet::from([
         DISPATCH_CHAIN.to_string(),
@@ -231,8 +384,6 @@ fn full(
     ]);
     // Anti-spoofing before anything else, the conntrack shortcut included.
     write_chain(out, SPOOF_CHAIN, spoof);
-    let mut dispatch = dispatch_head(family, node.bridged);
-    let mut to_pods = Vec::new();
     let mut to_node = Vec::new();
     for ep in new.endpoints.values() {
         let hash = names.hash_for(&ep.pod);
@@ -250,19 +401,13 @@ fn full(
                 wanted.insert(chain);
             }
         }
-        for (direction, spec) in dispatch_rules(ep, hash, family) {
-            match direction {
-                Direction::Egress => dispatch.push(spec),
-                Direction::Ingress => to_pods.push(spec),
-            }
-        }
     }
-    dispatch.extend(to_pods);
     if new_pods.enabled() {
-        dispatch.extend(new_pod_rules(new_pods, family, node.bridged, out));
+        new_pod_chains(new_pods, family, node.bridged, out);
         wanted.insert(NEW_FROM_POD_CHAIN.to_string());
         wanted.insert(NEW_TO_POD_CHAIN.to_string());
     }
+    let dispatch = dispatch_chain(names, new, family, node, new_pods);
     write_chain(out, DISPATCH_CHAIN, &dispatch);
     write_chain(out, TO_NODE_CHAIN, &to_node_chain(to_node, family));
     let existing = filter.map(|t| t.chains.as_slice()).unwrap_or_default();
@@ -299,7 +444,6 @@ fn full(
             let _ = writeln!(out, "-I {} 1 {}", hook.chain, hook.spec());
         }
     }
-    Ok(())
 }
 
 /// The dispatch chain's first rules, before the endpoints' jumps: anti-spoofing (before
@@ -313,18 +457,19 @@ fn dispatch_head(family: Family, bridged: bool) -> Vec<String> {
     head
 }
 
-/// Egress jumps go in right after the [`dispatch_head`], ingress jumps at the end, so every
-/// egress jump stays ahead of every ingress one (see [`dispatch_rules`]).
+/// When a dispatch jump comes or goes, the dispatch chain is written whole
+/// ([`dispatch_chain`]): every egress jump stays ahead of every ingress one (see
+/// [`dispatch_rules`]), in the order a full write would give.
 fn delta(
     names: &mut ChainNames,
     old: &Desired,
     new: &Desired,
     family: Family,
     node: NodeShape,
+    new_pods: &NewPodIsolation,
     out: &mut String,
 ) {
     let log = node.verdict_log;
-    let first_jump = dispatch_head(family, node.bridged).len() + 1;
     let mut removed_chains = Vec::new();
     let (mut old_dispatch, mut new_dispatch) = (BTreeSet::new(), BTreeSet::new());
     let (mut old_to_node, mut new_to_node) = (Vec::new(), Vec::new());
@@ -370,14 +515,9 @@ fn delta(
         let rules = to_node_chain(new_to_node, family);
         write_chain(out, TO_NODE_CHAIN, &rules);
     }
-    for (direction, spec) in new_dispatch.difference(&old_dispatch) {
-        let _ = match direction {
-            Direction::Egress => writeln!(out, "-I {DISPATCH_CHAIN} {first_jump} {spec}"),
-            Direction::Ingress => writeln!(out, "-A {DISPATCH_CHAIN} {spec}"),
-        };
-    }
-    for (_, spec) in old_dispatch.difference(&new_dispatch) {
-        let _ = writeln!(out, "-D {DISPATCH_CHAIN} {spec}");
+    if old_dispatch != new_dispatch {
+        let dispatch = dispatch_chain(names, new, family, node, new_pods);
+        write_chain(out, DISPATCH_CHAIN, &dispatch);
     }
     for chain in &removed_chains {
         let _ = writeln!(out, "-F {chain}");
@@ -449,6 +589,93 @@ mod tests {
         assert!(spoof < ct, "{s}");
         assert!(s.contains(":WEIR-SPOOF - [0:0]\n"));
         assert!(s.ends_with("COMMIT\n"));
+    }
+
+    /// What `iptables-save` would print after `script` ran on a node with an empty mangle
+    /// table: its declarations and rules, the hook jumps (`-I CHAIN 1 ...`) appended.
+    fn as_saved(script: &str) -> String {
+        let mut body = String::from("*mangle\n:FORWARD ACCEPT [0:0]\n:INPUT ACCEPT [0:0]\n");
+        for line in script.lines().filter(|l| *l != "*mangle" && *l != "COMMIT") {
+            match line.strip_prefix("-I ").and_then(|l| l.split_once(" 1 ")) {
+                Some((chain, rule)) => body.push_str(&format!("-A {chain} {rule}\n")),
+                None => body.push_str(&format!("{line}\n")),
+            }
+        }
+        body + "COMMIT\n"
+    }
+
+    #[test]
+    fn rules_compare_in_the_order_iptables_save_prints() {
+        assert_eq!(
+            save_order("-i lxc1 ! -s 10.0.0.1/32 -m comment --comment \"a -s b\" -j DROP"),
+            "! -s 10.0.0.1/32 -i lxc1 -m comment --comment \"a -s b\" -j DROP"
+        );
+        assert_eq!(
+            save_order("-o lxc+ -d 10.0.0.1/32 -j X"),
+            "-d 10.0.0.1/32 -o lxc+ -j X"
+        );
+        let in_order = "-s 10.0.0.1/32 -p tcp -m tcp --dport 80 -j RETURN";
+        assert!(matches!(save_order(in_order), std::borrow::Cow::Borrowed(r) if r == in_order));
+        // After a match too: the header part is printed first all the same.
+        assert_eq!(
+            save_order(
+                "-m physdev --physdev-in v ! -s 1.2.3.4/32 -m comment --comment \"x -d y\" -j DROP"
+            ),
+            "! -s 1.2.3.4/32 -m physdev --physdev-in v -m comment --comment \"x -d y\" -j DROP"
+        );
+        assert_eq!(
+            save_order("-m physdev --physdev-is-bridged -s fe80::/10 -d ff02::/16 -j RETURN"),
+            "-s fe80::/10 -d ff02::/16 -m physdev --physdev-is-bridged -j RETURN"
+        );
+        // The target's own options are never taken for the header's.
+        let nflog = "-p tcp -j NFLOG --nflog-prefix \"-s x\"";
+        assert_eq!(save_order(nflog), nflog);
+    }
+
+    #[test]
+    fn a_full_write_leaves_alone_the_chains_already_right() {
+        let mut names = ChainNames::default();
+        let new = desired(&[("x/a", "10.0.0.1", true), ("x/b", "10.0.0.2", true)]);
+        let full = |names: &mut ChainNames, saved: &str| {
+            let off = NewPodIsolation::off();
+            let node = NodeShape::default();
+            script(
+                names,
+                &Desired::default(),
+                &new,
+                Family::V4,
+                Some(saved),
+                &off,
+                node,
+                None,
+            )
+            .unwrap()
+        };
+        let bare = "*mangle\n:FORWARD ACCEPT [0:0]\n:INPUT ACCEPT [0:0]\nCOMMIT\n";
+        let first = full(&mut names, bare).unwrap();
+        let saved = as_saved(&first);
+        // Nothing drifted: nothing to write.
+        assert_eq!(full(&mut names, &saved), None, "{saved}");
+        // One rule deleted by hand: that chain, and only it, is written again.
+        let chain = saved
+            .lines()
+            .find_map(|l| l.strip_prefix(":WEIR-I-"))
+            .map(|c| format!("WEIR-I-{}", c.trim_end_matches(" - [0:0]")))
+            .expect("an ingress chain");
+        let drifted: String = saved
+            .lines()
+            .filter(|l| !l.starts_with(&format!("-A {chain} ")))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        let repair = full(&mut names, &drifted).expect("a repair");
+        let declared: Vec<&str> = repair.lines().filter(|l| l.starts_with(':')).collect();
+        assert_eq!(declared, [format!(":{chain} - [0:0]")], "{repair}");
+        let wanted: Vec<&str> = first
+            .lines()
+            .filter(|l| l.starts_with(&format!("-A {chain} ")))
+            .collect();
+        let written: Vec<&str> = repair.lines().filter(|l| l.starts_with("-A ")).collect();
+        assert_eq!(written, wanted);
     }
 
     #[test]
@@ -561,11 +788,13 @@ mod tests {
         .unwrap()
         .unwrap();
         let b_chain = endpoint_chain(names.hash_for("x/b"), Direction::Ingress);
+        let a_chain = endpoint_chain(names.hash_for("x/a"), Direction::Ingress);
         assert_eq!(
             s,
             format!(
-                "*mangle\n-D WEIR-FILTER -d 10.0.0.2/32 -j {b_chain}\n-F {b_chain}\n\
-                 -X {b_chain}\nCOMMIT\n"
+                "*mangle\n:WEIR-FILTER - [0:0]\n-A WEIR-FILTER -j WEIR-SPOOF\n\
+                 -A WEIR-FILTER {CONNTRACK_RULE}\n-A WEIR-FILTER -d 10.0.0.1/32 -j {a_chain}\n\
+                 -F {b_chain}\n-X {b_chain}\nCOMMIT\n"
             )
         );
     }
@@ -603,7 +832,7 @@ mod tests {
             "{full}"
         );
         assert_eq!(jumps.len(), 3, "{full}");
-        // A pod that becomes egress-isolated later has its jump inserted after the head
+        // A pod that becomes egress-isolated later has its jump after the head
         // (anti-spoofing and the conntrack shortcut), ahead of every ingress jump.
         let mut new = old.clone();
         egress(&mut new, "x/a");
@@ -620,10 +849,14 @@ mod tests {
         .unwrap()
         .unwrap();
         let a_out = endpoint_chain(names.hash_for("x/a"), Direction::Egress);
-        assert!(
-            s.contains(&format!("-I WEIR-FILTER 3 -s 10.0.0.1/32 -j {a_out}\n")),
-            "{s}"
-        );
+        let dispatch: Vec<&str> = s
+            .lines()
+            .filter_map(|l| l.strip_prefix("-A WEIR-FILTER "))
+            .collect();
+        let at = |spec: &str| dispatch.iter().position(|r| r.starts_with(spec));
+        let a = at(&format!("-s 10.0.0.1/32 -j {a_out}")).expect("a's egress jump");
+        assert!(at("-m conntrack") < Some(a), "{s}");
+        assert!(Some(a) < at("-d "), "{s}");
     }
 
     #[test]
