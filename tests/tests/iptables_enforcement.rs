@@ -281,6 +281,24 @@ fn ip_block_excepts_carve_holes_out_of_the_whole_address_space() {
     check_whole_space_except(&world, B, world.pod("b").ip6);
 }
 
+/// A count the iptables dataplane reports among its status details.
+fn status_count(dp: &NodeDataplane, key: &str) -> usize {
+    let status = dp.status();
+    let (_, value) = status
+        .details
+        .iter()
+        .find(|(k, _)| k == key)
+        .unwrap_or_else(|| panic!("status has {key}"));
+    value.parse().expect("a count")
+}
+
+/// The node's mangle table, as `iptables-nft-save` prints it.
+fn mangle_rules(world: &World) -> String {
+    weir_tests::netns::NetNs::attach(&world.node)
+        .ok("iptables-nft-save", &["-t", "mangle"], None)
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
 /// 1000 isolated endpoints with 4 rules each: the full reconcile writes them all, one
 /// policy change rewrites one endpoint chain. Prints both times (the figures in the
 /// README); checks the change is in the kernel.
@@ -318,23 +336,14 @@ fn one_change_among_a_thousand_endpoints_is_a_small_delta() {
     changed.ingress.rules = [tcp_rule(Peer::Set(SetId(7)), 9999, 9999, "x/p", 0)].into();
 
     let mut dp = start(&world, None);
-    let lines_written = |dp: &NodeDataplane| -> usize {
-        let status = dp.status();
-        let lines = status.details.iter().find(|(k, _)| k == "last_write_lines");
-        lines
-            .expect("status has last_write_lines")
-            .1
-            .parse()
-            .expect("a count")
-    };
     let started = Instant::now();
     dp.converge(&before, Scope::Kernel).expect("reconcile");
     let full = started.elapsed();
-    let full_lines = lines_written(&dp);
+    let full_lines = status_count(&dp, "last_write_lines");
     let started = Instant::now();
     dp.converge(&after, Scope::Mirror).expect("apply");
     let delta = started.elapsed();
-    let delta_lines = lines_written(&dp);
+    let delta_lines = status_count(&dp, "last_write_lines");
     println!(
         "iptables dataplane, 1000 endpoints x 4 rules: full reconcile {:.0} ms ({full_lines} script lines), one policy change {:.1} ms ({delta_lines} lines)",
         full.as_secs_f64() * 1000.0,
@@ -351,9 +360,7 @@ fn one_change_among_a_thousand_endpoints_is_a_small_delta() {
         (1..=20).contains(&delta_lines),
         "one policy change sent {delta_lines} script lines (the full write sent {full_lines})"
     );
-    let rules = weir_tests::netns::NetNs::attach(&world.node)
-        .ok("iptables-nft-save", &["-t", "mangle"], None)
-        .unwrap_or_else(|e| panic!("{e}"));
+    let rules = mangle_rules(&world);
     assert_eq!(
         rules.matches("--dport 9999").count(),
         1,
@@ -367,21 +374,9 @@ fn one_change_among_a_thousand_endpoints_is_a_small_delta() {
 
     // A repair of a node where nothing drifted makes no chain again: it compares what
     // `iptables-save` prints with what it would write.
-    let chains_written = |dp: &NodeDataplane| -> usize {
-        let status = dp.status();
-        let chains = status
-            .details
-            .iter()
-            .find(|(k, _)| k == "last_write_chains");
-        chains
-            .expect("status has last_write_chains")
-            .1
-            .parse()
-            .expect("a count")
-    };
     dp.converge(&after, Scope::Kernel).expect("repair");
     assert_eq!(
-        chains_written(&dp),
+        status_count(&dp, "last_write_chains"),
         0,
         "a repair with nothing drifted made chains again"
     );
@@ -396,10 +391,12 @@ fn one_change_among_a_thousand_endpoints_is_a_small_delta() {
         .ok("iptables-nft-restore", &["--noflush"], Some(&delete))
         .unwrap_or_else(|e| panic!("{e}"));
     dp.converge(&after, Scope::Kernel).expect("repair");
-    assert_eq!(chains_written(&dp), 1, "the repair of one drifted chain");
-    let repaired = weir_tests::netns::NetNs::attach(&world.node)
-        .ok("iptables-nft-save", &["-t", "mangle"], None)
-        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        status_count(&dp, "last_write_chains"),
+        1,
+        "the repair of one drifted chain"
+    );
+    let repaired = mangle_rules(&world);
     assert_eq!(
         repaired.matches("--dport 9999").count(),
         1,
