@@ -118,6 +118,11 @@ enum Command {
         /// Only these groups (a row of the table); repeat for several.
         #[arg(long = "group")]
         groups: Vec<String>,
+        /// In the conformance groups, only the scenarios whose names start with this
+        /// (repeatable), as `conformance --scenarios`; e.g. `cnp` with `--group
+        /// conformance_ipvs` runs the ClusterNetworkPolicy scenarios through ipvs.
+        #[arg(long = "scenarios", value_name = "PREFIX")]
+        scenarios: Vec<String>,
     },
     /// The other NetworkPolicy agents (deploy/peer-versions: kube-router,
     /// kube-network-policies), built from the Go module proxy and cached, then the upstream
@@ -179,7 +184,8 @@ fn main() {
             kernels,
             quick,
             groups,
-        } => kernels::run(&kernels, quick, &groups),
+            scenarios,
+        } => kernels::run(&kernels, quick, &groups, &scenarios),
     };
     if let Err(e) = result {
         eprintln!("xtask: error: {e:#}");

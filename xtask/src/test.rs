@@ -164,7 +164,7 @@ pub fn run() -> Result<()> {
 
     // The kernel floor: the quick groups in a Debian 5.10 guest (issue 17).
     steps.start("kernels (quick: Debian 5.10 under virtme-ng)");
-    let kernels = crate::kernels::run(&["5.10".to_string()], true, &[]);
+    let kernels = crate::kernels::run(&["5.10".to_string()], true, &[], &[]);
 
     steps.start("fuzz");
     let fuzzed = crate::fuzz::run(&CI_FUZZ)?;

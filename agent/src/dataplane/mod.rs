@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 pub mod iptables;
 pub mod netlink;
 pub mod new_pods;
+pub mod node_addresses;
 pub mod pod_ports;
 
 use std::collections::BTreeMap;

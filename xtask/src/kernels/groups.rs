@@ -193,6 +193,7 @@ pub fn script(
     results: &Path,
     done: &str,
     slow: bool,
+    scenarios: &[String],
 ) -> String {
     let r = results.display();
     let mut s = format!(
@@ -217,6 +218,15 @@ pub fn script(
         binaries["weir"].display(),
         workspace_root().join("tests").display()
     );
+    if !scenarios.is_empty() {
+        // Checked free of quotes and commas (`kernels::run`).
+        writeln!(
+            s,
+            "export WEIR_CONFORMANCE_SCENARIOS='{}'",
+            scenarios.join(",")
+        )
+        .unwrap();
+    }
     for g in groups {
         let exe = &binaries[g.test];
         let env: String = g.env.iter().map(|(k, v)| format!("{k}='{v}' ")).collect();

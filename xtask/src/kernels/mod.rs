@@ -100,7 +100,7 @@ struct KernelRun {
     error: Option<String>,
 }
 
-pub fn run(kernels: &[String], quick: bool, only: &[String]) -> Result<()> {
+pub fn run(kernels: &[String], quick: bool, only: &[String], scenarios: &[String]) -> Result<()> {
     if !is_root() {
         bail!("kernels boots VMs and runs the privileged tests: run it as root");
     }
@@ -113,6 +113,9 @@ pub fn run(kernels: &[String], quick: bool, only: &[String]) -> Result<()> {
         if k != "host" && debian::series(k).is_none() {
             bail!("--kernel {k}: unknown; one of 5.10, 6.1, host");
         }
+    }
+    if let Some(p) = scenarios.iter().find(|p| p.contains(['\'', ','])) {
+        bail!("--scenarios {p:?}: a prefix cannot hold a quote or a comma");
     }
     for name in only {
         if !groups::GROUPS.iter().any(|g| g.name == name) {
@@ -140,7 +143,7 @@ pub fn run(kernels: &[String], quick: bool, only: &[String]) -> Result<()> {
     let started = Instant::now();
     let mut runs = Vec::new();
     for k in &kernels {
-        let run = run_kernel(k, &groups, &binaries, quick);
+        let run = run_kernel(k, &groups, &binaries, quick, scenarios);
         println!("{}", table(std::slice::from_ref(&run), &groups));
         runs.push(run);
     }
@@ -226,6 +229,7 @@ fn run_kernel(
     groups: &[&Group],
     binaries: &BTreeMap<String, PathBuf>,
     quick: bool,
+    scenarios: &[String],
 ) -> KernelRun {
     let started = Instant::now();
     let mut run = KernelRun {
@@ -236,7 +240,7 @@ fn run_kernel(
         groups: Vec::new(),
         error: None,
     };
-    if let Err(e) = run_kernel_inner(kernel, groups, binaries, quick, &mut run) {
+    if let Err(e) = run_kernel_inner(kernel, groups, binaries, quick, scenarios, &mut run) {
         run.error = Some(format!("{e:#}"));
     }
     run.seconds = started.elapsed().as_secs();
@@ -248,6 +252,7 @@ fn run_kernel_inner(
     groups: &[&Group],
     binaries: &BTreeMap<String, PathBuf>,
     quick: bool,
+    scenarios: &[String],
     run: &mut KernelRun,
 ) -> Result<()> {
     let dir = workspace_root().join("target/kernels").join(kernel);
@@ -266,7 +271,7 @@ fn run_kernel_inner(
         let script = dir.join("run.sh");
         fs::write(
             &script,
-            groups::script(&here, binaries, &results, "done", false),
+            groups::script(&here, binaries, &results, "done", false, scenarios),
         )?;
         let status = Command::new("sh")
             .arg(&script)
@@ -305,7 +310,7 @@ fn run_kernel_inner(
             let console = dir.join(format!("console-{i}.log"));
             fs::write(
                 &script,
-                groups::script(&these, binaries, &results, &done, slow),
+                groups::script(&these, binaries, &results, &done, slow, scenarios),
             )?;
             println!(
                 "kernels: booting {release} ({accel}{}); console in {}",

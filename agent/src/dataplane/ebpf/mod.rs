@@ -20,7 +20,6 @@ mod attach;
 mod config;
 pub mod decode;
 mod events;
-mod host;
 mod identities;
 mod identity_index;
 mod kernel_state;
@@ -184,7 +183,7 @@ impl EbpfDataplane {
             loader::forward_kernel_logs(&programs)?;
         }
         let kernel = KernelState::read(&maps);
-        let host = host::node_prefixes()?;
+        let host = node_prefixes()?;
         let programs = Arc::new(Mutex::new(programs));
         let (isolator, link_watch) = if config.new_pods.enabled() {
             config.new_pods.validate().map_err(DataplaneError::Config)?;
@@ -1016,7 +1015,7 @@ impl Dataplane for EbpfDataplane {
         if scope == Scope::Kernel {
             // Repair drift: trust the kernel's maps, not the mirror.
             self.kernel = KernelState::read(&self.maps);
-            match host::node_prefixes() {
+            match node_prefixes() {
                 Ok(host) => self.host = host,
                 Err(e) => tracing::warn!("node addresses not refreshed: {e}"),
             }
@@ -1075,6 +1074,14 @@ impl Dataplane for EbpfDataplane {
             details,
         }
     }
+}
+
+/// The node's addresses ([`crate::dataplane::node_addresses`]) as host prefixes.
+fn node_prefixes() -> Result<Vec<identities::Prefix>, DataplaneError> {
+    Ok(crate::dataplane::node_addresses::read()?
+        .into_iter()
+        .map(|a| identities::Prefix::from_net(&a.into()))
+        .collect())
 }
 
 #[cfg(test)]

@@ -6,7 +6,8 @@
 //! (conntrack ESTABLISHED,RELATED) and dispatches by pod address. Traffic between a pod
 //! and its own node (INPUT, OUTPUT) is not policed by NetworkPolicies; where
 //! ClusterNetworkPolicy tiers judge a pod's egress, `WEIR-TO-NODE` (entered first from
-//! INPUT) sends its packets to the node to its egress chain. IPv4 through iptables, IPv6 through
+//! INPUT) sends its packets to the node's addresses (the `weir-node-*` sets: not every
+//! local address, see [`crate::dataplane::node_addresses`]) to its egress chain. IPv4 through iptables, IPv6 through
 //! ip6tables, on the backend (legacy or nft) the node already uses.
 //!
 //! Writes are batched: one `ipset restore` for additions, one `iptables-restore
@@ -88,6 +89,12 @@ pub struct IptablesDataplane {
     /// What rules counted before a write made their chains again (which restarts their
     /// counters): [`Dataplane::verdict_counts`] adds it, so the counts only grow.
     carried: VerdictCounts,
+    /// The node's addresses in the [`names::node_set_name`] sets, read again at each full
+    /// write (a repair included, as eBPF reads its host entries again).
+    node_addresses: Option<Vec<std::net::IpAddr>>,
+    /// Whether those sets are in the kernel: only while a tier judges some pod's egress
+    /// (`WEIR-TO-NODE` names them then), so a node without such pods keeps no weir state.
+    node_sets_written: bool,
 }
 
 impl IptablesDataplane {
@@ -134,6 +141,8 @@ impl IptablesDataplane {
             last_write_chains: 0,
             verdict_log: nflog::available(),
             carried: VerdictCounts::default(),
+            node_addresses: None,
+            node_sets_written: false,
         })
     }
 
@@ -222,6 +231,10 @@ impl IptablesDataplane {
                     sets::member_delta(*id, &before.members, &set.members, &mut adds, &mut dels)
                 }
             }
+        }
+        let judged_to_node = desired.endpoints.values().any(|e| e.egress.is_tiered());
+        if judged_to_node && (full || !self.node_sets_written) {
+            self.node_addresses_script(&existing, report, &mut adds)?;
         }
         if let Some(k) = &known {
             // Exists (empty when new) before a rule names it; members come after the rules,
@@ -314,8 +327,8 @@ impl IptablesDataplane {
             desired.sets.insert(k.id, k);
         }
         self.run_ipset(&dels)?;
-        let stale: BTreeSet<String> = if full {
-            stale_kernel_sets(&desired)?
+        let mut stale: BTreeSet<String> = if full {
+            stale_kernel_sets(&desired, judged_to_node)?
         } else {
             old.sets
                 .keys()
@@ -323,6 +336,9 @@ impl IptablesDataplane {
                 .flat_map(|id| Family::ALL.map(|f| names::set_name(*id, f)))
                 .collect()
         };
+        if self.node_sets_written && !judged_to_node {
+            stale.extend(Family::ALL.map(names::node_set_name));
+        }
         if !stale.is_empty() {
             // Tolerant: a set something else still references is flushed and reported.
             let outcome = ipsets::remove(&|n| stale.contains(n));
@@ -341,6 +357,7 @@ impl IptablesDataplane {
         }
         self.programmed = Some(desired);
         self.shape = Some(shape);
+        self.node_sets_written = judged_to_node;
         Ok(())
     }
 
@@ -487,6 +504,32 @@ impl IptablesDataplane {
         }
     }
 
+    /// Reads the node's addresses again and writes their sets. Read as they were when
+    /// that fails, after the first time (a rule names the sets, so they must exist).
+    fn node_addresses_script(
+        &mut self,
+        existing: &BTreeMap<String, u32>,
+        report: &mut ApplyReport,
+        out: &mut String,
+    ) -> Result<(), DataplaneError> {
+        match crate::dataplane::node_addresses::read() {
+            Ok(addrs) => {
+                if self.node_addresses.as_ref().is_some_and(|a| *a != addrs) {
+                    tracing::info!(addresses = ?addrs, "the node's addresses changed");
+                }
+                self.node_addresses = Some(addrs);
+            }
+            Err(e) if self.node_addresses.is_some() => report.failures.push(ObjectError {
+                object: "node addresses".into(),
+                reason: format!("not read again (the last ones kept): {e}"),
+            }),
+            Err(e) => return Err(e),
+        }
+        let addrs = self.node_addresses.as_deref().unwrap_or_default();
+        sets::node_script(addrs, existing, out);
+        Ok(())
+    }
+
     fn run_ipset(&mut self, script: &str) -> Result<(), DataplaneError> {
         if script.is_empty() {
             return Ok(());
@@ -551,12 +594,18 @@ fn empty_set(id: SetId) -> AddressSet {
     }
 }
 
-/// weir's sets in the kernel that the desired state does not name.
-fn stale_kernel_sets(desired: &Desired) -> Result<BTreeSet<String>, DataplaneError> {
+/// weir's sets in the kernel that the desired state does not name (nor the node's
+/// addresses', when `node_sets` are kept).
+fn stale_kernel_sets(
+    desired: &Desired,
+    node_sets: bool,
+) -> Result<BTreeSet<String>, DataplaneError> {
+    let node = node_sets.then_some(Family::ALL.map(names::node_set_name));
     let wanted: BTreeSet<String> = desired
         .sets
         .keys()
         .flat_map(|id| Family::ALL.map(|f| names::set_name(*id, f)))
+        .chain(node.into_iter().flatten())
         .collect();
     let listed = exec::run_ok("ipset", &["list", "-n"], None).map_err(other)?;
     Ok(listed

@@ -86,6 +86,18 @@ pub const NEW_TO_POD_CHAIN: &str = "WEIR-NEW-TO-POD";
 /// The set of the programmed endpoints' addresses (a reserved id: set ids are hashes).
 pub const KNOWN_ENDPOINTS_SET: SetId = SetId(0);
 
+/// `weir-node-4` / `-6`: the node's own addresses, which [`TO_NODE_CHAIN`] sends to tiers
+/// (see [`crate::dataplane::node_addresses`]). Not a [`SetId`]'s form, so no address set
+/// can take the name.
+pub fn node_set_name(family: Family) -> String {
+    format!("{WEIR_SET_PREFIX}node-{}", family_digit(family))
+}
+
+/// The staging set [`node_set_name`]'s contents are replaced through.
+pub fn node_staging_set_name(family: Family) -> String {
+    format!("{}t", node_set_name(family))
+}
+
 /// `weir-<16 hex>-4` / `-6`: one kernel set per family for each address set.
 pub fn set_name(id: SetId, family: Family) -> String {
     format!("{WEIR_SET_PREFIX}{id}-{}", family_digit(family))

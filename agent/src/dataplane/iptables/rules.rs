@@ -25,7 +25,7 @@ use weir_policy::desired::{
 use super::names::SPOOF_CHAIN;
 #[cfg(doc)]
 use super::names::TO_NODE_CHAIN;
-use super::names::{endpoint_chain, passed_chain, set_name};
+use super::names::{endpoint_chain, node_set_name, passed_chain, set_name};
 use crate::netfilter::backend::Family;
 
 /// Longest comment kept on a rule (the kernel allows 256 bytes).
@@ -315,7 +315,9 @@ pub fn to_node_rule(ep: &Endpoint, hash: u64, family: Family) -> Option<String> 
 /// discovery uses) always: a pod's forged packets to its own node are dropped, as eBPF's
 /// classifier drops them, whether or not a tier judges the node. Then, only when there are
 /// jumps: replies of the node's own connections and IPv6 neighbour discovery, as the eBPF
-/// programs pass them first, and the jumps.
+/// programs pass them first; packets to local addresses that are not the node's (under
+/// kube-proxy's ipvs mode, Services' on `kube-ipvs0`: judged after IPVS, in OUTPUT, by
+/// their backend), as eBPF does not count them the node's; and the jumps.
 pub fn to_node_chain(jumps: Vec<String>, family: Family) -> Vec<String> {
     let mut rules = Vec::new();
     if family == Family::V6 {
@@ -337,6 +339,11 @@ pub fn to_node_chain(jumps: Vec<String>, family: Family) -> Vec<String> {
             }
         }
     }
+    rules.push(format!(
+        "-m set ! --match-set {} dst -m comment --comment {} -j RETURN",
+        node_set_name(family),
+        quote("not a node address: a Service address is judged after IPVS")
+    ));
     rules.extend(jumps);
     rules
 }
@@ -681,6 +688,13 @@ mod tests {
         let chain = to_node_chain(vec![jump.clone()], Family::V4);
         assert_eq!(chain.first().map(String::as_str), Some("-j WEIR-SPOOF"));
         assert_eq!(chain.last(), Some(&jump));
+        // Only the node's own addresses go to the jumps: not kube-ipvs0's Service
+        // addresses, which are local too (see node_addresses).
+        assert_eq!(
+            chain[chain.len() - 2],
+            "-m set ! --match-set weir-node-4 dst -m comment --comment \
+             \"not a node address: a Service address is judged after IPVS\" -j RETURN"
+        );
         // Not isolated: the Baseline judges the node as any destination.
         ep.egress.isolated = false;
         ep.egress.rules.clear();

@@ -4,12 +4,13 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write;
+use std::net::IpAddr;
 
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 
 use weir_policy::desired::{programmed_members, AddressSet, Member, SetId};
 
-use super::names::{set_name, staging_set_name};
+use super::names::{node_set_name, node_staging_set_name, set_name, staging_set_name};
 use crate::netfilter::backend::Family;
 
 /// ipset's default maxelem (65,536) is reached by one namespace selector in a large
@@ -104,26 +105,54 @@ pub fn entries<'a>(
 pub fn replace_script(set: &AddressSet, existing: &BTreeMap<String, u32>, out: &mut String) {
     for family in Family::ALL {
         let (name, staging) = (set_name(set.id, family), staging_set_name(set.id, family));
-        let f = family.ipset_family();
-        let other_size = |n: &str| existing.get(n).is_some_and(|m| *m != MAXELEM);
-        if !other_size(&name) {
-            let _ = writeln!(out, "create {name} hash:net family {f} maxelem {MAXELEM}");
-        }
-        if other_size(&staging) {
-            // A staging set left by an interrupted run of an earlier release.
-            let _ = writeln!(out, "destroy {staging}");
-        }
-        let _ = writeln!(
-            out,
-            "create {staging} hash:net family {f} maxelem {MAXELEM}"
-        );
-        let _ = writeln!(out, "flush {staging}");
-        for e in entries(&set.members, family) {
-            let _ = writeln!(out, "add {staging} {}", e.render());
-        }
-        let _ = writeln!(out, "swap {staging} {name}");
+        replace_family(&name, &staging, family, &set.members, existing, out);
+    }
+}
+
+/// The node's addresses ([`crate::dataplane::node_addresses`]) as
+/// [`node_set_name`](super::names::node_set_name) sets, made or replaced as
+/// [`replace_script`] does.
+pub fn node_script(addrs: &[IpAddr], existing: &BTreeMap<String, u32>, out: &mut String) {
+    let members: Vec<Member> = addrs
+        .iter()
+        .map(|a| Member {
+            net: IpNet::from(*a),
+            except: false,
+        })
+        .collect();
+    for family in Family::ALL {
+        let (name, staging) = (node_set_name(family), node_staging_set_name(family));
+        replace_family(&name, &staging, family, &members, existing, out);
+    }
+}
+
+fn replace_family<'a>(
+    name: &str,
+    staging: &str,
+    family: Family,
+    members: impl IntoIterator<Item = &'a Member>,
+    existing: &BTreeMap<String, u32>,
+    out: &mut String,
+) {
+    let f = family.ipset_family();
+    let other_size = |n: &str| existing.get(n).is_some_and(|m| *m != MAXELEM);
+    if !other_size(name) {
+        let _ = writeln!(out, "create {name} hash:net family {f} maxelem {MAXELEM}");
+    }
+    if other_size(staging) {
+        // A staging set left by an interrupted run of an earlier release.
         let _ = writeln!(out, "destroy {staging}");
     }
+    let _ = writeln!(
+        out,
+        "create {staging} hash:net family {f} maxelem {MAXELEM}"
+    );
+    let _ = writeln!(out, "flush {staging}");
+    for e in entries(members, family) {
+        let _ = writeln!(out, "add {staging} {}", e.render());
+    }
+    let _ = writeln!(out, "swap {staging} {name}");
+    let _ = writeln!(out, "destroy {staging}");
 }
 
 /// Lines that turn `old` members into `new` ones: adds (and nomatch flips, which
@@ -224,6 +253,32 @@ mod tests {
             "{script}"
         );
         assert!(script.contains("swap "), "{script}");
+    }
+
+    #[test]
+    fn node_addresses_replace_the_node_sets_by_family() {
+        let addrs: Vec<IpAddr> = ["10.0.0.1", "fd00::1", "::ffff:10.0.0.2"]
+            .iter()
+            .map(|a| a.parse().unwrap())
+            .collect();
+        let mut script = String::new();
+        node_script(&addrs, &BTreeMap::new(), &mut script);
+        let adds: Vec<&str> = script.lines().filter(|l| l.starts_with("add ")).collect();
+        assert_eq!(
+            adds,
+            [
+                "add weir-node-4t 10.0.0.1/32",
+                "add weir-node-6t fd00::1/128"
+            ]
+        );
+        assert!(
+            script.contains("swap weir-node-4t weir-node-4\n"),
+            "{script}"
+        );
+        assert!(
+            script.contains("create weir-node-6 hash:net family inet6 "),
+            "{script}"
+        );
     }
 
     #[test]

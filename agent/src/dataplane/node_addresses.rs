@@ -1,13 +1,13 @@
-//! The node's own addresses. Traffic between a pod and the node it runs on is always
-//! allowed (Kubernetes NetworkPolicy semantics: kubelet probes, node-local DNS caches),
-//! as with an iptables dataplane that filters forwarded traffic only. They go into the
-//! IDENTITY trie as /32 or /128 entries with the reserved host identity.
+//! The node's own addresses, one list for both dataplanes. NetworkPolicies never stop a
+//! pod's traffic to its node (kubelet probes, node-local DNS caches); ClusterNetworkPolicy
+//! tiers judge it. eBPF puts them in its IDENTITY trie as host entries; iptables in an
+//! ipset that `WEIR-TO-NODE` matches, so a packet to any other local address (a Service's,
+//! under kube-proxy's ipvs mode) is not judged as the node's.
 
 use std::net::IpAddr;
 
 use serde::Deserialize;
 
-use super::identities::Prefix;
 use crate::dataplane::DataplaneError;
 
 /// kube-proxy's ipvs mode puts every Service address on this dummy device. They are
@@ -28,18 +28,14 @@ struct AddrInfo {
     local: Option<IpAddr>,
 }
 
-/// Addresses of this network namespace (`ip -j addr show`), as host prefixes.
-pub fn node_prefixes() -> Result<Vec<Prefix>, DataplaneError> {
+/// The node's addresses in this network namespace (`ip -j addr show`).
+pub fn read() -> Result<Vec<IpAddr>, DataplaneError> {
     let out = crate::exec::run_ok("ip", &["-j", "addr", "show"], None)
         .map_err(|e| DataplaneError::tool("list the node's addresses", e))?;
-    Ok(node_addresses(&out)
-        .map_err(|source| DataplaneError::ToolOutput {
-            tool: "ip -j addr show",
-            source,
-        })?
-        .into_iter()
-        .map(|a| Prefix::from_net(&a.into()))
-        .collect())
+    node_addresses(&out).map_err(|source| DataplaneError::ToolOutput {
+        tool: "ip -j addr show",
+        source,
+    })
 }
 
 /// The node's addresses in `ip -j addr show` output: every interface's but
