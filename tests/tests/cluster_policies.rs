@@ -343,6 +343,29 @@ fn node_matrix(dataplane: &str) -> (BTreeMap<String, bool>, Vec<String>) {
     .unwrap();
     let node = lab.node_netns();
     let (gw4, gw6) = bridge_addresses(&node);
+    // kube-proxy's ipvs mode puts Service addresses on kube-ipvs0: local, not the node's.
+    let service: IpAddr = "10.96.0.10".parse().unwrap();
+    // A dummy device as kube-proxy makes it, or an ifb where the kernel has no dummy
+    // (the host's): the name is what tells it apart.
+    let node_ns = weir_tests::netns::NetNs::attach(&node);
+    let refused: Vec<String> = ["dummy", "ifb"]
+        .iter()
+        .map_while(|kind| {
+            let add = ["link", "add", "kube-ipvs0", "type", kind];
+            node_ns.ok("ip", &add, None).err().map(|e| e.to_string())
+        })
+        .collect();
+    assert!(
+        refused.len() < 2,
+        "prerequisite missing: a dummy or ifb device in the kernel: {refused:?}"
+    );
+    node_ns
+        .ok(
+            "ip",
+            &["addr", "add", "10.96.0.10/32", "dev", "kube-ipvs0"],
+            None,
+        )
+        .unwrap();
     let guards = write_manifest(
         &lab,
         "guards.yaml",
@@ -351,6 +374,19 @@ fn node_matrix(dataplane: &str) -> (BTreeMap<String, bool>, Vec<String>) {
             .replace("GW6", &gw6.to_string()),
     );
     lab.weir(&["apply", guards.to_str().unwrap()]).unwrap();
+    if dataplane == "iptables" {
+        // WEIR-TO-NODE sends to the tiers only what goes to these sets (see
+        // node_addresses; a Service address is judged after IPVS, by its backend).
+        let member = |set: &str, a: IpAddr| {
+            let test = node_ns.run("ipset", &["test", set, &a.to_string()], None);
+            test.expect("prerequisite missing: ipset (apt-get install ipset)")
+                .status
+                .success()
+        };
+        assert!(member("weir-node-4", gw4), "the node's address {gw4}");
+        assert!(member("weir-node-6", gw6), "the node's address {gw6}");
+        assert!(!member("weir-node-4", service), "kube-ipvs0's {service}");
+    }
     let path = lab.dir.join("objects.yaml");
     let text = std::fs::read_to_string(&path).unwrap();
     let mut engine = Engine::new(None);
