@@ -228,7 +228,7 @@ pub fn load_and_pin_into(
             .ok_or(DataplaneError::MissingProgram(name))?
             .try_into()
             .map_err(|e| DataplaneError::program(format!("program {name}"), e))?;
-        prog.load()
+        load_classifier(name, prog)
             .map_err(|e| DataplaneError::program(format!("verifier rejected {name}"), e))?;
         let pin = progs.join(name);
         let _ = std::fs::remove_file(&pin);
@@ -276,6 +276,35 @@ pub fn forward_kernel_logs(programs: &Programs) -> Result<(), DataplaneError> {
             source,
         })?;
     Ok(())
+}
+
+/// How many times a load the verifier gave up on with EAGAIN is tried (libbpf's number).
+const LOAD_ATTEMPTS: u32 = 5;
+
+/// Loads `prog`, again when the verifier was interrupted: it stops with EAGAIN when a
+/// signal is pending (the kernel's `do_check`), which a process running children can get
+/// during a long verification (CI saw it once, on the host's 6.18, on aya's logged second
+/// attempt). Any other refusal is returned at once.
+pub(crate) fn load_classifier(
+    name: &str,
+    prog: &mut SchedClassifier,
+) -> Result<(), aya::programs::ProgramError> {
+    let mut attempt = 1;
+    loop {
+        match prog.load() {
+            Err(aya::programs::ProgramError::LoadError { io_error, .. })
+                if io_error.raw_os_error() == Some(libc::EAGAIN) && attempt < LOAD_ATTEMPTS =>
+            {
+                tracing::info!(
+                    program = name,
+                    attempt,
+                    "the verifier was interrupted (EAGAIN): loading again"
+                );
+                attempt += 1;
+            }
+            other => return other,
+        }
+    }
 }
 
 pub(crate) fn verifier_message(e: &aya::programs::ProgramError) -> String {

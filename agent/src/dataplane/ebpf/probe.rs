@@ -87,7 +87,7 @@ fn verifier_accepts() -> Result<(), String> {
                 .ok_or_else(|| format!("program {name} missing"))?
                 .try_into()
                 .map_err(|e| format!("program {name}: {e}"))?;
-            prog.load().map_err(|e| {
+            super::loader::load_classifier(name, prog).map_err(|e| {
                 format!(
                     "verifier rejected {name}: {}",
                     super::loader::verifier_message(&e)
