@@ -7,8 +7,9 @@
 //! and its own node (INPUT, OUTPUT) is not policed by NetworkPolicies; where
 //! ClusterNetworkPolicy tiers judge a pod's egress, `WEIR-TO-NODE` (entered first from
 //! INPUT) sends its packets to the node's addresses (the `weir-node-*` sets: not every
-//! local address, see [`crate::dataplane::node_addresses`]) to its egress chain. IPv4 through iptables, IPv6 through
-//! ip6tables, on the backend (legacy or nft) the node already uses.
+//! local address, see [`crate::dataplane::node_addresses`]) to its egress chain. IPv4
+//! through iptables, IPv6 through ip6tables, on the backend (legacy or nft) the node
+//! already uses.
 //!
 //! Writes are batched: one `ipset restore` for additions, one `iptables-restore
 //! --noflush` per family (atomic per table), one `ipset restore` for removals. After
