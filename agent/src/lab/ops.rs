@@ -505,7 +505,7 @@ fn change(
         // Leave no half-built pod behind: the next apply would trip over it.
         for pod in created {
             let _ = netns::stop_processes(&pod.netns);
-            let _ = world::delete_pod(pod);
+            let _ = world::delete_pod(&state.node_netns, pod);
         }
         return Err(e);
     }
@@ -561,7 +561,7 @@ fn change(
     }
     for pod in removed {
         netns::stop_processes(&pod.netns)?;
-        world::delete_pod(&pod)?;
+        world::delete_pod(&state.node_netns, &pod)?;
     }
     Ok(())
 }

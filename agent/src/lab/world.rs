@@ -210,7 +210,14 @@ fn wire_bridged_pod(node: &str, net: &PodNetwork, pod: &PodState) -> Result<(), 
     Ok(())
 }
 
-/// Deletes the pod's namespace; its veth pair and routes go with it.
-pub fn delete_pod(pod: &PodState) -> Result<(), LabError> {
+/// Deletes the pod's veth pair and namespace; its routes go with them. The pair is
+/// deleted first, by its node end: the kernel destroys a deleted namespace's devices
+/// later, in a work queue, and a pod re-created at once under the same name (its node
+/// end's name comes from it) would find the old device still there ("File exists").
+pub fn delete_pod(node: &str, pod: &PodState) -> Result<(), LabError> {
+    let host = pod.host_if.as_str();
+    if netns::exists(node) && ip(&["-n", node, "link", "show", "dev", host]).is_ok() {
+        ip(&["-n", node, "link", "del", "dev", host])?;
+    }
     netns::delete(&pod.netns)
 }
