@@ -44,9 +44,34 @@ struct Tally {
     binaries: Vec<String>,
     /// Each binary's "test result:" line: passed, failed (same order as `binaries`).
     results: Vec<(usize, usize)>,
+    /// What each failed test printed (libtest's `---- NAME stdout ----` section), so the
+    /// end of the run can say why: CI keeps only the tail of a long log.
+    failure_output: Vec<(String, Vec<String>)>,
+    /// The failure section being read, if any.
+    in_failure: Option<usize>,
 }
 
+/// At most this many lines of each failed test's output are printed again at the end.
+const FAILURE_LINES: usize = 40;
+
 impl Tally {
+    /// Prints again what each failed test printed (its first [`FAILURE_LINES`] lines).
+    fn print_failures(&self, kind: &str) {
+        for (test, lines) in &self.failure_output {
+            println!("\n{kind} test {test} failed; it printed:");
+            let shown = lines.len().min(FAILURE_LINES);
+            for line in &lines[..shown] {
+                println!("  | {line}");
+            }
+            if lines.len() > shown {
+                println!(
+                    "  | … {} more lines above, in the test's output",
+                    lines.len() - shown
+                );
+            }
+        }
+    }
+
     /// One line per binary with its count; fails when a binary ran no test, or when an
     /// integration test source (`*/tests/*.rs`) ran as no binary at all: a test file that
     /// stops compiling into the run, or loses its tests, must not pass unnoticed.
@@ -179,6 +204,7 @@ pub fn run() -> Result<()> {
     steps.finish();
     for (name, t) in [("unit", &unit), ("integration", &integration)] {
         if !t.failed.is_empty() {
+            t.print_failures(name);
             bail!("{name} tests failed: {}", t.failed.join(", "));
         }
         if !t.ignored.is_empty() {
@@ -287,6 +313,23 @@ fn cargo_test(args: &[&str]) -> Result<Tally> {
 }
 
 fn tally_line(tally: &mut Tally, line: &str) {
+    if let Some(name) = line
+        .strip_prefix("---- ")
+        .and_then(|l| l.strip_suffix(" stdout ----"))
+    {
+        tally.failure_output.push((name.to_string(), Vec::new()));
+        tally.in_failure = Some(tally.failure_output.len() - 1);
+        return;
+    }
+    if let Some(i) = tally.in_failure {
+        // libtest ends the sections with a second "failures:" line listing the names.
+        if line == "failures:" {
+            tally.in_failure = None;
+        } else {
+            tally.failure_output[i].1.push(line.to_string());
+            return;
+        }
+    }
     let line = line.trim();
     if let Some(rest) = line.strip_prefix("Running ") {
         // "Running tests/foo.rs (target/...)" or "Running unittests src/lib.rs (target/...)"
@@ -374,6 +417,41 @@ mod tests {
             .check_every_binary_ran(&["tests/a.rs".into(), "tests/c.rs".into()])
             .unwrap_err();
         assert!(err.to_string().contains("tests/c.rs"), "{err}");
+    }
+
+    #[test]
+    fn a_failed_tests_output_is_kept_for_the_end_of_the_run() {
+        let mut t = Tally::default();
+        for line in [
+            "test a ... FAILED",
+            "test b ... ok",
+            "",
+            "failures:",
+            "",
+            "---- a stdout ----",
+            "thread 'a' panicked at tests/x.rs:1:1:",
+            "ebpf (ipv4, at first): x/a → y/b: got blocked",
+            "",
+            "failures:",
+            "    a",
+            "",
+            "test result: FAILED. 1 passed; 1 failed; 0 ignored; 0 measured; 0 filtered out; finished in 1s",
+        ] {
+            tally_line(&mut t, line);
+        }
+        assert_eq!(t.failed, ["a"]);
+        assert_eq!(t.passed, 1);
+        assert_eq!(t.results, [(1, 1)]);
+        assert_eq!(t.failure_output.len(), 1);
+        assert_eq!(t.failure_output[0].0, "a");
+        assert_eq!(
+            t.failure_output[0].1,
+            [
+                "thread 'a' panicked at tests/x.rs:1:1:",
+                "ebpf (ipv4, at first): x/a → y/b: got blocked",
+                ""
+            ]
+        );
     }
 
     #[test]
