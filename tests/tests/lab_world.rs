@@ -1,5 +1,6 @@
 //! The lab's world without an agent: namespaces, routes, listeners and the prober, over
-//! IPv4 and IPv6, and the life cycle of objects (apply, delete, invalid input, down).
+//! IPv4 and IPv6, and the life cycle of objects (apply, delete, re-create at once,
+//! invalid input, down).
 
 use weir_tests::lab::{manifest, netpol_world, Lab};
 
@@ -81,6 +82,22 @@ fn world_without_enforcement_connects_everything_and_follows_apply_and_delete() 
     );
     let unchanged = std::fs::read_to_string(lab.dir.join("objects.yaml")).unwrap();
     assert_eq!(objects, unchanged, "a refused object changed the lab");
+
+    // Deleted while something still holds its namespace (an exiting process, a capture),
+    // then re-created at once: the namespace, and the veth in it, outlive the delete, so
+    // the lab must remove the veth itself or the new pod's (same name) is refused with
+    // "File exists". CI's bridge_topology once met this through a slow namespace teardown.
+    let state: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(lab.dir.join("state.json")).unwrap())
+            .unwrap();
+    let netns = state["pods"]["w/d"]["netns"].as_str().expect("w/d's netns");
+    let held = std::fs::File::open(format!("/run/netns/{netns}")).expect("w/d's netns file");
+    lab.weir(&["delete", extra.to_str().unwrap()]).unwrap();
+    lab.weir(&["apply", extra.to_str().unwrap()])
+        .expect("w/d re-created while its old namespace is still held");
+    drop(held);
+    let (_, matrix) = lab.probe(&[]).unwrap();
+    assert!(matrix[&("x/a".into(), "w/d".into(), 8080, "UDP".into())]);
 
     lab.weir(&["delete", extra.to_str().unwrap()]).unwrap();
     let (_, matrix) = lab.probe(&[]).unwrap();

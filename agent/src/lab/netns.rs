@@ -217,8 +217,6 @@ pub fn stop_processes(netns: &str) -> Result<(), LabError> {
     }
 }
 
-/// Stops one process: SIGTERM, then SIGKILL after `grace`; waits until it is gone (or a
-/// zombie). A pid that no longer exists is already stopped.
 /// Whether the process is alive (a zombie, not yet reaped by its parent, is not).
 pub fn alive(pid: u32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
