@@ -87,10 +87,7 @@ fn world_without_enforcement_connects_everything_and_follows_apply_and_delete() 
     // then re-created at once: the namespace, and the veth in it, outlive the delete, so
     // the lab must remove the veth itself or the new pod's (same name) is refused with
     // "File exists". CI's bridge_topology once met this through a slow namespace teardown.
-    let state: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(lab.dir.join("state.json")).unwrap())
-            .unwrap();
-    let netns = state["pods"]["w/d"]["netns"].as_str().expect("w/d's netns");
+    let (netns, _) = lab.pod("w/d");
     let held = std::fs::File::open(format!("/run/netns/{netns}")).expect("w/d's netns file");
     lab.weir(&["delete", extra.to_str().unwrap()]).unwrap();
     lab.weir(&["apply", extra.to_str().unwrap()])

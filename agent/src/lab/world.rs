@@ -216,7 +216,7 @@ fn wire_bridged_pod(node: &str, net: &PodNetwork, pod: &PodState) -> Result<(), 
 /// end's name comes from it) would find the old device still there ("File exists").
 pub fn delete_pod(node: &str, pod: &PodState) -> Result<(), LabError> {
     let host = pod.host_if.as_str();
-    if netns::exists(node) && ip(&["-n", node, "link", "show", "dev", host]).is_ok() {
+    if ip(&["-n", node, "link", "show", "dev", host]).is_ok() {
         ip(&["-n", node, "link", "del", "dev", host])?;
     }
     netns::delete(&pod.netns)
