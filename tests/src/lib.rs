@@ -4,6 +4,8 @@
 //! netpol scenarios. Tests drive the real `weir` binary and the real kernel; nothing in the
 //! agent depends on this crate.
 pub mod desired;
+/// A lab whose pods the hostile tests send hand-made frames between.
+pub mod frame_lab;
 /// GET from an agent's HTTP server inside a namespace.
 pub mod http;
 pub mod kernel_state;

@@ -15,7 +15,8 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use weir_tests::lab::{manifest, Lab};
+use weir_tests::frame_lab::{family, FrameLab, LabPod, LINGER};
+use weir_tests::lab::manifest;
 use weir_tests::pods::{enter, ip, off_node_host};
 use weir_tests::raw::{self, Sniffer};
 
@@ -177,128 +178,54 @@ spec:
 /// WEIR_CT size (262,144), so a node-wide LRU would have evicted the idle victim flow (the
 /// kernel's LRU is approximate: at 600,000 it survived one baseline run in four).
 const FLOOD_FRAMES: u32 = 1_000_000;
-/// How long a sniffer keeps watching after the frames were sent.
-const LINGER: Duration = Duration::from_millis(300);
 const CONNECT_TIMEOUT: Duration = Duration::from_millis(2500);
 
 /// One lab at a time: the flood and the probes are timing-sensitive on a small machine.
 static SERIAL: Mutex<()> = Mutex::new(());
 
-struct PodInfo {
-    netns: String,
-    host_if: String,
-    v4: IpAddr,
-    v6: IpAddr,
+type World = FrameLab;
+
+fn up(dataplane: &str) -> World {
+    FrameLab::up("hostile", dataplane, "red", MANIFEST)
 }
 
-struct World {
-    /// Torn down (`weir lab down`) when the world is dropped.
-    lab: Lab,
-    node: String,
-    pods: BTreeMap<String, PodInfo>,
-}
-
-impl World {
-    fn up(dataplane: &str) -> World {
-        let lab = Lab::new(&format!("hostile-{dataplane}"));
-        let file = manifest(&lab, "hostile.yaml", MANIFEST);
-        lab.weir(&["up", "--dataplane", dataplane, file.to_str().unwrap()])
-            .unwrap_or_else(|e| panic!("{dataplane}: weir lab up: {e}"));
-        let state: Value =
-            serde_json::from_str(&std::fs::read_to_string(lab.dir.join("state.json")).unwrap())
-                .unwrap();
-        let pods = state["pods"]
-            .as_object()
-            .expect("state.json pods")
-            .iter()
-            .map(|(key, p)| {
-                let addr = |f: &str| p[f].as_str().expect(f).parse::<IpAddr>().unwrap();
-                let info = PodInfo {
-                    netns: p["netns"].as_str().unwrap().to_string(),
-                    host_if: p["host_if"].as_str().unwrap().to_string(),
-                    v4: addr("ipv4"),
-                    v6: addr("ipv6"),
-                };
-                (key.clone(), info)
-            })
-            .collect();
-        World {
-            node: state["node_netns"].as_str().unwrap().to_string(),
-            lab,
-            pods,
-        }
-    }
-
-    fn pod(&self, name: &str) -> &PodInfo {
-        &self.pods[&format!("red/{name}")]
-    }
-
-    /// Source and destination MACs of a frame the pod sends to its node.
-    fn macs(&self, from: &str) -> ([u8; 6], [u8; 6]) {
-        let p = self.pod(from);
-        (raw::mac(&self.node, &p.host_if), raw::mac(&p.netns, "eth0"))
-    }
-
-    /// Whether a UDP socket bound to `port` in the node's namespace receives a datagram
-    /// carrying `marker` while (and shortly after) `send` runs.
-    fn node_receives(&self, port: u16, v6: bool, marker: &[u8], send: impl FnOnce()) -> bool {
-        let (node, marker) = (self.node.clone(), marker.to_vec());
-        let (ready, bound) = std::sync::mpsc::channel();
-        let receiver = std::thread::spawn(move || {
-            enter(&node);
-            let any: IpAddr = if v6 {
-                std::net::Ipv6Addr::UNSPECIFIED.into()
-            } else {
-                std::net::Ipv4Addr::UNSPECIFIED.into()
-            };
-            let socket = std::net::UdpSocket::bind(SocketAddr::new(any, port))
-                .unwrap_or_else(|e| panic!("bind UDP {port} in {node}: {e}"));
-            socket.set_read_timeout(Some(LINGER)).unwrap();
-            ready.send(()).unwrap();
-            let mut buf = [0u8; 2048];
-            let deadline = Instant::now() + LINGER * 3;
-            while Instant::now() < deadline {
-                if let Ok(n) = socket.recv(&mut buf) {
-                    if buf[..n]
-                        .windows(marker.len())
-                        .any(|w| w == marker.as_slice())
-                    {
-                        return true;
-                    }
+/// Whether a UDP socket bound to `port` in the node's namespace receives a datagram
+/// carrying `marker` while (and shortly after) `send` runs.
+fn node_receives(w: &World, port: u16, v6: bool, marker: &[u8], send: impl FnOnce()) -> bool {
+    let (node, marker) = (w.node.clone(), marker.to_vec());
+    let (ready, bound) = std::sync::mpsc::channel();
+    let receiver = std::thread::spawn(move || {
+        enter(&node);
+        let any: IpAddr = if v6 {
+            std::net::Ipv6Addr::UNSPECIFIED.into()
+        } else {
+            std::net::Ipv4Addr::UNSPECIFIED.into()
+        };
+        let socket = std::net::UdpSocket::bind(SocketAddr::new(any, port))
+            .unwrap_or_else(|e| panic!("bind UDP {port} in {node}: {e}"));
+        socket.set_read_timeout(Some(LINGER)).unwrap();
+        ready.send(()).unwrap();
+        let mut buf = [0u8; 2048];
+        let deadline = Instant::now() + LINGER * 3;
+        while Instant::now() < deadline {
+            if let Ok(n) = socket.recv(&mut buf) {
+                if buf[..n]
+                    .windows(marker.len())
+                    .any(|w| w == marker.as_slice())
+                {
+                    return true;
                 }
             }
-            false
-        });
-        bound.recv().expect("the node's UDP socket is bound");
-        send();
-        receiver.join().expect("the node's receiver")
-    }
-
-    /// Sends `packet` from `from`'s eth0 (tagged with `tags`) and reports whether a frame
-    /// carrying `marker` showed up on `to`'s eth0.
-    fn reaches(&self, from: &str, to: &str, tags: raw::Tags, packet: &[u8], marker: &[u8]) -> bool {
-        let sniffer = Sniffer::start(&self.pod(to).netns, "eth0", marker);
-        let (dst_mac, src_mac) = self.macs(from);
-        let frame = raw::ethernet(dst_mac, src_mac, tags, packet);
-        raw::send_frames(&self.pod(from).netns, "eth0", vec![frame.clone(), frame]);
-        sniffer.stop(LINGER) > 0
-    }
+        }
+        false
+    });
+    bound.recv().expect("the node's UDP socket is bound");
+    send();
+    receiver.join().expect("the node's receiver")
 }
 
-fn v(p: &PodInfo, v6: bool) -> IpAddr {
-    if v6 {
-        p.v6
-    } else {
-        p.v4
-    }
-}
-
-fn fam(v6: bool) -> &'static str {
-    if v6 {
-        "v6"
-    } else {
-        "v4"
-    }
+fn v(p: &LabPod, v6: bool) -> IpAddr {
+    p.addr(v6)
 }
 
 /// A UDP datagram to web:5353 from `src`, carrying `marker`.
@@ -345,7 +272,7 @@ fn spoofing(w: &World, out: &mut Outcomes) {
                 &udp_to_web(w, src, marker.as_bytes()),
                 marker.as_bytes(),
             );
-            out.insert(format!("{} {name}", fam(v6)), got);
+            out.insert(format!("{} {name}", family(v6)), got);
         }
     }
 }
@@ -376,12 +303,12 @@ fn spoofed_to_node(w: &World, out: &mut Outcomes) {
                 marker.as_bytes(),
             );
             let packet = raw::ip(src, node, raw::IPPROTO_UDP, &seg);
-            let got = w.node_receives(port, v6, marker.as_bytes(), || {
+            let got = node_receives(w, port, v6, marker.as_bytes(), || {
                 let (dst_mac, src_mac) = w.macs("cli");
                 let frame = raw::ethernet(dst_mac, src_mac, &[], &packet);
                 raw::send_frames(&w.pod("cli").netns, "eth0", vec![frame.clone(), frame]);
             });
-            out.insert(format!("{} {name}", fam(v6)), got);
+            out.insert(format!("{} {name}", family(v6)), got);
         }
     }
 }
@@ -402,7 +329,10 @@ fn forgery(w: &World, out: &mut Outcomes) {
         )
         .is_some();
         out.insert(
-            format!("{} forgery: cli → db:5432 before the forged reply", fam(v6)),
+            format!(
+                "{} forgery: cli → db:5432 before the forged reply",
+                family(v6)
+            ),
             blocked_before,
         );
         let seg = raw::tcp(
@@ -430,7 +360,7 @@ fn forgery(w: &World, out: &mut Outcomes) {
         out.insert(
             format!(
                 "{} forgery: cli:{port} → db:5432 after a forged reply from db:5432",
-                fam(v6)
+                family(v6)
             ),
             got,
         );
@@ -444,7 +374,7 @@ fn forgery(w: &World, out: &mut Outcomes) {
         out.insert(
             format!(
                 "{} forgery control: cli → web:80 from a fixed port",
-                fam(v6)
+                family(v6)
             ),
             control,
         );
@@ -548,7 +478,7 @@ fn icmp_errors(w: &World, out: &mut Outcomes) {
         assert!(
             flow.is_some(),
             "{}: cli → web:80 must connect (the embedded flow)",
-            fam(v6)
+            family(v6)
         );
         for (i, to) in ["db", "web"].into_iter().enumerate() {
             let target = v(w.pod(to), v6);
@@ -571,7 +501,7 @@ fn icmp_errors(w: &World, out: &mut Outcomes) {
             out.insert(
                 format!(
                     "{} forged ICMP error about cli's flow to web, sent to {to}",
-                    fam(v6)
+                    family(v6)
                 ),
                 got,
             );
@@ -688,7 +618,7 @@ fn dropped_not_tracked(w: &World, out: &mut Outcomes) {
         out.insert(
             format!(
                 "{} reply-shaped packet db:5432 → vc after db's ingress dropped vc's packet",
-                fam(v6)
+                family(v6)
             ),
             got,
         );
@@ -764,14 +694,14 @@ fn fragments(w: &World, out: &mut Outcomes) {
         out.insert(
             format!(
                 "{} fragments: 4000-byte UDP stub → resolver:6000 arrives whole",
-                fam(v6)
+                family(v6)
             ),
             arrived,
         );
         out.insert(
             format!(
                 "{} fragments: its 4000-byte echo reaches stub (default-deny ingress)",
-                fam(v6)
+                family(v6)
             ),
             echoed,
         );
@@ -1025,7 +955,7 @@ fn expected() -> Outcomes {
 
 fn run(dataplane: &str) {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let w = World::up(dataplane);
+    let w = up(dataplane);
     let mut out = Outcomes::new();
     let cases: [(&str, Case); 12] = [
         ("spoofing", spoofing),

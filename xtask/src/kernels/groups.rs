@@ -104,6 +104,8 @@ pub const GROUPS: &[Group] = &[
     group("hostile_kill", "hostile_kill", false, 1800),
     group("hostile_lifecycle", "hostile_lifecycle", false, 1200),
     group("hostile_timing", "hostile_timing", false, 1200),
+    // A tenant using its own flows' state: ICMP errors off their path, reused tuples.
+    group("hostile_tenant", "hostile_tenant", false, 1200),
     group("lab_world", "lab_world", false, 900),
     // ClusterNetworkPolicy tiers on both dataplanes, with real packets.
     group("cluster_policies", "cluster_policies", false, 900),

@@ -1,0 +1,354 @@
+//! The hostile tenant, with real frames in a `weir lab`, on both dataplanes: a tenant that
+//! writes its own policies, opens flows its policy allows, and then uses the state those
+//! flows leave in the dataplane to reach what its policy denies.
+//!
+//! - **ICMP errors as a covert channel.** `cli`'s egress allows only web:80. It opens
+//!   cli:P → web:80, then sends ICMP errors whose inner header reads web:80 → cli:P (an
+//!   error about a packet of its own flow) to `other`, which its policy does not allow: they
+//!   must not arrive. The same error to web, the flow's own path, arrives; one with more
+//!   bytes than an error may carry is judged as a packet of its own (denied).
+//! - **Connections end when TCP says so.** web connects to db:5432 (allowed) from a fixed
+//!   port and ends the connection (an RST, or FINs); the allowing policy is deleted; a new
+//!   SYN from the same port must be refused as a new connection, as one from a fresh port
+//!   is, and a bare ACK on the reset tuple must not pass either.
+//!
+//! Both dataplanes run the same manifest and must give the same outcome for every case,
+//! which is also the expected one.
+
+use std::collections::BTreeMap;
+use std::io::Read;
+use std::net::{IpAddr, SocketAddr};
+use std::os::fd::AsRawFd;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use weir_tests::frame_lab::{family, FrameLab};
+use weir_tests::lab::manifest;
+use weir_tests::raw;
+
+const DB_ALLOW_WEB: &str = r#"
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: db-allow-web, namespace: blue}
+spec:
+  podSelector: {matchLabels: {app: db}}
+  policyTypes: [Ingress]
+  ingress:
+  - from: [{podSelector: {matchLabels: {app: web}}}]
+    ports: [{port: 5432, protocol: TCP}]
+"#;
+
+const MANIFEST: &str = r#"
+apiVersion: v1
+kind: Namespace
+metadata: {name: blue, labels: {ns: blue}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: cli, namespace: blue, labels: {app: cli}}
+spec:
+  containers:
+  - name: c
+    ports: [{containerPort: 8080, protocol: TCP}]
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: web, namespace: blue, labels: {app: web}}
+spec:
+  containers:
+  - name: c
+    ports: [{containerPort: 80, protocol: TCP}]
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: other, namespace: blue, labels: {app: other}}
+spec:
+  containers:
+  - name: c
+    ports: [{containerPort: 7300, protocol: TCP}]
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: db, namespace: blue, labels: {app: db}}
+spec:
+  containers:
+  - name: c
+    ports: [{containerPort: 5432, protocol: TCP}]
+---
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: cli-egress-web-80, namespace: blue}
+spec:
+  podSelector: {matchLabels: {app: cli}}
+  policyTypes: [Egress]
+  egress:
+  - to: [{podSelector: {matchLabels: {app: web}}}]
+    ports: [{port: 80, protocol: TCP}]
+---
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: db-deny-ingress, namespace: blue}
+spec:
+  podSelector: {matchLabels: {app: db}}
+  policyTypes: [Ingress]
+---
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: db-allow-web, namespace: blue}
+spec:
+  podSelector: {matchLabels: {app: db}}
+  policyTypes: [Ingress]
+  ingress:
+  - from: [{podSelector: {matchLabels: {app: web}}}]
+    ports: [{port: 5432, protocol: TCP}]
+"#;
+
+const CONNECT_TIMEOUT: Duration = Duration::from_millis(2500);
+/// Forged errors sent per case.
+const ERRORS_SENT: usize = 5;
+
+/// One lab at a time: the probes are timing-sensitive on a small machine.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+/// Outcome of every case: name → whether the hostile traffic got through.
+type Outcomes = BTreeMap<String, bool>;
+
+/// An ICMP destination-unreachable (port unreachable) from `from` to `to`, reporting on
+/// the TCP segment `inner_src` → `inner_dst` that carries `marker` and `padding` bytes.
+fn icmp_error(
+    from: IpAddr,
+    to: IpAddr,
+    inner_src: SocketAddr,
+    inner_dst: SocketAddr,
+    marker: &[u8],
+    padding: usize,
+) -> Vec<u8> {
+    let mut payload = marker.to_vec();
+    payload.resize(marker.len() + padding, b'.');
+    let seg = raw::tcp(inner_src, inner_dst, raw::TCP_ACK, &payload);
+    let inner = raw::ip(inner_src.ip(), inner_dst.ip(), raw::IPPROTO_TCP, &seg);
+    if from.is_ipv6() {
+        let m = raw::icmp(from, to, 1, 4, &inner);
+        raw::ip(from, to, raw::IPPROTO_ICMPV6, &m)
+    } else {
+        let m = raw::icmp(from, to, 3, 3, &inner);
+        raw::ip(from, to, raw::IPPROTO_ICMP, &m)
+    }
+}
+
+/// cli holds a flow to web:80 and forges errors about it (see the module documentation).
+fn icmp_error_channel(w: &FrameLab, out: &mut Outcomes) {
+    for v6 in [false, true] {
+        let f = family(v6);
+        let cli = w.pod("cli").addr(v6);
+        let web = w.pod("web").addr(v6);
+        let other = w.pod("other").addr(v6);
+        let port = if v6 { 40301 } else { 40300 };
+        let flow = raw::tcp_connect_from(
+            &w.pod("cli").netns,
+            port,
+            SocketAddr::new(web, 80),
+            CONNECT_TIMEOUT,
+        );
+        assert!(flow.is_some(), "{f}: cli → web:80 must connect (the flow)");
+        let (web_80, cli_p) = (SocketAddr::new(web, 80), SocketAddr::new(cli, port));
+        // An error larger than any error may be: past 576 bytes (IPv4), 1280 (IPv6).
+        let oversized = if v6 { 1300 } else { 700 };
+        let cases = [
+            ("to a pod cli's egress denies", "other", other, 0),
+            ("to web, the flow's own path", "web", web, 0),
+            (
+                "to web, with more bytes than an error may carry",
+                "web",
+                web,
+                oversized,
+            ),
+        ];
+        for (i, (case, to, to_addr, padding)) in cases.into_iter().enumerate() {
+            let marker = format!("weir-tenant-icmp-{v6}-{i}");
+            let packet = icmp_error(cli, to_addr, web_80, cli_p, marker.as_bytes(), padding);
+            let arrived = w.arrivals("cli", to, &[], &packet, marker.as_bytes(), ERRORS_SENT);
+            eprintln!("{f} ICMP error {case}: {arrived} of {ERRORS_SENT} arrived");
+            out.insert(
+                format!("{f} forged ICMP error of cli's flow {case}"),
+                arrived > 0,
+            );
+        }
+        drop(flow);
+    }
+}
+
+/// Ends `conn` with an RST (SO_LINGER 0, then close), as an abortive close does.
+fn reset(conn: std::net::TcpStream) {
+    let linger = libc::linger {
+        l_onoff: 1,
+        l_linger: 0,
+    };
+    // SAFETY: a valid linger on a socket we own.
+    let rc = unsafe {
+        libc::setsockopt(
+            conn.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            (&linger as *const libc::linger).cast(),
+            std::mem::size_of::<libc::linger>() as u32,
+        )
+    };
+    assert_eq!(rc, 0, "SO_LINGER: {}", std::io::Error::last_os_error());
+    drop(conn);
+}
+
+/// Ends `conn` gracefully: our FIN, then the peer's (read to EOF), within a deadline.
+fn finish(mut conn: std::net::TcpStream) {
+    conn.shutdown(std::net::Shutdown::Write).expect("shutdown");
+    conn.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+    let mut buf = [0u8; 256];
+    while matches!(conn.read(&mut buf), Ok(n) if n > 0) {}
+}
+
+/// Whether a raw segment with `flags` from web:`port` to db:5432 reaches db.
+fn segment_reaches_db(w: &FrameLab, port: u16, flags: u8, marker: &str) -> bool {
+    let web = w.pod("web").v4;
+    let db = w.pod("db").v4;
+    let seg = raw::tcp(
+        SocketAddr::new(web, port),
+        SocketAddr::new(db, 5432),
+        flags,
+        marker.as_bytes(),
+    );
+    let packet = raw::ip(web, db, raw::IPPROTO_TCP, &seg);
+    w.reaches("web", "db", &[], &packet, marker.as_bytes())
+}
+
+/// web's connections to db:5432 end (RST, FIN), the allowing policy is deleted, and web
+/// tries again from the same ports (see the module documentation).
+fn stale_connections(w: &FrameLab, out: &mut Outcomes) {
+    let db = w.pod("db").v4;
+    let connect = |port: u16| {
+        raw::tcp_connect_from(
+            &w.pod("web").netns,
+            port,
+            SocketAddr::new(db, 5432),
+            CONNECT_TIMEOUT,
+        )
+    };
+    let (reset_port, fin_port) = (40500, 40501);
+    reset(connect(reset_port).expect("web → db:5432 must connect while db-allow-web allows it"));
+    finish(connect(fin_port).expect("web → db:5432 must connect while db-allow-web allows it"));
+    out.insert(
+        "v4 control: a SYN from a fresh port while db-allow-web allows it".into(),
+        segment_reaches_db(w, 40502, raw::TCP_SYN, "weir-tenant-syn-control"),
+    );
+    let file = manifest(&w.lab, "db-allow-web.yaml", DB_ALLOW_WEB);
+    w.lab
+        .weir(&["delete", file.to_str().unwrap()])
+        .expect("deleting db-allow-web");
+    for (case, port, flags) in [
+        (
+            "a SYN from the port of the reset connection",
+            reset_port,
+            raw::TCP_SYN,
+        ),
+        (
+            "a SYN from the port of the closed connection",
+            fin_port,
+            raw::TCP_SYN,
+        ),
+        (
+            "an ACK on the tuple of the reset connection",
+            reset_port,
+            raw::TCP_ACK,
+        ),
+        ("a SYN from a fresh port", 40503, raw::TCP_SYN),
+    ] {
+        let marker = format!("weir-tenant-{port}-{flags}");
+        out.insert(
+            format!("v4 after db-allow-web is deleted: {case}"),
+            segment_reaches_db(w, port, flags, &marker),
+        );
+    }
+    out.insert(
+        "v4 after db-allow-web is deleted: a connection from the port of the reset one".into(),
+        connect(reset_port).is_some(),
+    );
+}
+
+fn expected() -> Outcomes {
+    let mut e = Outcomes::new();
+    for f in ["v4", "v6"] {
+        for (case, through) in [
+            ("to a pod cli's egress denies", false),
+            ("to web, the flow's own path", true),
+            ("to web, with more bytes than an error may carry", false),
+        ] {
+            e.insert(
+                format!("{f} forged ICMP error of cli's flow {case}"),
+                through,
+            );
+        }
+    }
+    e.insert(
+        "v4 control: a SYN from a fresh port while db-allow-web allows it".into(),
+        true,
+    );
+    for case in [
+        "a SYN from the port of the reset connection",
+        "a SYN from the port of the closed connection",
+        "an ACK on the tuple of the reset connection",
+        "a SYN from a fresh port",
+        "a connection from the port of the reset one",
+    ] {
+        e.insert(format!("v4 after db-allow-web is deleted: {case}"), false);
+    }
+    e
+}
+
+fn run(dataplane: &str) {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    weir_tests::require_root_and_tools();
+    let w = FrameLab::up("tenant", dataplane, "blue", MANIFEST);
+    let mut out = Outcomes::new();
+    eprintln!("{dataplane}: icmp_error_channel");
+    icmp_error_channel(&w, &mut out);
+    // Last: it deletes db-allow-web.
+    eprintln!("{dataplane}: stale_connections");
+    stale_connections(&w, &mut out);
+
+    let expected = expected();
+    eprintln!("{dataplane} outcomes:");
+    for (k, got) in &out {
+        eprintln!("  {} {k}", if *got { "THROUGH" } else { "blocked" });
+    }
+    let wrong: Vec<String> = expected
+        .iter()
+        .filter(|(k, want)| out.get(*k) != Some(want))
+        .map(|(k, want)| {
+            let got = out.get(k).map_or("missing".to_string(), |g| g.to_string());
+            format!(
+                "  {k}: expected {}, got {got}",
+                if *want { "through" } else { "blocked" }
+            )
+        })
+        .collect();
+    assert!(
+        wrong.is_empty(),
+        "{dataplane}: hostile tenant outcomes differ from the expected ones \
+         (identical on both dataplanes):\n{}",
+        wrong.join("\n")
+    );
+    assert_eq!(
+        out.len(),
+        expected.len(),
+        "{dataplane}: unexpected cases {out:?}"
+    );
+}
+
+#[test]
+fn hostile_tenant_ebpf() {
+    run("ebpf");
+}
+
+#[test]
+fn hostile_tenant_iptables() {
+    run("iptables");
+}
