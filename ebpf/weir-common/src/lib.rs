@@ -302,8 +302,13 @@ pub struct CtValue {
     pub last_seen_ns: u64,
     /// Rule id that admitted the flow first (0 when the direction was not isolated).
     pub rule_id: u32,
-    pub _pad: u32,
+    /// [`CT_FLAG_CLOSING`] once a FIN of the flow passed (was padding before: 0).
+    pub flags: u32,
 }
+
+/// [`CtValue::flags`]: a FIN of this TCP flow passed; the entry lives only as long as
+/// TIME_WAIT would, however often it is refreshed.
+pub const CT_FLAG_CLOSING: u32 = 1;
 
 /// FRAG key: a fragmented datagram as one endpoint's hook saw it (IP identification:
 /// IPv4's 16 bits, or the IPv6 fragment header's 32).
@@ -458,7 +463,7 @@ layout!(PolicyKey, 12, { endpoint_id: u32 = 0, identity: u32 = 4, direction: u8 
 layout!(CtKey, 44, { endpoint_id: u32 = 0, saddr: [u8; 16] = 4, daddr: [u8; 16] = 20,
     sport: u16 = 36, dport: u16 = 38, protocol: u8 = 40, direction: u8 = 41,
     _pad: [u8; 2] = 42 });
-layout!(CtValue, 16, { last_seen_ns: u64 = 0, rule_id: u32 = 8, _pad: u32 = 12 });
+layout!(CtValue, 16, { last_seen_ns: u64 = 0, rule_id: u32 = 8, flags: u32 = 12 });
 layout!(FragKey, 44, { endpoint_id: u32 = 0, saddr: [u8; 16] = 4, daddr: [u8; 16] = 20,
     id: u32 = 36, protocol: u8 = 40, direction: u8 = 41, _pad: [u8; 2] = 42 });
 layout!(FragValue, 16, { first_seen_ns: u64 = 0, sport: u16 = 8, dport: u16 = 10,

@@ -8,9 +8,12 @@
 //! Order of judgement, from the pod: tagged frames dropped; then the source address must
 //! be one of the pod's (link-local and `::` only towards link scope) or the packet is
 //! dropped, before anything else looks at it. Then, both ways: link-scoped neighbour
-//! discovery passes; ICMP errors about a flow of this endpoint pass; packets of a flow this
-//! endpoint's hooks admitted pass (either way); the rest is judged by policy, and only
-//! what that full verdict allows creates a CT entry, keyed to this endpoint and direction.
+//! discovery passes; ICMP errors about a flow of this endpoint pass when they travel that
+//! flow's path and are no longer than an error may be; packets of a flow this endpoint's
+//! hooks admitted pass (either way), but a TCP SYN is always judged as new, an RST ends
+//! its flow's entry and a FIN shortens it to TIME_WAIT; the rest is judged by policy, and
+//! only what that full verdict allows creates a CT entry, keyed to this endpoint and
+//! direction.
 //! Traffic with the node's own addresses is allowed, except a pod's egress to its node
 //! where ClusterNetworkPolicy tiers judge it: then the node address's own POLICY entries
 //! decide (see `host_policy_value`).
@@ -49,7 +52,7 @@ use aya_ebpf::{
     programs::TcContext,
 };
 use aya_log_ebpf::debug;
-use packet::{Frame, Packet, Tuple};
+use packet::{Frame, Packet, Tuple, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN};
 use weir_common::*;
 
 /// Rodata, set by the loader: verdict events per second and CPU (also the burst).
@@ -67,6 +70,12 @@ const NS_PER_SEC: u64 = 1_000_000_000;
 const CT_REFRESH_NS: u64 = NS_PER_SEC;
 const CT_TIMEOUT_TCP_NS: u64 = 3600 * NS_PER_SEC;
 const CT_TIMEOUT_OTHER_NS: u64 = 120 * NS_PER_SEC;
+/// A TCP flow after its FIN: as long as conntrack keeps TIME_WAIT.
+const CT_TIMEOUT_CLOSING_NS: u64 = 120 * NS_PER_SEC;
+/// The most an ICMP error may carry, IP header included: RFC 1812's 576 bytes for IPv4
+/// (Linux's own errors are cut there), IPv6's minimum MTU for ICMPv6 (RFC 4443).
+const ICMP_ERROR_MAX_V4: u32 = 576;
+const ICMP_ERROR_MAX_V6: u32 = 1280;
 /// How long the later fragments of a datagram may follow its first (Linux's ipfrag_time).
 const FRAG_TIMEOUT_NS: u64 = 30 * NS_PER_SEC;
 
@@ -354,8 +363,7 @@ fn judge_deferred(
 fn ct_forget_deferred(pkt: &mut Packet, client: u32) {
     pkt.tuple
         .write_key(&mut pkt.key, client, Direction::Egress, false);
-    let _ = WEIR_CT.remove(&pkt.key);
-    let _ = WEIR_CT_OVERFLOW.remove(&pkt.key);
+    ct_remove(&pkt.key);
     let defer_key = DeferKey {
         endpoint_id: client,
         sport: pkt.tuple.sport,
@@ -367,8 +375,7 @@ fn ct_forget_deferred(pkt: &mut Packet, client: u32) {
         k.saddr = before.saddr;
         k.daddr = before.daddr;
         k.dport = before.dport;
-        let _ = WEIR_CT.remove(&*k);
-        let _ = WEIR_CT_OVERFLOW.remove(&*k);
+        ct_remove(k);
     }
 }
 
@@ -482,14 +489,23 @@ fn judge(
     if pkt.frag.kind == packet::FRAG_LATER && frag_follow(pkt, id, direction, now) {
         count(ctx, COUNTER_FRAGMENT_FOLLOWED);
     }
-    if pkt.is_icmp_error {
+    if pkt.is_icmp_error && icmp_error_on_path(ctx, pkt, from_pod) {
         // The packet it reports on went the other way through this endpoint's hooks: its
         // reverse is a packet in this direction.
         if ct_lookup(&mut pkt.key, id, direction, &pkt.icmp_error_of, true, now) != Seen::No {
             return v.allow(ctx, &pkt.tuple, COUNTER_ICMP_ERROR, Reason::IcmpError);
         }
     }
-    let seen = ct_lookup(&mut pkt.key, id, direction, &pkt.tuple, false, now);
+    let mut seen = ct_lookup(&mut pkt.key, id, direction, &pkt.tuple, false, now);
+    if seen != Seen::No && pkt.tcp_flags & (TCP_SYN | TCP_ACK) == TCP_SYN {
+        // A SYN opens a new connection, even on the tuple of one this hook admitted (a
+        // closed one, or an attacker reusing its port after the policy changed): it is
+        // judged as new, and the old entry goes whatever the verdict.
+        ct_remove(&pkt.key);
+        seen = Seen::No;
+    } else if seen != Seen::No {
+        ct_follow_tcp(&pkt.key, pkt.tcp_flags);
+    }
     if seen == Seen::Reply {
         return v.allow(ctx, &pkt.tuple, COUNTER_REPLY, Reason::Reply);
     }
@@ -721,11 +737,69 @@ fn count(ctx: &TcContext, index: u32) {
 }
 
 #[inline(always)]
-fn ct_timeout(protocol: u8) -> u64 {
-    if protocol == packet::IPPROTO_TCP {
-        CT_TIMEOUT_TCP_NS
-    } else {
+fn ct_timeout(protocol: u8, flags: u32) -> u64 {
+    if protocol != packet::IPPROTO_TCP {
         CT_TIMEOUT_OTHER_NS
+    } else if flags & CT_FLAG_CLOSING != 0 {
+        CT_TIMEOUT_CLOSING_NS
+    } else {
+        CT_TIMEOUT_TCP_NS
+    }
+}
+
+/// Whether an ICMP error travels the path of the packet it reports on, and may therefore
+/// pass as part of that packet's flow: it goes to the reported packet's source, it comes
+/// from that packet's destination (or, towards a pod, from a router on the path: any
+/// address but another pod of this node), and it is no longer than an error may be. A
+/// pod cannot otherwise reach, under the cover of its own flow, a peer its policy denies,
+/// nor carry more than an error's bytes; the kernel's conntrack makes the same address
+/// checks for the iptables dataplane. Anything else is judged as a packet of its own.
+#[inline(always)]
+fn icmp_error_on_path(ctx: &TcContext, pkt: &Packet, from_pod: bool) -> bool {
+    let len = ctx.len().saturating_sub(packet::ETH_HLEN as u32);
+    let max = if pkt.tuple.family == 4 {
+        ICMP_ERROR_MAX_V4
+    } else {
+        ICMP_ERROR_MAX_V6
+    };
+    let inner = &pkt.icmp_error_of;
+    if len > max || !packet::same_addr(&pkt.tuple.daddr, &inner.saddr) {
+        return false;
+    }
+    if packet::same_addr(&pkt.tuple.saddr, &inner.daddr) {
+        return true;
+    }
+    !from_pod
+        && (unsafe {
+            WEIR_LOCAL.get(&IdentityKey {
+                addr: pkt.tuple.saddr,
+            })
+        })
+        .is_none()
+}
+
+/// Removes the entry `key` names from both CT tables.
+#[inline(always)]
+fn ct_remove(key: &CtKey) {
+    let _ = WEIR_CT.remove(key);
+    let _ = WEIR_CT_OVERFLOW.remove(key);
+}
+
+/// TCP state for an entry a packet just matched: an RST ends the flow (the entry goes,
+/// after this packet), a FIN starts its close (the entry outlives it only by TIME_WAIT).
+#[inline(always)]
+fn ct_follow_tcp(key: &CtKey, tcp_flags: u8) {
+    if tcp_flags & TCP_RST != 0 {
+        ct_remove(key);
+    } else if tcp_flags & TCP_FIN != 0 {
+        let v = match WEIR_CT.get_ptr_mut(key) {
+            Some(v) => v,
+            None => match WEIR_CT_OVERFLOW.get_ptr_mut(key) {
+                Some(v) => v,
+                None => return,
+            },
+        };
+        unsafe { (*v).flags |= CT_FLAG_CLOSING };
     }
 }
 
@@ -736,8 +810,8 @@ fn ct_alive(key: &CtKey, now: u64) -> Option<*mut CtValue> {
         Some(v) => v,
         None => WEIR_CT_OVERFLOW.get_ptr_mut(key)?,
     };
-    let last = unsafe { (*v).last_seen_ns };
-    if now.saturating_sub(last) < ct_timeout(key.protocol) {
+    let (last, flags) = unsafe { ((*v).last_seen_ns, (*v).flags) };
+    if now.saturating_sub(last) < ct_timeout(key.protocol, flags) {
         Some(v)
     } else {
         None
@@ -849,8 +923,7 @@ fn ct_forget_sender(pkt: &mut Packet) {
     };
     pkt.tuple
         .write_key(&mut pkt.key, sender, Direction::Egress, false);
-    let _ = WEIR_CT.remove(&pkt.key);
-    let _ = WEIR_CT_OVERFLOW.remove(&pkt.key);
+    ct_remove(&pkt.key);
 }
 
 /// Takes one token of the endpoint's budget of new WEIR_CT entries. The bucket is shared
@@ -897,7 +970,7 @@ fn ct_insert(ctx: &TcContext, key: &CtKey, endpoint_id: u32, rule_id: u32, now: 
     let value = CtValue {
         last_seen_ns: now,
         rule_id,
-        _pad: 0,
+        flags: 0,
     };
     // A full LRU evicts its oldest entry; insertion never fails for lack of space.
     if ct_budget(endpoint_id, now) {

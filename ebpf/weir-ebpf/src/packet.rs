@@ -19,7 +19,13 @@ pub const IPPROTO_UDP: u8 = 17;
 pub const IPPROTO_SCTP: u8 = 132;
 pub const IPPROTO_ICMPV6: u8 = 58;
 
-const ETH_HLEN: usize = 14;
+/// TCP header flags ([`Packet::tcp_flags`]).
+pub const TCP_FIN: u8 = 0x01;
+pub const TCP_SYN: u8 = 0x02;
+pub const TCP_RST: u8 = 0x04;
+pub const TCP_ACK: u8 = 0x10;
+
+pub const ETH_HLEN: usize = 14;
 /// Extension headers walked before the upper-layer header.
 pub const MAX_EXT_HEADERS: usize = 6;
 
@@ -93,6 +99,8 @@ pub struct Packet {
     pub tuple: Tuple,
     /// IPv6 hop limit (0 for IPv4): neighbour discovery is only trusted at 255.
     pub hop_limit: u8,
+    /// The TCP header's flags byte (0 for other protocols and later fragments).
+    pub tcp_flags: u8,
     pub is_icmp_error: bool,
     /// For an ICMP error: the packet it reports on (as that packet was sent).
     pub icmp_error_of: Tuple,
@@ -131,6 +139,7 @@ pub fn parse(ctx: &TcContext, pkt: &mut Packet) -> Result<Frame, ()> {
     pkt.is_icmp_error = false;
     pkt.neighbor_discovery = false;
     pkt.hop_limit = 0;
+    pkt.tcp_flags = 0;
     pkt.frag = Frag {
         kind: FRAG_NONE,
         id: 0,
@@ -147,6 +156,9 @@ pub fn parse(ctx: &TcContext, pkt: &mut Packet) -> Result<Frame, ()> {
         pkt.hop_limit = ctx.load(ETH_HLEN + 7).map_err(|_| ())?;
     }
     let icmp = parse_l4(ctx, &mut pkt.tuple, l4)?;
+    if pkt.tuple.protocol == IPPROTO_TCP && l4 != usize::MAX {
+        pkt.tcp_flags = ctx.load(l4 + 13).map_err(|_| ())?;
+    }
     pkt.neighbor_discovery = matches!(icmp, Icmp::NeighborDiscovery);
     pkt.is_icmp_error = matches!(icmp, Icmp::Error);
     if pkt.is_icmp_error {

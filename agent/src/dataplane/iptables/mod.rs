@@ -3,7 +3,7 @@
 //! chain that RETURNs allowed traffic and DROPs the rest; `WEIR-FILTER`, entered first
 //! from FORWARD, first drops packets from a pod interface whose source is not the pod's
 //! (`WEIR-SPOOF`, see [`spoof`]), then lets packets of known connections through
-//! (conntrack ESTABLISHED,RELATED) and dispatches by pod address. Traffic between a pod
+//! (conntrack ESTABLISHED, and RELATED ICMP errors of an error's size) and dispatches by pod address. Traffic between a pod
 //! and its own node (INPUT, OUTPUT) is not policed by NetworkPolicies; where
 //! ClusterNetworkPolicy tiers judge a pod's egress, `WEIR-TO-NODE` (entered first from
 //! INPUT) sends its packets to the node's addresses (the `weir-node-*` sets: not every

@@ -328,7 +328,7 @@ pub fn to_node_chain(jumps: Vec<String>, family: Family) -> Vec<String> {
     if jumps.is_empty() {
         return rules;
     }
-    rules.push(CONNTRACK_RULE.to_string());
+    rules.extend(conntrack_rules(family));
     if family == Family::V6 {
         // Neighbour discovery (ICMPv6 133-137, unrouted) towards link scope.
         for dst in ["ff02::/16", "fe80::/10"] {
@@ -348,9 +348,25 @@ pub fn to_node_chain(jumps: Vec<String>, family: Family) -> Vec<String> {
     rules
 }
 
-/// Replies and related ICMP errors of connections weir already let through.
-/// The states in the order `iptables-save` prints them back.
-pub const CONNTRACK_RULE: &str = "-m conntrack --ctstate RELATED,ESTABLISHED -j RETURN";
+/// Replies of connections weir already let through, and the ICMP errors conntrack
+/// relates to them (it checks they travel the connection's path) when no longer than an
+/// error may be: RFC 1812's 576 bytes for IPv4, IPv6's minimum MTU for ICMPv6, as the eBPF
+/// programs check. A longer one is judged by policy as a packet of its own: a pod cannot
+/// use its own flow to carry more than an error's bytes. Nothing else is RELATED without
+/// conntrack helpers, which weir does not let past policy (eBPF has none).
+/// Written as `iptables-save` prints them back.
+pub fn conntrack_rules(family: Family) -> [String; 2] {
+    let (protocol, max) = match family {
+        Family::V4 => ("icmp", 576),
+        Family::V6 => ("ipv6-icmp", 1280),
+    };
+    [
+        "-m conntrack --ctstate ESTABLISHED -j RETURN".to_string(),
+        format!(
+            "-p {protocol} -m conntrack --ctstate RELATED -m length --length 0:{max} -j RETURN"
+        ),
+    ]
+}
 
 /// Dispatch specs (in the dispatch chain) for the endpoint's isolated directions, by the
 /// direction they send to. A packet leaves its source before it reaches its destination:

@@ -18,7 +18,7 @@ use super::names::{
     HOOKS, IPVS_HOOK, KNOWN_ENDPOINTS_SET, NEW_FROM_POD_CHAIN, NEW_TO_POD_CHAIN, TABLE,
     TO_NODE_CHAIN,
 };
-use super::rules::CONNTRACK_RULE;
+use super::rules::conntrack_rules;
 use super::rules::{dispatch_rules, endpoint_rules, to_node_chain, to_node_rule};
 use crate::dataplane::new_pods::NewPodIsolation;
 use crate::netfilter::backend::Family;
@@ -450,7 +450,8 @@ fn full(
 /// anything else, the conntrack shortcut included), the conntrack shortcut, and on a
 /// bridge, IPv6 neighbour discovery.
 fn dispatch_head(family: Family, bridged: bool) -> Vec<String> {
-    let mut head = vec![format!("-j {SPOOF_CHAIN}"), CONNTRACK_RULE.to_string()];
+    let mut head = vec![format!("-j {SPOOF_CHAIN}")];
+    head.extend(conntrack_rules(family));
     if bridged && family == Family::V6 {
         head.extend(bridged_neighbour_discovery());
     }
@@ -789,11 +790,13 @@ mod tests {
         .unwrap();
         let b_chain = endpoint_chain(names.hash_for("x/b"), Direction::Ingress);
         let a_chain = endpoint_chain(names.hash_for("x/a"), Direction::Ingress);
+        let [established, related] = conntrack_rules(Family::V4);
         assert_eq!(
             s,
             format!(
                 "*mangle\n:WEIR-FILTER - [0:0]\n-A WEIR-FILTER -j WEIR-SPOOF\n\
-                 -A WEIR-FILTER {CONNTRACK_RULE}\n-A WEIR-FILTER -d 10.0.0.1/32 -j {a_chain}\n\
+                 -A WEIR-FILTER {established}\n-A WEIR-FILTER {related}\n\
+                 -A WEIR-FILTER -d 10.0.0.1/32 -j {a_chain}\n\
                  -F {b_chain}\n-X {b_chain}\nCOMMIT\n"
             )
         );
