@@ -5,7 +5,8 @@
 //!   prober checks that allowed flows stay allowed and denied ones denied throughout.
 //! - New pods: a pod interface that appears before its endpoint is programmed drops
 //!   traffic both ways from its first packet, on both dataplanes; exempt interfaces,
-//!   interfaces that are not pods' and hostNetwork (node) traffic are untouched.
+//!   interfaces that are not pods' and hostNetwork (node) traffic are untouched. Such an
+//!   interface cannot speak as a programmed pod either (iptables' anti-spoofing).
 
 use std::{
     net::{Ipv4Addr, SocketAddr, UdpSocket},
@@ -30,6 +31,7 @@ use weir_tests::{
     node_dataplane::NodeDataplane,
     pods::{enter, ip, run_in, World},
     probe::{udp_echo, ContinuousProbe, EchoServers},
+    raw::{self, Sniffer},
     require_root_and_tools, PinRoot,
 };
 
@@ -612,6 +614,7 @@ const N: Ipv4Addr = Ipv4Addr::new(10, 213, 0, 9);
 const EXEMPT: Ipv4Addr = Ipv4Addr::new(10, 213, 0, 10);
 const OTHER: Ipv4Addr = Ipv4Addr::new(10, 213, 0, 11);
 const LATE: Ipv4Addr = Ipv4Addr::new(10, 213, 0, 12);
+const SPOOFER: Ipv4Addr = Ipv4Addr::new(10, 213, 0, 13);
 
 fn known_state(extra: &[(&str, Ipv4Addr)]) -> Desired {
     let mut eps = vec![
@@ -647,6 +650,47 @@ fn check_untouched(world: &World, tag: &str) {
         });
         assert!(ok, "a could not reach the {what} interface {host_if}");
     }
+}
+
+/// A pod interface not programmed yet sends UDP to a (not isolated) as x/b, a programmed
+/// pod, and as itself: whether any of it reaches a's eth0. It must not, on either
+/// dataplane: eBPF's new-pod entry has no addresses, iptables' anti-spoofing lets a
+/// programmed pod's address come only from that pod's interface.
+fn unprogrammed_pod_speaks(world: &World, tag: &str) -> Vec<(&'static str, bool)> {
+    let host_if = "lxcspoof0";
+    let pod = NewPod::create(tag, host_if);
+    pod.plug(&world.node, host_if, SPOOFER);
+    let frames = |src: Ipv4Addr, marker: &str| {
+        let seg = raw::udp(
+            SocketAddr::from((src, 5300)),
+            SocketAddr::from((A, 80)),
+            marker.as_bytes(),
+        );
+        let packet = raw::ipv4(src, A, raw::IPPROTO_UDP, &seg);
+        let (dst, src) = (raw::mac(&world.node, host_if), raw::mac(&pod.ns, "eth0"));
+        vec![raw::ethernet(dst, src, &[], &packet); 3]
+    };
+    [("as the programmed x/b", B), ("as itself", SPOOFER)]
+        .into_iter()
+        .map(|(case, src)| {
+            let marker = format!("weir-unprogrammed-{tag}-{src}");
+            let sniffer = Sniffer::start(&world.pod("a").ns, "eth0", marker.as_bytes());
+            raw::send_frames(&pod.ns, "eth0", frames(src, &marker));
+            (case, sniffer.stop(Duration::from_millis(300)) > 0)
+        })
+        .collect()
+}
+
+fn check_unprogrammed_pod_is_mute(world: &World, tag: &str, dataplane: &str) {
+    let arrived: Vec<_> = unprogrammed_pod_speaks(world, tag)
+        .into_iter()
+        .filter(|(_, through)| *through)
+        .map(|(case, _)| case)
+        .collect();
+    assert!(
+        arrived.is_empty(),
+        "{dataplane}: a pod interface not programmed yet reached a {arrived:?}"
+    );
 }
 
 /// hostNetwork: a client in the node namespace (no pod interface) reaches `to` (traffic
@@ -754,6 +798,7 @@ fn ebpf_new_pod(tag: &str, mode: AttachMode) {
         "the node (hostNetwork) must reach a known pod"
     );
     check_untouched(&world, tag);
+    check_unprogrammed_pod_is_mute(&world, tag, &format!("ebpf ({mode:?})"));
     if mode == AttachMode::Tcx {
         // A failed listing must not read as "no filters".
         let hooks = weir_tests::netns::NetNs::attach(&world.node)
@@ -829,6 +874,7 @@ fn iptables_new_pod_is_isolated_from_its_first_packet() {
         "the node (hostNetwork) must reach a known pod"
     );
     check_untouched(&world, "hl4");
+    check_unprogrammed_pod_is_mute(&world, "hl4", "iptables");
     // A full reconcile keeps the programmed pod open and the catch-all in place.
     let report = dp
         .lock()

@@ -271,6 +271,7 @@ impl IptablesDataplane {
                     bridged,
                     family,
                     shape.verdict_log.then_some(&mut self.names),
+                    Some(&self.new_pods),
                 ),
                 None => old_spoof.get(&family).cloned().unwrap_or_default(),
             };

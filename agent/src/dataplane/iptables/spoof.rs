@@ -18,10 +18,11 @@ use std::net::IpAddr;
 
 use serde::Deserialize;
 
+use crate::dataplane::new_pods::NewPodIsolation;
 use crate::exec;
 use weir_policy::desired::{Desired, Direction};
 
-use super::names::ChainNames;
+use super::names::{set_name, ChainNames, KNOWN_ENDPOINTS_SET};
 use super::rules::{log_rule, LogKind, LogPrefix};
 
 use crate::netfilter::backend::Family;
@@ -69,6 +70,13 @@ pub fn host_routes() -> Result<BTreeMap<IpAddr, String>, String> {
 /// come from the pod's address of that family (everything, if it has none).
 /// `bridge_ports`: pod → its bridge port; `bridged`: the node has a bridge. `log`: the
 /// endpoint hashes, when each drop is logged first.
+///
+/// With `new_pods` (new-pod isolation on), a programmed pod's address may come only from
+/// that pod's interface: what passed its interface's check returns, and then a packet from
+/// any other pod interface (by name prefix) whose source is a programmed endpoint's (the
+/// [`KNOWN_ENDPOINTS_SET`]) is dropped. Without it, an interface not programmed yet could
+/// speak as a programmed pod: the new-pod catch-all drops only unknown sources. Devices
+/// shared by several endpoints' routes (not one pod's) return unchecked, as before.
 pub fn rules(
     desired: &Desired,
     routes: &BTreeMap<IpAddr, String>,
@@ -76,6 +84,7 @@ pub fn rules(
     bridged: bool,
     family: Family,
     mut log: Option<&mut ChainNames>,
+    new_pods: Option<&NewPodIsolation>,
 ) -> Vec<String> {
     let mut dev_of: BTreeMap<&str, &str> = BTreeMap::new();
     let mut owners: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
@@ -112,6 +121,8 @@ pub fn rules(
             ));
         }
     }
+    // What passed a pod interface's own check (with new-pod isolation on).
+    let mut anchored = BTreeSet::new();
     for ep in desired.endpoints.values() {
         let comment = format!("\"{} anti-spoofing\"", ep.pod.replace(['"', '\\'], ""));
         let source = match family {
@@ -119,17 +130,20 @@ pub fn rules(
             Family::V6 => ep.ipv6.map(|a| format!("! -s {a}/128 ")),
         }
         .unwrap_or_default();
-        let matches = if let Some(port) = bridge_ports.get(&ep.pod) {
-            format!("-m physdev --physdev-in {port} {source}")
+        let interface = if let Some(port) = bridge_ports.get(&ep.pod) {
+            format!("-m physdev --physdev-in {port} ")
         } else {
             let Some(dev) = dev_of.get(ep.pod.as_str()) else {
                 continue;
             };
             if owners.get(dev).is_some_and(|o| o.len() > 1) {
+                anchored.insert(format!("-i {dev} "));
                 continue;
             }
-            format!("-i {dev} {source}")
+            format!("-i {dev} ")
         };
+        let matches = format!("{interface}{source}");
+        anchored.insert(interface);
         if let Some(names) = log.as_deref_mut() {
             let prefix = LogPrefix {
                 kind: LogKind::Spoof,
@@ -139,6 +153,22 @@ pub fn rules(
             out.push(log_rule(&matches, prefix));
         }
         out.push(format!("{matches}-m comment --comment {comment} -j DROP"));
+    }
+    let Some(new_pods) = new_pods.filter(|n| n.enabled()) else {
+        return out;
+    };
+    out.extend(anchored.iter().map(|i| format!("{i}-j RETURN")));
+    let known = set_name(KNOWN_ENDPOINTS_SET, family);
+    let comment = "-m comment --comment \"a programmed pod address from another pod interface\"";
+    for prefix in &new_pods.prefixes {
+        out.push(format!(
+            "-i {prefix}+ -m set --match-set {known} src {comment} -j DROP"
+        ));
+        if bridged {
+            out.push(format!(
+                "-m physdev --physdev-in {prefix}+ -m set --match-set {known} src {comment} -j DROP"
+            ));
+        }
     }
     out
 }
@@ -195,19 +225,81 @@ mod tests {
         .collect();
         let none = BTreeMap::new();
         assert_eq!(
-            rules(&d, &routes, &none, false, Family::V4, None),
+            rules(&d, &routes, &none, false, Family::V4, None, None),
             [
                 "-i lxca ! -s 10.0.0.2/32 -m comment --comment \"x/a anti-spoofing\" -j DROP",
                 "-i lxcb ! -s 10.0.0.3/32 -m comment --comment \"x/b anti-spoofing\" -j DROP",
             ]
         );
         assert_eq!(
-            rules(&d, &routes, &none, false, Family::V6, None),
+            rules(&d, &routes, &none, false, Family::V6, None, None),
             [
                 "-i lxca ! -s fd00::2/128 -m comment --comment \"x/a anti-spoofing\" -j DROP",
                 // x/b has no IPv6 address: nothing IPv6 may be forwarded from it.
                 "-i lxcb -m comment --comment \"x/b anti-spoofing\" -j DROP",
             ]
+        );
+    }
+
+    /// With new-pod isolation, a programmed pod's address is dropped from every pod
+    /// interface but its own: each checked interface returns, then the catch-all.
+    #[test]
+    fn programmed_addresses_only_from_their_own_interface() {
+        let mut d = Desired::default();
+        for e in [
+            ep("x/a", Some("10.0.0.2"), None),
+            ep("x/c", Some("10.0.0.4"), None),
+            ep("x/d", Some("10.0.0.5"), None),
+        ] {
+            d.endpoints.insert(e.pod.clone(), e);
+        }
+        let routes: BTreeMap<IpAddr, String> = [
+            ("10.0.0.2", "lxca"),
+            ("10.0.0.4", "br0"),
+            ("10.0.0.5", "br0"),
+        ]
+        .into_iter()
+        .map(|(a, d)| (a.parse().unwrap(), d.to_string()))
+        .collect();
+        let new_pods = NewPodIsolation {
+            prefixes: vec!["lxc".into()],
+            exempt: Vec::new(),
+        };
+        let known = set_name(KNOWN_ENDPOINTS_SET, Family::V4);
+        let comment =
+            "-m comment --comment \"a programmed pod address from another pod interface\"";
+        assert_eq!(
+            rules(
+                &d,
+                &routes,
+                &BTreeMap::new(),
+                false,
+                Family::V4,
+                None,
+                Some(&new_pods)
+            ),
+            [
+                "-i lxca ! -s 10.0.0.2/32 -m comment --comment \"x/a anti-spoofing\" -j DROP"
+                    .to_string(),
+                // A device shared by several endpoints is not one pod's: unchecked.
+                "-i br0 -j RETURN".to_string(),
+                "-i lxca -j RETURN".to_string(),
+                format!("-i lxc+ -m set --match-set {known} src {comment} -j DROP"),
+            ]
+        );
+        // Off: nothing added.
+        assert_eq!(
+            rules(
+                &d,
+                &routes,
+                &BTreeMap::new(),
+                false,
+                Family::V4,
+                None,
+                Some(&NewPodIsolation::off())
+            )
+            .len(),
+            1
         );
     }
 
@@ -223,10 +315,10 @@ mod tests {
         }
         let ports = BTreeMap::from([("x/a".to_string(), "lxca".to_string())]);
         assert_eq!(
-            rules(&d, &BTreeMap::new(), &ports, true, Family::V4, None),
+            rules(&d, &BTreeMap::new(), &ports, true, Family::V4, None, None),
             ["-m physdev --physdev-in lxca ! -s 10.0.0.2/32 -m comment --comment \"x/a anti-spoofing\" -j DROP"]
         );
-        let v6 = rules(&d, &BTreeMap::new(), &ports, true, Family::V6, None);
+        let v6 = rules(&d, &BTreeMap::new(), &ports, true, Family::V6, None, None);
         assert_eq!(v6.len(), 4, "{v6:?}");
         assert!(v6[..3].iter().all(|r| r.ends_with("-j RETURN")));
         assert_eq!(
