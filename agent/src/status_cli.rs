@@ -11,7 +11,7 @@ use crate::stdout::OutputFormat;
 /// whether its sources are synced, the endpoints and policies enforced, the objects it
 /// refused and why, eBPF map pressure, sets it could not destroy, and its last converge.
 ///
-/// The agent answers on its --listen address (0.0.0.0:9402 in cluster mode; in file mode
+/// The agent answers on its --listen address (127.0.0.1:9402 in cluster mode; in file mode
 /// only when --listen is given). In the lab, use `weir lab status`.
 #[derive(clap::Args, Debug)]
 pub struct StatusArgs {

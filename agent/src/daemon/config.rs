@@ -84,8 +84,10 @@ pub struct AgentArgs {
     #[arg(long, env = "NODE_NAME")]
     pub node_name: Option<String>,
 
-    /// Address of the /metrics, /healthz and /readyz server.
-    /// Default: 0.0.0.0:9402 in cluster mode, none in file mode.
+    /// Address of the /metrics, /healthz, /readyz, /status and /verdicts server.
+    /// Default: the node's loopback, 127.0.0.1:9402, in cluster mode; none in file mode.
+    /// On another address (for a Prometheus scraper), /status and /verdicts still answer
+    /// loopback clients only.
     #[arg(long, env = "WEIR_LISTEN", value_name = "ADDR")]
     pub listen: Option<SocketAddr>,
 
@@ -214,8 +216,9 @@ pub struct AgentArgs {
     pub config: Option<PathBuf>,
 }
 
-/// The default metrics/health address in cluster mode.
-pub const CLUSTER_LISTEN: &str = "0.0.0.0:9402";
+/// The default metrics/health address in cluster mode: the node's loopback (the agent
+/// runs on the host network), so no pod reaches it unless the operator says so.
+pub const CLUSTER_LISTEN: &str = "127.0.0.1:9402";
 
 #[derive(clap::Parser)]
 #[command(name = "weir agent", args_override_self = true)]

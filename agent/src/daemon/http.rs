@@ -3,10 +3,16 @@
 //! then a 503 whose body says why: the source still listing, with its last error, or the
 //! dataplane's error), /status (the node report `weir status` reads, JSON), /verdicts
 //! (the verdict stream `weir monitor` reads: JSON lines for as long as the client stays;
-//! `?allow=true` adds allow verdicts). /verdicts answers only clients on the node's own
-//! loopback (`weir monitor` run in the agent's pod), and a few at a time: on a
-//! host-network agent, any pod could otherwise read every pod's connections, or ask the
-//! programs for allow events and crowd the drops out of the kernel's event budget.
+//! `?allow=true` adds allow verdicts). /verdicts and /status answer only clients on the
+//! node's own loopback (`weir monitor` and `weir status` run in the agent's pod), and
+//! /verdicts a few at a time: on a host-network agent, any pod could otherwise read every
+//! pod's connections and every tenant's refused objects, or ask the programs for allow
+//! events and crowd the drops out of the kernel's event budget.
+//!
+//! The server listens on the node's loopback unless told otherwise (`--listen`), answers
+//! one request per connection, gives a client [`HEADER_TIMEOUT`] to send its request, and
+//! holds at most [`MAX_CONNECTIONS`] connections at once (more are closed at once): a pod
+//! that can reach a non-loopback listener cannot hold the agent's sockets or memory.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -20,7 +26,7 @@ use hyper::body::Frame;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Request, Response, StatusCode};
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
 
 use super::metrics::Metrics;
@@ -85,12 +91,18 @@ fn respond(
         reports,
         verdicts,
     } = shared;
+    let refuse = |code: StatusCode, why: &str| {
+        let mut r = Response::new(Full::new(Bytes::from(format!("{why}\n"))).boxed_unsync());
+        *r.status_mut() = code;
+        r
+    };
+    if path == "/status" && !peer.is_loopback() {
+        return refuse(
+            StatusCode::FORBIDDEN,
+            "the node report is served on the node's loopback only: run `weir status` in the agent's pod",
+        );
+    }
     if path == "/verdicts" {
-        let refuse = |code: StatusCode, why: &str| {
-            let mut r = Response::new(Full::new(Bytes::from(format!("{why}\n"))).boxed_unsync());
-            *r.status_mut() = code;
-            r
-        };
         if !peer.is_loopback() {
             return refuse(
                 StatusCode::FORBIDDEN,
@@ -160,12 +172,20 @@ fn respond(
 /// may hold the port for a moment after it is gone.
 const ADDR_IN_USE_RETRY: Duration = Duration::from_secs(15);
 
+/// How long a client has to send its request's head before its connection is closed.
+pub const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
+/// Connections served at once; more are closed as they are accepted. Probes, a scraper
+/// and a few `weir` commands need a handful; /verdicts has its own, lower limit.
+pub const MAX_CONNECTIONS: usize = 64;
+
 /// Binds `addr` and serves until the process ends. Returns the bound address (port 0
 /// picks a free one).
 pub async fn serve(addr: SocketAddr, shared: Served) -> std::io::Result<SocketAddr> {
     let listener = bind(addr).await?;
     let bound = listener.local_addr()?;
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     tokio::spawn(async move {
+        let mut refused: u64 = 0;
         loop {
             let (stream, peer) = match listener.accept().await {
                 Ok(s) => s,
@@ -174,13 +194,26 @@ pub async fn serve(addr: SocketAddr, shared: Served) -> std::io::Result<SocketAd
                     continue;
                 }
             };
+            let Ok(slot) = slots.clone().try_acquire_owned() else {
+                refused += 1;
+                // Once, then every 1,000th: a flood must not flood the log too.
+                if refused % 1000 == 1 {
+                    tracing::warn!(%peer, refused, "{MAX_CONNECTIONS} HTTP connections open already: closing new ones");
+                }
+                drop(stream);
+                continue;
+            };
             let shared = shared.clone();
             tokio::spawn(async move {
+                let _slot = slot;
                 let service = service_fn(move |req: Request<hyper::body::Incoming>| {
                     let r = respond(&shared, req.uri().path(), req.uri().query(), peer.ip());
                     async move { Ok::<_, Infallible>(r) }
                 });
                 if let Err(e) = http1::Builder::new()
+                    .timer(TokioTimer::new())
+                    .header_read_timeout(HEADER_TIMEOUT)
+                    .keep_alive(false)
                     .serve_connection(TokioIo::new(stream), service)
                     .await
                 {
@@ -308,10 +341,93 @@ mod tests {
             StatusCode::OK,
             "a closed stream frees its place"
         );
-        // The other endpoints answer anyone who reaches the port, as before.
+        // The node report names every tenant's refused objects: the node's only.
+        assert_eq!(
+            respond(&shared, "/status", None, pod).status(),
+            StatusCode::FORBIDDEN
+        );
+        assert_eq!(
+            respond(&shared, "/status", None, local).status(),
+            StatusCode::OK
+        );
+        // Health and metrics answer anyone who reaches the port (probes, scrapers).
         assert_eq!(
             respond(&shared, "/healthz", None, pod).status(),
             StatusCode::OK
+        );
+    }
+
+    /// A connection over [`MAX_CONNECTIONS`] is closed without an answer, even to a whole
+    /// request; a slot comes back when a connection closes; a client that says nothing is
+    /// closed once its [`HEADER_TIMEOUT`] is up (the test's own bound is only there so
+    /// that a server without the timeout fails rather than hangs).
+    #[tokio::test]
+    async fn idle_and_excess_connections_are_closed() {
+        let addr = serve(
+            "127.0.0.1:0".parse().unwrap(),
+            served(Health::default(), Arc::default()),
+        )
+        .await
+        .unwrap();
+        let mut idle = Vec::new();
+        for _ in 0..MAX_CONNECTIONS {
+            idle.push(tokio::net::TcpStream::connect(addr).await.unwrap());
+        }
+        // Accepted in order: once the server has answered a request on the last idle
+        // connection, every slot is taken.
+        let probe = idle.last_mut().unwrap();
+        probe
+            .write_all(b"GET /healthz HTTP/1.1\r\nHost: weir\r\n\r\n")
+            .await
+            .unwrap();
+        let mut answer = String::new();
+        probe.read_to_string(&mut answer).await.unwrap();
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+        // That connection is closed now (one request per connection): take its slot
+        // again, waiting for the server to see the close.
+        idle.pop();
+        let mut refused_answer = String::new();
+        for _ in 0..50 {
+            let mut held = tokio::net::TcpStream::connect(addr).await.unwrap();
+            held.write_all(b"GET /healthz HTTP/1.1\r\nHost: weir\r\n\r\n")
+                .await
+                .unwrap();
+            let mut buf = String::new();
+            let _ = held.read_to_string(&mut buf).await;
+            if buf.is_empty() {
+                refused_answer = "closed".into();
+                break;
+            }
+            // Served: the slot was free; hold a connection in it and try the next.
+            idle.push(tokio::net::TcpStream::connect(addr).await.unwrap());
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert_eq!(
+            refused_answer, "closed",
+            "a connection beyond {MAX_CONNECTIONS} was answered"
+        );
+        drop(idle);
+        let mut served_again = false;
+        for _ in 0..50 {
+            if get(addr, "/healthz").await.starts_with("HTTP/1.1 200") {
+                served_again = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert!(
+            served_again,
+            "the slots of closed connections are not given back"
+        );
+        // A client that sends nothing is closed by the server.
+        let mut silent = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let mut buf = [0u8; 64];
+        let read = tokio::time::timeout(HEADER_TIMEOUT * 4, silent.read(&mut buf))
+            .await
+            .expect("a silent client's connection was never closed");
+        assert!(
+            matches!(read, Ok(0) | Err(_)),
+            "a silent client got {read:?}"
         );
     }
 
