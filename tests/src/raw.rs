@@ -152,6 +152,29 @@ pub fn ethernet(dst: [u8; 6], src: [u8; 6], tags: Tags, packet: &[u8]) -> Vec<u8
     f
 }
 
+/// An Ethernet frame carrying an ARP reply: `sender_mac` claims `sender_ip`, to
+/// `target` (`target_mac`), followed by `trailer` (padding a sniffer can find).
+pub fn arp_reply(
+    sender_mac: [u8; 6],
+    sender_ip: Ipv4Addr,
+    target_mac: [u8; 6],
+    target_ip: Ipv4Addr,
+    trailer: &[u8],
+) -> Vec<u8> {
+    let mut f = Vec::with_capacity(42 + trailer.len());
+    f.extend_from_slice(&target_mac);
+    f.extend_from_slice(&sender_mac);
+    f.extend_from_slice(&0x0806u16.to_be_bytes());
+    // Ethernet, IPv4, their lengths, operation 2 (reply).
+    f.extend_from_slice(&[0, 1, 0x08, 0, 6, 4, 0, 2]);
+    f.extend_from_slice(&sender_mac);
+    f.extend_from_slice(&sender_ip.octets());
+    f.extend_from_slice(&target_mac);
+    f.extend_from_slice(&target_ip.octets());
+    f.extend_from_slice(trailer);
+    f
+}
+
 /// The MAC address of `dev` in namespace `ns` (`ip -j link show`).
 pub fn mac(ns: &str, dev: &str) -> [u8; 6] {
     let out = std::process::Command::new("ip")

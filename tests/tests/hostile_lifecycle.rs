@@ -615,6 +615,8 @@ const EXEMPT: Ipv4Addr = Ipv4Addr::new(10, 213, 0, 10);
 const OTHER: Ipv4Addr = Ipv4Addr::new(10, 213, 0, 11);
 const LATE: Ipv4Addr = Ipv4Addr::new(10, 213, 0, 12);
 const SPOOFER: Ipv4Addr = Ipv4Addr::new(10, 213, 0, 13);
+/// The node's address on every pod link ([`NewPod::plug`]).
+const NODE_GATEWAY: Ipv4Addr = Ipv4Addr::new(169, 254, 1, 1);
 
 fn known_state(extra: &[(&str, Ipv4Addr)]) -> Desired {
     let mut eps = vec![
@@ -653,32 +655,68 @@ fn check_untouched(world: &World, tag: &str) {
 }
 
 /// A pod interface not programmed yet sends UDP to a (not isolated) as x/b, a programmed
-/// pod, and as itself: whether any of it reaches a's eth0. It must not, on either
+/// pod, and as itself, and to the node as x/b: whether any of it arrives. It must not, on either
 /// dataplane: eBPF's new-pod entry has no addresses, iptables' anti-spoofing lets a
 /// programmed pod's address come only from that pod's interface.
 fn unprogrammed_pod_speaks(world: &World, tag: &str) -> Vec<(&'static str, bool)> {
     let host_if = "lxcspoof0";
     let pod = NewPod::create(tag, host_if);
     pod.plug(&world.node, host_if, SPOOFER);
-    let frames = |src: Ipv4Addr, marker: &str| {
+    let frames = |src: Ipv4Addr, dst: Ipv4Addr, marker: &str| {
+        let port = if dst == A { 80 } else { 5301 };
         let seg = raw::udp(
             SocketAddr::from((src, 5300)),
-            SocketAddr::from((A, 80)),
+            SocketAddr::from((dst, port)),
             marker.as_bytes(),
         );
-        let packet = raw::ipv4(src, A, raw::IPPROTO_UDP, &seg);
+        let packet = raw::ipv4(src, dst, raw::IPPROTO_UDP, &seg);
         let (dst, src) = (raw::mac(&world.node, host_if), raw::mac(&pod.ns, "eth0"));
         vec![raw::ethernet(dst, src, &[], &packet); 3]
     };
-    [("as the programmed x/b", B), ("as itself", SPOOFER)]
-        .into_iter()
-        .map(|(case, src)| {
-            let marker = format!("weir-unprogrammed-{tag}-{src}");
-            let sniffer = Sniffer::start(&world.pod("a").ns, "eth0", marker.as_bytes());
-            raw::send_frames(&pod.ns, "eth0", frames(src, &marker));
-            (case, sniffer.stop(Duration::from_millis(300)) > 0)
-        })
-        .collect()
+    let mut out: Vec<(&'static str, bool)> =
+        [("a as the programmed x/b", B), ("a as itself", SPOOFER)]
+            .into_iter()
+            .map(|(case, src)| {
+                let marker = format!("weir-unprogrammed-{tag}-{src}");
+                let sniffer = Sniffer::start(&world.pod("a").ns, "eth0", marker.as_bytes());
+                raw::send_frames(&pod.ns, "eth0", frames(src, A, &marker));
+                (case, sniffer.stop(Duration::from_millis(300)) > 0)
+            })
+            .collect();
+    // The node itself (its gateway address on the pod's link), which would take the
+    // datagram for x/b's.
+    let node = world.node.clone();
+    let marker = format!("weir-unprogrammed-{tag}-node");
+    let (ready, bound) = std::sync::mpsc::channel();
+    let wanted = marker.clone();
+    let heard = std::thread::spawn(move || {
+        enter(&node);
+        let socket = UdpSocket::bind(("0.0.0.0", 5301)).expect("bind UDP 5301 in the node");
+        socket
+            .set_read_timeout(Some(Duration::from_millis(100)))
+            .unwrap();
+        ready.send(()).unwrap();
+        let mut buf = [0u8; 1500];
+        let deadline = Instant::now() + Duration::from_millis(600);
+        while Instant::now() < deadline {
+            if let Ok(n) = socket.recv(&mut buf) {
+                if buf[..n]
+                    .windows(wanted.len())
+                    .any(|w| w == wanted.as_bytes())
+                {
+                    return true;
+                }
+            }
+        }
+        false
+    });
+    bound.recv().expect("the node's UDP socket is bound");
+    raw::send_frames(&pod.ns, "eth0", frames(B, NODE_GATEWAY, &marker));
+    out.push((
+        "the node as the programmed x/b",
+        heard.join().expect("node receiver"),
+    ));
+    out
 }
 
 fn check_unprogrammed_pod_is_mute(world: &World, tag: &str, dataplane: &str) {
@@ -689,7 +727,7 @@ fn check_unprogrammed_pod_is_mute(world: &World, tag: &str, dataplane: &str) {
         .collect();
     assert!(
         arrived.is_empty(),
-        "{dataplane}: a pod interface not programmed yet reached a {arrived:?}"
+        "{dataplane}: a pod interface not programmed yet reached {arrived:?}"
     );
 }
 

@@ -145,9 +145,10 @@ pub fn weir_to_pod(ctx: TcContext) -> i32 {
 fn source_ok(ep: &EndpointInfo, t: &Tuple) -> bool {
     // An interface isolated before its pod is known has no address yet: both directions
     // are isolated with no rules, so it reaches only the node, and its source cannot be
-    // checked until the agent programs it.
+    // checked until the agent programs it; but it may not speak as a programmed pod of
+    // this node (to the node, which would take it for that pod).
     if ep.flags & (EP_HAS_IPV4 | EP_HAS_IPV6) == 0 {
-        return true;
+        return unsafe { WEIR_LOCAL.get(&IdentityKey { addr: t.saddr }) }.is_none();
     }
     if t.family == 4 {
         return ep.flags & EP_HAS_IPV4 != 0 && packet::same_addr(&t.saddr, &ep.ipv4);
@@ -157,6 +158,36 @@ fn source_ok(ep: &EndpointInfo, t: &Tuple) -> bool {
     }
     (packet::is_link_local(&t.saddr) || packet::is_unspecified(&t.saddr))
         && (packet::is_link_local(&t.daddr) || packet::is_link_multicast(&t.daddr))
+}
+
+/// Whether a pod may send an ARP frame with this sender address: its own IPv4 address,
+/// or none (`0.0.0.0`: an address probe). An interface not programmed yet may not claim a
+/// programmed pod's address.
+#[inline(always)]
+fn arp_sender_ok(ep: &EndpointInfo, sender: &[u8; 16]) -> bool {
+    if packet::same_addr(sender, &packet::mapped([0; 4])) {
+        return true;
+    }
+    if ep.flags & (EP_HAS_IPV4 | EP_HAS_IPV6) == 0 {
+        return unsafe { WEIR_LOCAL.get(&IdentityKey { addr: *sender }) }.is_none();
+    }
+    ep.flags & EP_HAS_IPV4 != 0 && packet::same_addr(sender, &ep.ipv4)
+}
+
+/// Whether a pod's neighbour discovery claims only what a pod may: no router
+/// advertisements or redirects (a pod is not the node's router), and neighbour
+/// advertisements only for its own address or a link-local one (which the pod's own
+/// interface derives, and weir does not know).
+#[inline(always)]
+fn nd_claim_ok(ep: &EndpointInfo, pkt: &Packet) -> bool {
+    match pkt.nd_type {
+        packet::ND_ROUTER_ADVERTISEMENT | packet::ND_REDIRECT => false,
+        packet::ND_NEIGHBOR_ADVERTISEMENT => {
+            packet::is_link_local(&pkt.nd_target)
+                || (ep.flags & EP_HAS_IPV6 != 0 && packet::same_addr(&pkt.nd_target, &ep.ipv6))
+        }
+        _ => true,
+    }
 }
 
 /// Neighbour discovery that cannot have crossed the node: hop limit 255 (a forwarded
@@ -467,8 +498,15 @@ fn judge(
     }
     match parsed {
         Ok(Frame::Ip) => {}
-        // Not IP (ARP, ...): outside NetworkPolicy. Tagged frames to a pod come from the
-        // node itself.
+        // ARP is outside NetworkPolicy, but a pod may claim only its own address: on a
+        // bridge, another pod's would poison its neighbours' caches and take its traffic.
+        Ok(Frame::Arp) => {
+            if from_pod && !arp_sender_ok(ep, &pkt.tuple.saddr) {
+                return v.drop(ctx, &pkt.tuple, COUNTER_SPOOFED, Reason::Spoofed, now);
+            }
+            return TC_ACT_OK;
+        }
+        // Not IP: outside NetworkPolicy. Tagged frames to a pod come from the node itself.
         Ok(Frame::NotIp) | Ok(Frame::Tagged) => return TC_ACT_OK,
         Err(()) => {
             if from_pod {
@@ -479,6 +517,9 @@ fn judge(
         }
     }
     if from_pod && !source_ok(ep, &pkt.tuple) {
+        return v.drop(ctx, &pkt.tuple, COUNTER_SPOOFED, Reason::Spoofed, now);
+    }
+    if from_pod && pkt.neighbor_discovery && !nd_claim_ok(ep, pkt) {
         return v.drop(ctx, &pkt.tuple, COUNTER_SPOOFED, Reason::Spoofed, now);
     }
     if link_scoped_nd(pkt, from_pod) {

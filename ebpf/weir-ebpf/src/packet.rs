@@ -19,6 +19,11 @@ pub const IPPROTO_UDP: u8 = 17;
 pub const IPPROTO_SCTP: u8 = 132;
 pub const IPPROTO_ICMPV6: u8 = 58;
 
+/// ICMPv6 neighbour discovery types ([`Packet::nd_type`]).
+pub const ND_ROUTER_ADVERTISEMENT: u8 = 134;
+pub const ND_NEIGHBOR_ADVERTISEMENT: u8 = 136;
+pub const ND_REDIRECT: u8 = 137;
+
 /// TCP header flags ([`Packet::tcp_flags`]).
 pub const TCP_FIN: u8 = 0x01;
 pub const TCP_SYN: u8 = 0x02;
@@ -44,6 +49,7 @@ pub struct Frag {
 }
 const ETH_P_IP: u16 = 0x0800;
 const ETH_P_IPV6: u16 = 0x86dd;
+const ETH_P_ARP: u16 = 0x0806;
 const ETH_P_8021Q: u16 = 0x8100;
 const ETH_P_8021AD: u16 = 0x88a8;
 const ETH_P_QINQ_OLD: u16 = 0x9100;
@@ -107,6 +113,10 @@ pub struct Packet {
     /// ICMPv6 router/neighbor solicitation/advertisement and redirect: always allowed,
     /// since IPv6 cannot work without them.
     pub neighbor_discovery: bool,
+    /// The ICMPv6 type of neighbour discovery (133-137), else 0.
+    pub nd_type: u8,
+    /// A neighbour advertisement's target address (what the sender announces).
+    pub nd_target: [u8; 16],
     /// Conntrack key scratch (44 bytes the BPF stack need not hold).
     pub key: CtKey,
     pub frag: Frag,
@@ -119,7 +129,10 @@ pub struct Packet {
 /// What kind of frame [`parse`] saw.
 pub enum Frame {
     Ip,
-    /// ARP and everything else that is neither IP nor tagged: outside NetworkPolicy.
+    /// ARP: outside NetworkPolicy, but its sender address is the pod's claim to an
+    /// address (in the tuple's `saddr`, IPv4-mapped).
+    Arp,
+    /// Everything else that is neither IP nor tagged: outside NetworkPolicy.
     NotIp,
     /// A VLAN tag still in the frame (QinQ's inner tag, or a tag not offloaded).
     Tagged,
@@ -149,6 +162,14 @@ pub fn parse(ctx: &TcContext, pkt: &mut Packet) -> Result<Frame, ()> {
         ETH_P_IP => 4,
         ETH_P_IPV6 => 6,
         ETH_P_8021Q | ETH_P_8021AD | ETH_P_QINQ_OLD => return Ok(Frame::Tagged),
+        ETH_P_ARP => {
+            // Sender protocol address: after hardware and protocol types (2 + 2), their
+            // lengths (1 + 1), the operation (2) and the sender's hardware address (6).
+            let spa: [u8; 4] = ctx.load(ETH_HLEN + 14).map_err(|_| ())?;
+            pkt.tuple.saddr = mapped(spa);
+            pkt.tuple.family = 4;
+            return Ok(Frame::Arp);
+        }
         _ => return Ok(Frame::NotIp),
     };
     let l4 = parse_l3(ctx, ETH_HLEN, family, &mut pkt.tuple, &mut pkt.frag)?;
@@ -160,6 +181,14 @@ pub fn parse(ctx: &TcContext, pkt: &mut Packet) -> Result<Frame, ()> {
         pkt.tcp_flags = ctx.load(l4 + 13).map_err(|_| ())?;
     }
     pkt.neighbor_discovery = matches!(icmp, Icmp::NeighborDiscovery);
+    pkt.nd_type = 0;
+    if pkt.neighbor_discovery {
+        pkt.nd_type = ctx.load(l4).map_err(|_| ())?;
+        if pkt.nd_type == ND_NEIGHBOR_ADVERTISEMENT {
+            // The target follows the type, code, checksum and flags (8 bytes).
+            load_addr(ctx, l4 + 8, &mut pkt.nd_target)?;
+        }
+    }
     pkt.is_icmp_error = matches!(icmp, Icmp::Error);
     if pkt.is_icmp_error {
         // The offending packet follows the 8-byte ICMP header.
@@ -364,7 +393,7 @@ pub fn is_link_multicast(a: &[u8; 16]) -> bool {
 }
 
 #[inline(always)]
-fn mapped(a: [u8; 4]) -> [u8; 16] {
+pub fn mapped(a: [u8; 4]) -> [u8; 16] {
     [
         0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, a[0], a[1], a[2], a[3],
     ]

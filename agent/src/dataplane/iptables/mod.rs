@@ -18,6 +18,7 @@
 //! members are written. A failed write forgets what was programmed, so the next call
 //! reconciles in full.
 
+mod bridge_netfilter;
 mod counters;
 pub mod names;
 mod nflog;
@@ -28,6 +29,7 @@ mod tables;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write;
+use std::path::Path;
 
 use crate::dataplane::new_pods::NewPodIsolation;
 use crate::dataplane::pod_ports;
@@ -96,6 +98,9 @@ pub struct IptablesDataplane {
     /// Whether those sets are in the kernel: only while a tier judges some pod's egress
     /// (`WEIR-TO-NODE` names them then), so a node without such pods keeps no weir state.
     node_sets_written: bool,
+    /// On a node with a bridge, at the last full write: `Some(why)` when bridged packets
+    /// do not reach iptables ([`bridge_netfilter`]).
+    bridge_netfilter_off: Option<String>,
 }
 
 impl IptablesDataplane {
@@ -144,6 +149,7 @@ impl IptablesDataplane {
             carried: VerdictCounts::default(),
             node_addresses: None,
             node_sets_written: false,
+            bridge_netfilter_off: None,
         })
     }
 
@@ -175,6 +181,18 @@ impl IptablesDataplane {
                 "IPVS {} this node: the OUTPUT hook follows",
                 if shape.ipvs { "appeared on" } else { "left" }
             );
+        }
+        if full || self.shape != Some(shape) {
+            self.bridge_netfilter_off = bridged
+                .then(|| bridge_netfilter::off(Path::new("/proc/sys")))
+                .flatten();
+            if let Some(why) = &self.bridge_netfilter_off {
+                tracing::warn!(%why, "bridged pod traffic is not seen by iptables");
+                report.failures.push(ObjectError {
+                    object: "bridged pod traffic".into(),
+                    reason: why.clone(),
+                });
+            }
         }
         // A full write of an unchanged node and state: what it writes is drift.
         let repair = full && self.programmed.is_some() && self.shape == Some(shape);
@@ -474,6 +492,14 @@ impl Dataplane for IptablesDataplane {
                 (
                     "last_write_chains".into(),
                     self.last_write_chains.to_string(),
+                ),
+                (
+                    "bridge_netfilter".into(),
+                    match (&self.shape, &self.bridge_netfilter_off) {
+                        (_, Some(why)) => format!("off: {why}"),
+                        (Some(s), None) if s.bridged => "on".into(),
+                        _ => "no bridge".into(),
+                    },
                 ),
             ],
         }

@@ -110,6 +110,16 @@ pub fn rules(
     }
     let mut out = Vec::new();
     if bridged && family == Family::V6 {
+        // A pod is not the node's router: its router advertisements and redirects would
+        // turn its bridge neighbours' traffic to it. Before the link-scope pass below.
+        for prefix in new_pods.iter().flat_map(|n| &n.prefixes) {
+            for ty in [134, 137] {
+                out.push(format!(
+                    "-p ipv6-icmp -m physdev --physdev-in {prefix}+ -m icmp6 --icmpv6-type {ty} \
+                     -m comment --comment \"router advertisement or redirect from a pod\" -j DROP"
+                ));
+            }
+        }
         for (source, dest) in [
             ("fe80::/10", "ff02::/16"),
             ("fe80::/10", "fe80::/10"),
