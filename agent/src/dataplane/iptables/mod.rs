@@ -494,6 +494,19 @@ impl Dataplane for IptablesDataplane {
                     self.last_write_chains.to_string(),
                 ),
                 (
+                    // What a hostile pod on a bridge can still claim here (eBPF checks
+                    // all of it): iptables sees neither ARP nor an advertisement's target.
+                    "neighbour_claims".into(),
+                    if self.shape.is_some_and(|s| s.bridged) {
+                        "unchecked: ARP senders and IPv6 neighbour advertisement targets \
+                         (iptables cannot read them); router advertisements and redirects \
+                         from pod ports are dropped"
+                    } else {
+                        "not on a bridge"
+                    }
+                    .into(),
+                ),
+                (
                     "bridge_netfilter".into(),
                     match (&self.shape, &self.bridge_netfilter_off) {
                         (_, Some(why)) => format!("off: {why}"),
