@@ -10,6 +10,20 @@ pub enum PolicyError {
         field: String,
         reason: String,
     },
+    /// A valid object that would take more of the node's tables than one object may
+    /// (see [`crate::budget`]).
+    #[error(
+        "{object}: refused: its rules would take an estimated {entries} table entries per \
+         selected pod (largest rule: {largest_rule_peers} peers × {largest_rule_ports} port \
+         prefixes), more than one policy may (--max-entries-per-policy {budget})"
+    )]
+    OverBudget {
+        object: ObjectRef,
+        entries: u64,
+        budget: u64,
+        largest_rule_peers: u64,
+        largest_rule_ports: u64,
+    },
 }
 
 impl PolicyError {
@@ -23,7 +37,7 @@ impl PolicyError {
 
     pub fn object(&self) -> &ObjectRef {
         match self {
-            PolicyError::Invalid { object, .. } => object,
+            PolicyError::Invalid { object, .. } | PolicyError::OverBudget { object, .. } => object,
         }
     }
 }
