@@ -31,6 +31,15 @@ pub struct Budget {
     pub max_entries_per_policy: u64,
 }
 
+impl Budget {
+    /// No bound: what the API server admits ([`crate::Engine::new`]'s budget, so that a
+    /// tool mirroring the API server, such as the lab, accepts what a cluster would; the
+    /// agent sets its node's budget).
+    pub const UNLIMITED: Budget = Budget {
+        max_entries_per_policy: u64::MAX,
+    };
+}
+
 impl Default for Budget {
     fn default() -> Self {
         Budget {

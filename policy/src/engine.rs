@@ -48,12 +48,13 @@ impl Engine {
             registry: SetRegistry::default(),
             services: BTreeMap::new(),
             desired: Desired::default(),
-            budget: Budget::default(),
+            budget: Budget::UNLIMITED,
         }
     }
 
     /// Sets the budget later objects are admitted against ([`Engine::admit`]); objects
-    /// admitted already stay.
+    /// admitted already stay. A new engine's is [`Budget::UNLIMITED`]: it admits what
+    /// the API server would, and a node's agent sets the node's.
     pub fn set_budget(&mut self, budget: Budget) {
         self.budget = budget;
     }

@@ -24,9 +24,25 @@ fn hostile(ns: &str, name: &str, blocks: usize) -> String {
     policy(ns, name, &spec)
 }
 
+/// An engine of the test world, on the default budget (a new engine's is unlimited).
+fn budgeted(policies: &str) -> weir_policy::Engine {
+    let mut engine = engine_with(policies);
+    engine.set_budget(Budget::default());
+    engine
+}
+
+#[test]
+fn a_new_engine_admits_what_the_api_server_would() {
+    let mut engine = engine_with("");
+    assert_eq!(engine.budget(), Budget::UNLIMITED);
+    engine
+        .upsert(objects(&hostile("x", "huge", 2_500)).remove(0))
+        .expect("no budget: the API server's validation only");
+}
+
 #[test]
 fn a_policy_over_budget_is_refused_before_it_is_expanded() {
-    let mut engine = engine_with("");
+    let mut engine = budgeted("");
     let before = engine.desired().clone();
     let huge = objects(&hostile("x", "huge", 10_000)).remove(0);
     let e = engine
@@ -67,7 +83,7 @@ fn a_policy_over_budget_is_refused_before_it_is_expanded() {
 
 #[test]
 fn a_refused_policy_leaves_the_other_namespaces_policies_and_its_last_version() {
-    let mut engine = engine_with(&policy(
+    let mut engine = budgeted(&policy(
         "y",
         "db",
         "podSelector: {matchLabels: {pod: a}}\ningress:\n- from: [{podSelector: {matchLabels: {pod: b}}}]\n  ports: [{port: 80}]",
@@ -102,7 +118,7 @@ fn a_refused_policy_leaves_the_other_namespaces_policies_and_its_last_version() 
 
 #[test]
 fn load_refuses_over_budget_policies_and_keeps_the_rest() {
-    let mut engine = engine_with("");
+    let mut engine = budgeted("");
     let mut objs = objects(&hostile("x", "huge", 2_500));
     objs.extend(objects(&policy(
         "y",
