@@ -636,8 +636,16 @@ impl EbpfDataplane {
         name_policy: &dyn Fn(&policy_map::PolicyEntry) -> String,
         errors: &mut Vec<ObjectError>,
     ) {
-        self.kernel
+        let closed = self
+            .kernel
             .upsert_policy(&mut self.maps, target, name_policy, errors);
+        if !closed.is_empty() {
+            tracing::warn!(
+                directions = closed.len(),
+                "POLICY entries not written: those pods' directions deny every peer until \
+                 they are"
+            );
+        }
         self.kernel.upsert_identity(&mut self.maps, target, errors);
         self.kernel.delete_identity(&mut self.maps, target, errors);
         self.kernel.upsert_endpoint(&mut self.maps, target, errors);
