@@ -149,6 +149,28 @@ impl Budget {
     }
 }
 
+impl Budget {
+    /// `Ok` when a Service's `frontends` (each a WEIR_SERVICE entry on eBPF) fit the same
+    /// bound; else the refusal naming it. Its frontends are expanded when it is converted,
+    /// bounded by the object itself (addresses × ports).
+    pub fn check_service(
+        &self,
+        namespace: &str,
+        name: &str,
+        frontends: usize,
+    ) -> Result<(), PolicyError> {
+        let frontends = frontends as u64;
+        if frontends <= self.max_entries_per_policy {
+            return Ok(());
+        }
+        Err(PolicyError::ServiceOverBudget {
+            object: ObjectRef::new(crate::model::Kind::Service, Some(namespace), name),
+            frontends,
+            budget: self.max_entries_per_policy,
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -69,6 +69,11 @@ impl Engine {
     pub fn admit(&self, object: &Validated) -> Result<(), PolicyError> {
         match object {
             Validated::Policy(spec) => self.budget.check(spec),
+            Validated::Service {
+                namespace,
+                name,
+                frontends,
+            } => self.budget.check_service(namespace, name, frontends.len()),
             _ => Ok(()),
         }
     }

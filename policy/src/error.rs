@@ -24,6 +24,17 @@ pub enum PolicyError {
         largest_rule_peers: u64,
         largest_rule_ports: u64,
     },
+    /// A Service whose frontends (addresses × ports, and its nodePorts) would take more
+    /// of the node's Service table than one object may.
+    #[error(
+        "{object}: refused: {frontends} frontends (addresses × ports), more than one object \
+         may (--max-entries-per-policy {budget})"
+    )]
+    ServiceOverBudget {
+        object: ObjectRef,
+        frontends: u64,
+        budget: u64,
+    },
 }
 
 impl PolicyError {
@@ -37,7 +48,9 @@ impl PolicyError {
 
     pub fn object(&self) -> &ObjectRef {
         match self {
-            PolicyError::Invalid { object, .. } | PolicyError::OverBudget { object, .. } => object,
+            PolicyError::Invalid { object, .. }
+            | PolicyError::OverBudget { object, .. }
+            | PolicyError::ServiceOverBudget { object, .. } => object,
         }
     }
 }

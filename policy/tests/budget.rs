@@ -153,3 +153,32 @@ fn the_budget_is_the_engines_setting() {
         .upsert(objects(&hostile("x", "ten", 10)).remove(0))
         .expect("120 entries at a budget of 120");
 }
+
+#[test]
+fn a_service_with_more_frontends_than_the_budget_is_refused() {
+    let mut engine = budgeted("");
+    engine.set_budget(Budget {
+        max_entries_per_policy: 8,
+    });
+    let service = |ports: usize| {
+        let ports: Vec<String> = (0..ports)
+            .map(|p| format!("{{name: p{p}, port: {}}}", 1000 + p))
+            .collect();
+        objects(&format!(
+            "apiVersion: v1\nkind: Service\nmetadata: {{name: wide, namespace: x}}\n\
+             spec: {{clusterIP: 10.96.0.10, externalIPs: [192.0.2.1, 192.0.2.2], ports: [{}]}}\n",
+            ports.join(", ")
+        ))
+        .remove(0)
+    };
+    // 3 addresses × 3 ports: 9 frontends.
+    let e = engine.upsert(service(3)).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "service x/wide: refused: 9 frontends (addresses × ports), more than one object may \
+         (--max-entries-per-policy 8)"
+    );
+    assert!(engine.desired().frontends.is_empty());
+    engine.upsert(service(2)).expect("6 frontends fit");
+    assert_eq!(engine.desired().frontends.len(), 6);
+}
