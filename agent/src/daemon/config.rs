@@ -120,8 +120,9 @@ pub struct AgentArgs {
     /// from its spec (per rule, peers × port prefixes, an ipBlock's excepts counted as
     /// peers). A policy above it is refused before it is compiled, on either dataplane,
     /// with an error naming it and the figure (status, Events, log); the rest stays
-    /// enforced, so one tenant cannot fill a table another needs. The default is a
-    /// sixteenth of eBPF's POLICY map and of an ipset's maxelem.
+    /// enforced, so one tenant cannot fill a table another needs. A Service with more
+    /// frontends (addresses × ports) than this is refused too. The default is a sixteenth
+    /// of eBPF's POLICY map and of an ipset's maxelem.
     #[arg(long, env = "WEIR_MAX_ENTRIES_PER_POLICY",
           default_value_t = weir_policy::budget::DEFAULT_MAX_ENTRIES_PER_POLICY,
           value_parser = clap::value_parser!(u64).range(1..))]

@@ -6,7 +6,10 @@
 //! difference to what the maps hold, in an order that never denies what both the old and
 //! the new state allow: new POLICY entries, IDENTITY changes, ENDPOINT entries (written
 //! *before* a new interface is attached, so a pod is enforced from its first filtered
-//! packet), detaches, then stale ENDPOINT and POLICY entries.
+//! packet), detaches, then stale ENDPOINT and POLICY entries. POLICY is written one pod
+//! direction at a time, whole or not at all: a direction whose entries do not fit the
+//! map's room is closed (its allowing entries removed, see `KernelState::upsert_policy`),
+//! so a peer whose identity was just written can never fall back to the any-peer entries.
 //!
 //! An attached interface without an ENDPOINT entry passes traffic: it can only be a
 //! leftover filter on an interface we no longer manage (the agent writes the entry before
