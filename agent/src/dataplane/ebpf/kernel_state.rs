@@ -2,7 +2,7 @@
 //! that bring them to a target. Each write updates the mirror only when the kernel took
 //! it, so a failed write (a full map) is retried by the next apply and named in the report.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use aya::maps::{lpm_trie::Key, HashMap, MapData, MapError};
 use weir_common::{map_names, EndpointInfo, IdentityKey, PolicyKey, ServiceKey};
@@ -144,22 +144,26 @@ impl KernelState {
     /// room, or the kernel refused an entry) is closed: its allowing entries are removed,
     /// so the direction (isolated by its ENDPOINT flags) denies every peer until the
     /// group fits. Never is a group left half-written, where a missing identity entry
-    /// would fall back to the any-peer entries and allow what the policy denies. Returns
-    /// the groups closed; each is one failure in `errors`.
+    /// would fall back to the any-peer entries and allow what the policy denies. Within
+    /// a group, the peers' own identities go before the any-peer identity and longer
+    /// prefixes before shorter, so that a closed group being opened again (its
+    /// identities published already) never has its any-peer allows before a peer's own
+    /// entries. Returns the groups closed, each with its failure; removals that fail are
+    /// in `errors`.
     pub fn upsert_policy(
         &mut self,
         maps: &mut Maps,
         want: &KernelState,
         name: impl Fn(&PolicyEntry) -> String,
         errors: &mut Vec<ObjectError>,
-    ) -> BTreeSet<PolicyGroup> {
+    ) -> BTreeMap<PolicyGroup, ObjectError> {
         let free = maps
             .policy_capacity
             .map(|c| (c as usize).saturating_sub(self.policy.len()));
         let plan = plan_policy_writes(&self.policy, &want.policy, free);
-        let mut closed = BTreeSet::new();
+        let mut closed = BTreeMap::new();
         for (group, new, free) in plan.no_room {
-            errors.push(ObjectError {
+            let failure = ObjectError {
                 object: name(&(
                     0,
                     PolicyKey {
@@ -173,10 +177,17 @@ impl KernelState {
                      fills it)",
                     direction_name(group.1)
                 ),
-            });
-            closed.insert(group);
+            };
+            closed.insert(group, failure);
         }
-        for (group, entries) in plan.writes {
+        for (group, mut entries) in plan.writes {
+            entries.sort_by_key(|((len, key), _)| {
+                (
+                    key.identity == weir_common::IDENTITY_ANY,
+                    std::cmp::Reverse(*len),
+                    *key,
+                )
+            });
             for (entry, rule) in entries {
                 match maps.policy.insert(&Key::new(entry.0, entry.1), rule, 0) {
                     Ok(()) => {
@@ -189,14 +200,13 @@ impl KernelState {
                             f.reason,
                             direction_name(group.1)
                         );
-                        errors.push(f);
-                        closed.insert(group);
+                        closed.insert(group, f);
                         break;
                     }
                 }
             }
         }
-        for group in &closed {
+        for group in closed.keys() {
             self.close_group(maps, *group, &name, errors);
         }
         closed

@@ -537,11 +537,27 @@ impl EbpfDataplane {
                 owner.get(&id).map_or("?", String::as_str)
             )
         };
-        self.write_additions(&target, &name_policy, &mut failures);
+        let closed = self.write_additions(&target, &name_policy, &mut failures);
         let attached = self.attach_placed(&placed, &target, &mut failures);
         self.detach_stale(attached, &pending.turned_pending, &mut failures);
         self.converge_leaving(&target, &mut failures);
         self.write_removals(&target, pending.released, &name_policy, &mut failures);
+        // The removals may have made room: closed directions are tried again now, not at
+        // the next change. Those still closed are reported.
+        let closed = match closed.is_empty() {
+            true => closed,
+            false => self
+                .kernel
+                .upsert_policy(&mut self.maps, &target, name_policy, &mut failures),
+        };
+        if !closed.is_empty() {
+            tracing::warn!(
+                directions = closed.len(),
+                "POLICY entries not written: those pods' directions deny every peer until \
+                 they are"
+            );
+        }
+        failures.extend(closed.into_values());
         self.finish_migration(&mut failures);
         if let Err(e) = records::store(&mut self.maps.records, &self.records) {
             failures.push(ObjectError {
@@ -632,23 +648,17 @@ impl EbpfDataplane {
     }
 
     /// New and changed entries, before any attach: POLICY, IDENTITY, ENDPOINT and the
-    /// maps the Service path reads.
+    /// maps the Service path reads. Returns the pod directions whose POLICY entries did
+    /// not fit (closed), with their failures.
     fn write_additions(
         &mut self,
         target: &KernelState,
         name_policy: &dyn Fn(&policy_map::PolicyEntry) -> String,
         errors: &mut Vec<ObjectError>,
-    ) {
+    ) -> BTreeMap<kernel_state::PolicyGroup, ObjectError> {
         let closed = self
             .kernel
             .upsert_policy(&mut self.maps, target, name_policy, errors);
-        if !closed.is_empty() {
-            tracing::warn!(
-                directions = closed.len(),
-                "POLICY entries not written: those pods' directions deny every peer until \
-                 they are"
-            );
-        }
         self.kernel.upsert_identity(&mut self.maps, target, errors);
         self.kernel.delete_identity(&mut self.maps, target, errors);
         self.kernel.upsert_endpoint(&mut self.maps, target, errors);
@@ -656,6 +666,7 @@ impl EbpfDataplane {
         self.kernel.upsert_service(&mut self.maps, target, errors);
         self.kernel
             .upsert_endpoint_by_id(&mut self.maps, target, errors);
+        closed
     }
 
     /// Attaches pods whose interface is new; their ENDPOINT entries are in place already.
