@@ -75,6 +75,19 @@ pub fn plan_policy_writes(
     plan
 }
 
+/// Orders one group's writes: the peers' own identities before the any-peer identity
+/// (whose entries a peer without its own falls back to), longer prefixes before
+/// shorter ones (a packet's longest match is then its new one, or its old).
+pub fn in_write_order(entries: &mut [(PolicyEntry, u32)]) {
+    entries.sort_by_key(|((len, key), _)| {
+        (
+            key.identity == weir_common::IDENTITY_ANY,
+            std::cmp::Reverse(*len),
+            *key,
+        )
+    });
+}
+
 /// A pod's direction in POLICY: (endpoint id, direction code), the unit entries are
 /// written in.
 pub type PolicyGroup = (u32, u8);
@@ -181,13 +194,7 @@ impl KernelState {
             closed.insert(group, failure);
         }
         for (group, mut entries) in plan.writes {
-            entries.sort_by_key(|((len, key), _)| {
-                (
-                    key.identity == weir_common::IDENTITY_ANY,
-                    std::cmp::Reverse(*len),
-                    *key,
-                )
-            });
+            in_write_order(&mut entries);
             for (entry, rule) in entries {
                 match maps.policy.insert(&Key::new(entry.0, entry.1), rule, 0) {
                     Ok(()) => {
@@ -547,6 +554,26 @@ mod tests {
         // Nothing changed: nothing to write, whatever the room.
         let plan = plan_policy_writes(&want, &want, Some(0));
         assert_eq!(plan, PolicyPlan::default());
+    }
+
+    #[test]
+    fn a_peers_own_entries_and_longer_prefixes_are_written_first() {
+        let any_all = (
+            (
+                weir_common::POLICY_PREFIX_ANY_PROTOCOL,
+                entry(1, IDENTITY_ANY, 0, 0).1,
+            ),
+            COUNTER_NOT_ISOLATED,
+        );
+        let any_80 = (entry(1, IDENTITY_ANY, 0, 80), 20);
+        let own_all = (
+            (weir_common::POLICY_PREFIX_ANY_PROTOCOL, entry(1, 7, 0, 0).1),
+            TIER_DENY_BIT | 21,
+        );
+        let own_80 = (entry(1, 7, 0, 80), 22);
+        let mut entries = vec![any_all, any_80, own_all, own_80];
+        in_write_order(&mut entries);
+        assert_eq!(entries, vec![own_80, own_all, any_80, any_all]);
     }
 
     #[test]
