@@ -1,8 +1,8 @@
 //! Budgets: how much of the node's kernel tables one namespaced object may take.
 //!
 //! Every table a dataplane writes is shared by the node: eBPF's POLICY trie (65,536
-//! entries by default), its IDENTITY trie, iptables' rules and each ipset (`maxelem`
-//! 65,536). Without a bound, one tenant's NetworkPolicy (thousands of ipBlocks times port
+//! entries by default), its IDENTITY trie and SERVICE map, iptables' rules and each
+//! ipset (weir's `maxelem` is 1,048,576). Without a bound, one tenant's NetworkPolicy (thousands of ipBlocks times port
 //! ranges) fills a table, and then another namespace's policy cannot be written: one
 //! tenant breaks another's allowed traffic.
 //!
@@ -19,8 +19,9 @@ use crate::model::ObjectRef;
 use crate::spec::{PeerSpec, PolicySpec, PortMatch, RuleSpec};
 
 /// The default of `--max-entries-per-policy`: a sixteenth of eBPF's default POLICY trie
-/// (65,536) and of an ipset's `maxelem` (65,536), so no single policy can take more than
-/// that share of a table for a pod it selects. Real policies stay far below it (200
+/// (65,536), so no single policy can take more than that share of it for a pod it
+/// selects (and an ipBlock's excepts, set members on iptables, stay far below weir's
+/// ipset `maxelem` of 1,048,576, and below ipset's own default of 65,536). Real policies stay far below it (200
 /// ipBlocks with TCP and UDP ranges of 1024–65535 estimate 2,400).
 pub const DEFAULT_MAX_ENTRIES_PER_POLICY: u64 = 4096;
 

@@ -122,7 +122,7 @@ pub struct AgentArgs {
     /// with an error naming it and the figure (status, Events, log); the rest stays
     /// enforced, so one tenant cannot fill a table another needs. A Service with more
     /// frontends (addresses × ports) than this is refused too. The default is a sixteenth
-    /// of eBPF's POLICY map and of an ipset's maxelem.
+    /// of eBPF's POLICY map (65,536).
     #[arg(long, env = "WEIR_MAX_ENTRIES_PER_POLICY",
           default_value_t = weir_policy::budget::DEFAULT_MAX_ENTRIES_PER_POLICY,
           value_parser = clap::value_parser!(u64).range(1..))]
