@@ -5,6 +5,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
+use super::budget::Budget;
 use super::change::Change;
 use super::compile::{cluster_named_port_groups, compile_endpoint, named_port_groups};
 use super::error::PolicyError;
@@ -31,6 +32,8 @@ pub struct Engine {
     /// Frontends by Service (`namespace/name`); their union is `desired.frontends`.
     services: BTreeMap<String, BTreeSet<Frontend>>,
     desired: Desired,
+    /// What one object may take of the node's tables ([`crate::budget`]).
+    budget: Budget,
 }
 
 impl Engine {
@@ -45,6 +48,33 @@ impl Engine {
             registry: SetRegistry::default(),
             services: BTreeMap::new(),
             desired: Desired::default(),
+            budget: Budget::UNLIMITED,
+        }
+    }
+
+    /// Sets the budget later objects are admitted against ([`Engine::admit`]); objects
+    /// admitted already stay. A new engine's is [`Budget::UNLIMITED`]: it admits what
+    /// the API server would, and a node's agent sets the node's.
+    pub fn set_budget(&mut self, budget: Budget) {
+        self.budget = budget;
+    }
+
+    pub fn budget(&self) -> Budget {
+        self.budget
+    }
+
+    /// Whether `object` fits its budget ([`crate::budget`]), decided from its spec before
+    /// anything is compiled. A refused object must not be upserted: the engine keeps its
+    /// last admitted version, as it does for an invalid one.
+    pub fn admit(&self, object: &Validated) -> Result<(), PolicyError> {
+        match object {
+            Validated::Policy(spec) => self.budget.check(spec),
+            Validated::Service {
+                namespace,
+                name,
+                frontends,
+            } => self.budget.check_service(namespace, name, frontends.len()),
+            _ => Ok(()),
         }
     }
 
@@ -86,8 +116,11 @@ impl Engine {
     }
 
     /// Adds or replaces an object. A rejected object leaves the engine unchanged.
+    /// The object is validated and admitted against the budget first.
     pub fn upsert(&mut self, object: Object) -> Result<Delta, PolicyError> {
-        Ok(self.upsert_validated(Validated::from_object(object)?))
+        let valid = Validated::from_object(object)?;
+        self.admit(&valid)?;
+        Ok(self.upsert_validated(valid))
     }
 
     /// Adds or replaces an object that its source already validated.
@@ -133,7 +166,11 @@ impl Engine {
         let mut errors = Vec::new();
         let valid: Vec<Validated> = objects
             .into_iter()
-            .filter_map(|o| Validated::from_object(o).map_err(|e| errors.push(e)).ok())
+            .filter_map(|o| {
+                let admitted =
+                    Validated::from_object(o).and_then(|valid| self.admit(&valid).map(|()| valid));
+                admitted.map_err(|e| errors.push(e)).ok()
+            })
             .collect();
         (self.load_validated(valid), errors)
     }

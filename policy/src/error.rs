@@ -10,6 +10,31 @@ pub enum PolicyError {
         field: String,
         reason: String,
     },
+    /// A valid object that would take more of the node's tables than one object may
+    /// (see [`crate::budget`]).
+    #[error(
+        "{object}: refused: its rules would take an estimated {entries} table entries per \
+         selected pod (largest rule: {largest_rule_peers} peers × {largest_rule_ports} port \
+         prefixes), more than one policy may (--max-entries-per-policy {budget})"
+    )]
+    OverBudget {
+        object: ObjectRef,
+        entries: u64,
+        budget: u64,
+        largest_rule_peers: u64,
+        largest_rule_ports: u64,
+    },
+    /// A Service whose frontends (addresses × ports, and its nodePorts) would take more
+    /// of the node's Service table than one object may.
+    #[error(
+        "{object}: refused: {frontends} frontends (addresses × ports), more than one object \
+         may (--max-entries-per-policy {budget})"
+    )]
+    ServiceOverBudget {
+        object: ObjectRef,
+        frontends: u64,
+        budget: u64,
+    },
 }
 
 impl PolicyError {
@@ -23,7 +48,9 @@ impl PolicyError {
 
     pub fn object(&self) -> &ObjectRef {
         match self {
-            PolicyError::Invalid { object, .. } => object,
+            PolicyError::Invalid { object, .. }
+            | PolicyError::OverBudget { object, .. }
+            | PolicyError::ServiceOverBudget { object, .. } => object,
         }
     }
 }

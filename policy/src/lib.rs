@@ -26,6 +26,7 @@
 //! - At start-up, feed all objects through [`Engine::load`] (one compile) rather than
 //!   one [`Engine::upsert`] each.
 
+pub mod budget;
 mod change;
 pub mod cluster_policy;
 mod compile;
@@ -47,6 +48,7 @@ mod validate;
 pub mod validated;
 pub mod verdict;
 
+pub use budget::Budget;
 pub use engine::Engine;
 pub use error::PolicyError;
 pub use interner::{fnv1a, SetInterner};

@@ -233,13 +233,15 @@ fn udp_replies_and_icmp_errors_of_tracked_flows_pass() {
     );
 }
 
-/// A POLICY map too small for the rules: the failure names the map and the pod, and
-/// the status shows the pressure.
+/// A POLICY map too small for the rules: the failure names the map and the pod, the
+/// pod's direction is written whole or not at all (closed: it denies every peer until
+/// its entries fit), and the status shows the pressure.
 #[test]
 fn a_full_map_is_a_named_failure() {
     require_root_and_tools();
     let world = World::new("ebpf4", &[("a", A), ("b", B)]);
     let root = PinRoot::new("ebpf4");
+    let _servers = EchoServers::start(&world.pod("b").ns, &[80, 40000]);
     let node = world.node.clone();
     let config = EbpfConfig {
         policy_entries: 4,
@@ -251,12 +253,15 @@ fn a_full_map_is_a_named_failure() {
         // 1-65535 is 16 prefixes: more than 4 entries.
         let state = desired(
             vec![],
-            vec![endpoint(
-                "x/b",
-                B,
-                Some(vec![tcp_rule(Peer::Any, 1, 65535, "x/wide", 0)]),
-                None,
-            )],
+            vec![
+                endpoint("x/a", A, None, None),
+                endpoint(
+                    "x/b",
+                    B,
+                    Some(vec![tcp_rule(Peer::Any, 1, 65535, "x/wide", 0)]),
+                    None,
+                ),
+            ],
         );
         (
             dp.converge(&state, Scope::Kernel).expect("reconcile"),
@@ -271,12 +276,31 @@ fn a_full_map_is_a_named_failure() {
         .find(|f| f.object == "map WEIR_POLICY (pod x/b)")
         .unwrap_or_else(|| panic!("no failure naming the map: {:?}", report.failures));
     assert!(failure.reason.contains("map is full"), "{}", failure.reason);
+    assert!(
+        failure.reason.contains("16 new entries") && failure.reason.contains("denies every peer"),
+        "{}",
+        failure.reason
+    );
+    assert_eq!(report.failures.len(), 1, "one failure, not one per entry");
     let pressure = status
         .details
         .iter()
         .find(|(k, _)| k == "map_pressure.WEIR_POLICY")
         .map(|(_, v)| v.as_str());
-    assert_eq!(pressure, Some("4/4 (100.0%)"));
+    assert_eq!(
+        pressure,
+        Some("0/4 (0.0%)"),
+        "nothing of b's ingress is written"
+    );
+    // b's ingress is isolated with none of its entries: closed, not half open (the four
+    // widest prefixes, 4096-65535, would have fitted).
+    let a_ns = world.pod("a").ns.clone();
+    for port in [80, 40000] {
+        assert!(
+            !tcp_from(&a_ns, SocketAddr::from((B, port)), T),
+            "b's closed ingress admits TCP {port}"
+        );
+    }
 }
 
 /// The same enforcement over IPv6 (neighbor discovery keeps working for isolated pods).

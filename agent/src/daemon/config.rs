@@ -118,6 +118,18 @@ pub struct AgentArgs {
           value_parser = clap::value_parser!(u32).range(1..))]
     pub list_page_size: u32,
 
+    /// The most table entries one NetworkPolicy may take per pod it selects, estimated
+    /// from its spec (per rule, peers × port prefixes, an ipBlock's excepts counted as
+    /// peers). A policy above it is refused before it is compiled, on either dataplane,
+    /// with an error naming it and the figure (status, Events, log); the rest stays
+    /// enforced, so one tenant cannot fill a table another needs. A Service with more
+    /// frontends (addresses × ports) than this is refused too. The default is a sixteenth
+    /// of eBPF's POLICY map (65,536).
+    #[arg(long, env = "WEIR_MAX_ENTRIES_PER_POLICY",
+          default_value_t = weir_policy::budget::DEFAULT_MAX_ENTRIES_PER_POLICY,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_entries_per_policy: u64,
+
     /// Log filter (tracing `EnvFilter` syntax: `info`, `weir=debug`, ...).
     #[arg(long, env = "WEIR_LOG_LEVEL", default_value = "info")]
     pub log_level: String,

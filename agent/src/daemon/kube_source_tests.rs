@@ -139,6 +139,7 @@ async fn cluster_mode_annotates_the_node_switches_and_reports_refused_policies()
         node_name: Some("n1".into()),
         status_file: None,
         resync: Duration::from_secs(3600),
+        budget: weir_policy::Budget::default(),
     };
     let health = Arc::new(Health::default());
     let publisher = KubePublisher::spawn(api.client(), "n1".into());

@@ -97,6 +97,9 @@ async fn run_agent(args: AgentArgs) -> anyhow::Result<()> {
         node_name: args.node_name.clone(),
         status_file: args.status_file.clone(),
         resync: Duration::from_secs(args.resync_seconds.max(1)),
+        budget: weir_policy::Budget {
+            max_entries_per_policy: args.max_entries_per_policy,
+        },
     };
     let backends = node::NodeBackends::new(args.bpf_root.clone())
         .with_new_pods(args.new_pods())

@@ -26,6 +26,8 @@ pub struct RunOptions {
     pub node_name: Option<String>,
     pub status_file: Option<PathBuf>,
     pub resync: Duration,
+    /// What one object may take of the node's tables (`--max-entries-per-policy`).
+    pub budget: weir_policy::Budget,
 }
 
 /// Shared with the health server: readiness (and why not) and liveness (the run loop's
@@ -184,7 +186,8 @@ struct Verdicts {
 
 impl<B: Backends> Daemon<B> {
     pub fn new(opts: RunOptions, backends: B, metrics: Arc<Metrics>, health: Arc<Health>) -> Self {
-        let engine = Engine::new(opts.node_name.clone());
+        let mut engine = Engine::new(opts.node_name.clone());
+        engine.set_budget(opts.budget);
         Daemon {
             opts,
             engine,
@@ -432,10 +435,15 @@ impl<B: Backends> Daemon<B> {
         let mut valid = Vec::with_capacity(events.len());
         for event in events {
             match event {
-                Event::Upsert(object) => {
-                    self.note_upsert(&object);
-                    valid.push(*object);
-                }
+                Event::Upsert(object) => match self.engine.admit(&object) {
+                    Ok(()) => {
+                        self.note_upsert(&object);
+                        valid.push(*object);
+                    }
+                    Err(e) => {
+                        self.feed(Event::Refused(e));
+                    }
+                },
                 other => {
                     self.feed(other);
                 }
@@ -448,6 +456,10 @@ impl<B: Backends> Daemon<B> {
     fn feed(&mut self, event: Event) -> bool {
         match event {
             Event::Upsert(object) => {
+                // Over its budget: refused like an invalid object, before it is compiled.
+                if let Err(e) = self.engine.admit(&object) {
+                    return self.feed(Event::Refused(e));
+                }
                 self.note_upsert(&object);
                 !self.engine.upsert_validated(*object).is_empty()
             }

@@ -34,6 +34,7 @@ fn world(tag: &str, ebpf: Result<(), String>, undeletable: Vec<&'static str>) ->
         node_name: None,
         status_file: Some(status.clone()),
         resync: Duration::from_secs(60),
+        budget: weir_policy::Budget::default(),
     };
     let refuse_applies = Arc::new(AtomicBool::new(false));
     let given = Given::default();
@@ -200,6 +201,71 @@ fn a_refused_policy_is_reported_and_the_rest_applies() {
     assert!(s.converged);
     assert_eq!(s.errors.len(), 1, "{:?}", s.errors);
     assert_eq!(s.errors[0].object, "networkpolicy x/bad");
+}
+
+/// A NetworkPolicy in x on every pod, admitting `blocks` single addresses on TCP and
+/// UDP 1024–65535: `blocks × 12` estimated entries per selected pod.
+fn block_policy(blocks: usize) -> Event {
+    let mut yaml = String::from(
+        "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata:\n  name: wide\n  \
+         namespace: x\nspec:\n  podSelector: {}\n  ingress:\n  - from:\n",
+    );
+    for i in 0..blocks {
+        yaml.push_str(&format!(
+            "    - ipBlock: {{cidr: 172.16.{}.{}/32}}\n",
+            i / 250,
+            i % 250 + 1
+        ));
+    }
+    yaml.push_str(
+        "    ports:\n    - {protocol: TCP, port: 1024, endPort: 65535}\n    \
+         - {protocol: UDP, port: 1024, endPort: 65535}\n",
+    );
+    Event::upsert(parse_str(&yaml).unwrap().remove(0))
+}
+
+#[test]
+fn a_policy_over_its_budget_is_refused_at_start_and_later_and_the_rest_applies() {
+    let mut w = world("budget", Ok(()), vec![]);
+    let pod = "apiVersion: v1\nkind: Pod\nmetadata:\n  name: a\n  namespace: x\nstatus:\n  podIP: 10.0.0.1\n";
+    let deny_y = "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata:\n  name: deny\n  namespace: y\nspec:\n  podSelector: {}\n";
+    let pod_y = "apiVersion: v1\nkind: Pod\nmetadata:\n  name: b\n  namespace: y\nstatus:\n  podIP: 10.0.0.2\n";
+    let mut events: Vec<Event> = [pod, pod_y, deny_y]
+        .iter()
+        .map(|y| Event::upsert(parse_str(y).unwrap().remove(0)))
+        .collect();
+    // 400 × 12 = 4,800 entries: over the default 4,096. Refused in the first batch (the
+    // engine's load)...
+    events.push(block_policy(400));
+    w.daemon.handle(batch(1, events));
+    let s = w.status();
+    assert!(s.converged);
+    assert_eq!(s.errors.len(), 1, "{:?}", s.errors);
+    assert_eq!(s.errors[0].object, "networkpolicy x/wide");
+    assert!(
+        s.errors[0].reason.contains("4800") && s.errors[0].reason.contains("4096"),
+        "{}",
+        s.errors[0].reason
+    );
+    let given = w.given.lock().unwrap().take().expect("a desired state");
+    assert!(
+        !given.endpoints["x/a"].ingress.isolated,
+        "the refused policy"
+    );
+    assert!(
+        given.endpoints["y/b"].ingress.isolated,
+        "y's policy applies"
+    );
+    // ...and in a later one; a version that fits replaces the refusal.
+    w.daemon.handle(batch(2, vec![block_policy(500)]));
+    let s = w.status();
+    assert_eq!(s.errors.len(), 1, "{:?}", s.errors);
+    assert!(s.errors[0].reason.contains("6000"), "{:?}", s.errors);
+    w.daemon.handle(batch(3, vec![block_policy(300)]));
+    let s = w.status();
+    assert!(s.errors.is_empty(), "{:?}", s.errors);
+    let given = w.given.lock().unwrap().take().expect("a desired state");
+    assert!(given.endpoints["x/a"].ingress.isolated, "3,600 entries fit");
 }
 
 #[test]

@@ -109,6 +109,8 @@ pub const GROUPS: &[Group] = &[
     group("lab_world", "lab_world", false, 900),
     // ClusterNetworkPolicy tiers on both dataplanes, with real packets.
     group("cluster_policies", "cluster_policies", false, 900),
+    // A tenant filling the node's tables: budgets refuse it, a full POLICY map fails closed.
+    group("tenant_tables", "hostile_tenant_tables", false, 1200),
     // The eBPF programs' verdict counters and the iptables rules' counters, read back, and
     // the verdict log (ring buffer, NFLOG) of both.
     group("agent_status", "agent_status", false, 600),

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use aya::maps::{lpm_trie::Key, HashMap, MapData, MapError};
-use weir_common::{map_names, EndpointInfo, IdentityKey, ServiceKey};
+use weir_common::{map_names, EndpointInfo, IdentityKey, PolicyKey, ServiceKey};
 
 use super::{identities::Prefix, loader::Maps, policy_map::PolicyEntry};
 use weir_policy::model::ObjectError;
@@ -34,6 +34,79 @@ fn failure(object: String, e: MapError) -> ObjectError {
         _ => e.to_string(),
     };
     ObjectError { object, reason }
+}
+
+/// What [`KernelState::upsert_policy`] writes: whole groups, in order, while their new
+/// entries fit in the room left; the others, with their new entries and the room there
+/// was.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct PolicyPlan {
+    pub writes: Vec<(PolicyGroup, Vec<(PolicyEntry, u32)>)>,
+    pub no_room: Vec<(PolicyGroup, usize, usize)>,
+}
+
+/// Plans the POLICY writes from `have` to `want` with `free` entries of room (`None`:
+/// unknown, every group is written and the kernel's refusals decide). A group is
+/// written whole or not at all; a changed entry takes no room, a new one takes one.
+pub fn plan_policy_writes(
+    have: &BTreeMap<PolicyEntry, u32>,
+    want: &BTreeMap<PolicyEntry, u32>,
+    mut free: Option<usize>,
+) -> PolicyPlan {
+    let mut groups: BTreeMap<PolicyGroup, Vec<(PolicyEntry, u32)>> = BTreeMap::new();
+    for (k, v) in changed(have, want) {
+        groups.entry(group_of(k)).or_default().push((*k, *v));
+    }
+    let mut plan = PolicyPlan::default();
+    for (group, entries) in groups {
+        let new = entries
+            .iter()
+            .filter(|(k, _)| !have.contains_key(k))
+            .count();
+        if let Some(free) = free.as_mut() {
+            if new > *free {
+                plan.no_room.push((group, new, *free));
+                continue;
+            }
+            *free -= new;
+        }
+        plan.writes.push((group, entries));
+    }
+    plan
+}
+
+/// Orders one group's writes: the peers' own identities before the any-peer identity
+/// (whose entries a peer without its own falls back to), longer prefixes before
+/// shorter ones (a packet's longest match is then its new one, or its old).
+pub fn in_write_order(entries: &mut [(PolicyEntry, u32)]) {
+    entries.sort_by_key(|((len, key), _)| {
+        (
+            key.identity == weir_common::IDENTITY_ANY,
+            std::cmp::Reverse(*len),
+            *key,
+        )
+    });
+}
+
+/// A pod's direction in POLICY: (endpoint id, direction code), the unit entries are
+/// written in.
+pub type PolicyGroup = (u32, u8);
+
+fn group_of(entry: &PolicyEntry) -> PolicyGroup {
+    (entry.1.endpoint_id, entry.1.direction)
+}
+
+/// Whether a POLICY value admits a packet, as the programs decide (`allows` in
+/// weir-ebpf): a rule matched, and it is no tier's drop.
+pub fn allows(value: u32) -> bool {
+    value != 0 && value & weir_common::TIER_DENY_BIT == 0
+}
+
+fn direction_name(code: u8) -> &'static str {
+    match code {
+        c if c == weir_common::Direction::Egress as u8 => "egress",
+        _ => "ingress",
+    }
 }
 
 fn changed<'a, K: Ord, V: PartialEq>(
@@ -78,20 +151,98 @@ impl KernelState {
         }
     }
 
+    /// Writes the POLICY entries `want` adds or changes, one pod's direction (a
+    /// [`PolicyGroup`]) at a time, planned against the map's capacity: a group whose new
+    /// entries do not fit is not written at all. A group that is not written whole (no
+    /// room, or the kernel refused an entry) is closed: its allowing entries are removed,
+    /// so the direction (isolated by its ENDPOINT flags) denies every peer until the
+    /// group fits. Never is a group left half-written, where a missing identity entry
+    /// would fall back to the any-peer entries and allow what the policy denies. Within
+    /// a group, the peers' own identities go before the any-peer identity and longer
+    /// prefixes before shorter, so that a closed group being opened again (its
+    /// identities published already) never has its any-peer allows before a peer's own
+    /// entries. Returns the groups closed, each with its failure; removals that fail are
+    /// in `errors`.
     pub fn upsert_policy(
         &mut self,
         maps: &mut Maps,
         want: &KernelState,
         name: impl Fn(&PolicyEntry) -> String,
         errors: &mut Vec<ObjectError>,
+    ) -> BTreeMap<PolicyGroup, ObjectError> {
+        let free = maps
+            .policy_capacity
+            .map(|c| (c as usize).saturating_sub(self.policy.len()));
+        let plan = plan_policy_writes(&self.policy, &want.policy, free);
+        let mut closed = BTreeMap::new();
+        for (group, new, free) in plan.no_room {
+            let failure = ObjectError {
+                object: name(&(
+                    0,
+                    PolicyKey {
+                        endpoint_id: group.0,
+                        ..Default::default()
+                    },
+                )),
+                reason: format!(
+                    "map is full: {new} new entries for its {}, {free} free; that direction \
+                     denies every peer until they fit (raise the map's size, or remove what \
+                     fills it)",
+                    direction_name(group.1)
+                ),
+            };
+            closed.insert(group, failure);
+        }
+        for (group, mut entries) in plan.writes {
+            in_write_order(&mut entries);
+            for (entry, rule) in entries {
+                match maps.policy.insert(&Key::new(entry.0, entry.1), rule, 0) {
+                    Ok(()) => {
+                        self.policy.insert(entry, rule);
+                    }
+                    Err(e) => {
+                        let mut f = failure(name(&entry), e);
+                        f.reason = format!(
+                            "{}; its {} denies every peer until its entries are written",
+                            f.reason,
+                            direction_name(group.1)
+                        );
+                        closed.insert(group, f);
+                        break;
+                    }
+                }
+            }
+        }
+        for group in closed.keys() {
+            self.close_group(maps, *group, &name, errors);
+        }
+        closed
+    }
+
+    /// Removes the allowing POLICY entries of `group`: with none left, the isolated
+    /// direction's lookups end in a miss or a deny, whatever identity the peer has.
+    fn close_group(
+        &mut self,
+        maps: &mut Maps,
+        group: PolicyGroup,
+        name: &impl Fn(&PolicyEntry) -> String,
+        errors: &mut Vec<ObjectError>,
     ) {
-        let todo: Vec<_> = changed(&self.policy, &want.policy)
-            .map(|(k, v)| (*k, *v))
+        let allowing: Vec<PolicyEntry> = self
+            .policy
+            .iter()
+            .filter(|(k, v)| group_of(k) == group && allows(**v))
+            .map(|(k, _)| *k)
             .collect();
-        for (entry, rule) in todo {
-            match maps.policy.insert(&Key::new(entry.0, entry.1), rule, 0) {
+        for entry in allowing {
+            match maps.policy.remove(&Key::new(entry.0, entry.1)) {
                 Ok(()) => {
-                    self.policy.insert(entry, rule);
+                    self.policy.remove(&entry);
+                }
+                Err(MapError::SyscallError(e))
+                    if e.io_error.raw_os_error() == Some(libc::ENOENT) =>
+                {
+                    self.policy.remove(&entry);
                 }
                 Err(e) => errors.push(failure(name(&entry), e)),
             }
@@ -356,4 +507,84 @@ fn identity_object(p: &Prefix) -> String {
 
 fn endpoint_object(ifindex: u32) -> String {
     format!("map {} (ifindex {ifindex})", map_names::ENDPOINT)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use weir_common::{COUNTER_NOT_ISOLATED, IDENTITY_ANY, TIER_DENY_BIT};
+
+    fn entry(endpoint_id: u32, identity: u32, direction: u8, port: u16) -> PolicyEntry {
+        let key = PolicyKey {
+            endpoint_id,
+            identity,
+            direction,
+            protocol: 6,
+            port: port.to_be_bytes(),
+        };
+        (weir_common::POLICY_PREFIX_ANY_PORT + 16, key)
+    }
+
+    #[test]
+    fn a_group_is_written_whole_or_not_at_all() {
+        let mut have = BTreeMap::new();
+        have.insert(entry(1, IDENTITY_ANY, 0, 80), 20);
+        let mut want = have.clone();
+        // Endpoint 1's ingress: one changed value (no room needed), one new entry.
+        want.insert(entry(1, IDENTITY_ANY, 0, 80), 21);
+        want.insert(entry(1, 7, 0, 80), 22);
+        // Endpoint 2's ingress: three new entries, endpoint 3's egress one.
+        for port in [1, 2, 3] {
+            want.insert(entry(2, 7, 0, port), 23);
+        }
+        want.insert(entry(3, 7, 1, 53), 24);
+        let plan = plan_policy_writes(&have, &want, Some(2));
+        let written: Vec<PolicyGroup> = plan.writes.iter().map(|(g, _)| *g).collect();
+        assert_eq!(written, vec![(1, 0), (3, 1)], "{plan:?}");
+        assert_eq!(
+            plan.writes[0].1.len(),
+            2,
+            "the changed entry is written too"
+        );
+        assert_eq!(plan.no_room, vec![((2, 0), 3, 1)]);
+        // Unknown room: everything is tried.
+        let plan = plan_policy_writes(&have, &want, None);
+        assert_eq!(plan.writes.len(), 3);
+        assert!(plan.no_room.is_empty());
+        // Nothing changed: nothing to write, whatever the room.
+        let plan = plan_policy_writes(&want, &want, Some(0));
+        assert_eq!(plan, PolicyPlan::default());
+    }
+
+    #[test]
+    fn a_peers_own_entries_and_longer_prefixes_are_written_first() {
+        let any_all = (
+            (
+                weir_common::POLICY_PREFIX_ANY_PROTOCOL,
+                entry(1, IDENTITY_ANY, 0, 0).1,
+            ),
+            COUNTER_NOT_ISOLATED,
+        );
+        let any_80 = (entry(1, IDENTITY_ANY, 0, 80), 20);
+        let own_all = (
+            (weir_common::POLICY_PREFIX_ANY_PROTOCOL, entry(1, 7, 0, 0).1),
+            TIER_DENY_BIT | 21,
+        );
+        let own_80 = (entry(1, 7, 0, 80), 22);
+        let mut entries = vec![any_all, any_80, own_all, own_80];
+        in_write_order(&mut entries);
+        assert_eq!(entries, vec![own_80, own_all, any_80, any_all]);
+    }
+
+    #[test]
+    fn allows_is_the_programs_reading_of_a_value() {
+        assert!(!allows(0), "a miss denies");
+        assert!(allows(COUNTER_NOT_ISOLATED));
+        assert!(allows(20));
+        assert!(!allows(20 | TIER_DENY_BIT));
+        assert!(
+            !allows(TIER_DENY_BIT),
+            "the NetworkPolicies' default deny in a tier"
+        );
+    }
 }

@@ -30,6 +30,8 @@ pub struct Maps {
     pub service: HashMap<MapData, ServiceKey, u32>,
     pub endpoint_by_id: HashMap<MapData, u32, EndpointInfo>,
     pub policy: LpmTrie<MapData, PolicyKey, u32>,
+    /// POLICY's max_entries (`None`: unreadable), which its writes are planned against.
+    pub policy_capacity: Option<u32>,
     pub counters: PerCpuArray<MapData, Counter>,
     pub records: RecordsMap,
 }
@@ -343,6 +345,10 @@ impl Maps {
             service: typed!(path, map_names::SERVICE),
             endpoint_by_id: typed!(path, map_names::ENDPOINT_BY_ID),
             policy: typed!(path, map_names::POLICY),
+            policy_capacity: MapData::from_pin(path(map_names::POLICY))
+                .ok()
+                .and_then(|m| m.info().ok())
+                .map(|i| i.max_entries()),
             counters: typed!(path, map_names::COUNTERS),
             records: typed!(path, map_names::RECORDS),
         })

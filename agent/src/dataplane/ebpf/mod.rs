@@ -6,7 +6,10 @@
 //! difference to what the maps hold, in an order that never denies what both the old and
 //! the new state allow: new POLICY entries, IDENTITY changes, ENDPOINT entries (written
 //! *before* a new interface is attached, so a pod is enforced from its first filtered
-//! packet), detaches, then stale ENDPOINT and POLICY entries.
+//! packet), detaches, then stale ENDPOINT and POLICY entries. POLICY is written one pod
+//! direction at a time, whole or not at all: a direction whose entries do not fit the
+//! map's room is closed (its allowing entries removed, see `KernelState::upsert_policy`),
+//! so a peer whose identity was just written can never fall back to the any-peer entries.
 //!
 //! An attached interface without an ENDPOINT entry passes traffic: it can only be a
 //! leftover filter on an interface we no longer manage (the agent writes the entry before
@@ -534,11 +537,27 @@ impl EbpfDataplane {
                 owner.get(&id).map_or("?", String::as_str)
             )
         };
-        self.write_additions(&target, &name_policy, &mut failures);
+        let closed = self.write_additions(&target, &name_policy, &mut failures);
         let attached = self.attach_placed(&placed, &target, &mut failures);
         self.detach_stale(attached, &pending.turned_pending, &mut failures);
         self.converge_leaving(&target, &mut failures);
         self.write_removals(&target, pending.released, &name_policy, &mut failures);
+        // The removals may have made room: closed directions are tried again now, not at
+        // the next change. Those still closed are reported.
+        let closed = match closed.is_empty() {
+            true => closed,
+            false => self
+                .kernel
+                .upsert_policy(&mut self.maps, &target, name_policy, &mut failures),
+        };
+        if !closed.is_empty() {
+            tracing::warn!(
+                directions = closed.len(),
+                "POLICY entries not written: those pods' directions deny every peer until \
+                 they are"
+            );
+        }
+        failures.extend(closed.into_values());
         self.finish_migration(&mut failures);
         if let Err(e) = records::store(&mut self.maps.records, &self.records) {
             failures.push(ObjectError {
@@ -629,14 +648,16 @@ impl EbpfDataplane {
     }
 
     /// New and changed entries, before any attach: POLICY, IDENTITY, ENDPOINT and the
-    /// maps the Service path reads.
+    /// maps the Service path reads. Returns the pod directions whose POLICY entries did
+    /// not fit (closed), with their failures.
     fn write_additions(
         &mut self,
         target: &KernelState,
         name_policy: &dyn Fn(&policy_map::PolicyEntry) -> String,
         errors: &mut Vec<ObjectError>,
-    ) {
-        self.kernel
+    ) -> BTreeMap<kernel_state::PolicyGroup, ObjectError> {
+        let closed = self
+            .kernel
             .upsert_policy(&mut self.maps, target, name_policy, errors);
         self.kernel.upsert_identity(&mut self.maps, target, errors);
         self.kernel.delete_identity(&mut self.maps, target, errors);
@@ -645,6 +666,7 @@ impl EbpfDataplane {
         self.kernel.upsert_service(&mut self.maps, target, errors);
         self.kernel
             .upsert_endpoint_by_id(&mut self.maps, target, errors);
+        closed
     }
 
     /// Attaches pods whose interface is new; their ENDPOINT entries are in place already.
