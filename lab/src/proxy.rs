@@ -1,5 +1,5 @@
 //! The real kube-proxy of the pinned Kubernetes release in the lab's node namespace
-//! (`weir lab up --proxy iptables|nftables|ipvs`, server mode only): it reads Services and
+//! (`weir-lab up --proxy iptables|nftables|ipvs`, server mode only): it reads Services and
 //! the lab's EndpointSlices from the lab's API server and programs the node's Service
 //! rules in the same hooks, relative to weir's programs and chains, as on a real node.
 //!
@@ -20,9 +20,9 @@ use super::control_plane::{components_dir, kubernetes_version, ControlPlane, Ide
 use super::objects::ObjectSet;
 use super::state::{LabDir, LabState};
 use super::{netns, services, LabError};
-use crate::exec;
+use weir::exec;
 
-/// `weir lab up --proxy`.
+/// `weir-lab up --proxy`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum ProxyMode {
@@ -81,7 +81,7 @@ pub fn check_host(mode: ProxyMode) -> Result<(), LabError> {
                 "kube-proxy's nftables mode needs Linux {}.{} or later (kube-proxy checks the kernel's version and exits); this kernel is {}: use --proxy iptables or ipvs here",
                 NFTABLES_MODE_KERNEL.0,
                 NFTABLES_MODE_KERNEL.1,
-                crate::kernel::release()
+                weir::kernel::release()
             ),
         )),
         ProxyMode::Nftables => match exec::run("nft", &["--version"], None) {
@@ -109,7 +109,7 @@ pub const NFTABLES_MODE_KERNEL: (u32, u32) = (5, 13);
 /// Whether kube-proxy's nftables mode starts on this kernel (by its version, as kube-proxy
 /// itself decides).
 pub fn kernel_runs_nftables_mode() -> bool {
-    crate::kernel::major_minor(&crate::kernel::release()).is_none_or(|v| v >= NFTABLES_MODE_KERNEL)
+    weir::kernel::major_minor(&weir::kernel::release()).is_none_or(|v| v >= NFTABLES_MODE_KERNEL)
 }
 
 /// The kernel support ipvs mode needs: IPVS itself (`/proc/net/ip_vs` once `ip_vs` is

@@ -1,5 +1,5 @@
 //! The lab's state directory: which namespaces, addresses and ports exist, so that
-//! separate `weir lab` commands work on the same lab.
+//! separate `weir-lab` commands work on the same lab.
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -11,7 +11,7 @@ use ipnet::{Ipv4Net, Ipv6Net};
 use serde::{Deserialize, Serialize};
 
 use super::LabError;
-use crate::dataplane::DataplaneKind;
+use weir::dataplane::DataplaneKind;
 use weir_policy::desired::Protocol;
 
 pub const DEFAULT_DIR: &str = "/run/weir-lab";
@@ -63,7 +63,7 @@ impl LabState {
 }
 
 impl PodState {
-    /// `NAMESPACE/NAME`, as the prober and `weir lab pods` print it.
+    /// `NAMESPACE/NAME`, as the prober and `weir-lab pods` print it.
     pub fn key(&self) -> String {
         format!("{}/{}", self.namespace, self.name)
     }
@@ -212,7 +212,7 @@ impl LabDir {
         write_atomic(&self.state_file(), json.as_bytes())
     }
 
-    /// Takes the directory's lock: one `weir lab` command at a time per lab.
+    /// Takes the directory's lock: one `weir-lab` command at a time per lab.
     pub fn lock(&self) -> Result<File, LabError> {
         std::fs::create_dir_all(&self.dir)
             .map_err(|e| LabError::io(format!("creating {}", self.dir.display()), e))?;

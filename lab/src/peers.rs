@@ -1,4 +1,4 @@
-//! The other NetworkPolicy agents in the lab (`weir lab up --enforcer NAME`, server mode
+//! The other NetworkPolicy agents in the lab (`weir-lab up --enforcer NAME`, server mode
 //! only): each runs in the node namespace against the lab's API server, as its own
 //! DaemonSet would run it on a node, in place of weir's agent. The probes and their JSON
 //! stay as they are, so one scenario table judges every enforcer. All the peer plumbing is
@@ -23,10 +23,10 @@ use serde::{Deserialize, Serialize};
 use super::control_plane::{components_root, ControlPlane, Identity, APISERVER_PORT};
 use super::state::{LabDir, LabState};
 use super::{netns, LabError};
-use crate::exec;
+use weir::exec;
 use weir_policy::model::Kind;
 
-/// `weir lab up --enforcer`: who enforces the lab's policies.
+/// `weir-lab up --enforcer`: who enforces the lab's policies.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "kebab-case")]
 pub enum Enforcer {
@@ -97,7 +97,7 @@ fn kube_router_synced_since(dir: &LabDir, mark: u64) -> bool {
 
 /// The flags kube-router runs with (deploy/kube-router-flags, which the bench reads too).
 fn kube_router_flags() -> impl Iterator<Item = &'static str> {
-    include_str!("../../../deploy/kube-router-flags")
+    include_str!("../../deploy/kube-router-flags")
         .lines()
         .map(str::trim)
         .filter(|l| !l.is_empty() && !l.starts_with('#'))
@@ -110,7 +110,7 @@ const KNP_QUEUE: u16 = 100;
 
 /// The pinned version of a peer, from deploy/peer-versions.
 fn version(enforcer: Enforcer) -> Option<&'static str> {
-    include_str!("../../../deploy/peer-versions")
+    include_str!("../../deploy/peer-versions")
         .lines()
         .filter(|l| !l.trim_start().starts_with('#'))
         .find_map(|l| match l.split_whitespace().collect::<Vec<_>>()[..] {

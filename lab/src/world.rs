@@ -92,7 +92,7 @@ fn create_bridge(node: &str, net: &PodNetwork) -> Result<(), LabError> {
     ip(&["-n", node, "link", "set", BRIDGE, "up"])?;
     // A module in distribution kernels, not loaded by creating a bridge (kubelet loads it).
     if !std::path::Path::new("/proc/sys/net/bridge").exists() {
-        crate::exec::modules::load("br_netfilter")
+        weir::exec::modules::load("br_netfilter")
             .map_err(|why| LabError::invalid("--topology bridge", why))?;
     }
     for key in [

@@ -38,7 +38,7 @@ const MANAGED_BY: &str = "weir-lab";
 /// The API server's default `--service-node-port-range`.
 const NODE_PORTS: std::ops::RangeInclusive<i32> = 30000..=32767;
 
-/// `weir lab up --services`.
+/// `weir-lab up --services`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum ServicesMode {
