@@ -243,9 +243,9 @@ async fn apply(
             let mut status = status;
             if schedule_on.is_some() {
                 let status = status.get_or_insert_with(Default::default);
-                status.host_ip = Some(super::proxy::NODE_IP.to_string());
+                status.host_ip = Some(super::world::NODE_IP.to_string());
                 status.host_ips = Some(vec![HostIP {
-                    ip: super::proxy::NODE_IP.to_string(),
+                    ip: super::world::NODE_IP.to_string(),
                 }]);
             }
             let status = json!({ "apiVersion": "v1", "kind": "Pod", "status": status });

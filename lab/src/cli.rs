@@ -13,7 +13,7 @@ use serde::Serialize;
 use super::addr::{DEFAULT_IPV4_POOL, DEFAULT_IPV6_POOL};
 use super::agent::WeirBinary;
 use super::objects::ObjectSet;
-use super::ops::{self, UpOptions};
+use super::ops::{self, ApiAction, UpOptions};
 use super::output::{self, OutputFormat};
 use super::peers::Enforcer;
 use super::probe::{self, IpFamily, Via};
@@ -221,17 +221,6 @@ pub enum LabCommand {
         #[arg(value_parser = ops::parse_port)]
         ports: Vec<ServedPort>,
     },
-}
-
-#[derive(Subcommand)]
-pub enum ApiAction {
-    /// Stop kube-apiserver (SIGTERM, then SIGKILL); etcd keeps its data.
-    Stop,
-    /// Start kube-apiserver again and wait until it is ready.
-    Start,
-    /// Advance etcd's revision and compact its history up to it, so that a watch resuming
-    /// from an older resourceVersion gets 410 Gone and must relist. Prints the revision.
-    Compact,
 }
 
 #[derive(Subcommand)]

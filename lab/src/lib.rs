@@ -14,7 +14,8 @@
 //! `kernel`, `reset`, the status report, the source digest, the dataplane kinds) and
 //! weir-policy for the model. Nothing of weir depends on this crate: the lab is a
 //! development and test tool, and stays out of the agent's binary and image (`cargo xtask
-//! structure` checks it).
+//! structure` checks it). Its top-level modules form no cycle: `state` (everything
+//! state.json holds) is below the modules that act on the lab.
 pub mod addr;
 pub mod agent;
 pub mod api;

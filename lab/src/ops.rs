@@ -390,9 +390,20 @@ pub fn down(dir: &LabDir) -> Result<(), LabError> {
 /// How long kube-apiserver may drain its requests on SIGTERM before it is killed.
 const APISERVER_GRACE: Duration = Duration::from_secs(5);
 
+// `weir-lab api ACTION`: the command line's, defined here, where it is carried out.
+#[derive(clap::Subcommand)]
+pub enum ApiAction {
+    /// Stop kube-apiserver (SIGTERM, then SIGKILL); etcd keeps its data.
+    Stop,
+    /// Start kube-apiserver again and wait until it is ready.
+    Start,
+    /// Advance etcd's revision and compact its history up to it, so that a watch resuming
+    /// from an older resourceVersion gets 410 Gone and must relist. Prints the revision.
+    Compact,
+}
+
 /// `weir-lab api stop|start|compact`.
-pub fn api(dir: &LabDir, action: &super::cli::ApiAction) -> Result<(), LabError> {
-    use super::cli::ApiAction;
+pub fn api(dir: &LabDir, action: &ApiAction) -> Result<(), LabError> {
     let _lock = dir.lock()?;
     let mut state = dir.load()?;
     let Some(api_state) = state.api.as_mut() else {

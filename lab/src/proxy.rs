@@ -14,25 +14,13 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use serde::{Deserialize, Serialize};
-
 use super::control_plane::{components_dir, kubernetes_version, ControlPlane, Identity};
 use super::objects::ObjectSet;
 use super::state::{LabDir, LabState};
+pub use super::state::{ProxyMode, ProxyState};
+use super::world::NODE_IP;
 use super::{netns, services, LabError};
 use weir::exec;
-
-/// `weir-lab up --proxy`.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
-#[serde(rename_all = "lowercase")]
-pub enum ProxyMode {
-    /// No kube-proxy: ClusterIPs lead nowhere.
-    #[default]
-    None,
-    Iptables,
-    Ipvs,
-    Nftables,
-}
 
 impl ProxyMode {
     fn flag(self) -> &'static str {
@@ -45,17 +33,7 @@ impl ProxyMode {
     }
 }
 
-/// The lab's kube-proxy, in state.json.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct ProxyState {
-    pub mode: ProxyMode,
-    pub pid: u32,
-}
-
 const HEALTHZ: &str = "127.0.0.1:10256";
-/// The Node's InternalIP for kube-proxy: the node namespace's own address (the pods'
-/// gateway, on its loopback).
-pub(super) const NODE_IP: &str = "169.254.1.1";
 const METRICS: &str = "127.0.0.1:10249";
 
 /// Refuses a mode this host cannot run, before anything is built: the binary, `nft` for
