@@ -100,7 +100,8 @@ impl Lab {
         lab
     }
 
-    /// Runs `weir-lab --state-dir DIR ARGS...`; a non-zero exit is an error with stderr.
+    /// Runs `weir-lab --weir-bin WEIR --state-dir DIR ARGS...` (WEIR: the `weir` under
+    /// test); a non-zero exit is an error with stderr.
     pub fn weir(&self, args: &[&str]) -> Result<String> {
         let out = self.weir_raw(args)?;
         if !out.status.success() {
