@@ -17,11 +17,9 @@ enum Command {
     Version,
     Reset(weir::reset::cli::ResetArgs),
     Explain(weir::explain_cli::ExplainArgs),
-    /// A node in network namespaces, built from manifests, with real traffic probes.
-    Lab(weir::lab::cli::LabArgs),
     Monitor(weir::monitor_cli::MonitorArgs),
     /// Run the node agent (cluster mode, or file mode with --manifests).
-    Agent(weir::daemon::AgentArgs),
+    Agent(Box<weir::daemon::AgentArgs>),
     Status(weir::status_cli::StatusArgs),
 }
 
@@ -58,7 +56,6 @@ fn main() -> anyhow::Result<()> {
         }
         Command::Reset(args) => weir::reset::cli::run(args)?,
         Command::Explain(args) => weir::explain_cli::run(args)?,
-        Command::Lab(args) => weir::lab::cli::run(args)?,
         Command::Status(args) => weir::status_cli::run(args)?,
         Command::Monitor(args) => weir::monitor_cli::run(args)?,
         Command::Agent(args) => {
@@ -66,7 +63,7 @@ fn main() -> anyhow::Result<()> {
                 .skip_while(|a| a != "agent")
                 .skip(1)
                 .collect();
-            weir::daemon::main(args, &argv)?;
+            weir::daemon::main(*args, &argv)?;
         }
     }
     Ok(())

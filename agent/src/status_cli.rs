@@ -12,7 +12,7 @@ use crate::stdout::OutputFormat;
 /// refused and why, eBPF map pressure, sets it could not destroy, and its last converge.
 ///
 /// The agent answers on its --listen address (127.0.0.1:9402 in cluster mode; in file mode
-/// only when --listen is given). In the lab, use `weir lab status`.
+/// only when --listen is given). In the lab, use `weir-lab status`.
 #[derive(clap::Args, Debug)]
 pub struct StatusArgs {
     /// The agent's --listen address.

@@ -31,7 +31,7 @@ pub enum Family {
 }
 
 impl Family {
-    /// As `weir lab probe --family` takes it.
+    /// As `weir-lab probe --family` takes it.
     pub fn flag(self) -> &'static str {
         match self {
             Family::V4 => "ipv4",
@@ -53,7 +53,7 @@ pub struct Case {
 
 impl Case {
     /// The case's policies as one YAML stream (JSON documents, which YAML reads), for
-    /// `weir lab apply` and `delete`.
+    /// `weir-lab apply` and `delete`.
     pub fn manifests(&self) -> String {
         self.policy_objects()
             .iter()

@@ -7,7 +7,7 @@
 //!
 //! The one table both harnesses run: the engine harness (policy/tests/netpol_e2e.rs, the
 //! compiled model through weir's verdict evaluator) and the lab harness
-//! (tests/tests/netpol_conformance.rs, real packets through `weir lab` on both dataplanes).
+//! (tests/tests/netpol_conformance.rs, real packets through `weir-lab` on both dataplanes).
 //! Both compare the full matrix of [`probes`] per step with [`compare`]. No I/O here: pod
 //! addresses (for the ipBlock cases) come from whoever built the world.
 //!
@@ -29,7 +29,7 @@ pub const PODS: [&str; 3] = ["a", "b", "c"];
 pub const PORTS: [u16; 2] = [80, 81];
 pub const PROTOCOLS: [&str; 3] = ["TCP", "UDP", "SCTP"];
 
-/// The world's manifests (deploy/examples/netpol-world.yaml, which `weir lab up` takes):
+/// The world's manifests (deploy/examples/netpol-world.yaml, which `weir-lab up` takes):
 /// namespaces x, y, z labelled `ns: <name>`, each with pods a, b, c labelled `pod: <name>`,
 /// serving 80 and 81 over TCP, UDP and SCTP as `serve-<port>-<proto>`. No addresses: the lab
 /// allocates them, the engine harness assigns its own.
@@ -46,7 +46,7 @@ pub fn world_pods() -> Vec<String> {
 /// (from, to, port, protocol) → connected, pods as `ns/name`.
 pub type Matrix = BTreeMap<(String, String, u16, String), bool>;
 
-/// Every probe of a step, as `weir lab probe` makes them: each ordered pair of distinct
+/// Every probe of a step, as `weir-lab probe` makes them: each ordered pair of distinct
 /// pods (self traffic is never judged, as upstream's ignoreLoopback) × 80/81 × TCP/UDP/SCTP.
 pub fn probes() -> Vec<(String, String, u16, &'static str)> {
     let pods = world_pods();
@@ -89,9 +89,9 @@ pub type Truth = fn(&Pair) -> bool;
 
 /// What to change before probing.
 pub enum Change {
-    /// Manifests to `weir lab apply`.
+    /// Manifests to `weir-lab apply`.
     Apply(String),
-    /// Manifests naming objects to `weir lab delete`.
+    /// Manifests naming objects to `weir-lab delete`.
     Delete(String),
 }
 

@@ -1,4 +1,4 @@
-//! A `weir lab` node whose pods the hostile tests address with hand-made frames: each
+//! A `weir-lab` node whose pods the hostile tests address with hand-made frames: each
 //! pod's namespace, node-side interface and addresses from the lab's state.json, and
 //! "does this frame from one pod reach another" judged by a sniffer on the target.
 use std::collections::BTreeMap;
@@ -33,7 +33,7 @@ impl LabPod {
 }
 
 pub struct FrameLab {
-    /// Torn down (`weir lab down`) when dropped.
+    /// Torn down (`weir-lab down`) when dropped.
     pub lab: Lab,
     pub node: String,
     /// Namespace of the pods [`FrameLab::pod`] names without one.
@@ -42,12 +42,12 @@ pub struct FrameLab {
 }
 
 impl FrameLab {
-    /// `weir lab up --dataplane DATAPLANE` on `yaml`, in a lab tagged `tag`.
+    /// `weir-lab up --dataplane DATAPLANE` on `yaml`, in a lab tagged `tag`.
     pub fn up(tag: &str, dataplane: &str, namespace: &str, yaml: &str) -> FrameLab {
         let lab = Lab::new(&format!("{tag}-{dataplane}"));
         let file = manifest(&lab, &format!("{tag}.yaml"), yaml);
         lab.weir(&["up", "--dataplane", dataplane, file.to_str().unwrap()])
-            .unwrap_or_else(|e| panic!("{dataplane}: weir lab up: {e}"));
+            .unwrap_or_else(|e| panic!("{dataplane}: weir-lab up: {e}"));
         let state: Value =
             serde_json::from_str(&std::fs::read_to_string(lab.dir.join("state.json")).unwrap())
                 .unwrap();

@@ -1,9 +1,9 @@
-//! Drives `weir lab` through its command line, each lab in its own state directory
+//! Drives `weir-lab` through its command line, each lab in its own state directory
 //! (and so its own namespaces and pins), torn down by a Drop guard even on failure.
 
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Output;
 
 use anyhow::{bail, Context, Result};
 use serde_json::Value;
@@ -66,14 +66,14 @@ impl Lab {
         (netns, ip)
     }
 
-    /// Every pod's `NAMESPACE/NAME` → (IPv4, IPv6), from `weir lab pods --output json`.
+    /// Every pod's `NAMESPACE/NAME` → (IPv4, IPv6), from `weir-lab pods --output json`.
     pub fn pod_addresses(&self) -> std::collections::BTreeMap<String, (IpAddr, IpAddr)> {
         let pods: Value = serde_json::from_str(
             &self
                 .weir(&["pods", "--output", "json"])
-                .expect("weir lab pods"),
+                .expect("weir-lab pods"),
         )
-        .expect("weir lab pods prints JSON");
+        .expect("weir-lab pods prints JSON");
         pods.as_array()
             .expect("pods as a list")
             .iter()
@@ -100,12 +100,13 @@ impl Lab {
         lab
     }
 
-    /// Runs `weir lab --state-dir DIR ARGS...`; a non-zero exit is an error with stderr.
+    /// Runs `weir-lab --weir-bin WEIR --state-dir DIR ARGS...` (WEIR: the `weir` under
+    /// test); a non-zero exit is an error with stderr.
     pub fn weir(&self, args: &[&str]) -> Result<String> {
         let out = self.weir_raw(args)?;
         if !out.status.success() {
             bail!(
-                "weir lab {} failed: {}",
+                "weir-lab {} failed: {}",
                 args.join(" "),
                 String::from_utf8_lossy(&out.stderr)
             );
@@ -117,12 +118,11 @@ impl Lab {
         self.weir_env(args, &[])
     }
 
-    /// `weir lab ARGS...` with extra environment variables (which an agent it starts
+    /// `weir-lab ARGS...` with extra environment variables (which an agent it starts
     /// inherits).
     pub fn weir_env(&self, args: &[&str], env: &[(&str, &str)]) -> Result<Output> {
-        Command::new(crate::weir_bin::path()?)
+        crate::weir_bin::lab_command()?
             .envs(env.iter().copied())
-            .arg("lab")
             .arg("--state-dir")
             .arg(&self.dir)
             .args(args)
@@ -156,7 +156,7 @@ impl Lab {
     }
 }
 
-/// One `weir lab probe --via both` (or service): the matrices by route, and the targets
+/// One `weir-lab probe --via both` (or service): the matrices by route, and the targets
 /// whose service probes were skipped (`NS/NAME PORT/PROTOCOL`).
 pub struct Routes {
     pub dataplane: String,

@@ -1,8 +1,8 @@
 //! Shared helpers for the integration tests (network namespaces, prerequisites).
 //!
-//! **Dependencies:** the `weir` and `weir-policy` crates as any user would see them, and the
-//! netpol scenarios. Tests drive the real `weir` binary and the real kernel; nothing in the
-//! agent depends on this crate.
+//! **Dependencies:** the `weir`, `weir-lab` and `weir-policy` crates as any user would see
+//! them, and the netpol scenarios. Tests drive the real `weir` and `weir-lab` binaries and
+//! the real kernel; nothing in the agent or the lab depends on this crate.
 pub mod desired;
 /// A lab whose pods the hostile tests send hand-made frames between.
 pub mod frame_lab;
@@ -108,10 +108,10 @@ pub fn kernel_has_ipvs() -> bool {
 /// kube-network-policies needs: probed in a scratch namespace.
 pub fn kernel_has_nft_queue() -> bool {
     static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *HAS.get_or_init(|| weir::lab::peers::nft_queue_support().is_ok())
+    *HAS.get_or_init(|| weir_lab::peers::nft_queue_support().is_ok())
 }
 
-/// weir's image as an OCI layout for `weir lab up --agent-image`: `WEIR_AGENT_IMAGE`, else
+/// weir's image as an OCI layout for `weir-lab up --agent-image`: `WEIR_AGENT_IMAGE`, else
 /// target/image-dev/oci (`cargo xtask image --dev`, which `cargo xtask test` builds), else
 /// target/image/oci (`cargo xtask image`). A test that needs it and finds none fails
 /// naming the command.

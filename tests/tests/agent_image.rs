@@ -1,6 +1,6 @@
 //! The agent as nodes run it: from weir's image (`cargo xtask image --dev`, built by `cargo
 //! xtask test`), under runc, with the runtime spec derived from deploy/daemonset.yaml
-//! (`weir lab up --agent-image`). The conformance suite runs two cells that way; these
+//! (`weir-lab up --agent-image`). The conformance suite runs two cells that way; these
 //! tests check what only the image decides: that the image's own iptables tools write
 //! into the backend the node already uses, legacy or nft, as kube-proxy's wrapper picks.
 
@@ -31,7 +31,7 @@ fn converged(lab: &Lab) -> Value {
 }
 
 /// A lab node whose agent (from the image) is not started yet, so that the test can give
-/// the node some state first (`weir lab agent start` starts it).
+/// the node some state first (`weir-lab agent start` starts it).
 fn prepared_node(tag: &str, dataplane: &str) -> (Lab, NetNs) {
     let lab = Lab::new(tag);
     lab.weir(&[

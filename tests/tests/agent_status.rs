@@ -1,5 +1,5 @@
 //! What the running agent says about itself, on both dataplanes, in the lab (file mode):
-//! `weir lab status` (the agent's `/status`), `/metrics`, whose families must be exactly
+//! `weir-lab status` (the agent's `/status`), `/metrics`, whose families must be exactly
 //! those deploy/README.md documents, with verdict and drop counters that follow real
 //! packets, and the verdict stream (the agent's log and `weir monitor`), all agreeing
 //! between the dataplanes.
@@ -108,7 +108,7 @@ fn counted_within_30s(lab: &Lab, what: &str, series: &[&str]) -> String {
 }
 
 fn metrics(lab: &Lab) -> String {
-    let addr = weir::lab::agent::LISTEN.parse().unwrap();
+    let addr = weir_lab::agent::LISTEN.parse().unwrap();
     let (code, body) = weir_tests::http::get(&lab.node_netns(), addr, "/metrics")
         .expect("the lab's agent serves /metrics");
     assert_eq!(code, 200, "/metrics: {body}");
@@ -169,7 +169,7 @@ impl Monitor {
                 "--output",
                 "json",
                 "--address",
-                weir::lab::agent::LISTEN,
+                weir_lab::agent::LISTEN,
             ])
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped())
@@ -207,9 +207,9 @@ fn status_and_metrics(dataplane: &str) -> (Allowed, Verdicts) {
     ])
     .unwrap_or_else(|e| panic!("{dataplane}: lab up: {e}"));
 
-    // weir lab status, as JSON and as a table.
+    // weir-lab status, as JSON and as a table.
     let status: Value = serde_json::from_str(&lab.weir(&["status", "--output", "json"]).unwrap())
-        .expect("weir lab status --output json prints JSON");
+        .expect("weir-lab status --output json prints JSON");
     assert_eq!(status["dataplane"], dataplane, "{status:#}");
     assert_eq!(status["requested"], dataplane, "{status:#}");
     assert_eq!(status["converged"], true, "{status:#}");

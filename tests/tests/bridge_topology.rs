@@ -1,4 +1,4 @@
-//! Bridged CNIs (issue 12, defect 3) in a `weir lab --topology bridge`, on both
+//! Bridged CNIs (issue 12, defect 3) in a `weir-lab --topology bridge`, on both
 //! dataplanes: every pod's host-side veth is a port of one bridge (cni0), so the route to
 //! every pod leads to the bridge. Each pod must still get its own policy and no other's,
 //! also after pods are deleted and re-created with each other's addresses on new ports
@@ -62,7 +62,7 @@ fn up(tag: &str, dataplane: &str, topology: &str, manifests: &[(&str, &str)]) ->
     let mut args = vec!["up", "--topology", topology, "--dataplane", dataplane];
     args.extend(files.iter().map(String::as_str));
     lab.weir(&args)
-        .unwrap_or_else(|e| panic!("{dataplane}: weir lab up --topology {topology}: {e}"));
+        .unwrap_or_else(|e| panic!("{dataplane}: weir-lab up --topology {topology}: {e}"));
     lab
 }
 

@@ -1,4 +1,4 @@
-//! weir in cluster mode against the real kube-apiserver and etcd (`weir lab up --api
+//! weir in cluster mode against the real kube-apiserver and etcd (`weir-lab up --api
 //! server`), as the DaemonSet runs it: with deploy/'s ServiceAccount, ClusterRole and
 //! ClusterRoleBinding and nothing more, on both dataplanes, proven with real packets.
 //!
@@ -322,12 +322,12 @@ fn watch_semantics(dataplane: &'static str) {
     assert_eq!(synced["enforced"]["endpoints"], 4, "{synced:#}");
 }
 
-/// `weir lab status --output json`: the lab agent's `/status`.
+/// `weir-lab status --output json`: the lab agent's `/status`.
 fn status(lab: &Lab) -> serde_json::Value {
     let text = lab
         .weir(&["status", "--output", "json"])
-        .expect("weir lab status");
-    serde_json::from_str(&text).expect("weir lab status prints JSON")
+        .expect("weir-lab status");
+    serde_json::from_str(&text).expect("weir-lab status prints JSON")
 }
 
 #[test]
@@ -392,7 +392,7 @@ fn a_refused_policy_gets_one_event_however_many_nodes_report_it() {
     use weir::daemon::run::Publisher;
     use weir::daemon::status::Status;
     use weir::dataplane::DataplaneKind;
-    use weir::lab::control_plane::{ControlPlane, Identity};
+    use weir_lab::control_plane::{ControlPlane, Identity};
     use weir_policy::model::{Kind, ObjectRef};
 
     let lab = up("events", "iptables");

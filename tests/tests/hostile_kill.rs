@@ -1,5 +1,5 @@
 //! kill -9 in the middle of a converge, on both dataplanes, through the real kube-apiserver
-//! (`weir lab up --api server`): while a change of 201 policies is being written and
+//! (`weir-lab up --api server`): while a change of 201 policies is being written and
 //! applied, the agent is killed at several offsets. Whatever the instant, no flow that the
 //! old and the new state both deny gets through, no flow that both allow is cut, and a new
 //! agent converges on the new state.
@@ -89,8 +89,9 @@ fn killed_mid_converge(dataplane: &str) {
         let writer = {
             let dir = lab.dir.clone();
             std::thread::spawn(move || {
-                let out = std::process::Command::new(weir_tests::weir_bin::path().unwrap())
-                    .args(["lab", "--state-dir"])
+                let out = weir_tests::weir_bin::lab_command()
+                    .unwrap()
+                    .arg("--state-dir")
                     .arg(dir)
                     .args(["apply", "--no-wait", &file])
                     .output()

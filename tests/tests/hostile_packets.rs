@@ -1,4 +1,4 @@
-//! The hostile pod, with real frames in a `weir lab`, on both dataplanes (issue 13):
+//! The hostile pod, with real frames in a `weir-lab`, on both dataplanes (issue 13):
 //! spoofed sources, the conntrack-forgery attack, VLAN/QinQ-tagged frames, forged ICMP
 //! errors, fragmented datagrams and IPv6 extension headers, a conntrack flood against
 //! another pod's long-lived flow, and from off the node an IPv6 packet whose source is a

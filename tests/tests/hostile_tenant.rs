@@ -1,4 +1,4 @@
-//! The hostile tenant, with real frames in a `weir lab`, on both dataplanes: a tenant that
+//! The hostile tenant, with real frames in a `weir-lab`, on both dataplanes: a tenant that
 //! writes its own policies, opens flows its policy allows, and then uses the state those
 //! flows leave in the dataplane to reach what its policy denies.
 //!

@@ -160,7 +160,7 @@ fn kill_lab_agent(lab: &Lab) {
     let netns = lab.node_netns();
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        let pids = weir::lab::netns::pids(&netns).expect("ip netns pids");
+        let pids = weir_lab::netns::pids(&netns).expect("ip netns pids");
         if pids.is_empty() {
             return;
         }
@@ -187,7 +187,7 @@ impl Agent {
             cmd.env(k, v);
         }
         let child =
-            weir::lab::netns::spawn_detached(netns, &mut cmd, &log, weir::lab::netns::Stdout::Log)
+            weir_lab::netns::spawn_detached(netns, &mut cmd, &log, weir_lab::netns::Stdout::Log)
                 .expect("start weir agent");
         Agent { child, log }
     }
@@ -415,21 +415,22 @@ fn api_server_down_at_boot_changes_nothing_on_iptables() {
     api_server_down_at_boot_changes_nothing("iptables");
 }
 
-/// `weir lab up` whose agent resyncs every second (the agent inherits the environment).
+/// `weir-lab up` whose agent resyncs every second (the agent inherits the environment).
 fn lab_up_fast_resync(lab: &Lab, dataplane: &str) {
     let world = manifest(
         lab,
         "world.yaml",
         &format!("{}---\n{WORLD}", node(dataplane)),
     );
-    let out = Command::new(weir_bin::path().expect("weir binary"))
-        .args(["lab", "--state-dir"])
+    let out = weir_bin::lab_command()
+        .expect("weir-lab binary")
+        .arg("--state-dir")
         .arg(&lab.dir)
         .args(["up", "--dataplane", dataplane])
         .arg(&world)
         .env("WEIR_RESYNC_SECONDS", "1")
         .output()
-        .expect("run weir lab up");
+        .expect("run weir-lab up");
     assert!(
         out.status.success(),
         "lab up: {}",
@@ -865,7 +866,7 @@ fn a_hung_command_is_killed_and_healthz_tells_while_it_hangs() {
         errors.contains("did not finish within 6s and was killed")
     });
     assert!(errors.contains("`ipset restore -exist`"), "{errors}");
-    let left: Vec<String> = weir::lab::netns::pids(&ns.name)
+    let left: Vec<String> = weir_lab::netns::pids(&ns.name)
         .expect("ip netns pids")
         .into_iter()
         .filter_map(|pid| std::fs::read_to_string(format!("/proc/{pid}/comm")).ok())

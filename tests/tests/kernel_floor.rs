@@ -93,8 +93,9 @@ fn a_kernel_that_refuses_the_maps_gets_iptables_and_the_reason() {
             "--bounding-set=-sys_resource",
             "--inh-caps=-sys_resource",
         ])
+        .arg(weir_tests::weir_bin::lab_path().unwrap())
+        .arg("--weir-bin")
         .arg(&weir)
-        .arg("lab")
         .arg("--state-dir")
         .arg(&lab.dir)
         .args(["up", "--dataplane", "ebpf", world.to_str().unwrap()])
@@ -144,7 +145,7 @@ fn blacklisted_modules() -> Vec<String> {
         .collect()
 }
 
-/// A module the kernel cannot load is named in `weir lab up`'s error with why (the tools
+/// A module the kernel cannot load is named in `weir-lab up`'s error with why (the tools
 /// themselves say "Cannot open session to kernel" or nothing); where it can be loaded,
 /// the same commands work. A guest booted with br_netfilter and ip_set blacklisted runs
 /// the first half; every other kernel the second.

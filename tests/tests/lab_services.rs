@@ -1,4 +1,4 @@
-//! Services through the real kube-proxy in the lab's node namespace (`weir lab up --proxy
+//! Services through the real kube-proxy in the lab's node namespace (`weir-lab up --proxy
 //! iptables|nftables`, server mode), on both dataplanes, proven with real packets: a pod's
 //! egress to a Service must be judged as egress to the pod behind it (after kube-proxy's
 //! DNAT), so probes via the ClusterIP give the pod-level verdicts.
@@ -249,7 +249,7 @@ fn dns_only_egress_through_kube_proxy_nftables_on_ebpf() {
 }
 
 fn nftables_or_its_refusal(dataplane: &str) {
-    if weir::lab::proxy::kernel_runs_nftables_mode() {
+    if weir_lab::proxy::kernel_runs_nftables_mode() {
         dns_only_through_kube_proxy("nftables", dataplane);
         return;
     }
@@ -269,7 +269,7 @@ fn dns_only_egress_through_kube_proxy_ipvs_on_ebpf() {
     ipvs_or_its_refusal("ebpf");
 }
 
-/// `weir lab up --proxy <proxy>` on a kernel that mode cannot run: it fails within 15 s,
+/// `weir-lab up --proxy <proxy>` on a kernel that mode cannot run: it fails within 15 s,
 /// naming the flag and `what` the kernel lacks, and leaves no lab behind.
 fn refused_at_once(proxy: &str, dataplane: &str, what: &str) -> Lab {
     let lab = Lab::new(&format!("svc-{proxy}-{dataplane}"));

@@ -1,5 +1,5 @@
 //! The upstream e2e NetworkPolicy scenarios (the one table in netpol-scenarios, which the
-//! engine harness policy/tests/netpol_e2e.rs also runs) through `weir lab`, against
+//! engine harness policy/tests/netpol_e2e.rs also runs) through `weir-lab`, against
 //! hand-written truth tables, on a matrix of cells: dataplane {ebpf, iptables} × node
 //! topology {routed, bridge} × kube-proxy {none, iptables, nftables, ipvs}, and lab mode
 //! (objects from a file, or through the real kube-apiserver with the agent in cluster mode;
@@ -191,7 +191,7 @@ impl Cell {
         self.proxy != "none"
     }
 
-    /// A peer in weir's place (`weir lab up --enforcer`, see [`the_peers_side_by_side`]).
+    /// A peer in weir's place (`weir-lab up --enforcer`, see [`the_peers_side_by_side`]).
     fn is_peer(&self) -> bool {
         PEERS.contains(&self.dataplane)
     }
@@ -409,7 +409,7 @@ fn run_suite(cell: Cell) -> SuiteRun {
     if cell.proxy == "ipvs" && !weir_tests::kernel_has_ipvs() {
         return not_run("this kernel has no IPVS (CONFIG_IP_VS): kube-proxy's ipvs mode needs a kernel that has it");
     }
-    if cell.proxy == "nftables" && !weir::lab::proxy::kernel_runs_nftables_mode() {
+    if cell.proxy == "nftables" && !weir_lab::proxy::kernel_runs_nftables_mode() {
         return not_run(&format!(
             "kube-proxy's nftables mode needs Linux 5.13 or later; this kernel is {}",
             weir::kernel::release()

@@ -135,7 +135,7 @@ fn service_paths(dataplane: &str) {
     let (client, _) = lab.pod("shop/client");
     let (free, _) = lab.pod("shop/free");
 
-    // The Service goes to the API server with `weir lab apply`; its EndpointSlice (no
+    // The Service goes to the API server with `weir-lab apply`; its EndpointSlice (no
     // selector: the lab manages none) with kubectl, as an operator would.
     let service = manifest(&lab, "remote.yaml", &remote_service());
     NetNs::attach(&node)

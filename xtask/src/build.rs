@@ -1,5 +1,6 @@
 //! `cargo xtask build`: the eBPF object first (so its errors are shown on their own), then
-//! the agent, whose build script embeds the object. Cargo rebuilds only what changed.
+//! the agent, whose build script embeds the object, and the lab (`weir-lab`), which runs
+//! the agent's binary from beside it. Cargo rebuilds only what changed.
 use anyhow::Result;
 
 use crate::cmd::{cargo, exec, workspace_root};
@@ -8,7 +9,14 @@ pub fn run(release: bool) -> Result<()> {
     crate::setup::ensure()?;
     build_ebpf()?;
     let mut c = cargo();
-    c.args(["build", "--package", "weir", "--bins"]);
+    c.args([
+        "build",
+        "--package",
+        "weir",
+        "--package",
+        "weir-lab",
+        "--bins",
+    ]);
     if release {
         c.arg("--release");
     }

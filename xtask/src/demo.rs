@@ -1,5 +1,5 @@
-//! `cargo xtask demo`: builds weir and runs the lab on the default example, printing the
-//! reachability matrix that the dataplane enforces with real packets.
+//! `cargo xtask demo`: builds weir and weir-lab and runs the lab on the default example,
+//! printing the reachability matrix that the dataplane enforces with real packets.
 use anyhow::{bail, Result};
 
 use crate::cmd::{exec, workspace_root};
@@ -14,9 +14,11 @@ pub fn run(dataplane: &str) -> Result<()> {
     let root = workspace_root();
     let state = std::env::temp_dir().join(format!("weir-demo-{}", std::process::id()));
     exec(
-        std::process::Command::new(root.join("target/debug/weir"))
+        std::process::Command::new(root.join("target/debug/weir-lab"))
             .current_dir(&root)
-            .args(["lab", "--state-dir"])
+            .arg("--weir-bin")
+            .arg(root.join("target/debug/weir"))
+            .arg("--state-dir")
             .arg(&state)
             .args(["run", "--dataplane", dataplane, DEMO_MANIFEST]),
     )

@@ -1,7 +1,7 @@
 //! `cargo xtask peers`: the other NetworkPolicy agents weir is measured against, built
 //! from the Go module proxy at the versions `deploy/peer-versions` pins and cached beside
 //! the Kubernetes components (`$WEIR_COMPONENTS_DIR/<name>-<version>/<name>`, the path
-//! `weir lab up --enforcer` runs them from); then the upstream netpol scenarios on each of
+//! `weir-lab up --enforcer` runs them from); then the upstream netpol scenarios on each of
 //! them and on weir, printed as one scenario × enforcer table.
 use std::fs;
 use std::path::PathBuf;

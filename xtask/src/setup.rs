@@ -20,7 +20,7 @@ const PACKAGES: &[&str] = &[
     "iproute2",
     "iputils-ping",
     "conntrack",
-    // `nft`, which kube-proxy's nftables mode runs (`weir lab up --proxy nftables`).
+    // `nft`, which kube-proxy's nftables mode runs (`weir-lab up --proxy nftables`).
     "nftables",
     // Keys for the loopback kube-apiserver (service account signing).
     "openssl",

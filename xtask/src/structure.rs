@@ -2,6 +2,9 @@
 //!
 //! - weir-policy is pure: its normal dependency closure (`cargo tree`) has no kernel,
 //!   Kubernetes client, async runtime or HTTP crate.
+//! - The agent (weir) does not depend on the lab (weir-lab), in any kind of dependency:
+//!   the lab drives the agent's binary and uses its library, never the other way, so
+//!   none of it reaches the binary that ships.
 //! - Within each crate, no cycle between top-level modules (`src/<name>.rs` or
 //!   `src/<name>/`). A module uses another by `crate::<name>` (grouped imports included),
 //!   or by `super::<name>` in a top-level module's own file, where `super` is the crate
@@ -35,7 +38,7 @@ const IMPURE: &[&str] = &[
 ];
 
 /// The crates whose top-level modules must not form a cycle, by source directory.
-const CRATES: &[&str] = &["agent/src", "policy/src", "xtask/src"];
+const CRATES: &[&str] = &["agent/src", "lab/src", "policy/src", "xtask/src"];
 
 pub fn run() -> Result<()> {
     let impure = impure_dependencies()?;
@@ -47,6 +50,13 @@ pub fn run() -> Result<()> {
         );
     }
     println!("weir-policy: no kernel, client, runtime or HTTP crate among its dependencies");
+    if agent_reaches_lab()? {
+        bail!(
+            "weir (the agent) must not depend on weir-lab: see `cargo tree -p weir -i weir-lab` \
+             for the path"
+        );
+    }
+    println!("weir: weir-lab is not among its dependencies");
     let mut failures = Vec::new();
     for dir in CRATES {
         let graph = module_graph(&workspace_root().join(dir))?;
@@ -94,6 +104,30 @@ fn impure_dependencies() -> Result<Vec<String>> {
         .filter(|c| names.contains(**c))
         .map(|c| c.to_string())
         .collect())
+}
+
+/// Whether weir-lab is among weir's dependencies of any kind (normal, build, dev).
+fn agent_reaches_lab() -> Result<bool> {
+    let output = cargo()
+        .args(["tree", "--package", "weir", "--edges", "all"])
+        .args(["--prefix", "none", "--locked"])
+        .current_dir(workspace_root())
+        .output()
+        .context("running cargo tree")?;
+    if !output.status.success() {
+        bail!(
+            "cargo tree -p weir failed: {}",
+            String::from_utf8_lossy(&output.stderr).trim()
+        );
+    }
+    let names: BTreeSet<String> = String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .filter_map(|line| line.split_whitespace().next().map(str::to_owned))
+        .collect();
+    if !names.contains("weir") {
+        bail!("cargo tree -p weir listed no weir: the check would prove nothing");
+    }
+    Ok(names.contains("weir-lab"))
 }
 
 /// Top-level module → the top-level modules it uses.

@@ -162,7 +162,14 @@ pub fn run() -> Result<()> {
     steps.start("the binary and its image");
     check_kernel_prerequisites()?;
     // The integration tests drive the real binary, and run it from its image too.
-    run_cmd(cargo().args(["build", "--package", "weir", "--bins"]))?;
+    run_cmd(cargo().args([
+        "build",
+        "--package",
+        "weir",
+        "--package",
+        "weir-lab",
+        "--bins",
+    ]))?;
     crate::image::for_tests().context("building the image the tests run the agent from")?;
     // The side-by-side conformance test runs kube-router (kube-network-policies needs the
     // nft queue the host kernel lacks: `cargo xtask peers` builds and runs every peer).

@@ -152,7 +152,7 @@ pub struct AgentArgs {
     pub isolate_new_pods: bool,
 
     /// Host-side interface name prefixes that mark a pod interface, comma-separated:
-    /// Cilium and `weir lab` `lxc`, Calico `cali`, AWS VPC CNI `eni`, Azure CNI `azv`.
+    /// Cilium and `weir-lab` `lxc`, Calico `cali`, AWS VPC CNI `eni`, Azure CNI `azv`.
     /// Bridge CNIs (flannel, kindnet) name theirs `veth`: add it on such nodes (it is not a
     /// default because Docker's interfaces use it too).
     #[arg(

@@ -1,5 +1,5 @@
 //! What the running agent says about its node: `GET /status` on the agent's HTTP port,
-//! read by `weir status` and `weir lab status`. Unlike the status file (the outcome the
+//! read by `weir status` and `weir-lab status`. Unlike the status file (the outcome the
 //! lab waits for, rewritten only when it changes), this is refreshed after every batch and
 //! resync and carries what an operator asks first: which dataplane and why, whether the
 //! sources are synced, what is enforced and refused, map pressure, undeletable sets, and

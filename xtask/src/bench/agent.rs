@@ -48,7 +48,7 @@ impl Dataplane {
 }
 
 /// A peer reports no convergence: the bench takes its rules standing still this long as
-/// programmed, from the instant they last changed (as `weir lab` does, there for 1.5 s).
+/// programmed, from the instant they last changed (as `weir-lab` does, there for 1.5 s).
 const PEER_QUIET: Duration = Duration::from_secs(1);
 
 /// Where the agent reads the world from.
@@ -73,14 +73,15 @@ pub struct Agent {
     log_mark: u64,
 }
 
-/// The bench node's control plane (`weir lab kube`), and what the agent must reach.
+/// The bench node's control plane (`weir-lab kube`), and what the agent must reach.
 struct Cluster {
-    weir: PathBuf,
+    /// The `weir-lab` binary that runs it.
+    lab: PathBuf,
     netns: String,
     pids: Vec<u32>,
     /// The state digest the agent reports once it applied the last write.
     expected: String,
-    /// The `weir lab kube apply` of the last change, until its digest is read.
+    /// The `weir-lab kube apply` of the last change, until its digest is read.
     writer: Option<(Child, BufReader<ChildStdout>)>,
 }
 
@@ -89,20 +90,12 @@ impl Cluster {
         dir.join("api")
     }
 
-    /// Starts `weir lab kube apply` of `file` (against `previous`) and returns once the
+    /// Starts `weir-lab kube apply` of `file` (against `previous`) and returns once the
     /// server acknowledged the last write, with the instant just before the first.
     fn write(&mut self, dir: &Path, previous: Option<&Path>, file: &Path) -> Result<Instant> {
-        let mut command = Command::new(&self.weir);
+        let mut command = Command::new(&self.lab);
         command
-            .args([
-                "lab",
-                "kube",
-                "apply",
-                "--netns",
-                &self.netns,
-                "--node",
-                NODE_NAME,
-            ])
+            .args(["kube", "apply", "--netns", &self.netns, "--node", NODE_NAME])
             .arg("--dir")
             .arg(Self::api_dir(dir));
         if let Some(p) = previous {
@@ -113,14 +106,14 @@ impl Cluster {
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .spawn()
-            .context("starting weir lab kube apply")?;
+            .context("starting weir-lab kube apply")?;
         let mut out = BufReader::new(child.stdout.take().expect("piped"));
         let mut line = String::new();
         out.read_line(&mut line)?;
         let written_ns: u64 = line
             .strip_prefix("written ")
             .and_then(|n| n.trim().parse().ok())
-            .with_context(|| format!("weir lab kube apply failed ({:?})", child.wait()))?;
+            .with_context(|| format!("weir-lab kube apply failed ({:?})", child.wait()))?;
         let ago = monotonic_ns().saturating_sub(written_ns);
         self.writer = Some((child, out));
         Ok(Instant::now() - Duration::from_nanos(ago))
@@ -135,7 +128,7 @@ impl Cluster {
             self.expected = line
                 .strip_prefix("digest ")
                 .map(|d| d.trim().to_string())
-                .with_context(|| format!("weir lab kube apply printed no digest ({status})"))?;
+                .with_context(|| format!("weir-lab kube apply printed no digest ({status})"))?;
         }
         Ok(&self.expected)
     }
@@ -156,6 +149,7 @@ impl Agent {
     /// returns with the agent and the instant it was started.
     pub fn start(
         weir: &Path,
+        lab: &Path,
         node: &Netns,
         dir: &Path,
         dataplane: Dataplane,
@@ -167,7 +161,7 @@ impl Agent {
         world.write(&dir.join("manifests.yaml"), 1)?;
         let cluster = match source {
             Source::File => None,
-            Source::Cluster => Some(start_cluster(weir, node, dir)?),
+            Source::Cluster => Some(start_cluster(lab, node, dir)?),
         };
         let trial = dir.file_name().unwrap_or_default().to_string_lossy();
         let bpf_root = PathBuf::from(format!(
@@ -483,23 +477,23 @@ impl Drop for Agent {
 
 /// Starts etcd and kube-apiserver in the node's namespace and writes the whole world
 /// there, before the agent starts: a cold start finds it on the server.
-fn start_cluster(weir: &Path, node: &Netns, dir: &Path) -> Result<Cluster> {
-    let out = Command::new(weir)
-        .args(["lab", "kube", "start", "--netns", node.name()])
+fn start_cluster(lab: &Path, node: &Netns, dir: &Path) -> Result<Cluster> {
+    let out = Command::new(lab)
+        .args(["kube", "start", "--netns", node.name()])
         .arg("--dir")
         .arg(Cluster::api_dir(dir))
         .stdin(Stdio::null())
         .output()
-        .context("starting weir lab kube start")?;
+        .context("starting weir-lab kube start")?;
     if !out.status.success() {
         bail!(
-            "weir lab kube start: {}",
+            "weir-lab kube start: {}",
             String::from_utf8_lossy(&out.stderr).trim()
         );
     }
-    let pids: Value = serde_json::from_slice(&out.stdout).context("weir lab kube start")?;
+    let pids: Value = serde_json::from_slice(&out.stdout).context("weir-lab kube start")?;
     let mut cluster = Cluster {
-        weir: weir.to_path_buf(),
+        lab: lab.to_path_buf(),
         netns: node.name().to_string(),
         pids: ["etcd_pid", "apiserver_pid"]
             .iter()

@@ -84,6 +84,7 @@ pub fn run(quick: bool, peers: bool) -> Result<()> {
     let root = workspace_root();
     let env = Env {
         weir: root.join("target").join(profile).join("weir"),
+        lab: root.join("target").join(profile).join("weir-lab"),
         run_dir: root.join("target/bench/run"),
         scale: Scale::new(quick),
     };

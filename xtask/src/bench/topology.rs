@@ -1,5 +1,5 @@
 //! The bench node: a node namespace and two pod namespaces (client and server), wired the
-//! way `weir lab` and CNI plugins wire pods: a /32 on the pod's eth0, a default route via
+//! way `weir-lab` and CNI plugins wire pods: a /32 on the pod's eth0, a default route via
 //! a link-local gateway that the node owns, and a host route per pod through its veth.
 use std::net::Ipv4Addr;
 

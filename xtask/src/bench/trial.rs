@@ -21,6 +21,8 @@ pub const NOOP_HOOKS: &str = "noop-hooks";
 
 pub struct Env {
     pub weir: PathBuf,
+    /// `weir-lab`, whose hidden `kube` commands run the cluster path's control plane.
+    pub lab: PathBuf,
     /// Where each setup keeps its manifests, status file and agent log.
     pub run_dir: PathBuf,
     pub scale: Scale,
@@ -78,8 +80,9 @@ impl Setup {
         let topo = Topology::create(tag)?;
         let servers = Servers::start(&topo.server)?;
         let dir = env.run_dir.join(tag);
-        let (mut agent, started) =
-            Agent::start(&env.weir, &topo.node, &dir, dataplane, &world, source)?;
+        let (mut agent, started) = Agent::start(
+            &env.weir, &env.lab, &topo.node, &dir, dataplane, &world, source,
+        )?;
         let converged = agent.wait_converged(env.scale.cold_start_timeout)?;
         let startup_phases = agent.startup_phases().map_err(|e| format!("{e:#}"));
         let setup = Setup {

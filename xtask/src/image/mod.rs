@@ -44,7 +44,7 @@ pub struct Options {
 }
 
 /// The image from the dev binary (target/image-dev/oci), which the integration tests run
-/// the agent from (`weir lab up --agent-image`).
+/// the agent from (`weir-lab up --agent-image`).
 pub fn for_tests() -> Result<()> {
     run(&Options {
         reference: format!("weir:{}", env!("CARGO_PKG_VERSION")),

@@ -3,8 +3,8 @@
 //! (bookworm) booted under virtme-ng with the host's userspace, and the host's own kernel.
 //! Prints one table, test group × kernel, and writes target/kernels/latest.json.
 //!
-//! Nothing is built in a guest: the test binaries and `weir` are built on the host, and the
-//! guest sees the host's filesystem read-only; each group's log and status go to
+//! Nothing is built in a guest: the test binaries, `weir` and `weir-lab` are built on the
+//! host, and the guest sees the host's filesystem read-only; each group's log and status go to
 //! target/kernels/<kernel>/, which the guest can write.
 //!
 //! `--quick` (what `cargo xtask test` runs, on 5.10 in software emulation) runs the groups
@@ -174,11 +174,19 @@ pub fn run(kernels: &[String], quick: bool, only: &[String], scenarios: &[String
     Ok(())
 }
 
-/// Builds `weir` and every integration test binary on the host, and copies them into
-/// target/kernels/bin (a build during a long guest run must not replace what the guest
-/// runs); returns the copies by test target name, and `weir` under its own name.
+/// Builds `weir`, `weir-lab` and every integration test binary on the host, and copies them
+/// into target/kernels/bin (a build during a long guest run must not replace what the guest
+/// runs); returns the copies by test target name, and `weir` and `weir-lab` under their own
+/// names. The tests find `weir-lab` beside `WEIR_BIN`'s `weir`.
 fn build_tests() -> Result<BTreeMap<String, PathBuf>> {
-    exec(cargo().args(["build", "--package", "weir", "--bins"]))?;
+    exec(cargo().args([
+        "build",
+        "--package",
+        "weir",
+        "--package",
+        "weir-lab",
+        "--bins",
+    ]))?;
     let out = cargo()
         .args([
             "test",
@@ -213,6 +221,10 @@ fn build_tests() -> Result<BTreeMap<String, PathBuf>> {
         }
     }
     found.insert("weir".into(), workspace_root().join("target/debug/weir"));
+    found.insert(
+        "weir-lab".into(),
+        workspace_root().join("target/debug/weir-lab"),
+    );
     let bin = workspace_root().join("target/kernels/bin");
     let _ = fs::remove_dir_all(&bin);
     fs::create_dir_all(&bin)?;

@@ -1,29 +1,40 @@
-//! `weir lab ...`: the command line over [`super::ops`], the prober and the listener.
+//! `weir-lab ...`: the command line over [`super::ops`], the prober and the listener. The
+//! subcommands and flags are those `weir lab` had before the lab left the agent's binary:
+//! other tools drive them, so they only ever gain flags.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use clap::{Args, Subcommand};
+use clap::{Args, Parser, Subcommand};
 use ipnet::{Ipv4Net, Ipv6Net};
 use serde::Serialize;
 
 use super::addr::{DEFAULT_IPV4_POOL, DEFAULT_IPV6_POOL};
+use super::agent::WeirBinary;
 use super::objects::ObjectSet;
-use super::ops::{self, UpOptions};
+use super::ops::{self, ApiAction, UpOptions};
 use super::output::{self, OutputFormat};
 use super::peers::Enforcer;
 use super::probe::{self, IpFamily, Via};
 use super::proxy::ProxyMode;
 use super::services::ServicesMode;
 use super::state::{LabDir, ServedPort, Topology, DEFAULT_DIR};
-use crate::dataplane::DataplaneKind;
+use weir::dataplane::DataplaneKind;
 
-#[derive(Args)]
+/// weir-lab: a Kubernetes node built from network namespaces, with real traffic probes,
+/// enforced by the weir agent binary it is given.
+#[derive(Parser)]
+#[command(name = "weir-lab", version)]
 pub struct LabArgs {
     /// Where the lab keeps its state; several labs can coexist in different directories.
     #[arg(long, env = "WEIR_LAB_STATE_DIR", default_value = DEFAULT_DIR, global = true)]
     pub state_dir: PathBuf,
+    /// The `weir` binary the lab runs as its agent (`weir agent` in the node namespace).
+    /// Default: `weir` in the directory of this weir-lab binary. Unused with
+    /// --agent-image, which runs the image's.
+    #[arg(long, env = "WEIR_BIN", value_name = "PATH", global = true)]
+    pub weir_bin: Option<PathBuf>,
     #[command(subcommand)]
     pub command: LabCommand,
 }
@@ -78,8 +89,8 @@ pub struct UpArgs {
     /// derived from deploy/daemonset.yaml (or the file WEIR_LAB_DAEMONSET names): its
     /// command and args, env, securityContext, hostNetwork, hostPath volumes and mounts, and
     /// memory limit. The lab adds its state directory, bound at the same path (status file,
-    /// objects, kubeconfig), and its agent flags. Default: the agent is this weir binary,
-    /// run directly in the node namespace.
+    /// objects, kubeconfig), and its agent flags. Default: the agent is the weir binary
+    /// (--weir-bin), run directly in the node namespace.
     #[arg(long, value_name = "LAYOUT[:TAG]")]
     pub agent_image: Option<String>,
     /// A flag for the lab's agent, after the lab's own (repeatable), kept for every later
@@ -213,17 +224,6 @@ pub enum LabCommand {
 }
 
 #[derive(Subcommand)]
-pub enum ApiAction {
-    /// Stop kube-apiserver (SIGTERM, then SIGKILL); etcd keeps its data.
-    Stop,
-    /// Start kube-apiserver again and wait until it is ready.
-    Start,
-    /// Advance etcd's revision and compact its history up to it, so that a watch resuming
-    /// from an older resourceVersion gets 410 Gone and must relist. Prints the revision.
-    Compact,
-}
-
-#[derive(Subcommand)]
 pub enum KubeAction {
     /// Start etcd and kube-apiserver inside NETNS with their files in DIR, apply deploy/'s
     /// RBAC, and print their pids as JSON. The agent's kubeconfig is DIR/kubeconfig-agent.
@@ -285,13 +285,14 @@ impl AgentSignal {
 
 pub fn run(args: LabArgs) -> anyhow::Result<()> {
     let dir = LabDir::new(&args.state_dir);
+    let weir = WeirBinary::new(args.weir_bin);
     match args.command {
-        LabCommand::Up(up) => up_lab(&dir, &up),
+        LabCommand::Up(up) => up_lab(&dir, &up, &weir),
         LabCommand::Apply { wait, manifests } => {
-            ops::apply(&dir, &manifests, wait.wait()).context("weir lab apply")
+            ops::apply(&dir, &manifests, wait.wait()).context("weir-lab apply")
         }
         LabCommand::Delete { wait, manifests } => {
-            ops::delete(&dir, &manifests, wait.wait()).context("weir lab delete")
+            ops::delete(&dir, &manifests, wait.wait()).context("weir-lab delete")
         }
         LabCommand::Probe(probe) => probe_lab(&dir, &probe),
         LabCommand::Pods { output } => print_pods(&dir, output),
@@ -299,20 +300,20 @@ pub fn run(args: LabArgs) -> anyhow::Result<()> {
             .load()
             .and_then(|state| super::agent::report(&state))
             .map_err(anyhow::Error::from)
-            .and_then(|report| crate::status_cli::print(&report, output))
-            .context("weir lab status"),
-        LabCommand::Down => ops::down(&dir).context("weir lab down"),
+            .and_then(|report| weir::status_cli::print(&report, output))
+            .context("weir-lab status"),
+        LabCommand::Down => ops::down(&dir).context("weir-lab down"),
         LabCommand::Run { up, probe } => {
-            let result = up_lab(&dir, &up).and_then(|()| probe_lab(&dir, &probe));
-            let down = ops::down(&dir).context("weir lab down");
+            let result = up_lab(&dir, &up, &weir).and_then(|()| probe_lab(&dir, &probe));
+            let down = ops::down(&dir).context("weir-lab down");
             result.and(down)
         }
-        LabCommand::Api { action } => ops::api(&dir, &action).context("weir lab api"),
+        LabCommand::Api { action } => ops::api(&dir, &action).context("weir-lab api"),
         LabCommand::Agent { action } => match action {
             AgentAction::Signal { signal } => ops::signal_agent(&dir, signal.number()),
-            AgentAction::Start => ops::restart_agent(&dir),
+            AgentAction::Start => ops::restart_agent(&dir, &weir),
         }
-        .context("weir lab agent"),
+        .context("weir-lab agent"),
         LabCommand::Kube { action } => match action {
             KubeAction::Start { netns, dir } => ops::kube_start(&netns, &dir),
             KubeAction::Apply {
@@ -323,8 +324,8 @@ pub fn run(args: LabArgs) -> anyhow::Result<()> {
                 file,
             } => ops::kube_apply(&netns, &dir, previous.as_deref(), &file),
         }
-        .context("weir lab kube"),
-        LabCommand::Listen { ports } => super::listen::serve(&ports).context("weir lab listen"),
+        .context("weir-lab kube"),
+        LabCommand::Listen { ports } => super::listen::serve(&ports).context("weir-lab listen"),
     }
 }
 
@@ -338,15 +339,15 @@ impl WaitArgs {
     }
 }
 
-fn up_lab(dir: &LabDir, up: &UpArgs) -> anyhow::Result<()> {
+fn up_lab(dir: &LabDir, up: &UpArgs, weir: &WeirBinary) -> anyhow::Result<()> {
     if up.api == Some(ApiMode::File) && up.proxy != ProxyMode::None {
         anyhow::bail!(
-            "weir lab up: --proxy runs kube-proxy against the lab's API server; it cannot be combined with --api file"
+            "weir-lab up: --proxy runs kube-proxy against the lab's API server; it cannot be combined with --api file"
         );
     }
     if up.api == Some(ApiMode::File) && up.enforcer != Enforcer::Weir {
         anyhow::bail!(
-            "weir lab up: --enforcer {} runs against the lab's API server; it cannot be combined with --api file",
+            "weir-lab up: --enforcer {} runs against the lab's API server; it cannot be combined with --api file",
             up.enforcer.name()
         );
     }
@@ -367,8 +368,9 @@ fn up_lab(dir: &LabDir, up: &UpArgs) -> anyhow::Result<()> {
         agent_image: up.agent_image.clone(),
         agent_args: up.agent_args.clone(),
         enforcer: up.enforcer,
+        weir: weir.clone(),
     };
-    ops::up(dir, &opts, &up.manifests).context("weir lab up")
+    ops::up(dir, &opts, &up.manifests).context("weir-lab up")
 }
 
 fn probe_lab(dir: &LabDir, args: &ProbeArgs) -> anyhow::Result<()> {
@@ -378,7 +380,7 @@ fn probe_lab(dir: &LabDir, args: &ProbeArgs) -> anyhow::Result<()> {
     let run = dir.next_probe_run()?;
     if args.via != Via::Pod && state.proxy.is_none() {
         eprintln!(
-            "warning: this lab runs no kube-proxy (weir lab up --proxy): nothing forwards its ClusterIPs, so probes via service fail"
+            "warning: this lab runs no kube-proxy (weir-lab up --proxy): nothing forwards its ClusterIPs, so probes via service fail"
         );
     }
     let frontends = match args.via {
@@ -387,7 +389,7 @@ fn probe_lab(dir: &LabDir, args: &ProbeArgs) -> anyhow::Result<()> {
     };
     let plan = probe::plan(&pods, args.family, args.via, &frontends);
     let probes = probe::probe_all(&pods, &plan, Duration::from_millis(args.timeout_ms), run)
-        .context("weir lab probe")?;
+        .context("weir-lab probe")?;
     let dataplane = match (&state.peer, state.with_agent) {
         (Some(peer), _) => peer.enforcer.name().to_string(),
         (None, true) => super::agent::current_dataplane(dir).unwrap_or(state.dataplane.to_string()),
@@ -403,7 +405,7 @@ fn probe_lab(dir: &LabDir, args: &ProbeArgs) -> anyhow::Result<()> {
             started.elapsed()
         ),
     };
-    Ok(crate::stdout::print(&text)?)
+    Ok(weir::stdout::print(&text)?)
 }
 
 #[derive(Serialize)]
@@ -438,5 +440,5 @@ fn print_pods(dir: &LabDir, output: OutputFormat) -> anyhow::Result<()> {
             })
             .collect(),
     };
-    Ok(crate::stdout::print(&text)?)
+    Ok(weir::stdout::print(&text)?)
 }

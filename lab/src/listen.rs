@@ -1,4 +1,4 @@
-//! The listener that runs inside each pod's namespace (`weir lab listen`): it accepts TCP,
+//! The listener that runs inside each pod's namespace (`weir-lab listen`): it accepts TCP,
 //! echoes UDP and answers SCTP INITs with INIT-ACKs on every port the pod declares, over
 //! IPv4 and IPv6.
 

@@ -9,7 +9,7 @@ use super::LabError;
 
 /// Runs `ip ARGS...` and returns its stdout; a non-zero exit is an error quoting stderr.
 pub fn ip(args: &[&str]) -> Result<String, LabError> {
-    tool("ip", "iproute2", args, crate::exec::default_timeout())
+    tool("ip", "iproute2", args, weir::exec::default_timeout())
 }
 
 /// Runs `program ARGS...` (from the package `package`, named when it is missing), killed
@@ -20,7 +20,7 @@ pub fn tool(
     args: &[&str],
     timeout: std::time::Duration,
 ) -> Result<String, LabError> {
-    use crate::exec::{self, ExecError};
+    use weir::exec::{self, ExecError};
     let command = || format!("{program} {}", args.join(" "));
     let output = exec::run_with_timeout(program, args, None, timeout).map_err(|e| match e {
         ExecError::Spawn { source, .. } => LabError::io(
@@ -50,9 +50,9 @@ pub fn listing(
     netns: &str,
     program: &str,
     args: &[&str],
-) -> Result<crate::exec::ToolOutput, LabError> {
+) -> Result<weir::exec::ToolOutput, LabError> {
     in_netns(netns, || {
-        crate::exec::run_with_timeout(program, args, None, std::time::Duration::from_secs(10))
+        weir::exec::run_with_timeout(program, args, None, std::time::Duration::from_secs(10))
     })?
     .map_err(|e| LabError::Command {
         command: format!("{program} {}", args.join(" ")),

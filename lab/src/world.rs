@@ -11,7 +11,7 @@
 use ipnet::{Ipv4Net, Ipv6Net};
 
 use super::netns::{self, ip};
-use super::state::{PodState, Topology};
+use super::state::{LabState, PodState, Topology};
 use super::LabError;
 
 /// The bridge of a bridge-topology node, named as flannel names its own.
@@ -23,6 +23,19 @@ pub struct PodNetwork {
     pub topology: Topology,
     pub ipv4_pool: Ipv4Net,
     pub ipv6_pool: Ipv6Net,
+}
+
+/// Here, beside [`PodNetwork`], rather than in the state module, which stays below the
+/// modules that act on the lab.
+impl LabState {
+    /// How this lab's pods are wired.
+    pub fn pod_network(&self) -> PodNetwork {
+        PodNetwork {
+            topology: self.topology,
+            ipv4_pool: self.ipv4_pool,
+            ipv6_pool: self.ipv6_pool,
+        }
+    }
 }
 
 impl PodNetwork {
@@ -49,6 +62,9 @@ impl PodNetwork {
 /// The IPv4 gateway every pod routes through; the node owns it on its loopback, so it
 /// answers ARP for it on every veth (as Calico's 169.254.1.1).
 const GATEWAY_V4: &str = "169.254.1.1";
+/// The Node's InternalIP for kube-proxy and the peers: the node namespace's own address
+/// (the pods' gateway, on its loopback).
+pub const NODE_IP: &str = GATEWAY_V4;
 /// The IPv6 gateway: a link-local address on each host veth.
 const GATEWAY_V6: &str = "fe80::1";
 
@@ -92,7 +108,7 @@ fn create_bridge(node: &str, net: &PodNetwork) -> Result<(), LabError> {
     ip(&["-n", node, "link", "set", BRIDGE, "up"])?;
     // A module in distribution kernels, not loaded by creating a bridge (kubelet loads it).
     if !std::path::Path::new("/proc/sys/net/bridge").exists() {
-        crate::exec::modules::load("br_netfilter")
+        weir::exec::modules::load("br_netfilter")
             .map_err(|why| LabError::invalid("--topology bridge", why))?;
     }
     for key in [

@@ -1,4 +1,4 @@
-//! `weir lab up --agent-image LAYOUT[:TAG]`: the lab's agent runs from weir's image under
+//! `weir-lab up --agent-image LAYOUT[:TAG]`: the lab's agent runs from weir's image under
 //! runc, as the DaemonSet's pod would. The OCI runtime spec is derived from
 //! deploy/daemonset.yaml itself: the container's command and args over the image's
 //! entrypoint and cmd, its env (fieldRefs resolved as the kubelet does), securityContext
@@ -22,7 +22,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use super::{netns, LabError};
-use crate::exec;
+use weir::exec;
 
 /// The container deploy/daemonset.yaml runs the agent in.
 const CONTAINER: &str = "weir";
@@ -121,8 +121,8 @@ pub struct Launch<'a> {
     pub binds: Vec<PathBuf>,
 }
 
-/// The manifest the lab reads: deploy/daemonset.yaml of the source tree this weir was built
-/// from, unless `WEIR_LAB_DAEMONSET` names another.
+/// The manifest the lab reads: deploy/daemonset.yaml of the source tree this weir-lab was
+/// built from, unless `WEIR_LAB_DAEMONSET` names another.
 pub fn default_daemonset() -> PathBuf {
     std::env::var_os("WEIR_LAB_DAEMONSET")
         .map(PathBuf::from)

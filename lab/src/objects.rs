@@ -8,7 +8,7 @@ use k8s_openapi::api::core::v1::{Namespace, Pod};
 
 use super::state::{write_atomic, ServedPort};
 use super::LabError;
-use crate::source::manifest as manifest_files;
+use weir::source::manifest as manifest_files;
 use weir_policy::desired::Protocol;
 use weir_policy::manifest;
 use weir_policy::model::{Kind, Object, ObjectRef};

@@ -14,17 +14,22 @@ pub enum LabError {
     Command { command: String, stderr: String },
     #[error("{object}: {reason}")]
     Invalid { object: String, reason: String },
-    #[error("no lab in {0} (run `weir lab up` first)")]
+    #[error("no lab in {0} (run `weir-lab up` first)")]
     NotUp(PathBuf),
-    #[error("a lab is already up in {0} (run `weir lab down` first)")]
+    #[error("a lab is already up in {0} (run `weir-lab down` first)")]
     AlreadyUp(PathBuf),
     #[error("address pool {0} is exhausted")]
     AddressesExhausted(String),
     #[error("agent: {0}")]
     Agent(String),
+    /// The agent's binary is not where `--weir-bin` (or the default beside `weir-lab`) says.
+    #[error(
+        "the weir binary {0} does not exist (build it with `cargo build -p weir`, or name it with --weir-bin or WEIR_BIN)"
+    )]
+    WeirBinaryMissing(PathBuf),
     /// The agent's /status could not be read.
     #[error("the lab's agent: {0}")]
-    AgentStatus(#[from] crate::daemon::report::FetchError),
+    AgentStatus(#[from] weir::daemon::report::FetchError),
 }
 
 impl LabError {

@@ -1,8 +1,9 @@
-//! The lab's agent: the real `weir agent` inside the node namespace, in file mode (reading
+//! The lab's agent: the real `weir agent` inside the node namespace, run from the `weir`
+//! binary the lab is given ([`WeirBinary`]) or from weir's image, in file mode (reading
 //! objects.yaml) or, in server mode, in cluster mode against the lab's kube-apiserver with
 //! the DaemonSet's ServiceAccount; and the wait for it to enforce the lab's objects.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -51,11 +52,40 @@ pub fn listen_address(state: &LabState) -> Result<std::net::SocketAddr, LabError
     })
 }
 
-/// Starts the agent in the node namespace and returns its pid: this weir binary, or with
-/// `--agent-image` runc running the image (the pid is runc's, which forwards signals). It
-/// is entered with setns in the child, not with `ip netns exec`, which would remount /sys
-/// and hide the host's bpffs pins.
-pub fn start(dir: &LabDir, state: &LabState) -> Result<u32, LabError> {
+/// The `weir` binary the lab runs as its agent: the one given (`--weir-bin`, `WEIR_BIN`),
+/// else `weir` beside the running `weir-lab`, as `cargo build -p weir -p weir-lab` leaves
+/// them. Found only when an agent is started, so the commands that start none run
+/// without it.
+#[derive(Clone, Debug, Default)]
+pub struct WeirBinary {
+    given: Option<PathBuf>,
+}
+
+impl WeirBinary {
+    pub fn new(given: Option<PathBuf>) -> Self {
+        WeirBinary { given }
+    }
+
+    /// The binary's path, checked to exist: an error names the path and how to get it.
+    pub fn path(&self) -> Result<PathBuf, LabError> {
+        let path = match &self.given {
+            Some(p) => p.clone(),
+            None => std::env::current_exe()
+                .map_err(|e| LabError::io("locating the weir-lab binary", e))?
+                .with_file_name("weir"),
+        };
+        if !path.is_file() {
+            return Err(LabError::WeirBinaryMissing(path));
+        }
+        Ok(path)
+    }
+}
+
+/// Starts the agent in the node namespace and returns its pid: `weir`'s binary (see
+/// [`WeirBinary`]), or with `--agent-image` runc running the image (the pid is runc's,
+/// which forwards signals). It is entered with setns in the child, not with `ip netns
+/// exec`, which would remount /sys and hide the host's bpffs pins.
+pub fn start(dir: &LabDir, state: &LabState, weir: &WeirBinary) -> Result<u32, LabError> {
     let mut args: Vec<String> = vec![
         "--status-file".into(),
         dir.status_file().to_string_lossy().into(),
@@ -100,9 +130,7 @@ pub fn start(dir: &LabDir, state: &LabState) -> Result<u32, LabError> {
             },
         )?,
         None => {
-            let exe =
-                std::env::current_exe().map_err(|e| LabError::io("locating the weir binary", e))?;
-            let mut command = Command::new(exe);
+            let mut command = Command::new(weir.path()?);
             command.arg("agent").args(args).envs(env);
             command
         }
@@ -117,10 +145,10 @@ pub fn start(dir: &LabDir, state: &LabState) -> Result<u32, LabError> {
 }
 
 /// The agent's node report (`GET /status` inside the node namespace).
-pub fn report(state: &LabState) -> Result<crate::daemon::report::NodeReport, LabError> {
+pub fn report(state: &LabState) -> Result<weir::daemon::report::NodeReport, LabError> {
     let addr = listen_address(state)?;
     Ok(netns::in_netns(&state.node_netns, move || {
-        crate::daemon::report::fetch(addr)
+        weir::daemon::report::fetch(addr)
     })??)
 }
 

@@ -1,5 +1,5 @@
 //! The real kube-proxy of the pinned Kubernetes release in the lab's node namespace
-//! (`weir lab up --proxy iptables|nftables|ipvs`, server mode only): it reads Services and
+//! (`weir-lab up --proxy iptables|nftables|ipvs`, server mode only): it reads Services and
 //! the lab's EndpointSlices from the lab's API server and programs the node's Service
 //! rules in the same hooks, relative to weir's programs and chains, as on a real node.
 //!
@@ -14,25 +14,13 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use serde::{Deserialize, Serialize};
-
 use super::control_plane::{components_dir, kubernetes_version, ControlPlane, Identity};
 use super::objects::ObjectSet;
 use super::state::{LabDir, LabState};
+pub use super::state::{ProxyMode, ProxyState};
+use super::world::NODE_IP;
 use super::{netns, services, LabError};
-use crate::exec;
-
-/// `weir lab up --proxy`.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
-#[serde(rename_all = "lowercase")]
-pub enum ProxyMode {
-    /// No kube-proxy: ClusterIPs lead nowhere.
-    #[default]
-    None,
-    Iptables,
-    Ipvs,
-    Nftables,
-}
+use weir::exec;
 
 impl ProxyMode {
     fn flag(self) -> &'static str {
@@ -45,17 +33,7 @@ impl ProxyMode {
     }
 }
 
-/// The lab's kube-proxy, in state.json.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct ProxyState {
-    pub mode: ProxyMode,
-    pub pid: u32,
-}
-
 const HEALTHZ: &str = "127.0.0.1:10256";
-/// The Node's InternalIP for kube-proxy: the node namespace's own address (the pods'
-/// gateway, on its loopback).
-pub(super) const NODE_IP: &str = "169.254.1.1";
 const METRICS: &str = "127.0.0.1:10249";
 
 /// Refuses a mode this host cannot run, before anything is built: the binary, `nft` for
@@ -81,7 +59,7 @@ pub fn check_host(mode: ProxyMode) -> Result<(), LabError> {
                 "kube-proxy's nftables mode needs Linux {}.{} or later (kube-proxy checks the kernel's version and exits); this kernel is {}: use --proxy iptables or ipvs here",
                 NFTABLES_MODE_KERNEL.0,
                 NFTABLES_MODE_KERNEL.1,
-                crate::kernel::release()
+                weir::kernel::release()
             ),
         )),
         ProxyMode::Nftables => match exec::run("nft", &["--version"], None) {
@@ -109,7 +87,7 @@ pub const NFTABLES_MODE_KERNEL: (u32, u32) = (5, 13);
 /// Whether kube-proxy's nftables mode starts on this kernel (by its version, as kube-proxy
 /// itself decides).
 pub fn kernel_runs_nftables_mode() -> bool {
-    crate::kernel::major_minor(&crate::kernel::release()).is_none_or(|v| v >= NFTABLES_MODE_KERNEL)
+    weir::kernel::major_minor(&weir::kernel::release()).is_none_or(|v| v >= NFTABLES_MODE_KERNEL)
 }
 
 /// The kernel support ipvs mode needs: IPVS itself (`/proc/net/ip_vs` once `ip_vs` is

@@ -1,4 +1,4 @@
-//! Server mode (`weir lab up --api server`): the lab's objects written to its own
+//! Server mode (`weir-lab up --api server`): the lab's objects written to its own
 //! kube-apiserver (see [`super::control_plane`]) instead of only to `objects.yaml`, and the
 //! agent running in cluster mode as the DaemonSet would, with the DaemonSet's RBAC.
 //!
@@ -20,7 +20,7 @@ use kube::Client;
 use serde_json::json;
 
 use super::objects::ObjectSet;
-use crate::source::digest::StateDigest;
+use weir::source::digest::StateDigest;
 use weir_policy::cluster_policy::ClusterNetworkPolicy;
 use weir_policy::model::{Kind, Object, ObjectRef};
 
@@ -31,9 +31,9 @@ const PLACEHOLDER_IMAGE: &str = "registry.k8s.io/pause:3.10";
 /// deploy/'s ServiceAccount, ClusterRole and ClusterRoleBinding: the agent's identity is
 /// bound by exactly what the DaemonSet ships.
 const RBAC: &[&str] = &[
-    include_str!("../../../deploy/serviceaccount.yaml"),
-    include_str!("../../../deploy/clusterrole.yaml"),
-    include_str!("../../../deploy/clusterrolebinding.yaml"),
+    include_str!("../../deploy/serviceaccount.yaml"),
+    include_str!("../../deploy/clusterrole.yaml"),
+    include_str!("../../deploy/clusterrolebinding.yaml"),
 ];
 
 fn apply_params() -> PatchParams {
@@ -142,8 +142,7 @@ pub async fn sync(
         .collect();
     // Namespaces last: their objects go first.
     gone.sort_by_key(|k| k.kind == Kind::Namespace);
-    let first_write_ns =
-        (!changed.is_empty() || !gone.is_empty()).then(crate::kernel::monotonic_ns);
+    let first_write_ns = (!changed.is_empty() || !gone.is_empty()).then(weir::kernel::monotonic_ns);
     // Each class in turn (namespaces and the Node before what lives in them), its objects
     // WRITES_IN_FLIGHT at a time: a world of 20,000 pods took 9 minutes one request at a
     // time.
@@ -244,9 +243,9 @@ async fn apply(
             let mut status = status;
             if schedule_on.is_some() {
                 let status = status.get_or_insert_with(Default::default);
-                status.host_ip = Some(super::proxy::NODE_IP.to_string());
+                status.host_ip = Some(super::world::NODE_IP.to_string());
                 status.host_ips = Some(vec![HostIP {
-                    ip: super::proxy::NODE_IP.to_string(),
+                    ip: super::world::NODE_IP.to_string(),
                 }]);
             }
             let status = json!({ "apiVersion": "v1", "kind": "Pod", "status": status });
@@ -408,7 +407,7 @@ pub async fn list_versions_of_nodes(
         .collect())
 }
 
-/// The digest of `versions` (see [`crate::source::digest`]).
+/// The digest of `versions` (see [`weir::source::digest`]).
 pub fn digest(versions: &BTreeMap<ObjectRef, String>) -> String {
     let mut digest = StateDigest::default();
     for (key, rv) in versions {

@@ -8,7 +8,7 @@ use serde::Serialize;
 use super::probe::{Probe, Route, Skipped};
 use weir_policy::desired::Protocol;
 
-pub use crate::stdout::OutputFormat;
+pub use weir::stdout::OutputFormat;
 
 /// (from, to) → connected, for one port and protocol.
 type Matrix<'a> = BTreeMap<(&'a str, &'a str), bool>;

@@ -19,10 +19,10 @@ use ipnet::Ipv4Net;
 use k8s_openapi::api::core::v1::{ObjectReference, Pod, Service, ServicePort, ServiceSpec};
 use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort, EndpointSlice};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
-use serde::{Deserialize, Serialize};
 
 use super::control_plane::SERVICE_CIDR;
 use super::objects::{self, ObjectSet};
+pub use super::state::ServicesMode;
 use super::LabError;
 use weir_policy::desired::Protocol;
 use weir_policy::model::{Kind, Object, ObjectRef};
@@ -37,17 +37,6 @@ const MANAGED_BY_LABEL: &str = "endpointslice.kubernetes.io/managed-by";
 const MANAGED_BY: &str = "weir-lab";
 /// The API server's default `--service-node-port-range`.
 const NODE_PORTS: std::ops::RangeInclusive<i32> = 30000..=32767;
-
-/// `weir lab up --services`.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
-#[serde(rename_all = "lowercase")]
-pub enum ServicesMode {
-    /// Only the Services the manifests declare.
-    #[default]
-    None,
-    /// Also one ClusterIP Service per pod, named after it, on all its declared ports.
-    Auto,
-}
 
 /// Completes the lab's Services after an edit: the auto Services (made, updated, or removed
 /// with their pod) and the addresses and node ports of Services that name none.

@@ -12,6 +12,7 @@ use std::time::Duration;
 use ipnet::{Ipv4Net, Ipv6Net};
 use k8s_openapi::api::core::v1::{Pod, PodIP, PodStatus};
 
+use super::agent::WeirBinary;
 use super::control_plane::{ControlPlane, Identity, AGENT_GROUPS, AGENT_USER, API_READY_WITHIN};
 use super::objects::{self, ObjectSet};
 use super::peers::{self, Enforcer};
@@ -19,8 +20,8 @@ use super::proxy::{self, ProxyMode, ProxyState};
 use super::services::{self, ServicesMode};
 use super::state::{write_atomic, ApiState, LabDir, LabState, PodState, ServedPort, Topology};
 use super::{addr, agent, api, container, netns, world, LabError};
-use crate::dataplane::DataplaneKind;
-use crate::reset::ResetOptions;
+use weir::dataplane::DataplaneKind;
+use weir::reset::ResetOptions;
 use weir_policy::model::Object;
 
 pub struct UpOptions {
@@ -44,6 +45,8 @@ pub struct UpOptions {
     pub agent_args: Vec<String>,
     /// `--enforcer`: weir's agent, or a peer in its place (server mode only).
     pub enforcer: Enforcer,
+    /// `--weir-bin`: the agent's binary, unless it runs from `agent_image`.
+    pub weir: WeirBinary,
 }
 
 /// The Node a server-mode lab's agent runs as when the manifests name none.
@@ -60,7 +63,7 @@ pub fn up(dir: &LabDir, opts: &UpOptions, manifests: &[PathBuf]) -> Result<(), L
     if opts.proxy != ProxyMode::None {
         if !opts.api_server {
             return Err(LabError::invalid(
-                "weir lab up",
+                "weir-lab up",
                 "--proxy runs kube-proxy against the lab's API server: it needs --api server",
             ));
         }
@@ -69,13 +72,13 @@ pub fn up(dir: &LabDir, opts: &UpOptions, manifests: &[PathBuf]) -> Result<(), L
     if opts.enforcer != Enforcer::Weir {
         if !opts.api_server {
             return Err(LabError::invalid(
-                "weir lab up",
+                "weir-lab up",
                 "--enforcer runs a peer against the lab's API server, as its DaemonSet would: it needs --api server",
             ));
         }
         if opts.agent_image.is_some() || !opts.agent_args.is_empty() {
             return Err(LabError::invalid(
-                "weir lab up",
+                "weir-lab up",
                 "--agent-image and --agent-arg are weir's agent's: a peer (--enforcer) runs in its place",
             ));
         }
@@ -102,7 +105,7 @@ pub fn up(dir: &LabDir, opts: &UpOptions, manifests: &[PathBuf]) -> Result<(), L
         peer: None,
     };
     // The image is unpacked and the DaemonSet read before anything is built: a lab that
-    // cannot run them is refused at once. (Without an agent too: `weir lab agent start`
+    // cannot run them is refused at once. (Without an agent too: `weir-lab agent start`
     // starts it later.)
     if let Some(image) = &opts.agent_image {
         std::fs::create_dir_all(&dir.dir)
@@ -114,6 +117,10 @@ pub fn up(dir: &LabDir, opts: &UpOptions, manifests: &[PathBuf]) -> Result<(), L
             &state.id,
         )?);
     }
+    // A missing agent binary, too, is refused before anything is built.
+    if state.with_agent && state.agent_container.is_none() {
+        opts.weir.path()?;
+    }
     let built = world::create_node(&state.node_netns, &state.pod_network())
         .and_then(|()| dir.save(&state))
         .and_then(|()| match opts.api_server {
@@ -121,9 +128,13 @@ pub fn up(dir: &LabDir, opts: &UpOptions, manifests: &[PathBuf]) -> Result<(), L
             false => Ok(()),
         })
         .and_then(|()| {
-            change(dir, &mut state, Some(opts.timeout), true, |set| {
-                incoming.into_iter().for_each(|o| set.apply(o))
-            })
+            change(
+                dir,
+                &mut state,
+                Some(opts.timeout),
+                Some(&opts.weir),
+                |set| incoming.into_iter().for_each(|o| set.apply(o)),
+            )
         })
         // After the first change: kube-proxy and the peers wait for their Node to exist.
         .and_then(|()| match opts.enforcer {
@@ -227,17 +238,17 @@ fn install_rbac(cp: &ControlPlane, node: &str) -> Result<(), LabError> {
     }
 }
 
-/// `weir lab kube start`.
+/// `weir-lab kube start`.
 pub fn kube_start(netns: &str, dir: &Path) -> Result<(), LabError> {
     let cp = ControlPlane::new(dir);
     let (etcd, apiserver) = cp.start(netns, API_READY_WITHIN)?;
     install_rbac(&cp, netns)?;
     let pids = serde_json::json!({ "etcd_pid": etcd, "apiserver_pid": apiserver });
-    crate::stdout::println(&pids.to_string()).map_err(|e| LabError::io("writing to stdout", e))?;
+    weir::stdout::println(&pids.to_string()).map_err(|e| LabError::io("writing to stdout", e))?;
     Ok(())
 }
 
-/// `weir lab kube apply`: writes the difference, then computes the digest from the
+/// `weir-lab kube apply`: writes the difference, then computes the digest from the
 /// resourceVersions of what it wrote and a record of the rest (DIR/applied-versions.json),
 /// so that a change to one object of a large world does not list the whole world.
 pub fn kube_apply(
@@ -268,8 +279,8 @@ pub fn kube_apply(
             // first write (a Pod's labels) before the last one (its status) is acknowledged.
             let started = synced
                 .first_write_ns
-                .unwrap_or_else(crate::kernel::monotonic_ns);
-            crate::stdout::println(&format!("written {started}")).map_err(|e| e.to_string())?;
+                .unwrap_or_else(weir::kernel::monotonic_ns);
+            weir::stdout::println(&format!("written {started}")).map_err(|e| e.to_string())?;
             let mut versions: BTreeMap<_, _> = match known {
                 Some(k) => k.into_iter().collect(),
                 None => api::list_versions(&client)
@@ -291,8 +302,8 @@ pub fn kube_apply(
             Ok::<_, String>(versions)
         })
         .and_then(|r| r)
-        .map_err(|e| LabError::invalid("weir lab kube apply", e))?;
-    crate::stdout::println(&format!("digest {}", api::digest(&versions)))
+        .map_err(|e| LabError::invalid("weir-lab kube apply", e))?;
+    weir::stdout::println(&format!("digest {}", api::digest(&versions)))
         .map_err(|e| LabError::io("writing to stdout", e))?;
     let list: Vec<_> = versions.into_iter().collect();
     write_atomic(
@@ -312,7 +323,7 @@ pub fn apply(
     let _lock = dir.lock()?;
     let mut state = dir.load()?;
     let incoming = objects::load_files(manifests)?;
-    change(dir, &mut state, timeout, false, |set| {
+    change(dir, &mut state, timeout, None, |set| {
         incoming.into_iter().for_each(|o| set.apply(o))
     })
 }
@@ -326,7 +337,7 @@ pub fn delete(
     let _lock = dir.lock()?;
     let mut state = dir.load()?;
     let named = objects::load_files(manifests)?;
-    change(dir, &mut state, timeout, false, |set| {
+    change(dir, &mut state, timeout, None, |set| {
         named.iter().for_each(|o| set.delete(&o.key()))
     })
 }
@@ -379,14 +390,25 @@ pub fn down(dir: &LabDir) -> Result<(), LabError> {
 /// How long kube-apiserver may drain its requests on SIGTERM before it is killed.
 const APISERVER_GRACE: Duration = Duration::from_secs(5);
 
-/// `weir lab api stop|start|compact`.
-pub fn api(dir: &LabDir, action: &super::cli::ApiAction) -> Result<(), LabError> {
-    use super::cli::ApiAction;
+// `weir-lab api ACTION`: the command line's, defined here, where it is carried out.
+#[derive(clap::Subcommand)]
+pub enum ApiAction {
+    /// Stop kube-apiserver (SIGTERM, then SIGKILL); etcd keeps its data.
+    Stop,
+    /// Start kube-apiserver again and wait until it is ready.
+    Start,
+    /// Advance etcd's revision and compact its history up to it, so that a watch resuming
+    /// from an older resourceVersion gets 410 Gone and must relist. Prints the revision.
+    Compact,
+}
+
+/// `weir-lab api stop|start|compact`.
+pub fn api(dir: &LabDir, action: &ApiAction) -> Result<(), LabError> {
     let _lock = dir.lock()?;
     let mut state = dir.load()?;
     let Some(api_state) = state.api.as_mut() else {
         return Err(LabError::invalid(
-            "weir lab api",
+            "weir-lab api",
             "this lab reads a file (up without --api server): it has no API server",
         ));
     };
@@ -401,14 +423,14 @@ pub fn api(dir: &LabDir, action: &super::cli::ApiAction) -> Result<(), LabError>
         }
         ApiAction::Compact => {
             let revision = cp.compact_etcd(&state.node_netns)?;
-            crate::stdout::println(&revision.to_string())
+            weir::stdout::println(&revision.to_string())
                 .map_err(|e| LabError::io("writing to stdout", e))?
         }
     }
     Ok(())
 }
 
-/// `weir lab agent signal SIGNAL`.
+/// `weir-lab agent signal SIGNAL`.
 pub fn signal_agent(dir: &LabDir, signal: i32) -> Result<(), LabError> {
     let state = dir.load()?;
     let pid = state
@@ -428,14 +450,14 @@ pub fn signal_agent(dir: &LabDir, signal: i32) -> Result<(), LabError> {
     Ok(())
 }
 
-/// `weir lab agent start`: a new agent process, after the old one was stopped.
-pub fn restart_agent(dir: &LabDir) -> Result<(), LabError> {
+/// `weir-lab agent start`: a new agent process, after the old one was stopped.
+pub fn restart_agent(dir: &LabDir, weir: &WeirBinary) -> Result<(), LabError> {
     let _lock = dir.lock()?;
     let mut state = dir.load()?;
     if let Some(pid) = state.agent_pid {
         netns::stop_pid(pid, Duration::from_secs(10));
     }
-    state.agent_pid = Some(agent::start(dir, &state)?);
+    state.agent_pid = Some(agent::start(dir, &state, weir)?);
     dir.save(&state)
 }
 
@@ -453,7 +475,7 @@ fn reset_node(node: &str, pins: &Path) -> Result<(), LabError> {
         bpf_root: pins.to_path_buf(),
         ..ResetOptions::default()
     };
-    let report = netns::in_netns(node, || crate::reset::reset(&options))?;
+    let report = netns::in_netns(node, || weir::reset::reset(&options))?;
     if !report.errors.is_empty() {
         return Err(LabError::invalid(
             format!("reset of {node}"),
@@ -469,12 +491,13 @@ fn bpf_root(id: &str) -> PathBuf {
 }
 
 /// Applies `edit` to the lab's objects: validate and plan, grow the world, write
-/// objects.yaml, (start the agent,) wait for enforcement, shrink the world.
+/// objects.yaml, (start the agent from `start_agent`,) wait for enforcement, shrink the
+/// world.
 fn change(
     dir: &LabDir,
     state: &mut LabState,
     timeout: Option<Duration>,
-    start_agent: bool,
+    start_agent: Option<&WeirBinary>,
     edit: impl FnOnce(&mut ObjectSet),
 ) -> Result<(), LabError> {
     let before = ObjectSet::load(&dir.objects_file())?;
@@ -535,8 +558,8 @@ fn change(
             .map_err(|e| LabError::invalid("writing to the lab's API server", e))?;
     }
     if state.with_agent {
-        if start_agent {
-            state.agent_pid = Some(agent::start(dir, state)?);
+        if let Some(weir) = start_agent {
+            state.agent_pid = Some(agent::start(dir, state, weir)?);
             dir.save(state)?;
         }
         if let Some(timeout) = timeout {
@@ -672,12 +695,13 @@ fn host_interface(key: &str) -> String {
     format!("lxc{:011x}", hash & 0xfff_ffff_ffff)
 }
 
-/// Starts the pod's listener (`weir lab listen`) in its namespace and waits until it
+/// Starts the pod's listener (`weir-lab listen`) in its namespace and waits until it
 /// has bound every port.
 fn start_listener(dir: &LabDir, pod: &PodState) -> Result<(), LabError> {
-    let exe = std::env::current_exe().map_err(|e| LabError::io("locating the weir binary", e))?;
+    let exe =
+        std::env::current_exe().map_err(|e| LabError::io("locating the weir-lab binary", e))?;
     let mut command = Command::new(exe);
-    command.args(["lab", "listen"]);
+    command.arg("listen");
     for p in &pod.ports {
         command.arg(format_port(p));
     }

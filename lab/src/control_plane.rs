@@ -25,13 +25,13 @@ use kube::{Api, Client};
 
 /// The ClusterNetworkPolicy CRD, as deploy/crds/ ships it.
 const CLUSTER_POLICY_CRD: &str =
-    include_str!("../../../deploy/crds/policy.networking.k8s.io_clusternetworkpolicies.yaml");
+    include_str!("../../deploy/crds/policy.networking.k8s.io_clusternetworkpolicies.yaml");
 
 use super::{netns, LabError};
 
 /// The release the components are built from (a `vX.Y.Z` line).
 pub fn kubernetes_version() -> &'static str {
-    include_str!("../../../deploy/kubernetes-version").trim()
+    include_str!("../../deploy/kubernetes-version").trim()
 }
 
 /// Where xtask caches the Go-built binaries, one directory per component and version:
@@ -132,7 +132,7 @@ impl ControlPlane {
         for b in ["etcd", "kube-apiserver"] {
             if !bin.join(b).is_file() {
                 return Err(LabError::invalid(
-                    "weir lab --api server",
+                    "weir-lab --api server",
                     format!(
                         "{} not found: `cargo xtask setup` builds kube-apiserver, kube-proxy and etcd of Kubernetes {} into {} (or set WEIR_COMPONENTS_DIR)",
                         bin.join(b).display(),
@@ -195,7 +195,7 @@ impl ControlPlane {
         let key = self.dir.join("service-account.key");
         if !key.exists() {
             let path = key.display().to_string();
-            crate::exec::run_ok("openssl", &["genrsa", "-out", &path, "2048"], None).map_err(
+            weir::exec::run_ok("openssl", &["genrsa", "-out", &path, "2048"], None).map_err(
                 |e| {
                     LabError::invalid(
                         "the service account key",

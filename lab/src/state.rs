@@ -1,5 +1,7 @@
 //! The lab's state directory: which namespaces, addresses and ports exist, so that
-//! separate `weir lab` commands work on the same lab.
+//! separate `weir-lab` commands work on the same lab. Every type state.json holds is
+//! defined here (the modes `up` was given, the records of kube-proxy and of a peer), so
+//! this module uses none of the modules that act on the lab, and they all use it.
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -11,7 +13,7 @@ use ipnet::{Ipv4Net, Ipv6Net};
 use serde::{Deserialize, Serialize};
 
 use super::LabError;
-use crate::dataplane::DataplaneKind;
+use weir::dataplane::DataplaneKind;
 use weir_policy::desired::Protocol;
 
 pub const DEFAULT_DIR: &str = "/run/weir-lab";
@@ -51,19 +53,8 @@ pub struct PodState {
     pub ports: Vec<ServedPort>,
 }
 
-impl LabState {
-    /// How this lab's pods are wired.
-    pub fn pod_network(&self) -> super::world::PodNetwork {
-        super::world::PodNetwork {
-            topology: self.topology,
-            ipv4_pool: self.ipv4_pool,
-            ipv6_pool: self.ipv6_pool,
-        }
-    }
-}
-
 impl PodState {
-    /// `NAMESPACE/NAME`, as the prober and `weir lab pods` print it.
+    /// `NAMESPACE/NAME`, as the prober and `weir-lab pods` print it.
     pub fn key(&self) -> String {
         format!("{}/{}", self.namespace, self.name)
     }
@@ -95,10 +86,10 @@ pub struct LabState {
     pub agent_pid: Option<u32>,
     /// `--services`: whether the lab adds a Service per pod.
     #[serde(default)]
-    pub services: super::services::ServicesMode,
+    pub services: ServicesMode,
     /// `--proxy`: the lab's kube-proxy, once started. None: no kube-proxy.
     #[serde(default)]
-    pub proxy: Option<super::proxy::ProxyState>,
+    pub proxy: Option<ProxyState>,
     /// `--agent-image`: the agent's container. None: the agent runs directly.
     #[serde(default)]
     pub agent_container: Option<super::container::AgentContainer>,
@@ -107,7 +98,7 @@ pub struct LabState {
     pub agent_args: Vec<String>,
     /// `--enforcer`: the peer enforcing in place of weir's agent, once started.
     #[serde(default)]
-    pub peer: Option<super::peers::PeerState>,
+    pub peer: Option<PeerState>,
 }
 
 /// The control plane of a lab in server mode (files in [`LabDir::api_dir`]).
@@ -117,6 +108,60 @@ pub struct ApiState {
     pub node_name: String,
     pub etcd_pid: u32,
     pub apiserver_pid: u32,
+}
+
+/// `weir-lab up --services`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum ServicesMode {
+    /// Only the Services the manifests declare.
+    #[default]
+    None,
+    /// Also one ClusterIP Service per pod, named after it, on all its declared ports.
+    Auto,
+}
+
+/// `weir-lab up --proxy`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum ProxyMode {
+    /// No kube-proxy: ClusterIPs lead nowhere.
+    #[default]
+    None,
+    Iptables,
+    Ipvs,
+    Nftables,
+}
+
+/// The lab's kube-proxy, in state.json.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ProxyState {
+    pub mode: ProxyMode,
+    pub pid: u32,
+}
+
+/// `weir-lab up --enforcer`: who enforces the lab's policies.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum Enforcer {
+    /// weir's own agent (`--dataplane` chooses its dataplane).
+    #[default]
+    Weir,
+    /// kube-router's network-policy controller alone (iptables and ipset).
+    KubeRouter,
+    /// sigs.k8s.io/kube-network-policies (nftables, the first packet judged in user space
+    /// through NFQUEUE).
+    KubeNetworkPolicies,
+    /// Azure NPM: refused with the reason (it cannot be built from the Go module proxy).
+    AzureNpm,
+}
+
+/// The lab's peer, in state.json.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct PeerState {
+    pub enforcer: Enforcer,
+    pub version: String,
+    pub pid: u32,
 }
 
 /// The files of one lab directory.
@@ -212,7 +257,7 @@ impl LabDir {
         write_atomic(&self.state_file(), json.as_bytes())
     }
 
-    /// Takes the directory's lock: one `weir lab` command at a time per lab.
+    /// Takes the directory's lock: one `weir-lab` command at a time per lab.
     pub fn lock(&self) -> Result<File, LabError> {
         std::fs::create_dir_all(&self.dir)
             .map_err(|e| LabError::io(format!("creating {}", self.dir.display()), e))?;

@@ -1,4 +1,4 @@
-//! The other NetworkPolicy agents in the lab (`weir lab up --enforcer NAME`, server mode
+//! The other NetworkPolicy agents in the lab (`weir-lab up --enforcer NAME`, server mode
 //! only): each runs in the node namespace against the lab's API server, as its own
 //! DaemonSet would run it on a node, in place of weir's agent. The probes and their JSON
 //! stay as they are, so one scenario table judges every enforcer. All the peer plumbing is
@@ -18,29 +18,12 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use serde::{Deserialize, Serialize};
-
 use super::control_plane::{components_root, ControlPlane, Identity, APISERVER_PORT};
+pub use super::state::{Enforcer, PeerState};
 use super::state::{LabDir, LabState};
 use super::{netns, LabError};
-use crate::exec;
+use weir::exec;
 use weir_policy::model::Kind;
-
-/// `weir lab up --enforcer`: who enforces the lab's policies.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
-#[serde(rename_all = "kebab-case")]
-pub enum Enforcer {
-    /// weir's own agent (`--dataplane` chooses its dataplane).
-    #[default]
-    Weir,
-    /// kube-router's network-policy controller alone (iptables and ipset).
-    KubeRouter,
-    /// sigs.k8s.io/kube-network-policies (nftables, the first packet judged in user space
-    /// through NFQUEUE).
-    KubeNetworkPolicies,
-    /// Azure NPM: refused with the reason (it cannot be built from the Go module proxy).
-    AzureNpm,
-}
 
 impl Enforcer {
     pub fn name(self) -> &'static str {
@@ -51,14 +34,6 @@ impl Enforcer {
             Enforcer::AzureNpm => "azure-npm",
         }
     }
-}
-
-/// The lab's peer, in state.json.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct PeerState {
-    pub enforcer: Enforcer,
-    pub version: String,
-    pub pid: u32,
 }
 
 /// How long a peer's rules must stand still before the lab takes a change as enforced
@@ -97,7 +72,7 @@ fn kube_router_synced_since(dir: &LabDir, mark: u64) -> bool {
 
 /// The flags kube-router runs with (deploy/kube-router-flags, which the bench reads too).
 fn kube_router_flags() -> impl Iterator<Item = &'static str> {
-    include_str!("../../../deploy/kube-router-flags")
+    include_str!("../../deploy/kube-router-flags")
         .lines()
         .map(str::trim)
         .filter(|l| !l.is_empty() && !l.starts_with('#'))
@@ -110,7 +85,7 @@ const KNP_QUEUE: u16 = 100;
 
 /// The pinned version of a peer, from deploy/peer-versions.
 fn version(enforcer: Enforcer) -> Option<&'static str> {
-    include_str!("../../../deploy/peer-versions")
+    include_str!("../../deploy/peer-versions")
         .lines()
         .filter(|l| !l.trim_start().starts_with('#'))
         .find_map(|l| match l.split_whitespace().collect::<Vec<_>>()[..] {
@@ -204,7 +179,7 @@ pub fn start(dir: &LabDir, state: &LabState, enforcer: Enforcer) -> Result<PeerS
     // kube-router finds its node's address, and so which pods are its own, in the Node's
     // status, as kube-proxy does.
     cp.block_on(&state.node_netns, Identity::Admin, |client| async move {
-        super::api::set_node_address(&client, &node, super::proxy::NODE_IP).await
+        super::api::set_node_address(&client, &node, super::world::NODE_IP).await
     })
     .and_then(|r| r)
     .map_err(|e| LabError::invalid("the lab's Node", e))?;

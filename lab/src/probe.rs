@@ -27,7 +27,7 @@ pub enum IpFamily {
     Ipv6,
 }
 
-/// `weir lab probe --via`.
+/// `weir-lab probe --via`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Via {
     Pod,
@@ -44,7 +44,7 @@ pub enum Route {
     Service,
 }
 
-/// One probe's outcome, as `weir lab probe --output json` prints it. `port` is the pod's
+/// One probe's outcome, as `weir-lab probe --output json` prints it. `port` is the pod's
 /// port also when the probe went through a Service (on the Service's own port).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Probe {
@@ -443,7 +443,7 @@ mod protocol_name {
 
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Protocol, D::Error> {
         let name = String::deserialize(d)?;
-        super::super::objects::parse_protocol(&name).map_err(serde::de::Error::custom)
+        crate::objects::parse_protocol(&name).map_err(serde::de::Error::custom)
     }
 }
 
