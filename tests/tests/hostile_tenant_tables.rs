@@ -106,10 +106,10 @@ fn block_policy(
 const HIGH_PORTS: &str =
     "[{protocol: TCP, port: 1024, endPort: 65535}, {protocol: UDP, port: 1024, endPort: 65535}]";
 
-/// `weir lab status --output json`.
+/// `weir-lab status --output json`.
 fn status(lab: &Lab) -> Value {
     serde_json::from_str(&lab.weir(&["status", "--output", "json"]).unwrap())
-        .expect("weir lab status prints JSON")
+        .expect("weir-lab status prints JSON")
 }
 
 /// What the lab's agent says it does not enforce: `object: reason` lines.
@@ -123,13 +123,13 @@ fn refused(lab: &Lab) -> Vec<String> {
 }
 
 /// Applies `path`; the agent's errors (a refused object, a full map) are reported by
-/// `weir lab apply` as "applied with errors", which is not a failure here: the caller
+/// `weir-lab apply` as "applied with errors", which is not a failure here: the caller
 /// checks what is enforced. Anything else (a timeout, a dead agent) is.
 fn apply(lab: &Lab, path: &std::path::Path) -> String {
     change(lab, "apply", path)
 }
 
-/// `weir lab VERB PATH` (apply or delete), errors as [`apply`] takes them.
+/// `weir-lab VERB PATH` (apply or delete), errors as [`apply`] takes them.
 fn change(lab: &Lab, verb: &str, path: &std::path::Path) -> String {
     match lab.weir(&[verb, path.to_str().unwrap()]) {
         Ok(_) => String::new(),
@@ -137,7 +137,7 @@ fn change(lab: &Lab, verb: &str, path: &std::path::Path) -> String {
             let e = e.to_string();
             assert!(
                 e.contains("applied with errors"),
-                "weir lab {verb} {}: {e}",
+                "weir-lab {verb} {}: {e}",
                 path.display()
             );
             e

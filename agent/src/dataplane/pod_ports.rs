@@ -24,7 +24,7 @@ use serde::Deserialize;
 
 use crate::exec;
 
-/// Where container runtimes (and `ip netns`, and `weir lab`) keep pods' network
+/// Where container runtimes (and `ip netns`, and `weir-lab`) keep pods' network
 /// namespaces; the DaemonSet mounts the host's.
 pub const DEFAULT_POD_NETNS_DIR: &str = "/run/netns";
 
