@@ -6,17 +6,23 @@ use anyhow::Result;
 use crate::cmd::{cargo, exec, workspace_root};
 
 pub fn run(release: bool) -> Result<()> {
+    packages(&["weir", "weir-lab"], release)
+}
+
+/// The agent's binary alone: all the image holds.
+pub fn agent(release: bool) -> Result<()> {
+    packages(&["weir"], release)
+}
+
+fn packages(names: &[&str], release: bool) -> Result<()> {
     crate::setup::ensure()?;
     build_ebpf()?;
     let mut c = cargo();
-    c.args([
-        "build",
-        "--package",
-        "weir",
-        "--package",
-        "weir-lab",
-        "--bins",
-    ]);
+    c.arg("build");
+    for name in names {
+        c.args(["--package", name]);
+    }
+    c.arg("--bins");
     if release {
         c.arg("--release");
     }

@@ -58,7 +58,7 @@ pub fn run(o: &Options) -> Result<()> {
     if let Some(engine) = &o.engine {
         return with_engine(engine, &o.reference);
     }
-    crate::build::run(!o.dev)?;
+    crate::build::agent(!o.dev)?;
     let (profile, out) = match o.dev {
         true => ("debug", workspace_root().join("target/image-dev")),
         false => ("release", workspace_root().join("target/image")),
@@ -288,7 +288,7 @@ fn with_engine(engine: &str, reference: &str) -> Result<()> {
     if output(Command::new(engine).arg("info")).is_none() {
         bail!("`{engine} info` failed: the engine does not answer (without --engine the image is built with no engine)");
     }
-    crate::build::run(true)?;
+    crate::build::agent(true)?;
     exec(Command::new(engine).current_dir(workspace_root()).args([
         "build",
         "-f",
