@@ -352,3 +352,75 @@ fn hostile_tenant_ebpf() {
 fn hostile_tenant_iptables() {
     run("iptables");
 }
+
+/// Another agent's rule that sets or matches the packet mark bits the eBPF dataplane
+/// carries a Service client's identity in keeps the node off eBPF, naming the rule: the
+/// probe that picks the dataplane at start and at a switch says why (the node then falls
+/// back to iptables, which uses no marks). kube-proxy's bits and Azure NPM's chains (which
+/// the start-up cleanup removes) are not in the way.
+#[test]
+fn another_agents_mark_bits_keep_the_node_off_ebpf() {
+    use weir::daemon::enforcer::Backends;
+    weir_tests::require_root_and_tools();
+    let netns = weir_tests::netns::NetNs::new("mark").expect("a scratch namespace");
+    let ns = netns.name.clone();
+    let iptables = |args: &'static [&'static str]| {
+        netns
+            .ok("iptables", args, None)
+            .unwrap_or_else(|e| panic!("iptables {args:?}: {e}"));
+    };
+    let probe = |ns: &str| {
+        weir_tests::pods::run_in(ns, || {
+            weir::daemon::node::NodeBackends::new("/sys/fs/bpf/weir-unused".into()).probe_ebpf()
+        })
+    };
+    iptables(&["-t", "nat", "-N", "KUBE-MARK-MASQ"]);
+    iptables(&[
+        "-t",
+        "nat",
+        "-A",
+        "KUBE-MARK-MASQ",
+        "-j",
+        "MARK",
+        "--or-mark",
+        "0x4000",
+    ]);
+    iptables(&["-t", "filter", "-N", "AZURE-NPM"]);
+    iptables(&[
+        "-t",
+        "filter",
+        "-A",
+        "AZURE-NPM",
+        "-j",
+        "MARK",
+        "--set-mark",
+        "0x2000",
+    ]);
+    assert_eq!(probe(&ns), Ok(()), "kube-proxy's and Azure NPM's marks");
+    iptables(&[
+        "-t",
+        "mangle",
+        "-A",
+        "PREROUTING",
+        "-j",
+        "MARK",
+        "--set-xmark",
+        "0x40000/0x40000",
+    ]);
+    let refused = probe(&ns).expect_err("a rule setting bit 18 must keep the node off eBPF");
+    assert!(
+        refused.contains("--set-xmark 0x40000/0x40000") && refused.contains("mangle"),
+        "the refusal must name the rule and its table: {refused}"
+    );
+    iptables(&[
+        "-t",
+        "mangle",
+        "-D",
+        "PREROUTING",
+        "-j",
+        "MARK",
+        "--set-xmark",
+        "0x40000/0x40000",
+    ]);
+    assert_eq!(probe(&ns), Ok(()), "once the rule is gone");
+}

@@ -92,13 +92,30 @@ impl From<ResetReport> for CleanupReport {
     }
 }
 
+impl NodeBackends {
+    /// The node's other rules leave the eBPF dataplane's packet mark bits alone (see
+    /// [`crate::netfilter::marks`]); weir's chains and Azure NPM's, which the start-up
+    /// cleanup removes, do not count.
+    fn ebpf_mark_bits_free(&self) -> Result<(), String> {
+        let backend = self
+            .iptables_backend
+            .unwrap_or_else(crate::netfilter::backend::detect);
+        crate::netfilter::marks::check_ebpf_bits(backend, &|chain| {
+            chain.starts_with(crate::netfilter::WEIR_CHAIN_PREFIX)
+                || chain.starts_with(reset::owners::NPM_CHAIN_PREFIX)
+        })
+    }
+}
+
 impl Backends for NodeBackends {
     fn probe_ebpf(&self) -> Result<(), String> {
-        ebpf::probe()
+        ebpf::probe()?;
+        self.ebpf_mark_bits_free()
     }
 
     fn probe_ebpf_before_build(&self) -> Result<(), String> {
-        ebpf::probe_kernel()
+        ebpf::probe_kernel()?;
+        self.ebpf_mark_bits_free()
     }
 
     fn build(&self, kind: DataplaneKind) -> Result<Box<dyn Dataplane>, DataplaneError> {
