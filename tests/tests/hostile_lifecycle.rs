@@ -1,4 +1,4 @@
-//! Hostile life cycle (issue 13, items 3 and 6), with real packets in network namespaces.
+//! Hostile life cycle (upgrades and new pods), with real packets in network namespaces.
 //!
 //! - Upgrades from a previous release's pins: maps pinned at other sizes, or with another
 //!   key/value layout, are migrated (copied or rebuilt, then the programs swapped) while a
