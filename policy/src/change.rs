@@ -1,5 +1,5 @@
 //! Records what one engine operation changed in the desired state, cheaply (no copies of
-//! large sets), and turns it into the [`Delta`] the dataplanes apply.
+//! large sets), and turns it into the [`Delta`] the engine returns.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 

@@ -6,7 +6,8 @@
 //! - Peers are [`AddressSet`]s, identified by a stable [`SetId`] derived from what the set
 //!   *selects* (not from its members), so a pod joining a selector is a member delta,
 //!   not a new set.
-//! - [`Desired::diff`] turns two desired states into the [`Delta`] the dataplanes apply.
+//! - [`Desired::diff`] turns two desired states into a [`Delta`]; the dataplanes take
+//!   the whole [`Desired`], never a delta.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -374,7 +375,7 @@ pub struct EndpointChange {
     pub rules_removed: Vec<(Direction, Rule)>,
 }
 
-/// The difference between two desired states, in the order a dataplane applies it:
+/// The difference between two desired states, in the order it can be applied:
 /// add sets and members, add/change endpoints, then remove endpoints, members and sets,
 /// so that nothing referenced is ever removed first.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -1,4 +1,4 @@
-//! Bridged CNIs (issue 12, defect 3) in a `weir-lab --topology bridge`, on both
+//! Bridged CNIs in a `weir-lab --topology bridge`, on both
 //! dataplanes: every pod's host-side veth is a port of one bridge (cni0), so the route to
 //! every pod leads to the bridge. Each pod must still get its own policy and no other's,
 //! also after pods are deleted and re-created with each other's addresses on new ports

@@ -378,7 +378,7 @@ fn weir_monitor_streams_rate_limited_drop_events_as_json() {
         .spawn()
         .expect("start weir monitor");
     // Its ready line comes once the ring buffer is open and SIGTERM is handled; a fixed
-    // sleep was too short on a software-emulated kernel (issue 17).
+    // sleep was too short on a software-emulated kernel (the kernel matrix).
     let mut ready = String::new();
     std::io::BufRead::read_line(
         &mut std::io::BufReader::new(monitor.stderr.take().unwrap()),

@@ -1,4 +1,4 @@
-//! Hostile life cycle (issue 13, items 3 and 6), with real packets in network namespaces.
+//! Hostile life cycle (upgrades and new pods), with real packets in network namespaces.
 //!
 //! - Upgrades from a previous release's pins: maps pinned at other sizes, or with another
 //!   key/value layout, are migrated (copied or rebuilt, then the programs swapped) while a
@@ -359,7 +359,8 @@ fn ebpf_upgrade_from_pins_of_another_layout_rebuilds_them_without_a_gap() {
 
     // A connection table of another layout starts empty: a connection whose handshake
     // straddles the swap of programs may lose its SYN-ACK once and get it on TCP's
-    // retransmission (README, "versioned pins"); anything longer is a gap.
+    // retransmission (docs/new-pods-and-upgrades.md, "Versioned pins"); anything longer
+    // is a gap.
     let probe = ContinuousProbe::start_with_timeout(
         &world.pod("a").ns,
         SocketAddr::from((B, 80)),

@@ -1,4 +1,4 @@
-//! The hostile pod, with real frames in a `weir-lab`, on both dataplanes (issue 13):
+//! The hostile pod, with real frames in a `weir-lab`, on both dataplanes:
 //! spoofed sources, the conntrack-forgery attack, VLAN/QinQ-tagged frames, forged ICMP
 //! errors, fragmented datagrams and IPv6 extension headers, a conntrack flood against
 //! another pod's long-lived flow, and from off the node an IPv6 packet whose source is a
@@ -313,7 +313,7 @@ fn spoofed_to_node(w: &World, out: &mut Outcomes) {
     }
 }
 
-/// Issue 13's confirmed attack: red/cli forges a "reply" from db:5432 to its own port
+/// The conntrack-forgery attack: red/cli forges a "reply" from db:5432 to its own port
 /// 40000, then connects from 40000 to db:5432, which db's default deny must still block.
 fn forgery(w: &World, out: &mut Outcomes) {
     for v6 in [false, true] {
@@ -648,7 +648,7 @@ fn forwarded_nd(w: &World, out: &mut Outcomes) {
     );
 }
 
-/// Issue 13 item 4: red/resolver allows UDP 6000 from red/stub, whose own ingress is
+/// Fragments and extension headers: red/resolver allows UDP 6000 from red/stub, whose own ingress is
 /// default deny. A 4,000-byte datagram (fragmented on the 1,500-byte path) must arrive
 /// whole, and so must its 4,000-byte echo (a large answer, as EDNS DNS sends), over IPv4
 /// and IPv6; and an IPv6 datagram behind a destination-options or hop-by-hop header must

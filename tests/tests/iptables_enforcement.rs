@@ -300,8 +300,8 @@ fn mangle_rules(world: &World) -> String {
 }
 
 /// 1000 isolated endpoints with 4 rules each: the full reconcile writes them all, one
-/// policy change rewrites one endpoint chain. Prints both times (the figures in the
-/// README); checks the change is in the kernel.
+/// policy change rewrites one endpoint chain. Prints both times; checks the change is in
+/// the kernel.
 #[test]
 fn one_change_among_a_thousand_endpoints_is_a_small_delta() {
     require_root_and_tools();

@@ -1,4 +1,4 @@
-//! What weir says and does about the kernel it runs on (issue 17), on whichever kernel
+//! What weir says and does about the kernel it runs on, on whichever kernel
 //! runs the tests: the host's, or Debian's 5.10 and 6.1 under `cargo xtask kernels`.
 //! Each test asserts the behaviour its kernel must show; none is skipped on any kernel.
 

@@ -194,7 +194,7 @@ pub fn run() -> Result<()> {
         crate::host_guard::check_unchanged(&host_before, &after, "the integration tests")
     });
 
-    // The kernel floor: the quick groups in a Debian 5.10 guest (issue 17).
+    // The kernel floor: the quick groups in a Debian 5.10 guest (the kernel matrix).
     steps.start("kernels (quick: Debian 5.10 under virtme-ng)");
     let kernels = crate::kernels::run(&["5.10".to_string()], true, &[], &[]);
 

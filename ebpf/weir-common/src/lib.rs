@@ -5,7 +5,7 @@
 //! Addresses are 16 bytes everywhere: IPv4 is stored IPv4-mapped (`::ffff:a.b.c.d`), so
 //! one LPM trie and one conntrack table serve both families.
 //!
-//! Layout changes in the hostile-packets release (issue 13), for versioned pins: the
+//! Layout changes in the hostile-packets release, for versioned pins: the
 //! WEIR_ENDPOINT value [`EndpointInfo`] grew from 8 to 40 bytes (the pod's addresses), the
 //! WEIR_CT key [`CtKey`] from 40 to 44 bytes (endpoint id and direction); new maps
 //! WEIR_CT_OVERFLOW ([`CtKey`] → [`CtValue`]), WEIR_CT_BUDGET (array of [`RateState`]) and

@@ -241,7 +241,7 @@ fn run_scenarios(env: &Env, report: &mut Report) {
             },
         );
     }
-    // The second memory world through the API server too, as the issue asks: the lab
+    // The second memory world through the API server too, as the 20,000-pod one: the lab
     // writes it 16 requests at a time (about 100 s per 20,000 pods here).
     let large = scale.large_remote_pods;
     let memory_large = format!("memory, {max} policies, {large} remote pods");

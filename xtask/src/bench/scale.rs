@@ -1,4 +1,4 @@
-//! How big each scenario is: the full bench (the sizes) or the quick run that
+//! How big each scenario is: the full bench (the sizes its targets are stated at) or the quick run that
 //! `cargo xtask test` makes so that the bench cannot rot.
 use std::time::Duration;
 

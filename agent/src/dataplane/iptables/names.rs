@@ -75,7 +75,7 @@ pub const SPOOF_CHAIN: &str = "WEIR-SPOOF";
 /// marked for masquerading: NodePort and hairpin traffic), and hardly anything else
 /// hooks mangle FORWARD.
 pub const TABLE: &str = "mangle";
-/// Where releases before the Services release (issue 12) put the chains; a full
+/// Where releases before the Services release put the chains; a full
 /// reconcile removes what is left there.
 pub const FORMER_TABLE: &str = "filter";
 
