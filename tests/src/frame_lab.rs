@@ -48,10 +48,24 @@ impl FrameLab {
         let file = manifest(&lab, &format!("{tag}.yaml"), yaml);
         lab.weir(&["up", "--dataplane", dataplane, file.to_str().unwrap()])
             .unwrap_or_else(|e| panic!("{dataplane}: weir-lab up: {e}"));
-        let state: Value =
-            serde_json::from_str(&std::fs::read_to_string(lab.dir.join("state.json")).unwrap())
-                .unwrap();
-        let pods = state["pods"]
+        let mut this = FrameLab {
+            node: String::new(),
+            namespace: namespace.to_string(),
+            lab,
+            pods: BTreeMap::new(),
+        };
+        this.refresh();
+        this
+    }
+
+    /// Reads the node and the pods from the lab's state.json again (after `weir-lab
+    /// apply` made or re-made pods).
+    pub fn refresh(&mut self) {
+        let state: Value = serde_json::from_str(
+            &std::fs::read_to_string(self.lab.dir.join("state.json")).unwrap(),
+        )
+        .unwrap();
+        self.pods = state["pods"]
             .as_object()
             .expect("state.json pods")
             .iter()
@@ -66,12 +80,7 @@ impl FrameLab {
                 (key.clone(), info)
             })
             .collect();
-        FrameLab {
-            node: state["node_netns"].as_str().unwrap().to_string(),
-            namespace: namespace.to_string(),
-            lab,
-            pods,
-        }
+        self.node = state["node_netns"].as_str().unwrap().to_string();
     }
 
     /// The pod `name` ("ns/name", or a name in [`FrameLab::namespace`]).

@@ -424,3 +424,127 @@ fn another_agents_mark_bits_keep_the_node_off_ebpf() {
     ]);
     assert_eq!(probe(&ns), Ok(()), "once the rule is gone");
 }
+
+const FLOW_OWNER: &str = r#"
+apiVersion: v1
+kind: Namespace
+metadata: {name: blue, labels: {ns: blue}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: q, namespace: blue, labels: {app: q}}
+spec:
+  containers:
+  - name: c
+    ports: [{containerPort: 80, protocol: TCP}]
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: p, namespace: blue, labels: {app: p}}
+spec:
+  containers:
+  - name: c
+    ports: [{containerPort: 7400, protocol: TCP}]
+"#;
+
+/// The pod p, with no policy: deleted with the first manifest, then re-created at the
+/// same addresses (a new pod IPAM gave the old one's address), isolated both ways.
+fn p_at(v4: IpAddr, v6: IpAddr) -> String {
+    format!(
+        "apiVersion: v1\nkind: Pod\nmetadata: {{name: p, namespace: blue, labels: {{app: p}}}}\n\
+         spec:\n  containers:\n  - name: c\n    ports: [{{containerPort: 7400, protocol: TCP}}]\n\
+         status:\n  podIPs:\n  - ip: {v4}\n  - ip: {v6}\n---\n\
+         apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\n\
+         metadata: {{name: p-deny-all, namespace: blue}}\n\
+         spec:\n  podSelector: {{matchLabels: {{app: p}}}}\n  policyTypes: [Ingress, Egress]\n"
+    )
+}
+
+/// A pod's connections go with it: p holds p:40700 → q:80; p is deleted, and a new p at
+/// the same address (on eBPF also given the same endpoint id, the lowest free one) is
+/// isolated both ways. Packets of the old flow, either way, must not pass as its: the
+/// new pod inherits nothing (eBPF forgets the departed endpoint's CT entries, iptables
+/// the kernel's conntrack entries of the departed address).
+fn departed_flows(dataplane: &str) -> Outcomes {
+    let mut w = FrameLab::up("departed", dataplane, "blue", FLOW_OWNER);
+    let (p4, p6) = (w.pod("p").v4, w.pod("p").v6);
+    let q = w.pod("q").v4;
+    let flow = raw::tcp_connect_from(
+        &w.pod("p").netns,
+        40700,
+        SocketAddr::new(q, 80),
+        CONNECT_TIMEOUT,
+    )
+    .expect("p → q:80 must connect (no policy)");
+    let first = manifest(&w.lab, "p.yaml", FLOW_OWNER.split("---").last().unwrap());
+    w.lab
+        .weir(&["delete", first.to_str().unwrap()])
+        .expect("deleting p");
+    drop(flow);
+    let again = manifest(&w.lab, "p-again.yaml", &p_at(p4, p6));
+    w.lab
+        .weir(&["apply", again.to_str().unwrap()])
+        .expect("re-creating p at its old address, isolated");
+    // The lab wires the new pod afresh: read its namespace and interface again.
+    w.refresh();
+    let mut out = Outcomes::new();
+    let ack = |from: IpAddr, sport: u16, to: IpAddr, dport: u16, marker: &str| {
+        let seg = raw::tcp(
+            SocketAddr::new(from, sport),
+            SocketAddr::new(to, dport),
+            raw::TCP_ACK,
+            marker.as_bytes(),
+        );
+        raw::ip(from, to, raw::IPPROTO_TCP, &seg)
+    };
+    let marker = "weir-departed-from-q";
+    let to_p = ack(q, 80, p4, 40700, marker);
+    out.insert(
+        "q's packet of the old flow reaches the new p".into(),
+        w.reaches("q", "p", &[], &to_p, marker.as_bytes()),
+    );
+    let marker = "weir-departed-control";
+    let control = ack(q, 81, p4, 40701, marker);
+    out.insert(
+        "q's packet of no flow reaches the new p (control)".into(),
+        w.reaches("q", "p", &[], &control, marker.as_bytes()),
+    );
+    let marker = "weir-departed-from-p";
+    let to_q = ack(p4, 40700, q, 80, marker);
+    out.insert(
+        "the new p's packet of the old flow reaches q".into(),
+        w.reaches("p", "q", &[], &to_q, marker.as_bytes()),
+    );
+    eprintln!(
+        "DEBUG status: {:?}",
+        w.lab.weir(&["status", "--output", "json"])
+    );
+    let _ = std::process::Command::new("cp")
+        .arg(w.lab.dir.join("agent.log"))
+        .arg(format!("/tmp/w/agent-{dataplane}.log"))
+        .status();
+    out
+}
+
+#[test]
+fn a_departed_pods_flows_are_not_inherited() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    weir_tests::require_root_and_tools();
+    let mut wrong = Vec::new();
+    for dataplane in ["ebpf", "iptables"] {
+        for (case, through) in departed_flows(dataplane) {
+            eprintln!(
+                "{dataplane}: {} {case}",
+                if through { "THROUGH" } else { "blocked" }
+            );
+            if through {
+                wrong.push(format!("  {dataplane}: {case}"));
+            }
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "a new pod at a departed pod's address inherited its flows:\n{}",
+        wrong.join("\n")
+    );
+}

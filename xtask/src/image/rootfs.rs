@@ -1,5 +1,5 @@
 //! The image's root filesystem: weir, the tools it runs (ipset, iptables and ip6tables in
-//! their legacy and nft variants with save/restore, ip, tc, modprobe), the libraries and
+//! their legacy and nft variants with save/restore, ip, tc, modprobe, conntrack), the libraries and
 //! xtables extensions they load, and the packages' copyright files. Nothing else: no shell,
 //! no package manager. The layout is Debian's merged /usr (`/bin` → `usr/bin`, ...).
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
@@ -21,6 +21,8 @@ const TOOLS: &[&str] = &[
     "usr/bin/ip",
     "usr/sbin/tc",
     "usr/sbin/modprobe",
+    // A departed pod's connections are forgotten (the iptables dataplane).
+    "usr/sbin/conntrack",
     "usr/sbin/iptables-legacy",
     "usr/sbin/iptables-legacy-save",
     "usr/sbin/iptables-legacy-restore",

@@ -23,6 +23,7 @@ mod attach;
 mod config;
 pub mod decode;
 mod events;
+mod flow_state;
 mod identities;
 mod identity_index;
 mod kernel_state;
@@ -539,9 +540,15 @@ impl EbpfDataplane {
         };
         let closed = self.write_additions(&target, &name_policy, &mut failures);
         let attached = self.attach_placed(&placed, &target, &mut failures);
-        self.detach_stale(attached, &pending.turned_pending, &mut failures);
+        let left = self.detach_stale(attached, &pending.turned_pending, &mut failures);
         self.converge_leaving(&target, &mut failures);
-        self.write_removals(&target, pending.released, &name_policy, &mut failures);
+        self.write_removals(
+            &target,
+            pending.released,
+            &left,
+            &name_policy,
+            &mut failures,
+        );
         // The removals may have made room: closed directions are tried again now, not at
         // the next change. Those still closed are reported.
         let closed = match closed.is_empty() {
@@ -729,13 +736,15 @@ impl EbpfDataplane {
     }
 
     /// Detaches what is no longer wanted (or moved to another interface); the records
-    /// become `attached` plus whatever could not be detached.
+    /// become `attached` plus whatever could not be detached. Returns the endpoint ids
+    /// that left their interface (the pod went, or was made again on a new one: a new
+    /// sandbox is a new pod), whose flows [`flow_state`] forgets.
     fn detach_stale(
         &mut self,
         mut attached: BTreeMap<PodKey, EndpointRecord>,
         turned_pending: &BTreeSet<u32>,
         errors: &mut Vec<ObjectError>,
-    ) {
+    ) -> BTreeSet<u32> {
         let stale: Vec<(PodKey, EndpointRecord)> = self
             .records
             .endpoints
@@ -747,6 +756,7 @@ impl EbpfDataplane {
             })
             .map(|(pod, r)| (pod.clone(), r.clone()))
             .collect();
+        let left = stale.iter().map(|(_, r)| r.id).collect();
         for (pod, record) in stale {
             if turned_pending.contains(&record.attachment.ifindex) {
                 continue;
@@ -761,6 +771,7 @@ impl EbpfDataplane {
             }
         }
         self.records.endpoints = attached;
+        left
     }
 
     /// What goes, after the detaches: ENDPOINT and the Service path's entries, released
@@ -769,6 +780,7 @@ impl EbpfDataplane {
         &mut self,
         target: &KernelState,
         released: Vec<u32>,
+        leaving: &BTreeSet<u32>,
         name_policy: &dyn Fn(&policy_map::PolicyEntry) -> String,
         errors: &mut Vec<ObjectError>,
     ) {
@@ -777,6 +789,21 @@ impl EbpfDataplane {
         self.kernel.delete_service(&mut self.maps, target, errors);
         self.kernel
             .delete_endpoint_by_id(&mut self.maps, target, errors);
+        match flow_state::forget_endpoints(&self.layout, leaving) {
+            Ok(0) => {}
+            Ok(n) => tracing::debug!(
+                ?leaving,
+                entries = n,
+                "flows of departed endpoints forgotten"
+            ),
+            Err(e) => errors.push(ObjectError {
+                object: format!("flows of departed endpoint ids {leaving:?}"),
+                reason: format!(
+                    "not forgotten ({e}): a new pod given one of these ids at the same \
+                     address may pass as their flows until they expire"
+                ),
+            }),
+        }
         for ifindex in released {
             if !self.kernel.endpoint.contains_key(&ifindex) {
                 newpods::release_pins(&self.layout, ifindex);

@@ -20,6 +20,7 @@
 
 mod bridge_netfilter;
 mod counters;
+mod departed;
 pub mod names;
 mod nflog;
 pub mod rules;
@@ -101,6 +102,9 @@ pub struct IptablesDataplane {
     /// On a node with a bridge, at the last full write: `Some(why)` when bridged packets
     /// do not reach iptables ([`bridge_netfilter`]).
     bridge_netfilter_off: Option<String>,
+    /// Each programmed pod's interface and addresses at the last write: whose conntrack
+    /// entries go when it departs ([`departed`]).
+    placements: BTreeMap<String, departed::Placement>,
 }
 
 impl IptablesDataplane {
@@ -150,6 +154,7 @@ impl IptablesDataplane {
             node_addresses: None,
             node_sets_written: false,
             bridge_netfilter_off: None,
+            placements: BTreeMap::new(),
         })
     }
 
@@ -375,6 +380,21 @@ impl IptablesDataplane {
                 self.names.forget(pod);
             }
         }
+        if let Some(routes) = &routes {
+            let placements = placements(&desired, routes, &spoof_ports);
+            for addr in departed::departed(&self.placements, &placements) {
+                if let Err(reason) = departed::forget(addr) {
+                    report.failures.push(ObjectError {
+                        object: format!("connections of departed pod address {addr}"),
+                        reason: format!(
+                            "not forgotten ({reason}): a new pod at this address may pass \
+                             as their packets until conntrack expires them"
+                        ),
+                    });
+                }
+            }
+            self.placements = placements;
+        }
         self.programmed = Some(desired);
         self.shape = Some(shape);
         self.node_sets_written = judged_to_node;
@@ -517,6 +537,34 @@ impl Dataplane for IptablesDataplane {
             ],
         }
     }
+}
+
+/// Each endpoint's interface (its bridge port, else the device of its address's host
+/// route; empty when none is found) and addresses.
+fn placements(
+    desired: &Desired,
+    routes: &BTreeMap<std::net::IpAddr, String>,
+    bridge_ports: &BTreeMap<String, String>,
+) -> BTreeMap<String, departed::Placement> {
+    desired
+        .endpoints
+        .values()
+        .map(|ep| {
+            let addrs: Vec<std::net::IpAddr> = [
+                ep.ipv4.map(std::net::IpAddr::V4),
+                ep.ipv6.map(std::net::IpAddr::V6),
+            ]
+            .into_iter()
+            .flatten()
+            .collect();
+            let iface = bridge_ports
+                .get(&ep.pod)
+                .or_else(|| addrs.iter().find_map(|a| routes.get(a)))
+                .cloned()
+                .unwrap_or_default();
+            (ep.pod.clone(), (iface, addrs))
+        })
+        .collect()
 }
 
 fn other(e: exec::ExecError) -> DataplaneError {
