@@ -12,6 +12,9 @@
 //!   SYN from the same port must be refused as a new connection, as one from a fresh port
 //!   is, and a bare ACK on the reset tuple must not pass either.
 //!
+//! - **Tunnels to the node.** cli wraps a packet from web in VXLAN to its node,
+//!   which would forward the inner packet from its tunnel device: it must not arrive.
+//!
 //! Both dataplanes run the same manifest and must give the same outcome for every case,
 //! which is also the expected one.
 
@@ -178,6 +181,71 @@ fn icmp_error_channel(w: &FrameLab, out: &mut Outcomes) {
     }
 }
 
+/// The lab node's address on every pod link (the routed topology's gateway).
+const NODE_GATEWAY: std::net::Ipv4Addr = std::net::Ipv4Addr::new(169, 254, 1, 1);
+
+/// cli (whose egress allows only web:80) wraps a SYN from web to db:5432 (which db admits
+/// from web only) in VXLAN to its node, which has a VXLAN device: the node would forward
+/// the inner packet from that device, where cli's anti-spoofing does not apply. It must
+/// not reach db. (IPIP and GRE, dropped the same way, need kernel modules the host's
+/// kernel lacks; VXLAN it has.)
+fn tunnels_to_the_node(w: &FrameLab, out: &mut Outcomes) {
+    let node = weir_tests::netns::NetNs::attach(&w.node);
+    let node_ip = NODE_GATEWAY.to_string();
+    for args in [
+        &[
+            "link",
+            "add",
+            "wvx0",
+            "type",
+            "vxlan",
+            "id",
+            "42",
+            "dstport",
+            "4789",
+            "local",
+            &node_ip,
+            "nolearning",
+        ][..],
+        &["link", "set", "wvx0", "up"],
+    ] {
+        node.ok("ip", args, None)
+            .unwrap_or_else(|e| panic!("prerequisite missing: a VXLAN device on the node ({e})"));
+    }
+    for conf in ["all", "wvx0"] {
+        let path = format!("/proc/sys/net/ipv4/conf/{conf}/rp_filter");
+        weir_tests::pods::run_in(&w.node, move || std::fs::write(path, "0")).expect("rp_filter");
+    }
+    let vxlan_mac = raw::mac(&w.node, "wvx0");
+    let (cli, web, db) = (w.pod("cli").v4, w.pod("web").v4, w.pod("db").v4);
+    let marker = "weir-tunnel-vxlan";
+    let seg = raw::tcp(
+        SocketAddr::new(web, 40800),
+        SocketAddr::new(db, 5432),
+        raw::TCP_SYN,
+        marker.as_bytes(),
+    );
+    let inner = raw::ethernet(
+        vxlan_mac,
+        [0x02, 0, 0, 0, 0, 0x42],
+        &[],
+        &raw::ip(web, db, raw::IPPROTO_TCP, &seg),
+    );
+    // VXLAN: the I flag, VNI 42.
+    let vxlan = [[0x08u8, 0, 0, 0, 0, 0, 42, 0].as_slice(), &inner].concat();
+    let node_addr: IpAddr = NODE_GATEWAY.into();
+    let udp = raw::udp(
+        SocketAddr::new(cli, 40900),
+        SocketAddr::new(node_addr, 4789),
+        &vxlan,
+    );
+    let packet = raw::ip(cli, node_addr, raw::IPPROTO_UDP, &udp);
+    out.insert(
+        "v4 cli's VXLAN to its node carrying web → db:5432".into(),
+        w.reaches("cli", "db", &[], &packet, marker.as_bytes()),
+    );
+}
+
 /// Ends `conn` with an RST (SO_LINGER 0, then close), as an abortive close does.
 fn reset(conn: std::net::TcpStream) {
     let linger = libc::linger {
@@ -291,6 +359,10 @@ fn expected() -> Outcomes {
         "v4 control: a SYN from a fresh port while db-allow-web allows it".into(),
         true,
     );
+    e.insert(
+        "v4 cli's VXLAN to its node carrying web → db:5432".into(),
+        false,
+    );
     for case in [
         "a SYN from the port of the reset connection",
         "a SYN from the port of the closed connection",
@@ -310,6 +382,8 @@ fn run(dataplane: &str) {
     let mut out = Outcomes::new();
     eprintln!("{dataplane}: icmp_error_channel");
     icmp_error_channel(&w, &mut out);
+    eprintln!("{dataplane}: tunnels_to_the_node");
+    tunnels_to_the_node(&w, &mut out);
     // Last: it deletes db-allow-web.
     eprintln!("{dataplane}: stale_connections");
     stale_connections(&w, &mut out);

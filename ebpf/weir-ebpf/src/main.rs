@@ -160,6 +160,26 @@ fn source_ok(ep: &EndpointInfo, t: &Tuple) -> bool {
         && (packet::is_link_local(&t.daddr) || packet::is_link_multicast(&t.daddr))
 }
 
+/// Whether a pod's packet is an encapsulation (IPIP, IPv6-in-IP, GRE, or UDP to a VXLAN
+/// or Geneve port) addressed to its node: a node with such a tunnel device takes it apart
+/// and forwards the inner packet, whose source no hook of the pod checks, from the tunnel
+/// device. It is dropped as a spoofing attempt, whether or not the pod's egress is
+/// isolated: a pod does not tunnel to its own node.
+#[inline(always)]
+fn tunnels_to_node(pkt: &Packet) -> bool {
+    let t = &pkt.tuple;
+    let encapsulated = match t.protocol {
+        packet::IPPROTO_IPIP | packet::IPPROTO_IPV6 | packet::IPPROTO_GRE => true,
+        packet::IPPROTO_UDP => {
+            t.dport == packet::TUNNEL_UDP_PORTS[0]
+                || t.dport == packet::TUNNEL_UDP_PORTS[1]
+                || t.dport == packet::TUNNEL_UDP_PORTS[2]
+        }
+        _ => false,
+    };
+    encapsulated && is_host(identity_of(t.family, &t.daddr))
+}
+
 /// Whether a pod may send an ARP frame with this sender address: its own IPv4 address,
 /// or none (`0.0.0.0`: an address probe). An interface not programmed yet may not claim a
 /// programmed pod's address.
@@ -517,6 +537,9 @@ fn judge(
         }
     }
     if from_pod && !source_ok(ep, &pkt.tuple) {
+        return v.drop(ctx, &pkt.tuple, COUNTER_SPOOFED, Reason::Spoofed, now);
+    }
+    if from_pod && tunnels_to_node(pkt) {
         return v.drop(ctx, &pkt.tuple, COUNTER_SPOOFED, Reason::Spoofed, now);
     }
     if from_pod && pkt.neighbor_discovery && !nd_claim_ok(ep, pkt) {

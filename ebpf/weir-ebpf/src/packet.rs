@@ -18,6 +18,12 @@ pub const IPPROTO_TCP: u8 = 6;
 pub const IPPROTO_UDP: u8 = 17;
 pub const IPPROTO_SCTP: u8 = 132;
 pub const IPPROTO_ICMPV6: u8 = 58;
+/// Encapsulations a node may take apart: IPv4-in-IP, IPv6-in-IP, GRE.
+pub const IPPROTO_IPIP: u8 = 4;
+pub const IPPROTO_IPV6: u8 = 41;
+pub const IPPROTO_GRE: u8 = 47;
+/// UDP ports of VXLAN (IANA's and Linux's/flannel's) and Geneve.
+pub const TUNNEL_UDP_PORTS: [u16; 3] = [4789, 8472, 6081];
 
 /// ICMPv6 neighbour discovery types ([`Packet::nd_type`]).
 pub const ND_ROUTER_ADVERTISEMENT: u8 = 134;

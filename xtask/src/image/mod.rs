@@ -23,10 +23,12 @@ pub const PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:
 /// The packages of the tools weir runs and of its own libraries; `--relock` adds those the
 /// tools' libraries come from.
 const ROOTS: &[&str] = &[
+    "conntrack",
     "ipset",
     "iptables",
     "iproute2",
     "kmod",
+    "netbase",
     "libc6",
     "libgcc-s1",
 ];

@@ -23,6 +23,8 @@ const TOOLS: &[&str] = &[
     "usr/sbin/modprobe",
     // A departed pod's connections are forgotten (the iptables dataplane).
     "usr/sbin/conntrack",
+    // Protocol names: iptables-save prints `-p gre` where it has them, as weir writes.
+    "etc/protocols",
     "usr/sbin/iptables-legacy",
     "usr/sbin/iptables-legacy-save",
     "usr/sbin/iptables-legacy-restore",

@@ -348,6 +348,48 @@ pub fn to_node_chain(jumps: Vec<String>, family: Family) -> Vec<String> {
     rules
 }
 
+/// The first rules of [`TO_NODE_CHAIN`]: a pod's encapsulated packets to its node
+/// (IPv4-in-IP, IPv6-in-IP, GRE; UDP to VXLAN's and Geneve's ports) are dropped, before
+/// anything returns. A node with such a tunnel device would take them apart and forward
+/// the inner packet from the tunnel device, where no anti-spoofing rule of the pod's
+/// applies; a pod does not tunnel to its own node. Pod interfaces by their name prefixes
+/// (new-pod isolation's; none when it is off), and on a bridge their ports.
+pub fn pod_tunnel_rules(prefixes: &[String], bridged: bool) -> Vec<String> {
+    let comment = quote("encapsulated traffic from a pod to its node");
+    let mut rules = Vec::new();
+    for prefix in prefixes {
+        let mut from = vec![format!("-i {prefix}+")];
+        if bridged {
+            from.push(format!("-m physdev --physdev-in {prefix}+"));
+        }
+        for pod in &from {
+            // Names as iptables-save prints them (from /etc/protocols, which the image has).
+            for (protocol, ports) in [
+                ("ipencap", ""),
+                ("ipv6", ""),
+                ("gre", ""),
+                ("udp", " -m multiport --dports 4789,8472,6081"),
+            ] {
+                rules.push(format!(
+                    "{}{ports} -m comment --comment {comment} -j DROP",
+                    protocol_from(pod, protocol)
+                ));
+            }
+        }
+    }
+    rules
+}
+
+/// `-i X -p P`, or `-p P -m physdev ...`: iptables-save prints the protocol after the
+/// interface and before any match module.
+fn protocol_from(pod: &str, protocol: &str) -> String {
+    if pod.starts_with("-m ") {
+        format!("-p {protocol} {pod}")
+    } else {
+        format!("{pod} -p {protocol}")
+    }
+}
+
 /// Replies of connections weir already let through, and the ICMP errors conntrack
 /// relates to them (it checks they travel the connection's path) when no longer than an
 /// error may be: RFC 1812's 576 bytes for IPv4, IPv6's minimum MTU for ICMPv6, as the eBPF

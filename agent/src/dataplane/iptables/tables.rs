@@ -19,7 +19,7 @@ use super::names::{
     TO_NODE_CHAIN,
 };
 use super::rules::conntrack_rules;
-use super::rules::{dispatch_rules, endpoint_rules, to_node_chain, to_node_rule};
+use super::rules::{dispatch_rules, endpoint_rules, pod_tunnel_rules, to_node_chain, to_node_rule};
 use crate::dataplane::new_pods::NewPodIsolation;
 use crate::netfilter::backend::Family;
 
@@ -409,7 +409,11 @@ fn full(
     }
     let dispatch = dispatch_chain(names, new, family, node, new_pods);
     write_chain(out, DISPATCH_CHAIN, &dispatch);
-    write_chain(out, TO_NODE_CHAIN, &to_node_chain(to_node, family));
+    write_chain(
+        out,
+        TO_NODE_CHAIN,
+        &to_node_rules(to_node, family, new_pods, node.bridged),
+    );
     let existing = filter.map(|t| t.chains.as_slice()).unwrap_or_default();
     let stale: Vec<&String> = existing
         .iter()
@@ -444,6 +448,19 @@ fn full(
             let _ = writeln!(out, "-I {} 1 {}", hook.chain, hook.spec());
         }
     }
+}
+
+/// [`TO_NODE_CHAIN`] whole: the pods' tunnels to the node dropped first, then
+/// [`to_node_chain`].
+fn to_node_rules(
+    jumps: Vec<String>,
+    family: Family,
+    new_pods: &NewPodIsolation,
+    bridged: bool,
+) -> Vec<String> {
+    let mut rules = pod_tunnel_rules(&new_pods.prefixes, bridged);
+    rules.extend(to_node_chain(jumps, family));
+    rules
 }
 
 /// The dispatch chain's first rules, before the endpoints' jumps: anti-spoofing (before
@@ -513,7 +530,7 @@ fn delta(
     }
     // After the endpoint chains it names are written, before any is removed.
     if old_to_node != new_to_node {
-        let rules = to_node_chain(new_to_node, family);
+        let rules = to_node_rules(new_to_node, family, new_pods, node.bridged);
         write_chain(out, TO_NODE_CHAIN, &rules);
     }
     if old_dispatch != new_dispatch {
