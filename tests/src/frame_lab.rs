@@ -141,3 +141,72 @@ pub fn family(v6: bool) -> &'static str {
         "v4"
     }
 }
+
+/// Whether a UDP socket bound to `port` in namespace `ns` receives a datagram carrying
+/// `marker` while (and shortly after) `send` runs.
+pub fn udp_arrives(ns: &str, port: u16, v6: bool, marker: &[u8], send: impl FnOnce()) -> bool {
+    let (ns, marker) = (ns.to_string(), marker.to_vec());
+    let (ready, bound) = std::sync::mpsc::channel();
+    let receiver = std::thread::spawn(move || {
+        crate::pods::enter(&ns);
+        let any: IpAddr = if v6 {
+            std::net::Ipv6Addr::UNSPECIFIED.into()
+        } else {
+            std::net::Ipv4Addr::UNSPECIFIED.into()
+        };
+        let socket = std::net::UdpSocket::bind(std::net::SocketAddr::new(any, port))
+            .unwrap_or_else(|e| panic!("bind UDP {port} in {ns}: {e}"));
+        socket.set_read_timeout(Some(LINGER)).unwrap();
+        ready.send(()).unwrap();
+        let mut buf = [0u8; 2048];
+        let deadline = std::time::Instant::now() + LINGER * 3;
+        while std::time::Instant::now() < deadline {
+            if let Ok(n) = socket.recv(&mut buf) {
+                if buf[..n]
+                    .windows(marker.len())
+                    .any(|w| w == marker.as_slice())
+                {
+                    return true;
+                }
+            }
+        }
+        false
+    });
+    bound.recv().expect("the UDP socket is bound");
+    send();
+    receiver.join().expect("the UDP receiver")
+}
+
+/// Outcome of every case: name → whether the hostile traffic got through.
+pub type Outcomes = BTreeMap<String, bool>;
+
+/// Prints every outcome and fails naming each that differs from `expected` (both
+/// dataplanes have the same expectations), or any case not expected.
+pub fn assert_outcomes(dataplane: &str, what: &str, expected: &Outcomes, out: &Outcomes) {
+    eprintln!("{dataplane} outcomes:");
+    for (k, got) in out {
+        eprintln!("  {} {k}", if *got { "THROUGH" } else { "blocked" });
+    }
+    let wrong: Vec<String> = expected
+        .iter()
+        .filter(|(k, want)| out.get(*k) != Some(want))
+        .map(|(k, want)| {
+            let got = out.get(k).map_or("missing".to_string(), |g| g.to_string());
+            format!(
+                "  {k}: expected {}, got {got}",
+                if *want { "through" } else { "blocked" }
+            )
+        })
+        .collect();
+    assert!(
+        wrong.is_empty(),
+        "{dataplane}: {what} outcomes differ from the expected ones (identical on both \
+         dataplanes):\n{}",
+        wrong.join("\n")
+    );
+    assert_eq!(
+        out.len(),
+        expected.len(),
+        "{dataplane}: unexpected cases {out:?}"
+    );
+}

@@ -28,6 +28,7 @@ use weir::dataplane::{
 use weir_policy::desired::{Desired, Peer, Protocol, SetId};
 use weir_tests::{
     desired::{desired, endpoint, pod_set, port_rule, tcp_rule},
+    frame_lab::udp_arrives,
     node_dataplane::NodeDataplane,
     pods::{enter, ip, run_in, World},
     probe::{udp_echo, ContinuousProbe, EchoServers},
@@ -686,37 +687,11 @@ fn unprogrammed_pod_speaks(world: &World, tag: &str) -> Vec<(&'static str, bool)
             .collect();
     // The node itself (its gateway address on the pod's link), which would take the
     // datagram for x/b's.
-    let node = world.node.clone();
     let marker = format!("weir-unprogrammed-{tag}-node");
-    let (ready, bound) = std::sync::mpsc::channel();
-    let wanted = marker.clone();
-    let heard = std::thread::spawn(move || {
-        enter(&node);
-        let socket = UdpSocket::bind(("0.0.0.0", 5301)).expect("bind UDP 5301 in the node");
-        socket
-            .set_read_timeout(Some(Duration::from_millis(100)))
-            .unwrap();
-        ready.send(()).unwrap();
-        let mut buf = [0u8; 1500];
-        let deadline = Instant::now() + Duration::from_millis(600);
-        while Instant::now() < deadline {
-            if let Ok(n) = socket.recv(&mut buf) {
-                if buf[..n]
-                    .windows(wanted.len())
-                    .any(|w| w == wanted.as_bytes())
-                {
-                    return true;
-                }
-            }
-        }
-        false
+    let heard = udp_arrives(&world.node, 5301, false, marker.as_bytes(), || {
+        raw::send_frames(&pod.ns, "eth0", frames(B, NODE_GATEWAY, &marker));
     });
-    bound.recv().expect("the node's UDP socket is bound");
-    raw::send_frames(&pod.ns, "eth0", frames(B, NODE_GATEWAY, &marker));
-    out.push((
-        "the node as the programmed x/b",
-        heard.join().expect("node receiver"),
-    ));
+    out.push(("the node as the programmed x/b", heard));
     out
 }
 

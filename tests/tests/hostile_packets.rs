@@ -8,14 +8,15 @@
 //! `eth0` with an AF_PACKET socket (any pod with CAP_NET_RAW can); arrival is judged by a
 //! sniffer on the target's `eth0`.
 
-use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use weir_tests::frame_lab::{family, FrameLab, LabPod, LINGER};
+use weir_tests::frame_lab::{
+    assert_outcomes, family, udp_arrives, FrameLab, LabPod, Outcomes, LINGER,
+};
 use weir_tests::lab::manifest;
 use weir_tests::pods::{enter, ip, off_node_host};
 use weir_tests::raw::{self, Sniffer};
@@ -192,36 +193,7 @@ fn up(dataplane: &str) -> World {
 /// Whether a UDP socket bound to `port` in the node's namespace receives a datagram
 /// carrying `marker` while (and shortly after) `send` runs.
 fn node_receives(w: &World, port: u16, v6: bool, marker: &[u8], send: impl FnOnce()) -> bool {
-    let (node, marker) = (w.node.clone(), marker.to_vec());
-    let (ready, bound) = std::sync::mpsc::channel();
-    let receiver = std::thread::spawn(move || {
-        enter(&node);
-        let any: IpAddr = if v6 {
-            std::net::Ipv6Addr::UNSPECIFIED.into()
-        } else {
-            std::net::Ipv4Addr::UNSPECIFIED.into()
-        };
-        let socket = std::net::UdpSocket::bind(SocketAddr::new(any, port))
-            .unwrap_or_else(|e| panic!("bind UDP {port} in {node}: {e}"));
-        socket.set_read_timeout(Some(LINGER)).unwrap();
-        ready.send(()).unwrap();
-        let mut buf = [0u8; 2048];
-        let deadline = Instant::now() + LINGER * 3;
-        while Instant::now() < deadline {
-            if let Ok(n) = socket.recv(&mut buf) {
-                if buf[..n]
-                    .windows(marker.len())
-                    .any(|w| w == marker.as_slice())
-                {
-                    return true;
-                }
-            }
-        }
-        false
-    });
-    bound.recv().expect("the node's UDP socket is bound");
-    send();
-    receiver.join().expect("the node's receiver")
+    udp_arrives(&w.node, port, v6, marker, send)
 }
 
 fn v(p: &LabPod, v6: bool) -> IpAddr {
@@ -242,9 +214,6 @@ fn udp_to_web(w: &World, src: IpAddr, marker: &[u8]) -> Vec<u8> {
     );
     raw::ip(src, dst, raw::IPPROTO_UDP, &seg)
 }
-
-/// Outcome of every case: name → whether the hostile traffic got through.
-type Outcomes = BTreeMap<String, bool>;
 
 /// One group of cases, run against a lab.
 type Case = fn(&World, &mut Outcomes);
@@ -978,33 +947,7 @@ fn run(dataplane: &str) {
         case(&w, &mut out);
     }
 
-    let expected = expected();
-    let wrong: Vec<String> = expected
-        .iter()
-        .filter(|(k, want)| out.get(*k) != Some(want))
-        .map(|(k, want)| {
-            let got = out.get(k).map_or("missing".to_string(), |g| g.to_string());
-            format!(
-                "  {k}: expected {}, got {got}",
-                if *want { "through" } else { "blocked" }
-            )
-        })
-        .collect();
-    eprintln!("{dataplane} outcomes:");
-    for (k, got) in &out {
-        eprintln!("  {} {k}", if *got { "THROUGH" } else { "blocked" });
-    }
-    assert!(
-        wrong.is_empty(),
-        "{dataplane}: hostile traffic outcomes differ from the expected ones \
-         (identical on both dataplanes):\n{}",
-        wrong.join("\n")
-    );
-    assert_eq!(
-        out.len(),
-        expected.len(),
-        "{dataplane}: unexpected cases {out:?}"
-    );
+    assert_outcomes(dataplane, "hostile traffic", &expected(), &out);
 
     // The verdict log (the lab agent's stderr) names the drops made before policy.
     let log = std::fs::read_to_string(w.lab.dir.join("agent.log")).expect("the agent's log");

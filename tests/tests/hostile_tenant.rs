@@ -18,14 +18,13 @@
 //! Both dataplanes run the same manifest and must give the same outcome for every case,
 //! which is also the expected one.
 
-use std::collections::BTreeMap;
 use std::io::Read;
 use std::net::{IpAddr, SocketAddr};
 use std::os::fd::AsRawFd;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use weir_tests::frame_lab::{family, FrameLab};
+use weir_tests::frame_lab::{assert_outcomes, family, FrameLab, Outcomes};
 use weir_tests::lab::manifest;
 use weir_tests::raw;
 
@@ -112,9 +111,6 @@ const ERRORS_SENT: usize = 5;
 
 /// One lab at a time: the probes are timing-sensitive on a small machine.
 static SERIAL: Mutex<()> = Mutex::new(());
-
-/// Outcome of every case: name → whether the hostile traffic got through.
-type Outcomes = BTreeMap<String, bool>;
 
 /// An ICMP destination-unreachable (port unreachable) from `from` to `to`, reporting on
 /// the TCP segment `inner_src` → `inner_dst` that carries `marker` and `padding` bytes.
@@ -388,33 +384,7 @@ fn run(dataplane: &str) {
     eprintln!("{dataplane}: stale_connections");
     stale_connections(&w, &mut out);
 
-    let expected = expected();
-    eprintln!("{dataplane} outcomes:");
-    for (k, got) in &out {
-        eprintln!("  {} {k}", if *got { "THROUGH" } else { "blocked" });
-    }
-    let wrong: Vec<String> = expected
-        .iter()
-        .filter(|(k, want)| out.get(*k) != Some(want))
-        .map(|(k, want)| {
-            let got = out.get(k).map_or("missing".to_string(), |g| g.to_string());
-            format!(
-                "  {k}: expected {}, got {got}",
-                if *want { "through" } else { "blocked" }
-            )
-        })
-        .collect();
-    assert!(
-        wrong.is_empty(),
-        "{dataplane}: hostile tenant outcomes differ from the expected ones \
-         (identical on both dataplanes):\n{}",
-        wrong.join("\n")
-    );
-    assert_eq!(
-        out.len(),
-        expected.len(),
-        "{dataplane}: unexpected cases {out:?}"
-    );
+    assert_outcomes(dataplane, "hostile tenant", &expected(), &out);
 }
 
 #[test]
