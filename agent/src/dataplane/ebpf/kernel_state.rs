@@ -2,7 +2,7 @@
 //! that bring them to a target. Each write updates the mirror only when the kernel took
 //! it, so a failed write (a full map) is retried by the next apply and named in the report.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use aya::maps::{lpm_trie::Key, HashMap, MapData, MapError};
 use weir_common::{map_names, EndpointInfo, IdentityKey, PolicyKey, ServiceKey};
@@ -10,7 +10,7 @@ use weir_common::{map_names, EndpointInfo, IdentityKey, PolicyKey, ServiceKey};
 use super::{identities::Prefix, loader::Maps, policy_map::PolicyEntry};
 use weir_policy::model::ObjectError;
 
-#[derive(Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct KernelState {
     pub identity: BTreeMap<Prefix, u32>,
     pub endpoint: BTreeMap<u32, EndpointInfo>,
@@ -124,6 +124,19 @@ fn gone<K: Ord + Clone, V>(have: &BTreeMap<K, V>, want: &BTreeMap<K, V>) -> Vec<
 }
 
 impl KernelState {
+    /// The identity ids these maps hold: an address or prefix maps to it, or a POLICY
+    /// entry names it (a node address's [`weir_common::IDENTITY_HOST_BIT`] taken off).
+    /// None of them may be given to a new signature (see
+    /// [`super::identities::IdentityTable::plan_reserving`]).
+    pub fn held_identities(&self) -> BTreeSet<u32> {
+        self.identity
+            .values()
+            .copied()
+            .chain(self.policy.keys().map(|(_, key)| key.identity))
+            .map(|id| id & !weir_common::IDENTITY_HOST_BIT)
+            .collect()
+    }
+
     pub fn read(maps: &Maps) -> KernelState {
         let identity = maps
             .identity
@@ -453,6 +466,70 @@ impl KernelState {
             endpoint_by_id_object,
             errors,
         );
+    }
+}
+
+/// One map write of a convergence, for [`write_sequence`]: an entry set to a value, or
+/// removed (`None`).
+#[cfg(test)]
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Write {
+    Policy(PolicyEntry, Option<u32>),
+    Identity(Prefix, Option<u32>),
+    EndpointById(u32, Option<EndpointInfo>),
+}
+
+/// The writes `EbpfDataplane::write` makes from `have` to `want`, entry by entry in its
+/// order, on the maps the programs' decision reads (POLICY, IDENTITY, ENDPOINT by id),
+/// every POLICY group having room: new and changed POLICY entries (group by group, each
+/// in [`in_write_order`]), IDENTITY changes then removals, ENDPOINT records; after the
+/// attaches and detaches, ENDPOINT removals, then POLICY removals. A unit test replays
+/// them through the programs' decision (`decode`).
+#[cfg(test)]
+pub fn write_sequence(have: &KernelState, want: &KernelState) -> Vec<Write> {
+    let mut out = Vec::new();
+    for (_, mut entries) in plan_policy_writes(&have.policy, &want.policy, None).writes {
+        in_write_order(&mut entries);
+        out.extend(entries.into_iter().map(|(e, v)| Write::Policy(e, Some(v))));
+    }
+    out.extend(changed(&have.identity, &want.identity).map(|(p, v)| Write::Identity(*p, Some(*v))));
+    out.extend(
+        gone(&have.identity, &want.identity)
+            .into_iter()
+            .map(|p| Write::Identity(p, None)),
+    );
+    out.extend(
+        changed(&have.endpoint_by_id, &want.endpoint_by_id)
+            .map(|(id, info)| Write::EndpointById(*id, Some(*info))),
+    );
+    out.extend(
+        gone(&have.endpoint_by_id, &want.endpoint_by_id)
+            .into_iter()
+            .map(|id| Write::EndpointById(id, None)),
+    );
+    out.extend(
+        gone(&have.policy, &want.policy)
+            .into_iter()
+            .map(|e| Write::Policy(e, None)),
+    );
+    out
+}
+
+#[cfg(test)]
+impl KernelState {
+    /// The maps after `write`, as the kernel would hold them.
+    pub fn apply(&mut self, write: &Write) {
+        fn set<K: Ord + Copy, V: Copy>(map: &mut BTreeMap<K, V>, k: &K, v: &Option<V>) {
+            match v {
+                Some(v) => map.insert(*k, *v),
+                None => map.remove(k),
+            };
+        }
+        match write {
+            Write::Policy(e, v) => set(&mut self.policy, e, v),
+            Write::Identity(p, v) => set(&mut self.identity, p, v),
+            Write::EndpointById(id, v) => set(&mut self.endpoint_by_id, id, v),
+        }
     }
 }
 

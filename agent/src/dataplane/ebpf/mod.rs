@@ -601,11 +601,12 @@ impl EbpfDataplane {
         desired: &Desired,
         placed: &BTreeMap<PodKey, (u32, String, u32)>,
     ) -> (KernelState, BTreeMap<u32, String>) {
-        let planned = self
-            .identities
-            .update(&mut self.records.identities, &desired.sets);
-        tracing::debug!(?planned, "identities");
-        let plan = self.identities.plan().clone();
+        let plan = plan_identities(
+            &mut self.identities,
+            &mut self.records.identities,
+            &desired.sets,
+            &self.kernel,
+        );
         let rule_ids = self.records.rules.plan(desired.endpoints.values());
         planned_state(desired, placed, plan, &rule_ids, &self.host)
     }
@@ -900,6 +901,22 @@ impl EbpfDataplane {
     }
 }
 
+/// The identity plan for `sets`, brought up to date by `index` with `table`'s ids. Ids
+/// the maps (`kernel`) still hold are not given to new signatures: an id released now
+/// keeps its addresses until the IDENTITY writes and its POLICY entries until the
+/// removals, both after the new signatures' POLICY entries are written, so a new
+/// signature given it would share those entries with the addresses leaving it.
+fn plan_identities(
+    index: &mut identity_index::IdentityIndex,
+    table: &mut identities::IdentityTable,
+    sets: &BTreeMap<weir_policy::desired::SetId, weir_policy::desired::AddressSet>,
+    kernel: &KernelState,
+) -> identities::IdentityPlan {
+    let planned = index.update(table, sets, &kernel.held_identities());
+    tracing::debug!(?planned, "identities");
+    index.plan().clone()
+}
+
 /// The map contents `desired` needs, with each endpoint id's pod (for naming failures):
 /// `placed` gives each placed pod's (endpoint id, interface name, ifindex), `plan` and
 /// `rule_ids` the identities and rule ids, `host` the node's own prefixes.
@@ -1136,7 +1153,134 @@ fn node_prefixes() -> Result<Vec<identities::Prefix>, DataplaneError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use weir_policy::desired::DirectionPolicy;
+    use weir_policy::desired::{
+        AddressSet, DirectionPolicy, Member, Peer, PortRange, Ports, Protocol, Rule, RuleOrigin,
+        SetId,
+    };
+
+    fn pods(id: u64, addrs: &[&str]) -> AddressSet {
+        AddressSet {
+            id: SetId(id),
+            definition: format!("pods of set {id}"),
+            members: addrs
+                .iter()
+                .map(|a| Member {
+                    net: ipnet::IpNet::from(a.parse::<std::net::IpAddr>().unwrap()),
+                    except: false,
+                })
+                .collect(),
+        }
+    }
+
+    /// x/server (10.0.0.1) admits set 1 on TCP 80 and set 2 on TCP 81.
+    fn server_world(set1: &[&str], set2: &[&str]) -> Desired {
+        let rule = |set: u64, port: u16| Rule {
+            peer: Peer::Set(SetId(set)),
+            ports: Ports::Protocol {
+                protocol: Protocol::Tcp,
+                range: Some(PortRange {
+                    first: port,
+                    last: port,
+                }),
+            },
+            origin: RuleOrigin {
+                policy: format!("x/from-set-{set}"),
+                rule_index: 0,
+            },
+        };
+        let server = Endpoint {
+            pod: "x/server".into(),
+            ipv4: Some("10.0.0.1".parse().unwrap()),
+            ipv6: None,
+            ingress: DirectionPolicy {
+                isolated: true,
+                rules: [rule(1, 80), rule(2, 81)].into_iter().collect(),
+                ..DirectionPolicy::default()
+            },
+            egress: DirectionPolicy::default(),
+        };
+        Desired {
+            sets: [pods(1, set1), pods(2, set2)]
+                .into_iter()
+                .map(|s| (s.id, s))
+                .collect(),
+            endpoints: [("x/server".to_string(), server)].into_iter().collect(),
+            frontends: Default::default(),
+        }
+    }
+
+    /// The hostile tenant's relabel: p (10.0.0.2) leaves set 1, whose signature {1} is then
+    /// gone and its identity released, and r (10.0.0.4) joins sets 1 and 2, a signature
+    /// new in the same batch; q (10.0.0.3) stays in set 2. Then back. Every state the
+    /// convergence's writes pass through, replayed through the programs' decision, admits
+    /// p, q and r to the server only where the old or the new state does.
+    #[test]
+    fn no_write_of_a_relabel_admits_what_neither_state_does() {
+        let before = server_world(&["10.0.0.2"], &["10.0.0.3"]);
+        let after = server_world(&["10.0.0.4"], &["10.0.0.3", "10.0.0.4"]);
+        let placed: BTreeMap<PodKey, (u32, String, u32)> =
+            [("x/server".to_string(), (1, "lxc1".to_string(), 1))].into();
+        let ids: BTreeMap<PodKey, u32> = [("x/server".to_string(), 1)].into();
+        let mut index = identity_index::IdentityIndex::default();
+        let mut table = identities::IdentityTable::default();
+        let mut rules = policy_map::RuleTable::default();
+        let mut plan = |desired: &Desired, kernel: &KernelState| {
+            let identities = plan_identities(&mut index, &mut table, &desired.sets, kernel);
+            let rule_ids = rules.plan(desired.endpoints.values());
+            planned_state(desired, &placed, identities, &rule_ids, &[]).0
+        };
+        let admits = |state: &KernelState, peer: &str, port: u16| {
+            decode::Encoded::of_state(state.clone(), ids.clone()).admits(
+                "x/server",
+                Direction::Ingress,
+                peer.parse().unwrap(),
+                port,
+                Protocol::Tcp,
+            )
+        };
+        let mut kernel = plan(&before, &KernelState::default());
+        let p_identity =
+            kernel.identity[&identities::Prefix::from_net(&"10.0.0.2/32".parse().unwrap())];
+        let mut wrong = Vec::new();
+        for (round, desired) in [&after, &before, &after].into_iter().enumerate() {
+            let want = plan(desired, &kernel);
+            let mut state = std::mem::take(&mut kernel);
+            let old = state.clone();
+            let writes = kernel_state::write_sequence(&old, &want);
+            for (step, write) in std::iter::once(None)
+                .chain(writes.iter().map(Some))
+                .enumerate()
+            {
+                if let Some(write) = write {
+                    state.apply(write);
+                }
+                for peer in ["10.0.0.2", "10.0.0.3", "10.0.0.4"] {
+                    for port in [80, 81] {
+                        if admits(&state, peer, port)
+                            && !admits(&old, peer, port)
+                            && !admits(&want, peer, port)
+                        {
+                            wrong.push(format!(
+                                "round {round}, after write {step} ({write:?}): {peer} → \
+                                 server:{port} admitted, by neither the old nor the new state"
+                            ));
+                        }
+                    }
+                }
+            }
+            assert_eq!(
+                state, want,
+                "round {round}: the writes end in the new state"
+            );
+            kernel = state;
+        }
+        assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+        // The premise: p's identity was released while r's signature was new; it is
+        // given again only once the maps no longer hold it.
+        let prefix = |a: &str| identities::Prefix::from_net(&a.parse().unwrap());
+        assert!(!kernel.identity.contains_key(&prefix("10.0.0.2/32")));
+        assert_ne!(kernel.identity[&prefix("10.0.0.4/32")], p_identity);
+    }
 
     #[test]
     fn endpoint_record_carries_the_addresses_it_may_send_from() {
