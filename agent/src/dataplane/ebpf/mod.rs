@@ -6,7 +6,10 @@
 //! difference to what the maps hold, in an order that never denies what both the old and
 //! the new state allow: new POLICY entries, IDENTITY changes, ENDPOINT entries (written
 //! *before* a new interface is attached, so a pod is enforced from its first filtered
-//! packet), detaches, then stale ENDPOINT and POLICY entries. POLICY is written one pod
+//! packet), detaches, then stale ENDPOINT and POLICY entries. A new identity's entries
+//! are thus in place before any address is given it, and a released identity's go after
+//! every address left it; an id the maps still hold is never given to a new signature
+//! (see `plan_identities`), so an id means one signature for a whole convergence. POLICY is written one pod
 //! direction at a time, whole or not at all: a direction whose entries do not fit the
 //! map's room is closed (its allowing entries removed, see `KernelState::upsert_policy`),
 //! so a peer whose identity was just written can never fall back to the any-peer entries.
