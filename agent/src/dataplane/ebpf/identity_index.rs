@@ -124,6 +124,19 @@ impl IdentityIndex {
         Planned::Incremental(n)
     }
 
+    /// Gives the signatures of `ids` fresh ids: plans every set again with them
+    /// forgotten, and none of `reserved` (which must hold `ids`) given out.
+    pub fn renumber(
+        &mut self,
+        table: &mut IdentityTable,
+        sets: &BTreeMap<SetId, AddressSet>,
+        reserved: &BTreeSet<u32>,
+        ids: &BTreeSet<u32>,
+    ) -> Planned {
+        table.by_id.retain(|id, _| !ids.contains(id));
+        self.full(table, sets, reserved)
+    }
+
     /// Plans every set again and rebuilds the index from it.
     fn full(
         &mut self,

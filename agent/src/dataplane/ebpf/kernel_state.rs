@@ -137,6 +137,47 @@ impl KernelState {
             .collect()
     }
 
+    /// The dynamic identities that keep their id from `self` to `want` while both their
+    /// addresses and their POLICY entries change. Between the POLICY writes and the
+    /// removals such an identity holds some old entries and some new: an address that
+    /// joins it then is judged by entries of neither its old signature nor its new
+    /// policy, and one that leaves it by its new ones. Given a fresh id instead, its
+    /// signature's new entries are whole before any address moves, and its old id keeps
+    /// the old entries until every address has left.
+    pub fn moved_and_changed(&self, want: &KernelState) -> BTreeSet<u32> {
+        let dynamic = |id: u32| {
+            id >= weir_common::IDENTITY_FIRST_DYNAMIC && id & weir_common::IDENTITY_HOST_BIT == 0
+        };
+        let members = |s: &KernelState| {
+            let mut of: BTreeMap<u32, BTreeSet<Prefix>> = BTreeMap::new();
+            for (prefix, id) in &s.identity {
+                if dynamic(*id) {
+                    of.entry(*id).or_default().insert(*prefix);
+                }
+            }
+            of
+        };
+        let entries = |s: &KernelState| {
+            let mut of: BTreeMap<u32, BTreeMap<PolicyEntry, u32>> = BTreeMap::new();
+            for (entry, rule) in &s.policy {
+                of.entry(entry.1.identity)
+                    .or_default()
+                    .insert(*entry, *rule);
+            }
+            of
+        };
+        let (members_before, members_after) = (members(self), members(want));
+        let (entries_before, entries_after) = (entries(self), entries(want));
+        members_before
+            .iter()
+            .filter(|(id, before)| {
+                members_after.get(*id).is_some_and(|after| after != *before)
+                    && entries_before.get(*id) != entries_after.get(*id)
+            })
+            .map(|(id, _)| *id)
+            .collect()
+    }
+
     pub fn read(maps: &Maps) -> KernelState {
         let identity = maps
             .identity

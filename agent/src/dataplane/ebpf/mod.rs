@@ -604,14 +604,15 @@ impl EbpfDataplane {
         desired: &Desired,
         placed: &BTreeMap<PodKey, (u32, String, u32)>,
     ) -> (KernelState, BTreeMap<u32, String>) {
-        let plan = plan_identities(
+        plan_target(
             &mut self.identities,
             &mut self.records.identities,
-            &desired.sets,
+            &mut self.records.rules,
+            desired,
+            placed,
+            &self.host,
             &self.kernel,
-        );
-        let rule_ids = self.records.rules.plan(desired.endpoints.values());
-        planned_state(desired, placed, plan, &rule_ids, &self.host)
+        )
     }
 
     /// Interfaces isolated as new pods stay isolated until an endpoint is placed there;
@@ -920,6 +921,34 @@ fn plan_identities(
     index.plan().clone()
 }
 
+/// The map contents `desired` needs after `kernel`, with each endpoint id's pod (for
+/// naming failures): identities planned by `index` with `table`'s ids (see
+/// [`plan_identities`]), rule ids by `rules`.
+fn plan_target(
+    index: &mut identity_index::IdentityIndex,
+    table: &mut identities::IdentityTable,
+    rules: &mut policy_map::RuleTable,
+    desired: &Desired,
+    placed: &BTreeMap<PodKey, (u32, String, u32)>,
+    host: &[identities::Prefix],
+    kernel: &KernelState,
+) -> (KernelState, BTreeMap<u32, String>) {
+    let plan = plan_identities(index, table, &desired.sets, kernel);
+    let rule_ids = rules.plan(desired.endpoints.values());
+    let target = planned_state(desired, placed, plan, &rule_ids, host);
+    // An identity whose addresses and entries both change gets a fresh id (see
+    // `KernelState::moved_and_changed`); the others keep theirs, so once is enough.
+    let renumber = kernel.moved_and_changed(&target.0);
+    if renumber.is_empty() {
+        return target;
+    }
+    let mut held = kernel.held_identities();
+    held.extend(&renumber);
+    let planned = index.renumber(table, &desired.sets, &held, &renumber);
+    tracing::debug!(?planned, ?renumber, "identities renumbered");
+    planned_state(desired, placed, index.plan().clone(), &rule_ids, host)
+}
+
 /// The map contents `desired` needs, with each endpoint id's pod (for naming failures):
 /// `placed` gives each placed pod's (endpoint id, interface name, ifindex), `plan` and
 /// `rule_ids` the identities and rule ids, `host` the node's own prefixes.
@@ -1175,8 +1204,8 @@ mod tests {
         }
     }
 
-    /// x/server (10.0.0.1) admits set 1 on TCP 80 and set 2 on TCP 81.
-    fn server_world(set1: &[&str], set2: &[&str]) -> Desired {
+    /// x/server (10.0.0.1) admits set 1 on TCP 80 and set 2 on TCP `port2`.
+    fn server_world(set1: &[&str], set2: &[&str], port2: u16) -> Desired {
         let rule = |set: u64, port: u16| Rule {
             peer: Peer::Set(SetId(set)),
             ports: Ports::Protocol {
@@ -1197,7 +1226,7 @@ mod tests {
             ipv6: None,
             ingress: DirectionPolicy {
                 isolated: true,
-                rules: [rule(1, 80), rule(2, 81)].into_iter().collect(),
+                rules: [rule(1, 80), rule(2, port2)].into_iter().collect(),
                 ..DirectionPolicy::default()
             },
             egress: DirectionPolicy::default(),
@@ -1212,15 +1241,16 @@ mod tests {
         }
     }
 
-    /// The hostile tenant's relabel: p (10.0.0.2) leaves set 1, whose signature {1} is then
-    /// gone and its identity released, and r (10.0.0.4) joins sets 1 and 2, a signature
-    /// new in the same batch; q (10.0.0.3) stays in set 2. Then back. Every state the
-    /// convergence's writes pass through, replayed through the programs' decision, admits
-    /// p, q and r to the server only where the old or the new state does.
-    #[test]
-    fn no_write_of_a_relabel_admits_what_neither_state_does() {
-        let before = server_world(&["10.0.0.2"], &["10.0.0.3"]);
-        let after = server_world(&["10.0.0.4"], &["10.0.0.3", "10.0.0.4"]);
+    fn prefix(addr: &str) -> identities::Prefix {
+        identities::Prefix::from_net(&addr.parse().unwrap())
+    }
+
+    /// Converges from the first of `states` to each next one as the agent plans it, and
+    /// replays every write of each convergence through the programs' decision: whatever
+    /// any state in between admits (10.0.0.2 to .5 to the server on TCP 80 to 82) must be
+    /// admitted by the convergence's old or new state. Returns what was not, and the maps
+    /// after each state.
+    fn replay(states: &[Desired]) -> (Vec<String>, Vec<KernelState>) {
         let placed: BTreeMap<PodKey, (u32, String, u32)> =
             [("x/server".to_string(), (1, "lxc1".to_string(), 1))].into();
         let ids: BTreeMap<PodKey, u32> = [("x/server".to_string(), 1)].into();
@@ -1228,9 +1258,16 @@ mod tests {
         let mut table = identities::IdentityTable::default();
         let mut rules = policy_map::RuleTable::default();
         let mut plan = |desired: &Desired, kernel: &KernelState| {
-            let identities = plan_identities(&mut index, &mut table, &desired.sets, kernel);
-            let rule_ids = rules.plan(desired.endpoints.values());
-            planned_state(desired, &placed, identities, &rule_ids, &[]).0
+            plan_target(
+                &mut index,
+                &mut table,
+                &mut rules,
+                desired,
+                &placed,
+                &[],
+                kernel,
+            )
+            .0
         };
         let admits = |state: &KernelState, peer: &str, port: u16| {
             decode::Encoded::of_state(state.clone(), ids.clone()).admits(
@@ -1241,11 +1278,10 @@ mod tests {
                 Protocol::Tcp,
             )
         };
-        let mut kernel = plan(&before, &KernelState::default());
-        let p_identity =
-            kernel.identity[&identities::Prefix::from_net(&"10.0.0.2/32".parse().unwrap())];
+        let mut kernel = plan(&states[0], &KernelState::default());
+        let mut maps = vec![kernel.clone()];
         let mut wrong = Vec::new();
-        for (round, desired) in [&after, &before, &after].into_iter().enumerate() {
+        for (round, desired) in states[1..].iter().enumerate() {
             let want = plan(desired, &kernel);
             let mut state = std::mem::take(&mut kernel);
             let old = state.clone();
@@ -1257,8 +1293,8 @@ mod tests {
                 if let Some(write) = write {
                     state.apply(write);
                 }
-                for peer in ["10.0.0.2", "10.0.0.3", "10.0.0.4"] {
-                    for port in [80, 81] {
+                for peer in ["10.0.0.2", "10.0.0.3", "10.0.0.4", "10.0.0.5"] {
+                    for port in [80, 81, 82] {
                         if admits(&state, peer, port)
                             && !admits(&old, peer, port)
                             && !admits(&want, peer, port)
@@ -1275,14 +1311,45 @@ mod tests {
                 state, want,
                 "round {round}: the writes end in the new state"
             );
+            maps.push(state.clone());
             kernel = state;
         }
+        (wrong, maps)
+    }
+
+    /// The hostile tenant's relabel: p (10.0.0.2) leaves set 1, whose signature {1} is then
+    /// gone and its identity released, and r (10.0.0.4) joins sets 1 and 2, a signature
+    /// new in the same batch; q (10.0.0.3) stays in set 2. Then back, and again.
+    #[test]
+    fn no_write_of_a_relabel_admits_what_neither_state_does() {
+        let before = server_world(&["10.0.0.2"], &["10.0.0.3"], 81);
+        let after = server_world(&["10.0.0.4"], &["10.0.0.3", "10.0.0.4"], 81);
+        let (wrong, maps) = replay(&[before.clone(), after.clone(), before, after]);
         assert!(wrong.is_empty(), "{}", wrong.join("\n"));
         // The premise: p's identity was released while r's signature was new; it is
         // given again only once the maps no longer hold it.
-        let prefix = |a: &str| identities::Prefix::from_net(&a.parse().unwrap());
-        assert!(!kernel.identity.contains_key(&prefix("10.0.0.2/32")));
-        assert_ne!(kernel.identity[&prefix("10.0.0.4/32")], p_identity);
+        let p_identity = maps[0].identity[&prefix("10.0.0.2/32")];
+        assert!(!maps[1].identity.contains_key(&prefix("10.0.0.2/32")));
+        assert_ne!(maps[1].identity[&prefix("10.0.0.4/32")], p_identity);
+        assert_ne!(maps[3].identity[&prefix("10.0.0.4/32")], p_identity);
+    }
+
+    /// A relabel in the batch that changes a policy for the signature it joins: p
+    /// (10.0.0.2) moves from set 1 to set 2 while set 2's port goes from 81 to 82; s
+    /// (10.0.0.5) stays in set 1 and q (10.0.0.3) in set 2, so both identities stay. p
+    /// must never meet set 2's identity with its old port still written.
+    #[test]
+    fn no_write_of_a_relabel_with_a_policy_change_admits_what_neither_state_does() {
+        let before = server_world(&["10.0.0.2", "10.0.0.5"], &["10.0.0.3"], 81);
+        let after = server_world(&["10.0.0.5"], &["10.0.0.2", "10.0.0.3"], 82);
+        let (wrong, maps) = replay(&[before.clone(), after, before]);
+        assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+        // The premise: q's signature is the same across the change, and its identity
+        // would have been kept; it is given a fresh id instead, each way.
+        let q = |m: &KernelState| m.identity[&prefix("10.0.0.3/32")];
+        assert_ne!(q(&maps[0]), q(&maps[1]));
+        assert_ne!(q(&maps[1]), q(&maps[2]));
+        assert_eq!(maps[1].identity[&prefix("10.0.0.2/32")], q(&maps[1]));
     }
 
     #[test]
