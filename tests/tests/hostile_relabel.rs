@@ -1,13 +1,19 @@
 //! The hostile tenant times its relabels against the agent's writes, with real frames in a
 //! `weir lab`, on both dataplanes. `server` admits pods labelled `a` on TCP 80 and pods
-//! labelled `b` on TCP 81. `p` (label `a`) must never reach server:81. While `p` sends
-//! SYNs to server:81 without pause, the tenant relabels back and forth: `p` loses `a`
-//! while `r` gains `a` and `b` in the same batch, so on eBPF the identity of the
-//! signature {a} is released as the signature {a, b} is new (an id given again within
-//! one convergence would hand `p`'s old id the entries of {a, b}); on iptables `p` leaves
-//! set a's ipsets while `r` joins both. Not one SYN may arrive, in any order of the
-//! writes. Controls show the probes would arrive where allowed, and that each relabel
-//! took effect.
+//! labelled `b` on TCP 81. `p` (label `a`) must never reach server:81, and sends SYNs
+//! there without pause while the tenant changes things back and forth:
+//!
+//! - **A released identity.** `p` loses `a` while `r` gains `a` and `b` in the same batch,
+//!   so on eBPF the identity of the signature {a} is released as the signature {a, b} is
+//!   new (an id given again within one convergence would hand `p`'s old id the entries
+//!   of {a, b}); on iptables `p` leaves set a's ipsets while `r` joins both.
+//! - **A relabel with a policy change.** `p` moves from `a` to `b` in the batch that moves
+//!   `b`'s port from 81 to 82, so `p` is denied server:81 before and after; on eBPF `b`'s
+//!   identity (`q` stays in it) gains `p` while its entries change, and `p` must never
+//!   meet it with port 81 still written.
+//!
+//! Not one SYN may arrive, in any order of the writes. Controls show the probes would
+//! arrive where allowed, and that each change took effect.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -67,6 +73,18 @@ spec:
     ports: [{port: 81, protocol: TCP}]
 "#;
 
+/// server's policy, admitting `b` on `b_port`.
+fn server_ingress(b_port: u16) -> String {
+    format!(
+        "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {{name: \
+         server-ingress, namespace: t}}\nspec:\n  podSelector: {{matchLabels: {{app: \
+         server}}}}\n  policyTypes: [Ingress]\n  ingress:\n  - from: [{{podSelector: \
+         {{matchLabels: {{a: \"yes\"}}}}}}]\n    ports: [{{port: 80, protocol: TCP}}]\n  \
+         - from: [{{podSelector: {{matchLabels: {{b: \"yes\"}}}}}}]\n    ports: [{{port: \
+         {b_port}, protocol: TCP}}]\n"
+    )
+}
+
 /// `p` and `r` with the labels of one side of the relabel.
 fn relabel(p_labels: &str, r_labels: &str) -> String {
     let pod = |name: &str, labels: &str| {
@@ -105,6 +123,52 @@ fn apply(w: &FrameLab, name: &str, yaml: &str) {
         .unwrap_or_else(|e| panic!("weir lab apply {name}: {e}"));
 }
 
+/// Applies `changes` in turn, [`ROUNDS`] times, while p sends SYNs to server:81 (from a
+/// cycle of source ports, as fast as one socket sends them); not one may arrive.
+fn storm(w: &FrameLab, dataplane: &str, what: &str, changes: &[&String]) {
+    let marker = b"weir-relabel-storm";
+    let frames: Vec<Vec<u8>> = (0..32)
+        .map(|i| {
+            let (dst_mac, src_mac) = w.macs("p");
+            raw::ethernet(dst_mac, src_mac, &[], &syn(w, "p", 42000 + i, 81, marker))
+        })
+        .collect();
+    let sniffer = Sniffer::start(&w.pod("server").netns, "eth0", marker);
+    let stop = Arc::new(AtomicBool::new(false));
+    let sender = {
+        let (stop, netns) = (stop.clone(), w.pod("p").netns.clone());
+        std::thread::spawn(move || {
+            let mut sent = 0usize;
+            while !stop.load(Ordering::SeqCst) {
+                let frames = frames.clone();
+                raw::flood(&netns, "eth0", 4096, move |i| {
+                    frames[i as usize % frames.len()].clone()
+                });
+                sent += 4096;
+            }
+            sent
+        })
+    };
+    for round in 0..ROUNDS {
+        for (i, change) in changes.iter().enumerate() {
+            apply(w, &format!("storm-{round}-{i}.yaml"), change);
+        }
+    }
+    stop.store(true, Ordering::SeqCst);
+    let sent = sender.join().expect("sender thread");
+    let arrived = sniffer.stop(LINGER);
+    eprintln!(
+        "{dataplane}, {what}: {sent} SYNs from p to server:81 over {ROUNDS} rounds, {arrived} \
+         arrived"
+    );
+    assert!(sent > 0, "{dataplane}: no SYN was sent");
+    assert_eq!(
+        arrived, 0,
+        "{dataplane}, {what}: p reached server:81, which neither the old nor the new state \
+         allows, while the changes were written"
+    );
+}
+
 fn run(dataplane: &str) {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     weir_tests::require_root_and_tools();
@@ -141,45 +205,32 @@ fn run(dataplane: &str) {
         "{dataplane}: p → server:80 back"
     );
 
-    // p's SYNs to server:81, from a cycle of source ports, as fast as one socket sends
-    // them until the relabels are done.
-    let marker = b"weir-relabel-storm";
-    let frames: Vec<Vec<u8>> = (0..32)
-        .map(|i| {
-            let (dst_mac, src_mac) = w.macs("p");
-            raw::ethernet(dst_mac, src_mac, &[], &syn(&w, "p", 42000 + i, 81, marker))
-        })
-        .collect();
-    let sniffer = Sniffer::start(&w.pod("server").netns, "eth0", marker);
-    let stop = Arc::new(AtomicBool::new(false));
-    let sender = {
-        let (stop, netns) = (stop.clone(), w.pod("p").netns.clone());
-        std::thread::spawn(move || {
-            let mut sent = 0usize;
-            while !stop.load(Ordering::SeqCst) {
-                let frames = frames.clone();
-                raw::flood(&netns, "eth0", 4096, move |i| {
-                    frames[i as usize % frames.len()].clone()
-                });
-                sent += 4096;
-            }
-            sent
-        })
-    };
-    for round in 0..ROUNDS {
-        apply(&w, &format!("forward-{round}.yaml"), &forward);
-        apply(&w, &format!("back-{round}.yaml"), &back);
-    }
-    stop.store(true, Ordering::SeqCst);
-    let sent = sender.join().expect("sender thread");
-    let arrived = sniffer.stop(LINGER);
-    eprintln!("{dataplane}: {sent} SYNs from p to server:81 over {ROUNDS} relabels each way, {arrived} arrived");
-    assert!(sent > 0, "{dataplane}: no SYN was sent");
-    assert_eq!(
-        arrived, 0,
-        "{dataplane}: p reached server:81, which neither the old nor the new labels allow, \
-         while the relabels were written"
+    storm(&w, dataplane, "relabels", &[&forward, &back]);
+
+    // The relabel with a policy change, and back.
+    let moved = format!(
+        "{}---\n{}",
+        relabel("b: \"yes\"", "other: \"yes\""),
+        server_ingress(82)
     );
+    let restored = format!("{back}---\n{}", server_ingress(81));
+    apply(&w, "moved.yaml", &moved);
+    assert!(
+        reaches(&w, "q", 82, "weir-relabel-q82"),
+        "{dataplane}: q → server:82 once the policy changed"
+    );
+    assert!(
+        reaches(&w, "p", 82, "weir-relabel-p82"),
+        "{dataplane}: p → server:82 once relabelled"
+    );
+    apply(&w, "restored.yaml", &restored);
+    storm(
+        &w,
+        dataplane,
+        "relabels with a policy change",
+        &[&moved, &restored],
+    );
+
     // Still enforced as the labels say.
     assert!(
         reaches(&w, "q", 81, "weir-relabel-q81-after"),
