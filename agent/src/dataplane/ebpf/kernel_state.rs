@@ -145,37 +145,35 @@ impl KernelState {
     /// signature's new entries are whole before any address moves, and its old id keeps
     /// the old entries until every address has left.
     pub fn moved_and_changed(&self, want: &KernelState) -> BTreeSet<u32> {
-        let dynamic = |id: u32| {
-            id >= weir_common::IDENTITY_FIRST_DYNAMIC && id & weir_common::IDENTITY_HOST_BIT == 0
+        let dynamic = |id: &u32| {
+            *id >= weir_common::IDENTITY_FIRST_DYNAMIC && id & weir_common::IDENTITY_HOST_BIT == 0
         };
-        let members = |s: &KernelState| {
-            let mut of: BTreeMap<u32, BTreeSet<Prefix>> = BTreeMap::new();
-            for (prefix, id) in &s.identity {
-                if dynamic(*id) {
-                    of.entry(*id).or_default().insert(*prefix);
-                }
-            }
-            of
-        };
-        let entries = |s: &KernelState| {
-            let mut of: BTreeMap<u32, BTreeMap<PolicyEntry, u32>> = BTreeMap::new();
-            for (entry, rule) in &s.policy {
-                of.entry(entry.1.identity)
-                    .or_default()
-                    .insert(*entry, *rule);
-            }
-            of
-        };
-        let (members_before, members_after) = (members(self), members(want));
-        let (entries_before, entries_after) = (entries(self), entries(want));
-        members_before
-            .iter()
-            .filter(|(id, before)| {
-                members_after.get(*id).is_some_and(|after| after != *before)
-                    && entries_before.get(*id) != entries_after.get(*id)
-            })
-            .map(|(id, _)| *id)
-            .collect()
+        // Ids some address joins or leaves.
+        let mut moved: BTreeSet<u32> = BTreeSet::new();
+        for (prefix, id) in changed(&self.identity, &want.identity) {
+            moved.insert(*id);
+            moved.extend(self.identity.get(prefix));
+        }
+        for prefix in gone(&self.identity, &want.identity) {
+            moved.extend(self.identity.get(&prefix));
+        }
+        moved.retain(dynamic);
+        if moved.is_empty() {
+            return moved;
+        }
+        // Of those, the ones some address holds in both states, whose entries change.
+        let held_before: BTreeSet<u32> = self.identity.values().copied().collect();
+        let held_after: BTreeSet<u32> = want.identity.values().copied().collect();
+        moved.retain(|id| held_before.contains(id) && held_after.contains(id));
+        let written: BTreeSet<PolicyGroup> = self.policy.keys().map(group_of).collect();
+        let rewritten: BTreeSet<u32> = changed(&self.policy, &want.policy)
+            .map(|(entry, _)| *entry)
+            .chain(gone(&self.policy, &want.policy))
+            .filter(|entry| written.contains(&group_of(entry)))
+            .map(|(_, key)| key.identity)
+            .collect();
+        moved.retain(|id| rewritten.contains(id));
+        moved
     }
 
     pub fn read(maps: &Maps) -> KernelState {
@@ -692,6 +690,40 @@ mod tests {
         let mut entries = vec![any_all, any_80, own_all, own_80];
         in_write_order(&mut entries);
         assert_eq!(entries, vec![own_80, own_all, any_80, any_all]);
+    }
+
+    #[test]
+    fn an_identity_is_renumbered_only_where_addresses_and_entries_both_change() {
+        let host = |last: u8| Prefix {
+            addr: (0xffffu128 << 32) | u128::from(u32::from_be_bytes([10, 0, 0, last])),
+            len: 128,
+        };
+        let mut have = KernelState::default();
+        have.identity.insert(host(2), 16);
+        have.identity.insert(host(3), 17);
+        have.policy.insert(entry(1, 17, 0, 81), 5);
+        // p (.2) joins q's identity 17 while endpoint 1's entry for it moves to port 82.
+        let mut want = have.clone();
+        want.identity.insert(host(2), 17);
+        want.policy.remove(&entry(1, 17, 0, 81));
+        want.policy.insert(entry(1, 17, 0, 82), 5);
+        assert_eq!(have.moved_and_changed(&want), [17].into());
+        // The same move with the entries unchanged: nothing.
+        let mut moved_only = have.clone();
+        moved_only.identity.insert(host(2), 17);
+        assert!(have.moved_and_changed(&moved_only).is_empty());
+        // Entries of a direction new to POLICY (endpoint 2's) do not count.
+        let mut new_direction = moved_only.clone();
+        new_direction.policy.insert(entry(2, 17, 0, 80), 6);
+        assert!(have.moved_and_changed(&new_direction).is_empty());
+        // Entries changed without a move: nothing; a released identity: nothing.
+        let mut changed_only = want.clone();
+        changed_only.identity = have.identity.clone();
+        assert!(have.moved_and_changed(&changed_only).is_empty());
+        let mut released = want.clone();
+        released.identity.remove(&host(3));
+        released.identity.insert(host(2), 18);
+        assert!(have.moved_and_changed(&released).is_empty());
     }
 
     #[test]
