@@ -106,6 +106,9 @@ pub const GROUPS: &[Group] = &[
     group("hostile_timing", "hostile_timing", false, 1200),
     // A tenant using its own flows' state: ICMP errors off their path, reused tuples.
     group("hostile_tenant", "hostile_tenant", false, 1200),
+    // A tenant's relabels that release an identity while another signature is new, under
+    // a storm of SYNs that must stay denied.
+    group("hostile_relabel", "hostile_relabel", false, 900),
     group("lab_world", "lab_world", false, 900),
     // ClusterNetworkPolicy tiers on both dataplanes, with real packets.
     group("cluster_policies", "cluster_policies", false, 900),

@@ -53,6 +53,12 @@ pub fn encode_on_node(desired: &Desired, node: &[IpAddr]) -> Encoded {
 }
 
 impl Encoded {
+    /// The maps `state`, with each pod's endpoint id in `ids`.
+    #[cfg(test)]
+    pub(super) fn of_state(state: KernelState, ids: BTreeMap<PodKey, u32>) -> Encoded {
+        Encoded { state, ids }
+    }
+
     /// Whether the maps admit a connection from `from` (at `from_addr`) to `to` (at
     /// `to_addr`): the egress hook of the client's endpoint, then the ingress hook of the
     /// server's. A pod that is no endpoint here is not enforced.

@@ -159,6 +159,20 @@ impl IdentityTable {
     /// Plans the trie for `sets`, reusing the ids of known signatures and handing out
     /// the lowest free ids for new ones. Ids of signatures no longer used are released.
     pub fn plan<'a>(&mut self, sets: impl IntoIterator<Item = &'a AddressSet>) -> IdentityPlan {
+        self.plan_reserving(sets, &BTreeSet::new())
+    }
+
+    /// [`IdentityTable::plan`], never handing a new signature an id of `reserved`: the ids
+    /// the kernel's maps still hold (an address mapped to one, or POLICY entries for it).
+    /// An id released by this plan is in the maps until the convergence that released it
+    /// has moved every address off it and removed its entries; given to a new signature
+    /// before that, its old addresses would get the new signature's entries, or the new
+    /// signature's addresses the old one's.
+    pub fn plan_reserving<'a>(
+        &mut self,
+        sets: impl IntoIterator<Item = &'a AddressSet>,
+        reserved: &BTreeSet<u32>,
+    ) -> IdentityPlan {
         let sigs = signatures(sets);
         let wanted: HashSet<&Signature> = sigs.iter().map(|(_, s)| s).collect();
         let mut by_sig: HashMap<Signature, u32> = std::mem::take(&mut self.by_id)
@@ -175,7 +189,7 @@ impl IdentityTable {
             } else if let Some(id) = by_sig.get(sig) {
                 *id
             } else {
-                while used.contains(&next) {
+                while used.contains(&next) || reserved.contains(&next) {
                     next += 1;
                 }
                 used.insert(next);

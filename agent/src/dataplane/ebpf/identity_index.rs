@@ -7,7 +7,9 @@
 //!
 //! The result is exactly the full plan's, ids included (a property test holds the two
 //! together): new signatures take the lowest free ids in ascending prefix order, after
-//! the ids of signatures no longer used are released.
+//! the ids of signatures no longer used are released; an id the kernel's maps still hold
+//! (`reserved`: one released by this very change, until its convergence has removed it)
+//! is not free.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
@@ -62,14 +64,16 @@ impl IdentityIndex {
     }
 
     /// Brings the plan up to date with `sets`, keeping `table` (the persisted ids) in step.
-    /// The first call plans in full.
+    /// The first call plans in full. A new signature is never given an id of `reserved`
+    /// (the ids the kernel's maps still hold, see [`IdentityTable::plan_reserving`]).
     pub fn update(
         &mut self,
         table: &mut IdentityTable,
         sets: &BTreeMap<SetId, AddressSet>,
+        reserved: &BTreeSet<u32>,
     ) -> Planned {
         if !self.built {
-            return self.full(table, sets);
+            return self.full(table, sets, reserved);
         }
         // What changed, set by set, before anything is touched: a change that is not
         // host members only is planned in full.
@@ -93,13 +97,13 @@ impl IdentityIndex {
             let old = self.sets.get(id).map_or(&empty, |(_, m)| m);
             for (p, _) in old.symmetric_difference(new) {
                 if p.len != HOST_LEN {
-                    return self.full(table, sets);
+                    return self.full(table, sets, reserved);
                 }
                 touched.insert(*p);
             }
         }
         if touched.len() > FULL_PAST && touched.len() * 4 > self.holders.len() {
-            return self.full(table, sets);
+            return self.full(table, sets, reserved);
         }
         for (id, set, new) in changes {
             let old = match set {
@@ -116,14 +120,32 @@ impl IdentityIndex {
             }
         }
         let n = touched.len();
-        self.resign(table, touched);
+        self.resign(table, touched, reserved);
         Planned::Incremental(n)
     }
 
+    /// Gives the signatures of `ids` fresh ids: plans every set again with them
+    /// forgotten, and none of `reserved` (which must hold `ids`) given out.
+    pub fn renumber(
+        &mut self,
+        table: &mut IdentityTable,
+        sets: &BTreeMap<SetId, AddressSet>,
+        reserved: &BTreeSet<u32>,
+        ids: &BTreeSet<u32>,
+    ) -> Planned {
+        table.by_id.retain(|id, _| !ids.contains(id));
+        self.full(table, sets, reserved)
+    }
+
     /// Plans every set again and rebuilds the index from it.
-    fn full(&mut self, table: &mut IdentityTable, sets: &BTreeMap<SetId, AddressSet>) -> Planned {
+    fn full(
+        &mut self,
+        table: &mut IdentityTable,
+        sets: &BTreeMap<SetId, AddressSet>,
+        reserved: &BTreeSet<u32>,
+    ) -> Planned {
         *self = IdentityIndex {
-            plan: table.plan(sets.values()),
+            plan: table.plan_reserving(sets.values(), reserved),
             built: true,
             ..Default::default()
         };
@@ -197,7 +219,12 @@ impl IdentityIndex {
     }
 
     /// Re-signs `touched` (ascending) and hands out ids as a full plan would.
-    fn resign(&mut self, table: &mut IdentityTable, touched: BTreeSet<Prefix>) {
+    fn resign(
+        &mut self,
+        table: &mut IdentityTable,
+        touched: BTreeSet<Prefix>,
+        reserved: &BTreeSet<u32>,
+    ) {
         let by_sig: HashMap<&Signature, u32> =
             table.by_id.iter().map(|(id, sig)| (sig, *id)).collect();
         let mut assigned: Vec<(Prefix, Signature)> = Vec::new();
@@ -241,7 +268,7 @@ impl IdentityIndex {
             let id = match fresh.get(&sig) {
                 Some(id) => *id,
                 None => {
-                    while table.by_id.contains_key(&next) {
+                    while table.by_id.contains_key(&next) || reserved.contains(&next) {
                         next += 1;
                     }
                     table.by_id.insert(next, sig.clone());
@@ -303,9 +330,10 @@ mod tests {
         table: &IdentityTable,
         full: &IdentityTable,
         sets: &BTreeMap<SetId, AddressSet>,
+        reserved: &BTreeSet<u32>,
     ) {
         let mut fresh = full.clone();
-        let plan = fresh.plan(sets.values());
+        let plan = fresh.plan_reserving(sets.values(), reserved);
         assert_eq!(index.plan().trie, plan.trie);
         assert_eq!(index.plan().identities_of_set, plan.identities_of_set);
         assert_eq!(table.by_id, fresh.by_id);
@@ -316,28 +344,32 @@ mod tests {
         let mut index = IdentityIndex::default();
         let mut table = IdentityTable::default();
         let mut full = IdentityTable::default();
+        let none = BTreeSet::new();
         let before = sets(&BTreeMap::from([
             (1, vec![(0, false), (2, false)]),
             (2, vec![(4, false)]),
             (5, vec![(6, true)]),
         ]));
-        assert_eq!(index.update(&mut table, &before), Planned::Full);
-        same_as_full(&index, &table, &full, &before);
+        assert_eq!(index.update(&mut table, &before, &none), Planned::Full);
+        same_as_full(&index, &table, &full, &before, &none);
         full.plan(before.values());
-        assert_eq!(index.update(&mut table, &before), Planned::Unchanged);
+        assert_eq!(index.update(&mut table, &before, &none), Planned::Unchanged);
         // 10.0.0.1 leaves set 1 for set 2; 10.0.0.3 leaves the hole in set 5.
         let after = sets(&BTreeMap::from([
             (1, vec![(0, false)]),
             (2, vec![(2, false), (4, false)]),
             (5, vec![]),
         ]));
-        assert_eq!(index.update(&mut table, &after), Planned::Incremental(2));
-        same_as_full(&index, &table, &full, &after);
+        assert_eq!(
+            index.update(&mut table, &after, &none),
+            Planned::Incremental(2)
+        );
+        same_as_full(&index, &table, &full, &after, &none);
         full.plan(after.values());
         // A block going is planned in full.
         let no_block = sets(&BTreeMap::from([(1, vec![(0, false)])]));
-        assert_eq!(index.update(&mut table, &no_block), Planned::Full);
-        same_as_full(&index, &table, &full, &no_block);
+        assert_eq!(index.update(&mut table, &no_block, &none), Planned::Full);
+        same_as_full(&index, &table, &full, &no_block, &none);
     }
 
     proptest! {
@@ -357,9 +389,20 @@ mod tests {
             let mut full = IdentityTable::default();
             for step in &steps {
                 let sets = sets(step);
-                index.update(&mut table, &sets);
-                same_as_full(&index, &table, &full, &sets);
-                full.plan(sets.values());
+                // The ids the last step used stand for those the kernel still holds.
+                let previous = table.by_id.clone();
+                let reserved: BTreeSet<u32> = previous.keys().copied().collect();
+                index.update(&mut table, &sets, &reserved);
+                same_as_full(&index, &table, &full, &sets, &reserved);
+                full.plan_reserving(sets.values(), &reserved);
+                // No id released by this step went to a new signature in it.
+                for (id, sig) in &table.by_id {
+                    prop_assert!(
+                        !reserved.contains(id) || previous.get(id) == Some(sig),
+                        "id {} reused in the step that released it",
+                        id
+                    );
+                }
             }
         }
     }

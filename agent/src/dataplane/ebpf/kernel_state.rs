@@ -2,7 +2,7 @@
 //! that bring them to a target. Each write updates the mirror only when the kernel took
 //! it, so a failed write (a full map) is retried by the next apply and named in the report.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use aya::maps::{lpm_trie::Key, HashMap, MapData, MapError};
 use weir_common::{map_names, EndpointInfo, IdentityKey, PolicyKey, ServiceKey};
@@ -10,7 +10,7 @@ use weir_common::{map_names, EndpointInfo, IdentityKey, PolicyKey, ServiceKey};
 use super::{identities::Prefix, loader::Maps, policy_map::PolicyEntry};
 use weir_policy::model::ObjectError;
 
-#[derive(Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct KernelState {
     pub identity: BTreeMap<Prefix, u32>,
     pub endpoint: BTreeMap<u32, EndpointInfo>,
@@ -124,6 +124,58 @@ fn gone<K: Ord + Clone, V>(have: &BTreeMap<K, V>, want: &BTreeMap<K, V>) -> Vec<
 }
 
 impl KernelState {
+    /// The identity ids these maps hold: an address or prefix maps to it, or a POLICY
+    /// entry names it (a node address's [`weir_common::IDENTITY_HOST_BIT`] taken off).
+    /// None of them may be given to a new signature (see
+    /// [`super::identities::IdentityTable::plan_reserving`]).
+    pub fn held_identities(&self) -> BTreeSet<u32> {
+        self.identity
+            .values()
+            .copied()
+            .chain(self.policy.keys().map(|(_, key)| key.identity))
+            .map(|id| id & !weir_common::IDENTITY_HOST_BIT)
+            .collect()
+    }
+
+    /// The dynamic identities that keep their id from `self` to `want` while both their
+    /// addresses and their POLICY entries change. Between the POLICY writes and the
+    /// removals such an identity holds some old entries and some new: an address that
+    /// joins it then is judged by entries of neither its old signature nor its new
+    /// policy, and one that leaves it by its new ones. Given a fresh id instead, its
+    /// signature's new entries are whole before any address moves, and its old id keeps
+    /// the old entries until every address has left.
+    pub fn moved_and_changed(&self, want: &KernelState) -> BTreeSet<u32> {
+        let dynamic = |id: &u32| {
+            *id >= weir_common::IDENTITY_FIRST_DYNAMIC && id & weir_common::IDENTITY_HOST_BIT == 0
+        };
+        // Ids some address joins or leaves.
+        let mut moved: BTreeSet<u32> = BTreeSet::new();
+        for (prefix, id) in changed(&self.identity, &want.identity) {
+            moved.insert(*id);
+            moved.extend(self.identity.get(prefix));
+        }
+        for prefix in gone(&self.identity, &want.identity) {
+            moved.extend(self.identity.get(&prefix));
+        }
+        moved.retain(dynamic);
+        if moved.is_empty() {
+            return moved;
+        }
+        // Of those, the ones some address holds in both states, whose entries change.
+        let held_before: BTreeSet<u32> = self.identity.values().copied().collect();
+        let held_after: BTreeSet<u32> = want.identity.values().copied().collect();
+        moved.retain(|id| held_before.contains(id) && held_after.contains(id));
+        let written: BTreeSet<PolicyGroup> = self.policy.keys().map(group_of).collect();
+        let rewritten: BTreeSet<u32> = changed(&self.policy, &want.policy)
+            .map(|(entry, _)| *entry)
+            .chain(gone(&self.policy, &want.policy))
+            .filter(|entry| written.contains(&group_of(entry)))
+            .map(|(_, key)| key.identity)
+            .collect();
+        moved.retain(|id| rewritten.contains(id));
+        moved
+    }
+
     pub fn read(maps: &Maps) -> KernelState {
         let identity = maps
             .identity
@@ -456,6 +508,70 @@ impl KernelState {
     }
 }
 
+/// One map write of a convergence, for [`write_sequence`]: an entry set to a value, or
+/// removed (`None`).
+#[cfg(test)]
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Write {
+    Policy(PolicyEntry, Option<u32>),
+    Identity(Prefix, Option<u32>),
+    EndpointById(u32, Option<EndpointInfo>),
+}
+
+/// The writes `EbpfDataplane::write` makes from `have` to `want`, entry by entry in its
+/// order, on the maps the programs' decision reads (POLICY, IDENTITY, ENDPOINT by id),
+/// every POLICY group having room: new and changed POLICY entries (group by group, each
+/// in [`in_write_order`]), IDENTITY changes then removals, ENDPOINT records; after the
+/// attaches and detaches, ENDPOINT removals, then POLICY removals. A unit test replays
+/// them through the programs' decision (`decode`).
+#[cfg(test)]
+pub fn write_sequence(have: &KernelState, want: &KernelState) -> Vec<Write> {
+    let mut out = Vec::new();
+    for (_, mut entries) in plan_policy_writes(&have.policy, &want.policy, None).writes {
+        in_write_order(&mut entries);
+        out.extend(entries.into_iter().map(|(e, v)| Write::Policy(e, Some(v))));
+    }
+    out.extend(changed(&have.identity, &want.identity).map(|(p, v)| Write::Identity(*p, Some(*v))));
+    out.extend(
+        gone(&have.identity, &want.identity)
+            .into_iter()
+            .map(|p| Write::Identity(p, None)),
+    );
+    out.extend(
+        changed(&have.endpoint_by_id, &want.endpoint_by_id)
+            .map(|(id, info)| Write::EndpointById(*id, Some(*info))),
+    );
+    out.extend(
+        gone(&have.endpoint_by_id, &want.endpoint_by_id)
+            .into_iter()
+            .map(|id| Write::EndpointById(id, None)),
+    );
+    out.extend(
+        gone(&have.policy, &want.policy)
+            .into_iter()
+            .map(|e| Write::Policy(e, None)),
+    );
+    out
+}
+
+#[cfg(test)]
+impl KernelState {
+    /// The maps after `write`, as the kernel would hold them.
+    pub fn apply(&mut self, write: &Write) {
+        fn set<K: Ord + Copy, V: Copy>(map: &mut BTreeMap<K, V>, k: &K, v: &Option<V>) {
+            match v {
+                Some(v) => map.insert(*k, *v),
+                None => map.remove(k),
+            };
+        }
+        match write {
+            Write::Policy(e, v) => set(&mut self.policy, e, v),
+            Write::Identity(p, v) => set(&mut self.identity, p, v),
+            Write::EndpointById(id, v) => set(&mut self.endpoint_by_id, id, v),
+        }
+    }
+}
+
 fn endpoint_by_id_object(id: &u32) -> String {
     format!("map {} (endpoint id {id})", map_names::ENDPOINT_BY_ID)
 }
@@ -574,6 +690,40 @@ mod tests {
         let mut entries = vec![any_all, any_80, own_all, own_80];
         in_write_order(&mut entries);
         assert_eq!(entries, vec![own_80, own_all, any_80, any_all]);
+    }
+
+    #[test]
+    fn an_identity_is_renumbered_only_where_addresses_and_entries_both_change() {
+        let host = |last: u8| Prefix {
+            addr: (0xffffu128 << 32) | u128::from(u32::from_be_bytes([10, 0, 0, last])),
+            len: 128,
+        };
+        let mut have = KernelState::default();
+        have.identity.insert(host(2), 16);
+        have.identity.insert(host(3), 17);
+        have.policy.insert(entry(1, 17, 0, 81), 5);
+        // p (.2) joins q's identity 17 while endpoint 1's entry for it moves to port 82.
+        let mut want = have.clone();
+        want.identity.insert(host(2), 17);
+        want.policy.remove(&entry(1, 17, 0, 81));
+        want.policy.insert(entry(1, 17, 0, 82), 5);
+        assert_eq!(have.moved_and_changed(&want), [17].into());
+        // The same move with the entries unchanged: nothing.
+        let mut moved_only = have.clone();
+        moved_only.identity.insert(host(2), 17);
+        assert!(have.moved_and_changed(&moved_only).is_empty());
+        // Entries of a direction new to POLICY (endpoint 2's) do not count.
+        let mut new_direction = moved_only.clone();
+        new_direction.policy.insert(entry(2, 17, 0, 80), 6);
+        assert!(have.moved_and_changed(&new_direction).is_empty());
+        // Entries changed without a move: nothing; a released identity: nothing.
+        let mut changed_only = want.clone();
+        changed_only.identity = have.identity.clone();
+        assert!(have.moved_and_changed(&changed_only).is_empty());
+        let mut released = want.clone();
+        released.identity.remove(&host(3));
+        released.identity.insert(host(2), 18);
+        assert!(have.moved_and_changed(&released).is_empty());
     }
 
     #[test]

@@ -6,7 +6,10 @@
 //! difference to what the maps hold, in an order that never denies what both the old and
 //! the new state allow: new POLICY entries, IDENTITY changes, ENDPOINT entries (written
 //! *before* a new interface is attached, so a pod is enforced from its first filtered
-//! packet), detaches, then stale ENDPOINT and POLICY entries. POLICY is written one pod
+//! packet), detaches, then stale ENDPOINT and POLICY entries. A new identity's entries
+//! are thus in place before any address is given it, and a released identity's go after
+//! every address left it; an id the maps still hold is never given to a new signature
+//! (see `plan_identities`), so an id means one signature for a whole convergence. POLICY is written one pod
 //! direction at a time, whole or not at all: a direction whose entries do not fit the
 //! map's room is closed (its allowing entries removed, see `KernelState::upsert_policy`),
 //! so a peer whose identity was just written can never fall back to the any-peer entries.
@@ -601,13 +604,15 @@ impl EbpfDataplane {
         desired: &Desired,
         placed: &BTreeMap<PodKey, (u32, String, u32)>,
     ) -> (KernelState, BTreeMap<u32, String>) {
-        let planned = self
-            .identities
-            .update(&mut self.records.identities, &desired.sets);
-        tracing::debug!(?planned, "identities");
-        let plan = self.identities.plan().clone();
-        let rule_ids = self.records.rules.plan(desired.endpoints.values());
-        planned_state(desired, placed, plan, &rule_ids, &self.host)
+        plan_target(
+            &mut self.identities,
+            &mut self.records.identities,
+            &mut self.records.rules,
+            desired,
+            placed,
+            &self.host,
+            &self.kernel,
+        )
     }
 
     /// Interfaces isolated as new pods stay isolated until an endpoint is placed there;
@@ -900,6 +905,50 @@ impl EbpfDataplane {
     }
 }
 
+/// The identity plan for `sets`, brought up to date by `index` with `table`'s ids. Ids
+/// the maps (`kernel`) still hold are not given to new signatures: an id released now
+/// keeps its addresses until the IDENTITY writes and its POLICY entries until the
+/// removals, both after the new signatures' POLICY entries are written, so a new
+/// signature given it would share those entries with the addresses leaving it.
+fn plan_identities(
+    index: &mut identity_index::IdentityIndex,
+    table: &mut identities::IdentityTable,
+    sets: &BTreeMap<weir_policy::desired::SetId, weir_policy::desired::AddressSet>,
+    kernel: &KernelState,
+) -> identities::IdentityPlan {
+    let planned = index.update(table, sets, &kernel.held_identities());
+    tracing::debug!(?planned, "identities");
+    index.plan().clone()
+}
+
+/// The map contents `desired` needs after `kernel`, with each endpoint id's pod (for
+/// naming failures): identities planned by `index` with `table`'s ids (see
+/// [`plan_identities`]), rule ids by `rules`.
+fn plan_target(
+    index: &mut identity_index::IdentityIndex,
+    table: &mut identities::IdentityTable,
+    rules: &mut policy_map::RuleTable,
+    desired: &Desired,
+    placed: &BTreeMap<PodKey, (u32, String, u32)>,
+    host: &[identities::Prefix],
+    kernel: &KernelState,
+) -> (KernelState, BTreeMap<u32, String>) {
+    let plan = plan_identities(index, table, &desired.sets, kernel);
+    let rule_ids = rules.plan(desired.endpoints.values());
+    let target = planned_state(desired, placed, plan, &rule_ids, host);
+    // An identity whose addresses and entries both change gets a fresh id (see
+    // `KernelState::moved_and_changed`); the others keep theirs, so once is enough.
+    let renumber = kernel.moved_and_changed(&target.0);
+    if renumber.is_empty() {
+        return target;
+    }
+    let mut held = kernel.held_identities();
+    held.extend(&renumber);
+    let planned = index.renumber(table, &desired.sets, &held, &renumber);
+    tracing::debug!(?planned, ?renumber, "identities renumbered");
+    planned_state(desired, placed, index.plan().clone(), &rule_ids, host)
+}
+
 /// The map contents `desired` needs, with each endpoint id's pod (for naming failures):
 /// `placed` gives each placed pod's (endpoint id, interface name, ifindex), `plan` and
 /// `rule_ids` the identities and rule ids, `host` the node's own prefixes.
@@ -1136,7 +1185,172 @@ fn node_prefixes() -> Result<Vec<identities::Prefix>, DataplaneError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use weir_policy::desired::DirectionPolicy;
+    use weir_policy::desired::{
+        AddressSet, DirectionPolicy, Member, Peer, PortRange, Ports, Protocol, Rule, RuleOrigin,
+        SetId,
+    };
+
+    fn pods(id: u64, addrs: &[&str]) -> AddressSet {
+        AddressSet {
+            id: SetId(id),
+            definition: format!("pods of set {id}"),
+            members: addrs
+                .iter()
+                .map(|a| Member {
+                    net: ipnet::IpNet::from(a.parse::<std::net::IpAddr>().unwrap()),
+                    except: false,
+                })
+                .collect(),
+        }
+    }
+
+    /// x/server (10.0.0.1) admits set 1 on TCP 80 and set 2 on TCP `port2`.
+    fn server_world(set1: &[&str], set2: &[&str], port2: u16) -> Desired {
+        let rule = |set: u64, port: u16| Rule {
+            peer: Peer::Set(SetId(set)),
+            ports: Ports::Protocol {
+                protocol: Protocol::Tcp,
+                range: Some(PortRange {
+                    first: port,
+                    last: port,
+                }),
+            },
+            origin: RuleOrigin {
+                policy: format!("x/from-set-{set}"),
+                rule_index: 0,
+            },
+        };
+        let server = Endpoint {
+            pod: "x/server".into(),
+            ipv4: Some("10.0.0.1".parse().unwrap()),
+            ipv6: None,
+            ingress: DirectionPolicy {
+                isolated: true,
+                rules: [rule(1, 80), rule(2, port2)].into_iter().collect(),
+                ..DirectionPolicy::default()
+            },
+            egress: DirectionPolicy::default(),
+        };
+        Desired {
+            sets: [pods(1, set1), pods(2, set2)]
+                .into_iter()
+                .map(|s| (s.id, s))
+                .collect(),
+            endpoints: [("x/server".to_string(), server)].into_iter().collect(),
+            frontends: Default::default(),
+        }
+    }
+
+    fn prefix(addr: &str) -> identities::Prefix {
+        identities::Prefix::from_net(&addr.parse().unwrap())
+    }
+
+    /// Converges from the first of `states` to each next one as the agent plans it, and
+    /// replays every write of each convergence through the programs' decision: whatever
+    /// any state in between admits (10.0.0.2 to .5 to the server on TCP 80 to 82) must be
+    /// admitted by the convergence's old or new state. Returns what was not, and the maps
+    /// after each state.
+    fn replay(states: &[Desired]) -> (Vec<String>, Vec<KernelState>) {
+        let placed: BTreeMap<PodKey, (u32, String, u32)> =
+            [("x/server".to_string(), (1, "lxc1".to_string(), 1))].into();
+        let ids: BTreeMap<PodKey, u32> = [("x/server".to_string(), 1)].into();
+        let mut index = identity_index::IdentityIndex::default();
+        let mut table = identities::IdentityTable::default();
+        let mut rules = policy_map::RuleTable::default();
+        let mut plan = |desired: &Desired, kernel: &KernelState| {
+            plan_target(
+                &mut index,
+                &mut table,
+                &mut rules,
+                desired,
+                &placed,
+                &[],
+                kernel,
+            )
+            .0
+        };
+        let admits = |state: &KernelState, peer: &str, port: u16| {
+            decode::Encoded::of_state(state.clone(), ids.clone()).admits(
+                "x/server",
+                Direction::Ingress,
+                peer.parse().unwrap(),
+                port,
+                Protocol::Tcp,
+            )
+        };
+        let mut kernel = plan(&states[0], &KernelState::default());
+        let mut maps = vec![kernel.clone()];
+        let mut wrong = Vec::new();
+        for (round, desired) in states[1..].iter().enumerate() {
+            let want = plan(desired, &kernel);
+            let mut state = std::mem::take(&mut kernel);
+            let old = state.clone();
+            let writes = kernel_state::write_sequence(&old, &want);
+            for (step, write) in std::iter::once(None)
+                .chain(writes.iter().map(Some))
+                .enumerate()
+            {
+                if let Some(write) = write {
+                    state.apply(write);
+                }
+                for peer in ["10.0.0.2", "10.0.0.3", "10.0.0.4", "10.0.0.5"] {
+                    for port in [80, 81, 82] {
+                        if admits(&state, peer, port)
+                            && !admits(&old, peer, port)
+                            && !admits(&want, peer, port)
+                        {
+                            wrong.push(format!(
+                                "round {round}, after write {step} ({write:?}): {peer} → \
+                                 server:{port} admitted, by neither the old nor the new state"
+                            ));
+                        }
+                    }
+                }
+            }
+            assert_eq!(
+                state, want,
+                "round {round}: the writes end in the new state"
+            );
+            maps.push(state.clone());
+            kernel = state;
+        }
+        (wrong, maps)
+    }
+
+    /// The hostile tenant's relabel: p (10.0.0.2) leaves set 1, whose signature {1} is then
+    /// gone and its identity released, and r (10.0.0.4) joins sets 1 and 2, a signature
+    /// new in the same batch; q (10.0.0.3) stays in set 2. Then back, and again.
+    #[test]
+    fn no_write_of_a_relabel_admits_what_neither_state_does() {
+        let before = server_world(&["10.0.0.2"], &["10.0.0.3"], 81);
+        let after = server_world(&["10.0.0.4"], &["10.0.0.3", "10.0.0.4"], 81);
+        let (wrong, maps) = replay(&[before.clone(), after.clone(), before, after]);
+        assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+        // The premise: p's identity was released while r's signature was new; it is
+        // given again only once the maps no longer hold it.
+        let p_identity = maps[0].identity[&prefix("10.0.0.2/32")];
+        assert!(!maps[1].identity.contains_key(&prefix("10.0.0.2/32")));
+        assert_ne!(maps[1].identity[&prefix("10.0.0.4/32")], p_identity);
+        assert_ne!(maps[3].identity[&prefix("10.0.0.4/32")], p_identity);
+    }
+
+    /// A relabel in the batch that changes a policy for the signature it joins: p
+    /// (10.0.0.2) moves from set 1 to set 2 while set 2's port goes from 81 to 82; s
+    /// (10.0.0.5) stays in set 1 and q (10.0.0.3) in set 2, so both identities stay. p
+    /// must never meet set 2's identity with its old port still written.
+    #[test]
+    fn no_write_of_a_relabel_with_a_policy_change_admits_what_neither_state_does() {
+        let before = server_world(&["10.0.0.2", "10.0.0.5"], &["10.0.0.3"], 81);
+        let after = server_world(&["10.0.0.5"], &["10.0.0.2", "10.0.0.3"], 82);
+        let (wrong, maps) = replay(&[before.clone(), after, before]);
+        assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+        // The premise: q's signature is the same across the change, and its identity
+        // would have been kept; it is given a fresh id instead, each way.
+        let q = |m: &KernelState| m.identity[&prefix("10.0.0.3/32")];
+        assert_ne!(q(&maps[0]), q(&maps[1]));
+        assert_ne!(q(&maps[1]), q(&maps[2]));
+        assert_eq!(maps[1].identity[&prefix("10.0.0.2/32")], q(&maps[1]));
+    }
 
     #[test]
     fn endpoint_record_carries_the_addresses_it_may_send_from() {

@@ -12,7 +12,9 @@
 //! already uses.
 //!
 //! Writes are batched: one `ipset restore` for additions, one `iptables-restore
-//! --noflush` per family (atomic per table), one `ipset restore` for removals. After
+//! --noflush` per family (atomic per table), one `ipset restore` for removals. A set the
+//! changed rules name has it the other way round: members leave it before the rules and
+//! join after them (see `sets_whose_rules_change`). After
 //! the first full [`reconcile`](Dataplane::reconcile), changes are applied as deltas
 //! against what was programmed: only changed endpoint chains, dispatch rules and set
 //! members are written. A failed write forgets what was programmed, so the next call
@@ -246,11 +248,23 @@ impl IptablesDataplane {
             .map(|(pod, p)| (pod.clone(), p.ifname.clone()))
             .collect();
 
-        let (mut adds, mut dels) = (String::new(), String::new());
+        // Members are added before the rules and removed after them, so a new set is whole
+        // before a rule names it: an address moving between sets is in both meanwhile,
+        // judged by rules that all take it as old or new. Except where the rules naming a
+        // set change: an address leaving it goes before (it must not meet the new rules),
+        // one joining comes after (it must not meet the old ones).
+        let rules_change = match full {
+            true => BTreeSet::new(),
+            false => sets_whose_rules_change(&old, &desired),
+        };
+        let (mut adds, mut dels, mut joins) = (String::new(), String::new(), String::new());
         for (id, set) in &desired.sets {
             match old.sets.get(id) {
                 _ if full => sets::replace_script(set, &existing, &mut adds),
                 None => sets::create_script(set, &mut adds),
+                Some(before) if rules_change.contains(id) => {
+                    sets::member_delta(*id, &before.members, &set.members, &mut joins, &mut adds)
+                }
                 Some(before) => {
                     sets::member_delta(*id, &before.members, &set.members, &mut adds, &mut dels)
                 }
@@ -332,6 +346,7 @@ impl IptablesDataplane {
             self.spoof.insert(family, spoof_rules);
         }
 
+        self.run_ipset(&joins)?;
         if let Some(k) = known {
             let mut script = String::new();
             match old.sets.get(&k.id) {
@@ -628,6 +643,35 @@ impl IptablesDataplane {
     }
 }
 
+/// The sets some rule of `old` or `new` names (a NetworkPolicy's or a tier's peer) whose
+/// naming endpoints are not all the same in both: an endpoint started or stopped naming
+/// it, or changed anything (rules, tiers, isolation, addresses). Coarse on purpose: a set
+/// counted here only has its joiners wait for the rules.
+fn sets_whose_rules_change(old: &Desired, new: &Desired) -> BTreeSet<SetId> {
+    fn naming(d: &Desired) -> BTreeMap<SetId, BTreeMap<&str, &weir_policy::desired::Endpoint>> {
+        let mut of: BTreeMap<SetId, BTreeMap<&str, _>> = BTreeMap::new();
+        for (pod, ep) in &d.endpoints {
+            for dir in [&ep.ingress, &ep.egress] {
+                let peers = dir.rules.iter().map(|r| &r.peer);
+                let tiers = dir.admin.iter().chain(&dir.baseline).map(|r| &r.peer);
+                for peer in peers.chain(tiers) {
+                    if let Peer::Set(id) = peer {
+                        of.entry(*id).or_default().insert(pod.as_str(), ep);
+                    }
+                }
+            }
+        }
+        of
+    }
+    let (before, after) = (naming(old), naming(new));
+    before
+        .keys()
+        .chain(after.keys())
+        .filter(|id| before.get(*id) != after.get(*id))
+        .copied()
+        .collect()
+}
+
 /// A rule that names a set the desired state lacks would make the whole table's restore
 /// fail; such a set is created empty instead (the rule then matches nothing: fail
 /// closed) and reported.
@@ -702,4 +746,81 @@ fn stale_kernel_sets(
         .filter(|n| n.starts_with(crate::netfilter::WEIR_SET_PREFIX) && !wanted.contains(*n))
         .map(str::to_string)
         .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use weir_policy::desired::{
+        DirectionPolicy, Endpoint, Ports, Protocol, Rule, RuleOrigin, TierOrigin, TierRule,
+    };
+
+    fn server(ingress: &[(u64, u16)], admin: &[u64]) -> Desired {
+        let ports = |port: u16| Ports::Protocol {
+            protocol: Protocol::Tcp,
+            range: Some(weir_policy::desired::PortRange {
+                first: port,
+                last: port,
+            }),
+        };
+        let ep = Endpoint {
+            pod: "x/server".into(),
+            ipv4: Some("10.0.0.1".parse().unwrap()),
+            ipv6: None,
+            ingress: DirectionPolicy {
+                isolated: true,
+                rules: ingress
+                    .iter()
+                    .map(|(set, port)| Rule {
+                        peer: Peer::Set(SetId(*set)),
+                        ports: ports(*port),
+                        origin: RuleOrigin {
+                            policy: "x/p".into(),
+                            rule_index: 0,
+                        },
+                    })
+                    .collect(),
+                admin: admin
+                    .iter()
+                    .map(|set| TierRule {
+                        peer: Peer::Set(SetId(*set)),
+                        ports: Ports::All,
+                        action: weir_policy::desired::Action::Deny,
+                        origin: TierOrigin {
+                            policy: "deny-set".into(),
+                            priority: 1,
+                            rule_index: 0,
+                            rule_name: None,
+                        },
+                    })
+                    .collect(),
+                ..DirectionPolicy::default()
+            },
+            egress: DirectionPolicy::default(),
+        };
+        Desired {
+            endpoints: [("x/server".to_string(), ep)].into_iter().collect(),
+            ..Desired::default()
+        }
+    }
+
+    #[test]
+    fn the_sets_whose_rules_change_are_those_a_changed_endpoint_names() {
+        let old = server(&[(1, 80), (2, 81)], &[]);
+        assert!(sets_whose_rules_change(&old, &old).is_empty());
+        // Set 2's port changes: the server names both sets, both count.
+        let new = server(&[(1, 80), (2, 82)], &[]);
+        assert_eq!(
+            sets_whose_rules_change(&old, &new),
+            [SetId(1), SetId(2)].into()
+        );
+        // A tier's peer counts, and a set no longer named.
+        let new = server(&[(1, 80)], &[3]);
+        assert_eq!(
+            sets_whose_rules_change(&old, &new),
+            [SetId(1), SetId(2), SetId(3)].into()
+        );
+        // No endpoint: nothing names anything.
+        assert!(sets_whose_rules_change(&Desired::default(), &Desired::default()).is_empty());
+    }
 }
