@@ -12,6 +12,11 @@
 //!   backends are off the node), also through an uplink that appeared after the agent's
 //!   last converge.
 //!
+//! - **NodePort from off the node**: kube-proxy masquerades it to the node's address, so
+//!   eBPF's hook sees the node; a host the backend's ingress does not admit must stay
+//!   denied (before the fix: eBPF judged the node's address, always allowed; iptables'
+//!   FORWARD judges the real client before SNAT).
+//!
 //! Controls show kube-proxy forwards each path for a pod no policy restricts.
 
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpStream};
@@ -211,6 +216,18 @@ fn service_paths(dataplane: &str) {
             "control: no policy, the Service whose backend is off the node",
             &free,
             remote_front,
+            true,
+        ),
+        (
+            "a host off the node web's ingress denies, through web's NodePort (masqueraded)",
+            &remote.name,
+            SocketAddrV4::new(UPLINK_IP.parse().unwrap(), WEB_NODE_PORT),
+            false,
+        ),
+        (
+            "control: a host off the node, through db's NodePort (db has no policy)",
+            &remote.name,
+            SocketAddrV4::new(UPLINK_IP.parse().unwrap(), DB_NODE_PORT),
             true,
         ),
     ];

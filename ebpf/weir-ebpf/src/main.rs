@@ -590,7 +590,18 @@ fn judge(
         (Direction::Ingress, None) => &pkt.tuple.saddr,
         _ => &pkt.tuple.daddr,
     };
-    let identity = identity_of(pkt.tuple.family, peer);
+    let mut identity = identity_of(pkt.tuple.family, peer);
+    // The node's address on a packet the node forwarded rather than sent (it came in on an
+    // interface): kube-proxy masqueraded a client off the node (a NodePort), or a host off
+    // the node forged it. Neither is the node: judged as the world, as iptables' FORWARD
+    // judges the client before SNAT. A deferred pod client is judged on its own address.
+    if direction == Direction::Ingress
+        && original_source.is_none()
+        && is_host(identity)
+        && unsafe { (*ctx.skb.skb).ingress_ifindex } != 0
+    {
+        identity = IDENTITY_WORLD;
+    }
     v.identity = identity;
     let host = is_host(identity);
     let rule = if host {
