@@ -4,6 +4,7 @@
 //! [`Delta`].
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::net::IpAddr;
 
 use super::budget::Budget;
 use super::change::Change;
@@ -394,12 +395,26 @@ impl Engine {
         self.recompile(endpoints, change);
     }
 
-    /// A Node's labels and addresses decide the members of `nodes` peers' sets.
-    fn apply_node(&mut self, name: &str, new: Option<NodeInfo>, change: &mut Change) {
-        match new {
-            Some(node) => self.model.upsert_node(node),
-            None => self.model.remove_node(name),
-        };
+    /// Gives `node` the addresses its own interfaces hold (the agent reads its node's:
+    /// gateways, bridges, link-local ones). A `nodes` peer selecting that node covers
+    /// them as well as its Node's `status.addresses`, which list only some.
+    pub fn set_own_addresses(&mut self, node: &str, addresses: BTreeSet<IpAddr>) -> Delta {
+        let mut change = Change::default();
+        if self.model.set_own_addresses(node, addresses) {
+            self.resync_node_sets(&mut change);
+        }
+        self.finish(change, false)
+    }
+
+    /// Whether any live set is a `nodes` peer's (only then do the node's own addresses
+    /// matter).
+    pub fn has_node_peers(&self) -> bool {
+        self.registry
+            .live()
+            .any(|(_, d)| matches!(d, SetDef::Peer(PeerSpec::Nodes(_))))
+    }
+
+    fn resync_node_sets(&mut self, change: &mut Change) {
         resync_sets(
             &self.registry,
             &self.model,
@@ -407,6 +422,15 @@ impl Engine {
             |d| matches!(d, SetDef::Peer(PeerSpec::Nodes(_))),
             change,
         );
+    }
+
+    /// A Node's labels and addresses decide the members of `nodes` peers' sets.
+    fn apply_node(&mut self, name: &str, new: Option<NodeInfo>, change: &mut Change) {
+        match new {
+            Some(node) => self.model.upsert_node(node),
+            None => self.model.remove_node(name),
+        };
+        self.resync_node_sets(change);
     }
 
     fn apply_policy(&mut self, key: &str, new: Option<PolicySpec>, change: &mut Change) {

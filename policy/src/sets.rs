@@ -79,7 +79,7 @@ impl SetDef {
             SetDef::Peer(PeerSpec::Nodes(sel)) => model
                 .nodes()
                 .filter(|n| sel.matches(&n.labels))
-                .flat_map(|n| n.addresses.iter().copied().map(host_member))
+                .flat_map(|n| model.node_addresses(n).map(host_member))
                 .collect(),
             SetDef::Peer(peer) => candidates(model, peer)
                 .into_iter()

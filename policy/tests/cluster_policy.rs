@@ -307,6 +307,42 @@ fn node_peers_follow_nodes() {
     assert!(!allowed(&h.engine, "x/a", "192.168.0.3", 10250, TCP));
 }
 
+/// A `nodes` peer covers the addresses the agent reads from its own node's interfaces
+/// (a bridge's gateway, a link-local one), not only its Node's `status.addresses`; another
+/// node's own addresses are not known, and a node the selector leaves out gains nothing.
+#[test]
+fn node_peers_cover_the_own_nodes_interface_addresses() {
+    let mut h = Harness::new(None);
+    h.upsert(&world_yaml());
+    h.upsert(&node_yaml("node-1", "linux", "192.168.0.1"));
+    h.upsert(&node_yaml("node-2", "windows", "192.168.0.2"));
+    h.upsert_object(cluster_policy(
+        "nodes",
+        "tier: Admin\npriority: 75\nsubject: {pods: {namespaceSelector: {matchLabels: {ns: x}}, podSelector: {}}}\negress:\n- {action: Deny, to: [{nodes: {matchLabels: {kubernetes.io/os: linux}}}]}",
+    ))
+    .unwrap();
+    assert!(h.engine.has_node_peers());
+    let gateway = "10.244.0.1".parse::<IpAddr>().unwrap();
+    let link_local = "fe80::1".parse::<IpAddr>().unwrap();
+    assert!(allowed(&h.engine, "x/a", "10.244.0.1", 80, TCP));
+    let delta = h
+        .engine
+        .set_own_addresses("node-1", [gateway, link_local].into());
+    assert!(!delta.is_empty());
+    assert!(!allowed(&h.engine, "x/a", "10.244.0.1", 80, TCP));
+    assert!(!allowed(&h.engine, "x/a", "fe80::1", 80, TCP));
+    assert!(!allowed(&h.engine, "x/a", "192.168.0.1", 80, TCP));
+    // The same addresses again change nothing.
+    assert!(h
+        .engine
+        .set_own_addresses("node-1", [gateway, link_local].into())
+        .is_empty());
+    // Known as node-2's (not selected): not denied.
+    h.engine.set_own_addresses("node-2", [gateway].into());
+    assert!(allowed(&h.engine, "x/a", "10.244.0.1", 80, TCP));
+    assert!(!allowed(&h.engine, "x/a", "192.168.0.1", 80, TCP));
+}
+
 /// A peer or protocol with no field weir knows fails closed: an Accept matches nothing,
 /// a Deny or Pass denies everything.
 #[test]

@@ -126,6 +126,7 @@ async fn run_agent(args: AgentArgs) -> anyhow::Result<()> {
             Daemon::new(opts, backends, metrics, health)
                 .with_reports(reports)
                 .with_verdicts(verdicts, rate, burst)
+                .with_own_addresses(own_address_reader())
                 .run(source)
                 .await?;
         }
@@ -144,12 +145,22 @@ async fn run_agent(args: AgentArgs) -> anyhow::Result<()> {
             Daemon::new(opts, backends, metrics, health)
                 .with_reports(reports)
                 .with_verdicts(verdicts, rate, burst)
+                .with_own_addresses(own_address_reader())
                 .with_publisher(Box::new(publisher))
                 .run(source)
                 .await?;
         }
     }
     Ok(())
+}
+
+/// The node's interface addresses, as the dataplanes read them.
+fn own_address_reader() -> run::OwnAddressReader {
+    Box::new(|| {
+        crate::dataplane::node_addresses::read()
+            .map(|a| a.into_iter().collect())
+            .map_err(|e| e.to_string())
+    })
 }
 
 #[cfg(test)]

@@ -3,6 +3,7 @@
 //! after the batch. A periodic resync repairs drift and retries pending cleanups.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -177,7 +178,13 @@ pub struct Daemon<B: Backends> {
     verdicts: Option<Verdicts>,
     /// What the dataplanes sent, until [`Daemon::run`] takes it to read.
     verdict_queue: Option<tokio::sync::mpsc::Receiver<VerdictRecord>>,
+    /// Reads the node's own interface addresses, which `nodes` peers cover beside its
+    /// Node's status ([`Engine::set_own_addresses`]); the last read's error, said once.
+    own_addresses: Option<(OwnAddressReader, Option<String>)>,
 }
+
+/// Reads this node's interface addresses ([`crate::dataplane::node_addresses::read`]).
+pub type OwnAddressReader = Box<dyn FnMut() -> Result<BTreeSet<IpAddr>, String> + Send>;
 
 struct Verdicts {
     hub: Arc<VerdictHub>,
@@ -212,6 +219,47 @@ impl<B: Backends> Daemon<B> {
             counts_error: None,
             verdicts: None,
             verdict_queue: None,
+            own_addresses: None,
+        }
+    }
+
+    /// Gives `nodes` peers that select this node its interface addresses, read by
+    /// `reader` at every batch and resync while a `nodes` peer exists.
+    pub fn with_own_addresses(mut self, reader: OwnAddressReader) -> Self {
+        self.own_addresses = Some((reader, None));
+        self
+    }
+
+    /// Reads the node's own addresses again when a `nodes` peer may cover them; whether
+    /// the desired state changed. A failed read keeps the last addresses and says why.
+    fn refresh_own_addresses(&mut self) -> bool {
+        let (Some(node), Some((read, last_error))) =
+            (self.opts.node_name.as_deref(), self.own_addresses.as_mut())
+        else {
+            return false;
+        };
+        if !self.engine.has_node_peers() {
+            return false;
+        }
+        match read() {
+            Ok(addresses) => {
+                *last_error = None;
+                let changed = !self.engine.set_own_addresses(node, addresses).is_empty();
+                if changed {
+                    tracing::info!(
+                        node,
+                        "the node's own addresses changed; `nodes` peers follow"
+                    );
+                }
+                changed
+            }
+            Err(e) => {
+                if last_error.as_ref() != Some(&e) {
+                    tracing::warn!(error = %e, "the node's own addresses not read; `nodes` peers keep the last ones");
+                }
+                *last_error = Some(e);
+                false
+            }
         }
     }
 
@@ -332,6 +380,7 @@ impl<B: Backends> Daemon<B> {
                 .into_iter()
                 .fold(false, |changed, e| self.feed(e) | changed)
         };
+        let changed = self.refresh_own_addresses() | changed;
         if self.first_batch.is_none() {
             let arrived = started.saturating_duration_since(self.health.started);
             self.first_batch = Some((arrived, started.elapsed()));
@@ -408,6 +457,8 @@ impl<B: Backends> Daemon<B> {
             }
             return;
         }
+        // The converge below is on the whole state: whether this changed it does not matter.
+        self.refresh_own_addresses();
         let choice = self.node_choice.unwrap_or(self.opts.default_choice);
         match &mut self.enforcer {
             None => self.start(choice),

@@ -95,6 +95,10 @@ impl FieldError {
 pub struct ClusterModel {
     namespaces: BTreeMap<String, Labels>,
     nodes: BTreeMap<String, NodeInfo>,
+    /// One node's addresses as its own interfaces hold them (gateways, bridges,
+    /// link-local ones), which its Node's `status.addresses` does not list: the agent
+    /// knows them for its own node only.
+    own_addresses: Option<(String, BTreeSet<IpAddr>)>,
     pods: HashMap<PodKey, PodInfo>,
     pods_by_namespace: HashMap<String, BTreeSet<PodKey>>,
     pods_by_label: LabelIndex,
@@ -147,6 +151,25 @@ impl ClusterModel {
 
     pub fn nodes(&self) -> impl Iterator<Item = &NodeInfo> {
         self.nodes.values()
+    }
+
+    /// Records `node`'s own interface addresses; whether they changed.
+    pub fn set_own_addresses(&mut self, node: &str, addresses: BTreeSet<IpAddr>) -> bool {
+        let new = Some((node.to_owned(), addresses));
+        let changed = self.own_addresses != new;
+        self.own_addresses = new;
+        changed
+    }
+
+    /// Every address of `node` a `nodes` peer covers: its status's and, for the node whose
+    /// own addresses are known, those too.
+    pub fn node_addresses<'a>(&'a self, node: &'a NodeInfo) -> impl Iterator<Item = IpAddr> + 'a {
+        let own = self
+            .own_addresses
+            .iter()
+            .filter(move |(name, _)| *name == node.name)
+            .flat_map(|(_, addrs)| addrs.iter());
+        node.addresses.iter().chain(own).copied()
     }
 
     pub fn pod(&self, key: &str) -> Option<&PodInfo> {

@@ -271,8 +271,11 @@ impl IptablesDataplane {
             }
         }
         let judged_to_node = desired.endpoints.values().any(|e| e.egress.is_tiered());
-        if judged_to_node && (full || !self.node_sets_written) {
-            self.node_addresses_script(&existing, report, &mut adds)?;
+        if judged_to_node {
+            // Read at every write: an interface that came up since (a bridge's gateway, an
+            // uplink) is the node's at once, as the engine's `nodes` peers already say.
+            let rewrite = full || !self.node_sets_written;
+            self.node_addresses_script(&existing, rewrite, report, &mut adds)?;
         }
         if let Some(k) = &known {
             // Exists (empty when new) before a rule names it; members come after the rules,
@@ -608,18 +611,22 @@ impl IptablesDataplane {
         }
     }
 
-    /// Reads the node's addresses again and writes their sets. Read as they were when
-    /// that fails, after the first time (a rule names the sets, so they must exist).
+    /// Reads the node's addresses again and writes their sets when they changed (or
+    /// `rewrite`). Read as they were when that fails, after the first time (a rule names
+    /// the sets, so they must exist).
     fn node_addresses_script(
         &mut self,
         existing: &BTreeMap<String, u32>,
+        rewrite: bool,
         report: &mut ApplyReport,
         out: &mut String,
     ) -> Result<(), DataplaneError> {
+        let mut changed = false;
         match crate::dataplane::node_addresses::read() {
             Ok(addrs) => {
                 if self.node_addresses.as_ref().is_some_and(|a| *a != addrs) {
                     tracing::info!(addresses = ?addrs, "the node's addresses changed");
+                    changed = true;
                 }
                 self.node_addresses = Some(addrs);
             }
@@ -628,6 +635,9 @@ impl IptablesDataplane {
                 reason: format!("not read again (the last ones kept): {e}"),
             }),
             Err(e) => return Err(e),
+        }
+        if !rewrite && !changed {
+            return Ok(());
         }
         let addrs = self.node_addresses.as_deref().unwrap_or_default();
         sets::node_script(addrs, existing, out);
