@@ -50,6 +50,7 @@ impl NodeBackends {
             new_pods: self.new_pods.clone(),
             pod_netns_dir: self.pod_netns_dir.clone(),
             attach_mode: self.attach_mode,
+            iptables_backend: self.iptables_backend,
             ..Default::default()
         }
     }
@@ -101,7 +102,7 @@ impl NodeBackends {
             .iptables_backend
             .unwrap_or_else(crate::netfilter::backend::detect);
         crate::netfilter::marks::check_ebpf_bits(backend, &|chain| {
-            chain.starts_with(crate::netfilter::WEIR_CHAIN_PREFIX)
+            crate::netfilter::is_weirs_chain(chain)
                 || chain.starts_with(reset::owners::NPM_CHAIN_PREFIX)
         })
     }

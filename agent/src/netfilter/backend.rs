@@ -48,6 +48,11 @@ impl Backend {
         exec::run_ok(self.save_command(family), &[], None)
     }
 
+    /// Reads one table of one family.
+    pub fn save_table(self, family: Family, table: &str) -> Result<String, exec::ExecError> {
+        exec::run_ok(self.save_command(family), &["-t", table], None)
+    }
+
     /// Reads one table of one family with each rule's packet and byte counters (`-c`).
     pub fn save_counted(self, family: Family, table: &str) -> Result<String, exec::ExecError> {
         exec::run_ok(self.save_command(family), &["-c", "-t", table], None)

@@ -7,3 +7,12 @@ pub mod marks;
 /// weir's chains (`WEIR-*`) and sets (`weir-*`).
 pub const WEIR_CHAIN_PREFIX: &str = "WEIR-";
 pub const WEIR_SET_PREFIX: &str = "weir-";
+/// The eBPF dataplane's one chain (from INPUT: Service traffic DNATed to the node), named
+/// apart from `WEIR-*` so that the iptables dataplane, which owns those, leaves it alone
+/// while both run during a switch.
+pub const WEIR_EBPF_CHAIN: &str = "WEIRBPF-TO-NODE";
+
+/// Whether a chain is weir's, of either dataplane.
+pub fn is_weirs_chain(chain: &str) -> bool {
+    chain.starts_with(WEIR_CHAIN_PREFIX) || chain == WEIR_EBPF_CHAIN
+}

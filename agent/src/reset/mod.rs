@@ -76,10 +76,11 @@ pub fn reset(options: &ResetOptions) -> ResetReport {
     };
     // Azure NPM's state is iptables state too, but it goes even when weir's own iptables
     // dataplane is the one enforcing (then weir's chains and sets stay).
-    if options.iptables || options.azure_npm != AzureNpm::Leave {
+    if options.iptables || options.ebpf || options.azure_npm != AzureNpm::Leave {
         let (saves, unreadable) = read_rulesets(&mut report);
         let owners = Owners {
             weir: options.iptables,
+            weir_ebpf: options.ebpf,
             azure_npm: match options.azure_npm {
                 AzureNpm::Migrate => true,
                 AzureNpm::IfPresent => node_carries_azure_npm(&saves, &mut report),

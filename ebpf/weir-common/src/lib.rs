@@ -54,6 +54,11 @@ pub mod program_names {
     pub const FROM_POD: &str = "weir_from_pod";
     /// TC egress of the pod's host-side interface: traffic to the pod (pod ingress).
     pub const TO_POD: &str = "weir_to_pod";
+    /// A socket filter the iptables `bpf` match runs in the node's INPUT chain: a pod's
+    /// Service traffic that kube-proxy DNATed to the node itself.
+    pub const DEFERRED_TO_NODE: &str = "weir_deferred_to_node";
+    /// Every program, as pinned.
+    pub const ALL: [&str; 3] = [FROM_POD, TO_POD, DEFERRED_TO_NODE];
 }
 
 /// Identity of a peer that matched no trie entry, or an entry whose prefix belongs to no

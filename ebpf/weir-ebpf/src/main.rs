@@ -29,7 +29,10 @@
 //! DNAT, since replies reach the client un-DNATed: it is made when the packet is passed
 //! on and removed if the flow is denied after DNAT (WEIR_DEFER remembers the tuple). If
 //! kube-proxy masqueraded the packet, the backend's ingress is judged on the client's own
-//! address (WEIR_ENDPOINT_BY_ID), as iptables' FORWARD sees it before SNAT.
+//! address (WEIR_ENDPOINT_BY_ID), as iptables' FORWARD sees it before SNAT. A backend on
+//! the node itself (host network) has no such hook: the packet is delivered locally, and
+//! `weir_deferred_to_node`, a socket filter the iptables `bpf` match runs in the node's
+//! INPUT chain, takes the same verdict there.
 //!
 //! CT entries go to WEIR_CT while the endpoint has budget (a token bucket of
 //! CT_NEW_PER_SEC new entries per second, CT_NEW_BURST deep, per endpoint), otherwise to
@@ -47,9 +50,9 @@ mod packet;
 use aya_ebpf::{
     bindings::{BPF_F_NO_PREALLOC, TC_ACT_OK, TC_ACT_SHOT},
     helpers::bpf_ktime_get_ns,
-    macros::{classifier, map},
+    macros::{classifier, map, socket_filter},
     maps::{lpm_trie::Key, Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, RingBuf},
-    programs::TcContext,
+    programs::{sk_buff::SkBuff, SkBuffContext, TcContext},
 };
 use aya_log_ebpf::debug;
 use packet::{Frame, Packet, Tuple, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN};
@@ -136,6 +139,45 @@ pub fn weir_from_pod(ctx: TcContext) -> i32 {
 #[classifier]
 pub fn weir_to_pod(ctx: TcContext) -> i32 {
     decide(&ctx, Direction::Ingress)
+}
+
+/// Run by the iptables `bpf` match in the node's INPUT chain (the agent's
+/// `WEIR-EBPF-TO-NODE`): a pod's packet to a Service frontend that kube-proxy DNATed to
+/// one of the node's own addresses (a host-network backend) is delivered locally, past
+/// every pod's TC hook, so its client's deferred egress verdict is taken here. 1: the
+/// rule drops the packet; 0: it goes on.
+#[socket_filter]
+pub fn weir_deferred_to_node(ctx: SkBuffContext) -> i64 {
+    let skb = &ctx.skb;
+    let mark = unsafe { (*skb.skb).mark };
+    let client = (mark & DEFER_MARK_MASK) >> DEFER_MARK_SHIFT;
+    if client == 0 {
+        return 0;
+    }
+    let Some(pkt) = SCRATCH.get_ptr_mut(0) else {
+        return 1;
+    };
+    let pkt = unsafe { &mut *pkt };
+    if !matches!(packet::parse_from_l3(skb, pkt), Ok(Frame::Ip)) {
+        // Only an IP packet from a pod is ever marked.
+        count(skb, COUNTER_MALFORMED);
+        return 1;
+    }
+    // Delivered to one of the node's addresses. A Service frontend not yet DNATed
+    // (kube-proxy's ipvs mode does it after this chain) is judged at its backend's hook.
+    if to_frontend(&pkt.tuple) {
+        return 0;
+    }
+    let now = unsafe { bpf_ktime_get_ns() };
+    let isolated = mark & DEFER_MARK_EGRESS_ISOLATED != 0;
+    let ifindex = unsafe { (*skb.skb).ifindex };
+    match judge_deferred_parsed(skb, ifindex, client, isolated, pkt, now) {
+        Deferred::Drop => {
+            ct_forget_deferred(pkt, client);
+            1
+        }
+        Deferred::Allow(_) => 0,
+    }
 }
 
 /// Whether the pod may send with this source address: its own address of that family;
@@ -241,8 +283,9 @@ fn bridged_nd(pkt: &Packet, from_pod: bool) -> bool {
 }
 
 #[inline(always)]
-fn decide(ctx: &TcContext, direction: Direction) -> i32 {
-    let ifindex = unsafe { (*ctx.skb.skb).ifindex };
+fn decide(tc: &TcContext, direction: Direction) -> i32 {
+    let ctx = &tc.skb;
+    let ifindex = unsafe { (*ctx.skb).ifindex };
     // No ENDPOINT entry: not (or no longer) a pod we enforce for. The agent writes the
     // entry before it attaches and detaches before it deletes the entry, so this only
     // protects unrelated interfaces from a leftover filter. The node's other interfaces
@@ -254,12 +297,12 @@ fn decide(ctx: &TcContext, direction: Direction) -> i32 {
     if direction == Direction::Ingress {
         // A pod's packet to a Service frontend, DNATed on its way here: the client's
         // egress is judged on the backend first.
-        let mark = unsafe { (*ctx.skb.skb).mark };
+        let mark = unsafe { (*ctx.skb).mark };
         deferred_client = (mark & DEFER_MARK_MASK) >> DEFER_MARK_SHIFT;
         if deferred_client != 0 {
             if ep.is_some() {
                 // A pod's hook is the packet's last: the backend's ingress comes next.
-                unsafe { (*ctx.skb.skb).mark = mark & !DEFER_MARK_ALL };
+                unsafe { (*ctx.skb).mark = mark & !DEFER_MARK_ALL };
             }
             let Some(pkt) = SCRATCH.get_ptr_mut(0) else {
                 return TC_ACT_SHOT;
@@ -298,7 +341,7 @@ fn decide(ctx: &TcContext, direction: Direction) -> i32 {
         identity: 0,
     };
     let rc = judge(
-        ctx,
+        tc,
         direction,
         &ep,
         isolated,
@@ -329,7 +372,31 @@ enum Deferred {
 /// backend.
 #[inline(always)]
 fn judge_deferred(
-    ctx: &TcContext,
+    ctx: &SkBuff,
+    ifindex: u32,
+    client: u32,
+    isolated: bool,
+    pkt: &mut Packet,
+    now: u64,
+) -> Deferred {
+    if !matches!(packet::parse(ctx, pkt), Ok(Frame::Ip)) {
+        // Only an IP packet from a pod is ever marked.
+        let v = Reporter {
+            ifindex,
+            endpoint_id: client,
+            direction: Direction::Egress,
+            identity: 0,
+        };
+        v.drop(ctx, &pkt.tuple, COUNTER_MALFORMED, Reason::Malformed, now);
+        return Deferred::Drop;
+    }
+    judge_deferred_parsed(ctx, ifindex, client, isolated, pkt, now)
+}
+
+/// [`judge_deferred`] on a packet already parsed into `pkt`.
+#[inline(always)]
+fn judge_deferred_parsed(
+    ctx: &SkBuff,
     ifindex: u32,
     client: u32,
     isolated: bool,
@@ -342,11 +409,6 @@ fn judge_deferred(
         direction: Direction::Egress,
         identity: 0,
     };
-    if !matches!(packet::parse(ctx, pkt), Ok(Frame::Ip)) {
-        // Only an IP packet from a pod is ever marked.
-        v.drop(ctx, &pkt.tuple, COUNTER_MALFORMED, Reason::Malformed, now);
-        return Deferred::Drop;
-    }
     // Masqueraded (a nodePort, a hairpin): the client's own address of the family.
     let original_source = unsafe { WEIR_ENDPOINT_BY_ID.get(&client) }.and_then(|c| {
         let own = if pkt.tuple.family == 4 {
@@ -455,7 +517,7 @@ fn to_frontend(t: &Tuple) -> bool {
 /// Passes a packet to a Service frontend on, to be judged after DNAT (module docs).
 #[inline(always)]
 fn defer(
-    ctx: &TcContext,
+    ctx: &SkBuff,
     endpoint_id: u32,
     isolated: bool,
     new_flow: bool,
@@ -484,7 +546,7 @@ fn defer(
         ct_track(ctx, &mut pkt.key, endpoint_id, Direction::Egress, t, 0, now);
     }
     unsafe {
-        let skb = ctx.skb.skb;
+        let skb = ctx.skb;
         let flag = if isolated {
             DEFER_MARK_EGRESS_ISOLATED
         } else {
@@ -498,7 +560,7 @@ fn defer(
 /// The verdict on one frame (see the module documentation for the order).
 #[inline(always)]
 fn judge(
-    ctx: &TcContext,
+    tc: &TcContext,
     direction: Direction,
     ep: &EndpointInfo,
     isolated: bool,
@@ -507,11 +569,12 @@ fn judge(
     original_source: Option<[u8; 16]>,
     now: u64,
 ) -> i32 {
+    let ctx = &tc.skb;
     let from_pod = direction == Direction::Egress;
     let parsed = packet::parse(ctx, pkt);
     if from_pod {
         // A tag the kernel took off before TC shows only in the skb's metadata.
-        let offloaded_tag = unsafe { (*ctx.skb.skb).vlan_present } != 0;
+        let offloaded_tag = unsafe { (*ctx.skb).vlan_present } != 0;
         if offloaded_tag || matches!(parsed, Ok(Frame::Tagged)) {
             return v.drop(ctx, &pkt.tuple, COUNTER_TAGGED, Reason::Tagged, now);
         }
@@ -598,7 +661,7 @@ fn judge(
     if direction == Direction::Ingress
         && original_source.is_none()
         && is_host(identity)
-        && unsafe { (*ctx.skb.skb).ingress_ifindex } != 0
+        && unsafe { (*ctx.skb).ingress_ifindex } != 0
     {
         identity = IDENTITY_WORLD;
     }
@@ -623,7 +686,7 @@ fn judge(
     }
     // Compiled out by the verifier unless the agent loads with a log level (rodata).
     debug!(
-        ctx,
+        tc,
         "weir drop ifindex={} direction={} protocol={} dport={} identity={}",
         v.ifindex,
         direction as u8,
@@ -712,7 +775,7 @@ struct Reporter {
 
 impl Reporter {
     #[inline(always)]
-    fn allow(&self, ctx: &TcContext, t: &Tuple, counter: u32, reason: Reason) -> i32 {
+    fn allow(&self, ctx: &SkBuff, t: &Tuple, counter: u32, reason: Reason) -> i32 {
         // An audit rule's allow is a would-be drop: always reported.
         let audit = counter & AUDIT_RULE_BIT != 0;
         count(ctx, rule_id(counter));
@@ -734,7 +797,7 @@ impl Reporter {
 
     /// A drop before policy (spoofed, tagged, malformed): counted and reported.
     #[inline(always)]
-    fn drop(&self, ctx: &TcContext, t: &Tuple, counter: u32, reason: Reason, now: u64) -> i32 {
+    fn drop(&self, ctx: &SkBuff, t: &Tuple, counter: u32, reason: Reason, now: u64) -> i32 {
         count(ctx, counter);
         self.emit(ctx, t, Verdict::Drop, reason, 0, now);
         TC_ACT_SHOT
@@ -743,7 +806,7 @@ impl Reporter {
     #[inline(always)]
     fn emit(
         &self,
-        ctx: &TcContext,
+        ctx: &SkBuff,
         t: &Tuple,
         verdict: Verdict,
         reason: Reason,
@@ -803,7 +866,7 @@ fn take_event_token(now: u64) -> bool {
 }
 
 #[inline(always)]
-fn count(ctx: &TcContext, index: u32) {
+fn count(ctx: &SkBuff, index: u32) {
     if let Some(c) = WEIR_COUNTERS.get_ptr_mut(index) {
         let c = unsafe { &mut *c };
         c.packets += 1;
@@ -830,7 +893,7 @@ fn ct_timeout(protocol: u8, flags: u32) -> u64 {
 /// nor carry more than an error's bytes; the kernel's conntrack makes the same address
 /// checks for the iptables dataplane. Anything else is judged as a packet of its own.
 #[inline(always)]
-fn icmp_error_on_path(ctx: &TcContext, pkt: &Packet, from_pod: bool) -> bool {
+fn icmp_error_on_path(ctx: &SkBuff, pkt: &Packet, from_pod: bool) -> bool {
     let len = ctx.len().saturating_sub(packet::ETH_HLEN as u32);
     let max = if pkt.tuple.family == 4 {
         ICMP_ERROR_MAX_V4
@@ -1027,7 +1090,7 @@ fn ct_budget(endpoint_id: u32, now: u64) -> bool {
 /// Records an admitted flow for this endpoint and direction (the caller found none).
 #[inline(always)]
 fn ct_track(
-    ctx: &TcContext,
+    ctx: &SkBuff,
     key: &mut CtKey,
     endpoint_id: u32,
     direction: Direction,
@@ -1041,7 +1104,7 @@ fn ct_track(
 
 /// Inserts `key`, charged to `endpoint_id`'s budget of new WEIR_CT entries.
 #[inline(always)]
-fn ct_insert(ctx: &TcContext, key: &CtKey, endpoint_id: u32, rule_id: u32, now: u64) {
+fn ct_insert(ctx: &SkBuff, key: &CtKey, endpoint_id: u32, rule_id: u32, now: u64) {
     let value = CtValue {
         last_seen_ns: now,
         rule_id,

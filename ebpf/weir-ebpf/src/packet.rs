@@ -10,7 +10,7 @@
 //! and never parsed further: a tag the kernel has already taken off shows up in
 //! `skb->vlan_present` instead, which the caller checks.
 
-use aya_ebpf::{cty::c_void, helpers::bpf_skb_load_bytes, programs::TcContext};
+use aya_ebpf::{cty::c_void, helpers::bpf_skb_load_bytes, programs::sk_buff::SkBuff};
 use weir_common::{CtKey, Direction, FragKey};
 
 pub const IPPROTO_ICMP: u8 = 1;
@@ -153,16 +153,8 @@ enum Icmp {
 /// Fills `pkt` for IP frames; `Err` for truncated IP packets (and frames shorter than an
 /// Ethernet header). The tuple is cleared for anything that is not IP.
 #[inline(always)]
-pub fn parse(ctx: &TcContext, pkt: &mut Packet) -> Result<Frame, ()> {
-    pkt.tuple.clear();
-    pkt.is_icmp_error = false;
-    pkt.neighbor_discovery = false;
-    pkt.hop_limit = 0;
-    pkt.tcp_flags = 0;
-    pkt.frag = Frag {
-        kind: FRAG_NONE,
-        id: 0,
-    };
+pub fn parse(ctx: &SkBuff, pkt: &mut Packet) -> Result<Frame, ()> {
+    clear(pkt);
     let ethertype = u16::from_be(ctx.load::<u16>(12).map_err(|_| ())?);
     let family = match ethertype {
         ETH_P_IP => 4,
@@ -178,9 +170,41 @@ pub fn parse(ctx: &TcContext, pkt: &mut Packet) -> Result<Frame, ()> {
         }
         _ => return Ok(Frame::NotIp),
     };
-    let l4 = parse_l3(ctx, ETH_HLEN, family, &mut pkt.tuple, &mut pkt.frag)?;
+    parse_ip(ctx, pkt, ETH_HLEN, family)
+}
+
+/// Fills `pkt` from a packet whose IP header is at offset 0: netfilter's view, where the
+/// iptables `bpf` match runs a program. `Err` for truncated packets.
+#[inline(always)]
+pub fn parse_from_l3(ctx: &SkBuff, pkt: &mut Packet) -> Result<Frame, ()> {
+    clear(pkt);
+    let version: u8 = ctx.load(0).map_err(|_| ())?;
+    match version >> 4 {
+        4 => parse_ip(ctx, pkt, 0, 4),
+        6 => parse_ip(ctx, pkt, 0, 6),
+        _ => Ok(Frame::NotIp),
+    }
+}
+
+#[inline(always)]
+fn clear(pkt: &mut Packet) {
+    pkt.tuple.clear();
+    pkt.is_icmp_error = false;
+    pkt.neighbor_discovery = false;
+    pkt.hop_limit = 0;
+    pkt.tcp_flags = 0;
+    pkt.frag = Frag {
+        kind: FRAG_NONE,
+        id: 0,
+    };
+}
+
+/// The IP header at `l3` and what follows it.
+#[inline(always)]
+fn parse_ip(ctx: &SkBuff, pkt: &mut Packet, l3: usize, family: u8) -> Result<Frame, ()> {
+    let l4 = parse_l3(ctx, l3, family, &mut pkt.tuple, &mut pkt.frag)?;
     if family == 6 {
-        pkt.hop_limit = ctx.load(ETH_HLEN + 7).map_err(|_| ())?;
+        pkt.hop_limit = ctx.load(l3 + 7).map_err(|_| ())?;
     }
     let icmp = parse_l4(ctx, &mut pkt.tuple, l4)?;
     if pkt.tuple.protocol == IPPROTO_TCP && l4 != usize::MAX {
@@ -215,7 +239,7 @@ pub fn parse(ctx: &TcContext, pkt: &mut Packet) -> Result<Frame, ()> {
 /// usize::MAX means "no L4 header" (a non-first fragment).
 #[inline(always)]
 fn parse_l3(
-    ctx: &TcContext,
+    ctx: &SkBuff,
     off: usize,
     family: u8,
     t: &mut Tuple,
@@ -294,7 +318,7 @@ fn parse_l3(
 }
 
 #[inline(always)]
-fn parse_l4(ctx: &TcContext, t: &mut Tuple, l4: usize) -> Result<Icmp, ()> {
+fn parse_l4(ctx: &SkBuff, t: &mut Tuple, l4: usize) -> Result<Icmp, ()> {
     if l4 == usize::MAX {
         return Ok(Icmp::None);
     }
@@ -339,11 +363,11 @@ fn parse_l4(ctx: &TcContext, t: &mut Tuple, l4: usize) -> Result<Icmp, ()> {
 /// Copies 16 bytes straight into `dst` (map memory): a constant length, which the
 /// verifier needs, and no stack copy.
 #[inline(always)]
-fn load_addr(ctx: &TcContext, off: usize, dst: &mut [u8; 16]) -> Result<(), ()> {
+fn load_addr(ctx: &SkBuff, off: usize, dst: &mut [u8; 16]) -> Result<(), ()> {
     // SAFETY: dst is 16 writable bytes; the helper bounds-checks the packet.
     let rc = unsafe {
         bpf_skb_load_bytes(
-            ctx.skb.skb as *const _,
+            ctx.skb as *const _,
             off as u32,
             dst.as_mut_ptr() as *mut c_void,
             16,

@@ -41,6 +41,9 @@ pub struct EbpfConfig {
     pub kernel_debug_log: bool,
     /// How to attach: `None` picks TCX where the kernel has it (6.6+), else netlink.
     pub attach_mode: Option<AttachMode>,
+    /// The node's iptables backend, for the one chain this dataplane keeps there;
+    /// `None`: detected as kube-proxy's wrapper does.
+    pub iptables_backend: Option<crate::netfilter::backend::Backend>,
     /// Pod interfaces isolated from their first packet until their endpoint is programmed.
     #[serde(default)]
     pub new_pods: NewPodIsolation,
@@ -73,6 +76,7 @@ impl Default for EbpfConfig {
             events_per_sec: 1000,
             kernel_debug_log: false,
             attach_mode: None,
+            iptables_backend: None,
             new_pods: NewPodIsolation::default(),
             pod_netns_dir: default_pod_netns_dir(),
         }

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use aya::{
     maps::{HashMap, LpmTrie, Map, MapData, PerCpuArray},
-    programs::SchedClassifier,
+    programs::{SchedClassifier, SocketFilter},
     EbpfLoader,
 };
 use weir_common::{
@@ -127,8 +127,7 @@ impl Preload {
 /// Returns whether it loaded them now.
 pub fn ensure_loaded(layout: &PinLayout, config: &EbpfConfig) -> Result<bool, DataplaneError> {
     layout.prepare()?;
-    let names = [program_names::FROM_POD, program_names::TO_POD];
-    if names.iter().all(|n| layout.prog(n).exists()) {
+    if program_names::ALL.iter().all(|n| layout.prog(n).exists()) {
         return Ok(false);
     }
     load_and_pin(layout, config)?;
@@ -230,16 +229,34 @@ pub fn load_and_pin_into(
             .ok_or(DataplaneError::MissingProgram(name))?
             .try_into()
             .map_err(|e| DataplaneError::program(format!("program {name}"), e))?;
-        load_classifier(name, prog)
+        load_retrying(name, || prog.load())
             .map_err(|e| DataplaneError::program(format!("verifier rejected {name}"), e))?;
-        let pin = progs.join(name);
-        let _ = std::fs::remove_file(&pin);
-        prog.pin(&pin).map_err(|source| DataplaneError::Pin {
-            context: format!("pin {name} at {}", pin.display()),
-            source: Box::new(source),
-        })?;
+        pin_program(progs, name, |p| prog.pin(p))?;
     }
+    let name = program_names::DEFERRED_TO_NODE;
+    let prog: &mut SocketFilter = ebpf
+        .program_mut(name)
+        .ok_or(DataplaneError::MissingProgram(name))?
+        .try_into()
+        .map_err(|e| DataplaneError::program(format!("program {name}"), e))?;
+    load_retrying(name, || prog.load())
+        .map_err(|e| DataplaneError::program(format!("verifier rejected {name}"), e))?;
+    pin_program(progs, name, |p| prog.pin(p))?;
     Ok(())
+}
+
+/// Pins a loaded program as `progs/name`, replacing an older pin.
+fn pin_program(
+    progs: &Path,
+    name: &str,
+    pin: impl FnOnce(&Path) -> Result<(), aya::pin::PinError>,
+) -> Result<(), DataplaneError> {
+    let path = progs.join(name);
+    let _ = std::fs::remove_file(&path);
+    pin(&path).map_err(|source| DataplaneError::Pin {
+        context: format!("pin {name} at {}", path.display()),
+        source: Box::new(source),
+    })
 }
 
 /// aya-log's level numbers: 0 is off, 4 is debug.
@@ -287,13 +304,13 @@ const LOAD_ATTEMPTS: u32 = 5;
 /// signal is pending (the kernel's `do_check`), which a process running children can get
 /// during a long verification (CI saw it once, on the host's 6.18, on aya's logged second
 /// attempt). Any other refusal is returned at once.
-pub(crate) fn load_classifier(
+pub(crate) fn load_retrying(
     name: &str,
-    prog: &mut SchedClassifier,
+    mut load: impl FnMut() -> Result<(), aya::programs::ProgramError>,
 ) -> Result<(), aya::programs::ProgramError> {
     let mut attempt = 1;
     loop {
-        match prog.load() {
+        match load() {
             Err(aya::programs::ProgramError::LoadError { io_error, .. })
                 if io_error.raw_os_error() == Some(libc::EAGAIN) && attempt < LOAD_ATTEMPTS =>
             {

@@ -276,10 +276,7 @@ impl Migration {
                 source,
             })
         };
-        for name in [
-            weir_common::program_names::FROM_POD,
-            weir_common::program_names::TO_POD,
-        ] {
+        for name in weir_common::program_names::ALL {
             rename(self.progs_dir().join(name), layout.prog(name))?;
         }
         for m in &self.mismatches {

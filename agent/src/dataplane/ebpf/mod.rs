@@ -20,11 +20,14 @@
 //! interface that reused the index. A pod interface that appears before its endpoint is
 //! programmed gets a pending entry instead (both directions isolated, no rules: see
 //! `newpods`), which the endpoint's real entry replaces. Pinned maps whose shape differs
-//! from this build's are migrated, never reused (see `migrate`).
+//! from this build's are migrated, never reused (see `migrate`). One iptables chain
+//! belongs to this dataplane: Service traffic kube-proxy DNATs to the node itself passes
+//! no pod's hook, and is judged from INPUT (see `deferred_to_node`).
 
 mod attach;
 mod config;
 pub mod decode;
+mod deferred_to_node;
 mod events;
 mod flow_state;
 mod identities;
@@ -96,6 +99,11 @@ pub struct EbpfDataplane {
     /// Whether the endpoint records were checked for bridges since the start.
     records_checked_for_bridges: std::cell::Cell<bool>,
     _link_watch: Option<newpods::LinkWatch>,
+    /// The node's iptables backend, which holds `deferred_to_node`'s chain.
+    iptables_backend: crate::netfilter::backend::Backend,
+    /// Why `deferred_to_node`'s chain is not in place (then Service traffic DNATed to the
+    /// node is not judged), for the status.
+    deferred_to_node_error: Option<String>,
 }
 
 /// The shape of the map pinned as `name` under `pin_root`, if there is one.
@@ -221,7 +229,7 @@ impl EbpfDataplane {
             policy_entries = kernel.policy.len(),
             "eBPF dataplane ready"
         );
-        Ok(EbpfDataplane {
+        let mut dataplane = EbpfDataplane {
             layout,
             programs,
             maps,
@@ -237,7 +245,35 @@ impl EbpfDataplane {
             pod_netns_dir: config.pod_netns_dir.clone(),
             records_checked_for_bridges: std::cell::Cell::new(false),
             _link_watch: link_watch,
-        })
+            iptables_backend: config
+                .iptables_backend
+                .unwrap_or_else(crate::netfilter::backend::detect),
+            deferred_to_node_error: None,
+        };
+        dataplane.ensure_deferred_to_node();
+        Ok(dataplane)
+    }
+
+    /// (Re)writes the INPUT chain that judges Service traffic DNATed to the node, on the
+    /// program pinned now. A failure leaves that one path unjudged: said once in the log
+    /// and kept in the status until it succeeds (every reconcile tries again).
+    fn ensure_deferred_to_node(&mut self) {
+        let program = self
+            .layout
+            .prog(weir_common::program_names::DEFERRED_TO_NODE);
+        let result =
+            deferred_to_node::ensure(self.iptables_backend, &program).map_err(|e| e.to_string());
+        match (&result, &self.deferred_to_node_error) {
+            (Err(e), last) if last.as_ref() != Some(e) => tracing::warn!(
+                error = %e,
+                "Service traffic DNATed to this node is not judged (a ClusterNetworkPolicy deny to the node does not hold through a Service with a host-network backend)"
+            ),
+            (Ok(()), Some(_)) => {
+                tracing::info!("Service traffic DNATed to this node is judged again")
+            }
+            _ => {}
+        }
+        self.deferred_to_node_error = result.err();
     }
 
     /// Ends a migration once the new maps hold the desired state: the new programs go
@@ -318,6 +354,8 @@ impl EbpfDataplane {
                 reason: format!("migration not committed (retried at the next start): {e}"),
             });
         }
+        // The chain holds the program it was written with: the old one, on the old maps.
+        self.ensure_deferred_to_node();
     }
 
     /// Kernel ids of the two programs (stable across policy changes and restarts).
@@ -1117,6 +1155,7 @@ impl Dataplane for EbpfDataplane {
                 Ok(host) => self.host = host,
                 Err(e) => tracing::warn!("node addresses not refreshed: {e}"),
             }
+            self.ensure_deferred_to_node();
         }
         self.write(desired)
     }
@@ -1131,6 +1170,9 @@ impl Dataplane for EbpfDataplane {
         ];
         if let Some(why) = &self.no_tcx {
             details.push(("kernel_lacks".into(), why.clone()));
+        }
+        if let Some(why) = &self.deferred_to_node_error {
+            details.push(("service_traffic_to_node_not_judged".into(), why.clone()));
         }
         if self.isolator.is_some() {
             let pending = self

@@ -87,13 +87,25 @@ fn verifier_accepts() -> Result<(), String> {
                 .ok_or_else(|| format!("program {name} missing"))?
                 .try_into()
                 .map_err(|e| format!("program {name}: {e}"))?;
-            super::loader::load_classifier(name, prog).map_err(|e| {
+            super::loader::load_retrying(name, || prog.load()).map_err(|e| {
                 format!(
                     "verifier rejected {name}: {}",
                     super::loader::verifier_message(&e)
                 )
             })?;
         }
+        let name = program_names::DEFERRED_TO_NODE;
+        let prog: &mut aya::programs::SocketFilter = ebpf
+            .program_mut(name)
+            .ok_or_else(|| format!("program {name} missing"))?
+            .try_into()
+            .map_err(|e| format!("program {name}: {e}"))?;
+        super::loader::load_retrying(name, || prog.load()).map_err(|e| {
+            format!(
+                "verifier rejected {name}: {}",
+                super::loader::verifier_message(&e)
+            )
+        })?;
         Ok(())
     })();
     let _ = std::fs::remove_dir_all(&scratch.root);
