@@ -111,6 +111,11 @@ pub struct UpArgs {
     /// the same, with the enforcer's name where the dataplane's would be.
     #[arg(long, value_enum, default_value_t = Enforcer::Weir)]
     pub enforcer: Enforcer,
+    /// The ClusterNetworkPolicy CRD (a YAML file) the lab's API server gets instead of the
+    /// one deploy/crds/ ships (network-policy-api's standard channel): its experimental
+    /// channel, say, whose `nodes` peers the standard schema refuses. Server mode only.
+    #[arg(long, value_name = "FILE")]
+    pub cluster_policy_crd: Option<PathBuf>,
     #[command(flatten)]
     pub wait: WaitArgs,
     #[arg(required = true)]
@@ -369,6 +374,17 @@ fn up_lab(dir: &LabDir, up: &UpArgs, weir: &WeirBinary) -> anyhow::Result<()> {
         agent_args: up.agent_args.clone(),
         enforcer: up.enforcer,
         weir: weir.clone(),
+        cluster_policy_crd: match &up.cluster_policy_crd {
+            Some(_) if !api_server => {
+                anyhow::bail!(
+                    "weir-lab up: --cluster-policy-crd is for the lab's API server (--api server)"
+                )
+            }
+            Some(path) => Some(std::fs::read_to_string(path).with_context(|| {
+                format!("weir-lab up: --cluster-policy-crd {}", path.display())
+            })?),
+            None => None,
+        },
     };
     ops::up(dir, &opts, &up.manifests).context("weir-lab up")
 }

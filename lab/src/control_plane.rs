@@ -95,11 +95,16 @@ pub const API_READY_WITHIN: Duration = Duration::from_secs(90);
 #[derive(Clone, Debug)]
 pub struct ControlPlane {
     pub dir: PathBuf,
+    /// The ClusterNetworkPolicy CRD to install instead of deploy/crds/'s (YAML).
+    pub cluster_policy_crd: Option<String>,
 }
 
 impl ControlPlane {
     pub fn new(dir: impl Into<PathBuf>) -> Self {
-        ControlPlane { dir: dir.into() }
+        ControlPlane {
+            dir: dir.into(),
+            cluster_policy_crd: None,
+        }
     }
 
     pub fn kubeconfig(&self, who: Identity) -> PathBuf {
@@ -153,8 +158,12 @@ impl ControlPlane {
     /// Creates the ClusterNetworkPolicy CRD (deploy/crds/) and waits until the server
     /// serves the kind.
     pub fn install_crds(&self, node: &str, timeout: Duration) -> Result<(), LabError> {
-        let crd: CustomResourceDefinition = serde_yaml::from_str(CLUSTER_POLICY_CRD)
-            .map_err(|e| LabError::invalid("deploy/crds/ (built in)", e.to_string()))?;
+        let (text, what) = match &self.cluster_policy_crd {
+            Some(text) => (text.as_str(), "--cluster-policy-crd"),
+            None => (CLUSTER_POLICY_CRD, "deploy/crds/ (built in)"),
+        };
+        let crd: CustomResourceDefinition =
+            serde_yaml::from_str(text).map_err(|e| LabError::invalid(what, e.to_string()))?;
         let name = crd.metadata.name.clone().unwrap_or_default();
         let answer = self.block_on(node, Identity::Admin, |client| async move {
             let api: Api<CustomResourceDefinition> = Api::all(client);

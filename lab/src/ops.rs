@@ -47,6 +47,8 @@ pub struct UpOptions {
     pub enforcer: Enforcer,
     /// `--weir-bin`: the agent's binary, unless it runs from `agent_image`.
     pub weir: WeirBinary,
+    /// `--cluster-policy-crd`: the ClusterNetworkPolicy CRD (YAML) instead of deploy/crds/'s.
+    pub cluster_policy_crd: Option<String>,
 }
 
 /// The Node a server-mode lab's agent runs as when the manifests name none.
@@ -124,7 +126,7 @@ pub fn up(dir: &LabDir, opts: &UpOptions, manifests: &[PathBuf]) -> Result<(), L
     let built = world::create_node(&state.node_netns, &state.pod_network())
         .and_then(|()| dir.save(&state))
         .and_then(|()| match opts.api_server {
-            true => start_control_plane(dir, &mut state, &incoming, opts.timeout),
+            true => start_control_plane(dir, &mut state, &incoming, opts),
             false => Ok(()),
         })
         .and_then(|()| {
@@ -162,7 +164,7 @@ fn start_control_plane(
     dir: &LabDir,
     state: &mut LabState,
     incoming: &[Object],
-    ready_within: Duration,
+    opts: &UpOptions,
 ) -> Result<(), LabError> {
     let node_name = incoming
         .iter()
@@ -171,8 +173,11 @@ fn start_control_plane(
             _ => None,
         })
         .unwrap_or_else(|| DEFAULT_NODE_NAME.to_string());
-    let cp = ControlPlane::new(dir.api_dir());
-    let (etcd_pid, apiserver_pid) = cp.start(&state.node_netns, ready_within)?;
+    let cp = ControlPlane {
+        cluster_policy_crd: opts.cluster_policy_crd.clone(),
+        ..ControlPlane::new(dir.api_dir())
+    };
+    let (etcd_pid, apiserver_pid) = cp.start(&state.node_netns, opts.timeout)?;
     state.api = Some(ApiState {
         node_name,
         etcd_pid,

@@ -17,12 +17,18 @@
 //!   denied (before the fix: eBPF judged the node's address, always allowed; iptables'
 //!   FORWARD judges the real client before SNAT).
 //!
+//! - **A backend on the node itself** (host network): kube-proxy DNATs the packet to one
+//!   of the node's addresses and it is delivered locally, past every pod's hook. A
+//!   ClusterNetworkPolicy Admin Deny to the node must hold through the Service (before
+//!   the fix: eBPF connected), and a `nodes` peer must cover the node's addresses that its
+//!   Node's status does not list, such as an uplink's (before the fix: both connected).
+//!
 //! Controls show kube-proxy forwards each path for a pod no policy restricts.
 
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpStream};
 use std::time::Duration;
 
-use weir_tests::lab::{manifest, Lab};
+use weir_tests::lab::{experimental_cluster_policy_crd, manifest, Lab};
 use weir_tests::netns::NetNs;
 use weir_tests::pods::off_node_host;
 use weir_tests::probe::EchoServers;
@@ -36,6 +42,10 @@ const REMOTE_CLUSTER_IP: Ipv4Addr = Ipv4Addr::new(10, 96, 7, 7);
 const REMOTE_IP: &str = "10.245.0.2";
 const UPLINK_IP: &str = "10.245.0.1";
 const REMOTE_PORT: u16 = 8443;
+/// A Service whose one endpoint is the node's uplink address, where a host-network
+/// listener waits.
+const NODE_LOCAL_CLUSTER_IP: Ipv4Addr = Ipv4Addr::new(10, 96, 7, 8);
+const NODE_LOCAL_PORT: u16 = 8081;
 
 /// web admits only `app: allowed`; client may reach only db:5432; free has no policy.
 const WORLD: &str = r#"
@@ -73,6 +83,11 @@ spec: {containers: [{name: c}]}
 apiVersion: v1
 kind: Pod
 metadata: {name: free, namespace: shop, labels: {app: free}}
+spec: {containers: [{name: c}]}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: guarded, namespace: shop, labels: {app: guarded}}
 spec: {containers: [{name: c}]}
 ---
 apiVersion: networking.k8s.io/v1
@@ -115,6 +130,43 @@ ports: [{{name: https, port: {REMOTE_PORT}, protocol: TCP}}]
     )
 }
 
+/// guarded may not reach any node on 8081: a `nodes` peer (the experimental channel's).
+const GUARDED_OFF_NODES: &str = r#"
+apiVersion: policy.networking.k8s.io/v1alpha2
+kind: ClusterNetworkPolicy
+metadata: {name: guarded-keeps-off-nodes}
+spec:
+  tier: Admin
+  priority: 1
+  subject: {pods: {namespaceSelector: {}, podSelector: {matchLabels: {app: guarded}}}}
+  egress:
+  - {action: Deny, to: [{nodes: {}}], protocols: [{tcp: {destinationPort: {number: 8081}}}]}
+"#;
+
+/// A Service without a selector whose one endpoint is the node's uplink address (a
+/// host-network backend; EndpointSlices refuse link-local addresses such as the Node's).
+fn node_local_service() -> String {
+    format!(
+        r#"apiVersion: v1
+kind: Service
+metadata: {{name: node-local, namespace: shop}}
+spec:
+  clusterIP: {NODE_LOCAL_CLUSTER_IP}
+  ports: [{{name: http, port: 80, targetPort: {NODE_LOCAL_PORT}}}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: node-local-1
+  namespace: shop
+  labels: {{kubernetes.io/service-name: node-local}}
+addressType: IPv4
+endpoints: [{{addresses: ["{UPLINK_IP}"], conditions: {{ready: true}}}}]
+ports: [{{name: http, port: {NODE_LOCAL_PORT}, protocol: TCP}}]
+"#
+    )
+}
+
 /// Whether a TCP connection from pod netns `ns` to `to` is accepted (a denied SYN is
 /// dropped: the connect times out).
 fn connects(ns: &str, to: SocketAddrV4) -> bool {
@@ -133,29 +185,39 @@ fn service_paths(dataplane: &str) {
         dataplane,
         "--proxy",
         "iptables",
+        // `nodes` peers are the experimental channel's.
+        "--cluster-policy-crd",
+        experimental_cluster_policy_crd().to_str().unwrap(),
         world.to_str().unwrap(),
     ])
     .unwrap_or_else(|e| panic!("{dataplane}: lab up: {e}"));
     let node = lab.node_netns();
     let (client, _) = lab.pod("shop/client");
     let (free, _) = lab.pod("shop/free");
+    let (guarded, _) = lab.pod("shop/guarded");
 
-    // The Service goes to the API server with `weir-lab apply`; its EndpointSlice (no
-    // selector: the lab manages none) with kubectl, as an operator would.
-    let service = manifest(&lab, "remote.yaml", &remote_service());
-    NetNs::attach(&node)
-        .ok(
-            "kubectl",
-            &[
-                "--kubeconfig",
-                lab.dir.join("api/kubeconfig-admin").to_str().unwrap(),
-                "apply",
-                "-f",
-                service.to_str().unwrap(),
-            ],
-            None,
-        )
-        .expect("kubectl apply the remote Service and its EndpointSlice");
+    // Services and their EndpointSlices (no selector: the lab manages none) go to the API
+    // server with kubectl, as an operator would.
+    let kubectl_apply = |name: &str, text: &str| {
+        let file = manifest(&lab, name, text);
+        NetNs::attach(&node)
+            .ok(
+                "kubectl",
+                &[
+                    "--kubeconfig",
+                    lab.dir.join("api/kubeconfig-admin").to_str().unwrap(),
+                    "apply",
+                    "-f",
+                    file.to_str().unwrap(),
+                ],
+                None,
+            )
+            .unwrap_or_else(|e| panic!("kubectl apply {name}: {e}"));
+    };
+    kubectl_apply("remote.yaml", &remote_service());
+    let cnp = manifest(&lab, "guarded.yaml", GUARDED_OFF_NODES);
+    lab.weir(&["apply", cnp.to_str().unwrap()])
+        .unwrap_or_else(|e| panic!("{dataplane}: apply the ClusterNetworkPolicy: {e}"));
     // A host off the node, behind an uplink that appears after the agent converged: the
     // link watch must cover it at once (the next resync is a minute away).
     let uplink = format!("up{}", std::process::id() % 100_000);
@@ -167,6 +229,11 @@ fn service_paths(dataplane: &str) {
         &format!("{REMOTE_IP}/24"),
     );
     let _listener = EchoServers::start(&remote.name, &[REMOTE_PORT]);
+    // The host-network backend, behind the uplink's address, which the Node's status does
+    // not list: the agent reads it from the node's interfaces at its next batch (this
+    // Service's) or resync.
+    let _node_listener = EchoServers::start(&node, &[NODE_LOCAL_PORT]);
+    kubectl_apply("node-local.yaml", &node_local_service());
     // kube-proxy and the agent take the Service in; wait until the control path works.
     let remote_front = SocketAddrV4::new(REMOTE_CLUSTER_IP, 443);
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
@@ -175,6 +242,19 @@ fn service_paths(dataplane: &str) {
             std::time::Instant::now() < deadline,
             "{dataplane}: kube-proxy never forwarded {remote_front} to the remote host"
         );
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    let node_local_front = SocketAddrV4::new(NODE_LOCAL_CLUSTER_IP, 80);
+    let uplink = SocketAddrV4::new(UPLINK_IP.parse().unwrap(), NODE_LOCAL_PORT);
+    while !connects(&free, node_local_front) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{dataplane}: kube-proxy never forwarded {node_local_front} to the node"
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    // kube-proxy is ready; the agent takes the Service's batch in on its own time.
+    while connects(&guarded, uplink) && std::time::Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(300));
     }
 
@@ -228,6 +308,36 @@ fn service_paths(dataplane: &str) {
             "control: a host off the node, through db's NodePort (db has no policy)",
             &remote.name,
             SocketAddrV4::new(UPLINK_IP.parse().unwrap(), DB_NODE_PORT),
+            true,
+        ),
+        (
+            "a pod an Admin Deny keeps off the node, to the Node's status address",
+            &guarded,
+            SocketAddrV4::new(NODE_IP, NODE_LOCAL_PORT),
+            false,
+        ),
+        (
+            "a pod an Admin Deny keeps off the node, to the node's uplink address",
+            &guarded,
+            uplink,
+            false,
+        ),
+        (
+            "a pod an Admin Deny keeps off the node, through a Service whose backend is the node",
+            &guarded,
+            node_local_front,
+            false,
+        ),
+        (
+            "control: no policy, the node's uplink address",
+            &free,
+            uplink,
+            true,
+        ),
+        (
+            "control: no policy, the Service whose backend is the node",
+            &free,
+            node_local_front,
             true,
         ),
     ];

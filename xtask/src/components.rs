@@ -45,8 +45,10 @@ pub fn bin_dir(version: &str) -> PathBuf {
     root().join(format!("kubernetes-{version}"))
 }
 
-/// The binaries' directory, building them first when they are not cached.
+/// The binaries' directory, building them first when they are not cached. Also puts
+/// network-policy-api's module in the Go module cache ([`ensure_network_policy_api`]).
 pub fn ensure() -> Result<PathBuf> {
+    ensure_network_policy_api()?;
     let version = kubernetes_version()?;
     let dir = bin_dir(&version);
     if dir.join(STAMP).exists() && BINARIES.iter().all(|b| dir.join(b).is_file()) {
@@ -54,6 +56,31 @@ pub fn ensure() -> Result<PathBuf> {
     }
     build(&version, &dir)?;
     Ok(dir)
+}
+
+/// network-policy-api at the release deploy/crds/ ships the standard channel of, in the Go
+/// module cache: its experimental-channel CRD (with `nodes` peers) is what the tests
+/// install where they need those (`weir_tests::lab::experimental_cluster_policy_crd`).
+pub fn ensure_network_policy_api() -> Result<()> {
+    let crd =
+        workspace_root().join("deploy/crds/policy.networking.k8s.io_clusternetworkpolicies.yaml");
+    let text = std::fs::read_to_string(&crd).with_context(|| format!("read {}", crd.display()))?;
+    let version = text
+        .lines()
+        .find_map(|l| {
+            l.trim()
+                .strip_prefix("policy.networking.k8s.io/bundle-version:")
+        })
+        .map(str::trim)
+        .with_context(|| format!("{}: no bundle-version annotation", crd.display()))?;
+    let module = format!("sigs.k8s.io/network-policy-api@{version}");
+    exec(
+        Command::new(go()?)
+            .args(["mod", "download", &module])
+            .env("GOFLAGS", "-mod=mod")
+            .current_dir(std::env::temp_dir()),
+    )
+    .with_context(|| format!("download {module} from the Go module proxy"))
 }
 
 pub fn go() -> Result<PathBuf> {
