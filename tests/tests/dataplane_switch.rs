@@ -124,21 +124,27 @@ fn in_node(lab: &Lab, program: &str, args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-/// What each dataplane leaves in the node: (iptables chains and sets, tc filters and pins).
+/// What each dataplane leaves in the node: (iptables chains and sets, tc filters, pins
+/// and the eBPF dataplane's one chain).
 fn leftovers(lab: &Lab) -> (Vec<String>, Vec<String>) {
+    let ebpf_chain = weir::netfilter::WEIR_EBPF_CHAIN;
     let mut iptables: Vec<String> = Vec::new();
+    let mut ebpf: Vec<String> = Vec::new();
     for save in [
         "iptables-legacy-save",
         "iptables-nft-save",
         "ip6tables-legacy-save",
         "ip6tables-nft-save",
     ] {
-        iptables.extend(
-            in_node(lab, save, &[])
-                .lines()
-                .filter(|l| l.contains("WEIR"))
-                .map(str::to_string),
-        );
+        for line in in_node(lab, save, &[])
+            .lines()
+            .filter(|l| l.contains("WEIR"))
+        {
+            match line.contains(ebpf_chain) {
+                true => ebpf.push(line.to_string()),
+                false => iptables.push(line.to_string()),
+            }
+        }
     }
     iptables.extend(
         in_node(lab, "ipset", &["list", "-n"])
@@ -147,7 +153,6 @@ fn leftovers(lab: &Lab) -> (Vec<String>, Vec<String>) {
             .map(str::to_string),
     );
 
-    let mut ebpf: Vec<String> = Vec::new();
     let st = state(lab);
     for pod in st["pods"].as_object().expect("pods").values() {
         let host_if = pod["host_if"].as_str().expect("host_if");

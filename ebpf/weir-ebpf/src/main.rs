@@ -190,7 +190,7 @@ fn source_ok(ep: &EndpointInfo, t: &Tuple) -> bool {
     // checked until the agent programs it; but it may not speak as a programmed pod of
     // this node (to the node, which would take it for that pod).
     if ep.flags & (EP_HAS_IPV4 | EP_HAS_IPV6) == 0 {
-        return unsafe { WEIR_LOCAL.get(&IdentityKey { addr: t.saddr }) }.is_none();
+        return !is_local_pod(&t.saddr);
     }
     if t.family == 4 {
         return ep.flags & EP_HAS_IPV4 != 0 && packet::same_addr(&t.saddr, &ep.ipv4);
@@ -231,7 +231,7 @@ fn arp_sender_ok(ep: &EndpointInfo, sender: &[u8; 16]) -> bool {
         return true;
     }
     if ep.flags & (EP_HAS_IPV4 | EP_HAS_IPV6) == 0 {
-        return unsafe { WEIR_LOCAL.get(&IdentityKey { addr: *sender }) }.is_none();
+        return !is_local_pod(sender);
     }
     ep.flags & EP_HAS_IPV4 != 0 && packet::same_addr(sender, &ep.ipv4)
 }
@@ -273,13 +273,13 @@ fn link_scoped_nd(pkt: &Packet, from_pod: bool) -> bool {
 /// decides again if the node routes it instead (at hop limit 254).
 #[inline(always)]
 fn bridged_nd(pkt: &Packet, from_pod: bool) -> bool {
-    !from_pod
-        || unsafe {
-            WEIR_LOCAL.get(&IdentityKey {
-                addr: pkt.tuple.daddr,
-            })
-        }
-        .is_some()
+    !from_pod || is_local_pod(&pkt.tuple.daddr)
+}
+
+/// Whether `addr` is one of this node's pods' (WEIR_LOCAL).
+#[inline(always)]
+fn is_local_pod(addr: &[u8; 16]) -> bool {
+    unsafe { WEIR_LOCAL.get(&IdentityKey { addr: *addr }) }.is_some()
 }
 
 #[inline(always)]
@@ -907,13 +907,7 @@ fn icmp_error_on_path(ctx: &SkBuff, pkt: &Packet, from_pod: bool) -> bool {
     if packet::same_addr(&pkt.tuple.saddr, &inner.daddr) {
         return true;
     }
-    !from_pod
-        && (unsafe {
-            WEIR_LOCAL.get(&IdentityKey {
-                addr: pkt.tuple.saddr,
-            })
-        })
-        .is_none()
+    !from_pod && !is_local_pod(&pkt.tuple.saddr)
 }
 
 /// Removes the entry `key` names from both CT tables.
