@@ -154,6 +154,8 @@ pub fn run() -> Result<()> {
 
     steps.start("structure");
     crate::structure::run()?;
+    steps.start("results tables");
+    crate::results::run(true)?;
 
     steps.start("unit tests");
     let unit = cargo_test(&["--workspace", "--no-fail-fast", "--lib", "--bins"])?;
