@@ -1,102 +1,57 @@
-//! Network namespaces owned by one bench run: created through iproute2, deleted on drop
-//! (so a failing scenario still cleans up), entered from a thread or a child process.
-use std::fs::File;
-use std::os::fd::{AsRawFd, OwnedFd};
+//! The bench's network namespaces (weir-netns), named `weir-bench-<tag>-<pid>` so that a
+//! later run sweeps what a killed one left behind, and deleted on drop (so a failing
+//! scenario still cleans up); what they run dies with the bench.
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::Command;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 
-/// Runs `ip ARGS...`; a non-zero exit is an error quoting stderr.
-pub fn ip(args: &[&str]) -> Result<()> {
-    let out = Command::new("ip")
-        .args(args)
-        .output()
-        .context("running `ip` (is iproute2 installed? `cargo xtask setup`)")?;
-    if !out.status.success() {
-        bail!(
-            "ip {} failed: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
-    Ok(())
-}
+pub use weir_netns::ip;
 
-/// A named network namespace, deleted (with every interface in it) when dropped.
-pub struct Netns {
-    name: String,
-}
+/// A namespace of this bench run, deleted (with every interface in it) when dropped.
+pub struct Netns(weir_netns::Netns);
 
 impl Netns {
     /// Creates `weir-bench-<tag>-<pid>` with its loopback up.
     pub fn create(tag: &str) -> Result<Self> {
         let name = format!("weir-bench-{tag}-{}", std::process::id());
-        ip(&["netns", "add", &name])?;
-        let ns = Netns { name };
-        ip(&["-n", &ns.name, "link", "set", "lo", "up"])?;
-        Ok(ns)
+        Ok(Netns(weir_netns::Netns::create(name)?))
     }
 
     pub fn name(&self) -> &str {
-        &self.name
-    }
-
-    fn open(&self) -> Result<OwnedFd> {
-        let path = PathBuf::from("/run/netns").join(&self.name);
-        File::open(&path)
-            .map(OwnedFd::from)
-            .with_context(|| format!("opening {}", path.display()))
+        self.0.name()
     }
 
     /// Runs `f` on a thread that entered this namespace; sockets it creates stay in it.
     pub fn run<T: Send>(&self, f: impl FnOnce() -> Result<T> + Send) -> Result<T> {
-        let fd = self.open()?;
-        std::thread::scope(|s| {
-            s.spawn(|| {
-                enter(&fd).with_context(|| format!("entering netns {}", self.name))?;
-                f()
-            })
-            .join()
-            .map_err(|_| anyhow::anyhow!("a thread in netns {} panicked", self.name))?
-        })
+        self.0.run(f)?
     }
 
-    /// Makes `command` start inside this namespace. Only the network namespace changes
-    /// (not the mounts, as `ip netns exec` would), so the host's bpffs stays visible. The
-    /// child is killed if the bench dies (for example on Ctrl-C), so that nothing keeps
-    /// running in a namespace that the next run sweeps away.
+    /// Makes `command` start inside this namespace (only the network namespace changes,
+    /// so the host's bpffs stays visible). The child is killed if the bench dies (for
+    /// example on Ctrl-C), so that nothing keeps running in a namespace that the next run
+    /// sweeps away.
     pub fn command(&self, command: &mut Command) -> Result<()> {
-        let fd = self.open()?;
-        // SAFETY: between fork and exec the child only calls prctl and setns, both
-        // async-signal-safe system calls.
+        self.0.command(command)?;
+        // SAFETY: between fork and exec the child only calls prctl, an async-signal-safe
+        // system call.
         unsafe {
-            command.pre_exec(move || {
+            command.pre_exec(|| {
                 if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
                     return Err(std::io::Error::last_os_error());
                 }
-                enter(&fd)
+                Ok(())
             });
         }
         Ok(())
     }
 
-    /// Writes a sysctl of this namespace (/proc/sys/net follows the writer's namespace).
+    /// Writes a sysctl of this namespace.
     pub fn sysctl(&self, key: &str, value: &str) -> Result<()> {
-        let path = PathBuf::from("/proc/sys").join(key.replace('.', "/"));
-        self.run(|| {
-            std::fs::write(&path, value)
-                .with_context(|| format!("{}: writing {}", self.name, path.display()))
-        })
-    }
-}
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        if let Err(e) = ip(&["netns", "delete", &self.name]) {
-            eprintln!("bench: cleanup: {e}");
-        }
+        self.0
+            .sysctl(key, value)
+            .with_context(|| format!("bench namespace {}", self.name()))
     }
 }
 
@@ -120,8 +75,8 @@ pub fn sweep_stale() {
             if PathBuf::from(format!("/proc/{pid}")).exists() {
                 continue;
             }
-            let removed = if dir == "/run/netns" {
-                ip(&["netns", "delete", &name])
+            let removed: Result<()> = if dir == "/run/netns" {
+                weir_netns::delete(&name).map_err(Into::into)
             } else {
                 std::fs::remove_dir_all(entry.path()).map_err(Into::into)
             };
@@ -131,12 +86,4 @@ pub fn sweep_stale() {
             }
         }
     }
-}
-
-fn enter(fd: &OwnedFd) -> std::io::Result<()> {
-    // SAFETY: setns on a valid namespace fd only changes this thread's network namespace.
-    if unsafe { libc::setns(fd.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(())
 }
