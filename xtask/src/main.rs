@@ -75,8 +75,9 @@ enum Command {
         min_runs: u64,
     },
     /// Check the layering: weir-policy's dependencies reach no kernel, Kubernetes client,
-    /// async runtime or HTTP crate, and no crate's top-level modules use each other in a
-    /// cycle. `cargo xtask test` runs it.
+    /// async runtime or HTTP crate, the agent depends on none of the harnesses, and no
+    /// crate's modules use their siblings in a cycle, at any level (known cycles listed).
+    /// `cargo xtask test` runs it.
     Structure,
     /// Write the tables of docs/performance.md and docs/kernels.md from the committed
     /// results they name (docs/results/DATE/*.json), between their `<!-- results TABLE
