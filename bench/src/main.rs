@@ -123,6 +123,17 @@ fn run(cli: Cli) -> Result<()> {
             bail!("the bench needs `{tool}` on PATH; run `cargo xtask setup`");
         }
     }
+    for (flag, binary) in [("--weir", Some(&cli.weir)), ("--lab", Some(&cli.lab))]
+        .into_iter()
+        .chain([("--kube-router", cli.kube_router.as_ref())])
+    {
+        if let Some(binary) = binary.filter(|b| !b.is_file()) {
+            bail!(
+                "{flag} {}: no such file (`cargo xtask bench` builds it)",
+                binary.display()
+            );
+        }
+    }
     let (quick, peers) = (cli.quick, cli.peers);
     let kube_router = match (peers, cli.kube_router) {
         (true, None) => {
