@@ -348,6 +348,23 @@ fn kernel_state(rows: &Rows, s: &str, dp: &str) -> String {
     }
 }
 
+/// A world's table up to its cold start: the head (the world, then one column per
+/// dataplane) and the cold start's row.
+fn world_head(rows: &Rows, s: &str, dps: &[&str], pods: i64, policies: i64) -> String {
+    let head = format!(
+        "| {} pods, {} policies | {} |\n|---|{}\n",
+        thousands(pods),
+        thousands(policies),
+        dps.join(" | "),
+        "---|".repeat(dps.len())
+    );
+    head + &line(
+        "cold start to converged",
+        dps.iter()
+            .map(|dp| format!("{} ms", rows.value(s, dp, "cold start to converged"))),
+    )
+}
+
 fn convergence(report: &Value) -> Result<String> {
     let rows = Rows::of(report)?;
     let s = rows
@@ -358,18 +375,7 @@ fn convergence(report: &Value) -> Result<String> {
     let (pods, policies) = world(s).with_context(|| format!("{s}: no world in its name"))?;
     let memory = format!("memory, {policies} policies, {pods} remote pods");
     let dps = rows.dataplanes(s);
-    let mut out = format!(
-        "| {} pods, {} policies | {} |\n|---|{}\n",
-        thousands(pods),
-        thousands(policies),
-        dps.join(" | "),
-        "---|".repeat(dps.len())
-    );
-    out += &line(
-        "cold start to converged",
-        dps.iter()
-            .map(|dp| format!("{} ms", rows.value(s, dp, "cold start to converged"))),
-    );
+    let mut out = world_head(&rows, s, &dps, pods, policies);
     for (phase, label) in PHASES {
         let figure = format!("cold start: {phase}");
         out += &line(
@@ -433,18 +439,7 @@ fn memory_large(report: &Value) -> Result<String> {
     }
     let (pods, policies) = world(s).with_context(|| format!("{s}: no world in its name"))?;
     let dps = rows.dataplanes(s);
-    let mut out = format!(
-        "| {} pods, {} policies | {} |\n|---|{}\n",
-        thousands(pods),
-        thousands(policies),
-        dps.join(" | "),
-        "---|".repeat(dps.len())
-    );
-    out += &line(
-        "cold start to converged",
-        dps.iter()
-            .map(|dp| format!("{} ms", rows.value(s, dp, "cold start to converged"))),
-    );
+    let mut out = world_head(&rows, s, &dps, pods, policies);
     let phases = ["listed", "compiled", "programmed"];
     out += &line(
         &format!("— {}", phases.join(" / ")),
