@@ -27,6 +27,9 @@ pub enum LabError {
         "the weir binary {0} does not exist (build it with `cargo build -p weir`, or name it with --weir-bin or WEIR_BIN)"
     )]
     WeirBinaryMissing(PathBuf),
+    /// A network namespace could not be made, entered, listed or deleted.
+    #[error(transparent)]
+    Netns(#[from] weir_netns::Error),
     /// The agent's /status could not be read.
     #[error("the lab's agent: {0}")]
     AgentStatus(#[from] weir::daemon::report::FetchError),

@@ -1,8 +1,8 @@
-//! Network namespaces through iproute2, and entering one from a thread or a child process.
+//! The lab's namespaces and processes: the namespace primitives are weir-netns's (shared
+//! with the bench and the tests); here are the lab's tools run with its timeout, rule
+//! listings, and the processes it starts inside namespaces and stops.
 
 use std::fs::File;
-use std::os::fd::{AsRawFd, OwnedFd};
-use std::path::PathBuf;
 use std::process::Command;
 
 use super::LabError;
@@ -60,90 +60,31 @@ pub fn listing(
     })
 }
 
+pub use weir_netns::{enter, exists, list_with_prefix, open, path};
+
 /// Runs `f` on a thread that entered the namespace (and so do the processes it starts).
 pub fn in_netns<T: Send>(netns: &str, f: impl FnOnce() -> T + Send) -> Result<T, LabError> {
-    let fd = open(netns)?;
-    std::thread::scope(|s| {
-        s.spawn(|| {
-            enter(&fd).map_err(|e| LabError::io(format!("entering netns {netns}"), e))?;
-            Ok(f())
-        })
-        .join()
-        .expect("thread in netns panicked")
-    })
+    Ok(weir_netns::in_netns(netns, f)?)
 }
 
-/// Sets a sysctl inside a namespace (/proc/sys/net follows the writing thread's namespace).
+/// Sets a sysctl inside a namespace.
 pub fn sysctl(netns: &str, key: &str, value: &str) -> Result<(), LabError> {
-    let path = PathBuf::from("/proc/sys").join(key.replace('.', "/"));
-    in_netns(netns, || std::fs::write(&path, value))?
-        .map_err(|e| LabError::io(format!("{netns}: writing {}", path.display()), e))
+    Ok(weir_netns::sysctl(netns, key, value)?)
 }
 
-pub fn path(netns: &str) -> PathBuf {
-    PathBuf::from("/run/netns").join(netns)
-}
-
-pub fn exists(netns: &str) -> bool {
-    path(netns).exists()
-}
-
+/// Creates a namespace with its loopback up.
 pub fn add(netns: &str) -> Result<(), LabError> {
-    ip(&["netns", "add", netns])?;
-    ip(&["-n", netns, "link", "set", "lo", "up"])?;
-    Ok(())
+    Ok(weir_netns::add(netns)?)
 }
 
 /// Deletes a namespace if it exists (idempotent).
 pub fn delete(netns: &str) -> Result<(), LabError> {
-    if exists(netns) {
-        ip(&["netns", "delete", netns])?;
-    }
-    Ok(())
+    Ok(weir_netns::delete(netns)?)
 }
 
-/// Names of all namespaces whose name starts with `prefix`.
-pub fn list_with_prefix(prefix: &str) -> Result<Vec<String>, LabError> {
-    let dir = match std::fs::read_dir("/run/netns") {
-        Ok(dir) => dir,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => return Err(LabError::io("listing /run/netns", e)),
-    };
-    let mut names: Vec<String> = dir
-        .filter_map(|entry| entry.ok()?.file_name().into_string().ok())
-        .filter(|name| name.starts_with(prefix))
-        .collect();
-    names.sort();
-    Ok(names)
-}
-
-/// Process ids running in the namespace (`ip netns pids`).
+/// Process ids running in the namespace.
 pub fn pids(netns: &str) -> Result<Vec<i32>, LabError> {
-    if !exists(netns) {
-        return Ok(Vec::new());
-    }
-    let out = ip(&["netns", "pids", netns])?;
-    Ok(out
-        .split_whitespace()
-        .filter_map(|pid| pid.parse().ok())
-        .collect())
-}
-
-/// Opens a namespace handle, to enter it later with [`enter`].
-pub fn open(netns: &str) -> Result<OwnedFd, LabError> {
-    File::open(path(netns))
-        .map(OwnedFd::from)
-        .map_err(|e| LabError::io(format!("opening netns {netns}"), e))
-}
-
-/// Moves the calling thread into the namespace. Only that thread moves; in a freshly
-/// forked child (`pre_exec`) it is the whole process. Async-signal-safe.
-pub fn enter(fd: &OwnedFd) -> std::io::Result<()> {
-    // SAFETY: setns on a valid namespace fd only changes this thread's network namespace.
-    if unsafe { libc::setns(fd.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(())
+    Ok(weir_netns::pids(netns)?)
 }
 
 /// What a detached process does with its standard output.

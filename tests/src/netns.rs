@@ -1,15 +1,17 @@
-//! Named network namespaces for tests: unique names (tag + process id), commands run
-//! inside with `ip netns exec`, deleted on drop even when the test fails.
+//! Named network namespaces for tests (weir-netns's): unique names (tag + process id),
+//! commands run inside with `ip netns exec` (which also shows the namespace's own /sys)
+//! under the agent's command timeout, deleted on drop even when the test fails.
 
-use std::process::{Command, Output, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use anyhow::{bail, Context, Result};
+use weir::exec::ToolOutput;
 
 pub struct NetNs {
     pub name: String,
-    /// Deleted on drop: created here, not borrowed from another owner.
-    owned: bool,
+    /// Deletes the namespace on drop when it was created here, not borrowed from another
+    /// owner.
+    _guard: weir_netns::Netns,
 }
 
 static NEXT: AtomicU32 = AtomicU32::new(0);
@@ -22,86 +24,52 @@ impl NetNs {
             std::process::id(),
             NEXT.fetch_add(1, Ordering::Relaxed)
         );
-        let out = Command::new("ip")
-            .args(["netns", "add", &name])
-            .output()
-            .context(
-                "prerequisite missing: `ip` (iproute2) must be installed and we must be root",
-            )?;
-        if !out.status.success() {
-            bail!(
-                "ip netns add {name} failed (root needed): {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        let ns = NetNs { name, owned: true };
-        ns.sh("ip link set lo up")?;
-        Ok(ns)
+        let guard = weir_netns::Netns::create(name.clone()).with_context(|| {
+            format!("creating netns {name} (prerequisites: root, and `ip` from iproute2)")
+        })?;
+        Ok(NetNs {
+            name,
+            _guard: guard,
+        })
     }
 
     /// A namespace someone else created and deletes (a test world's node).
     pub fn attach(name: &str) -> NetNs {
         NetNs {
             name: name.to_string(),
-            owned: false,
+            _guard: weir_netns::Netns::attach(name),
         }
     }
 
-    /// Runs `program args...` inside the namespace, feeding `stdin`.
-    pub fn run(&self, program: &str, args: &[&str], stdin: Option<&str>) -> Result<Output> {
-        let mut cmd = Command::new("ip");
-        cmd.args(["netns", "exec", &self.name, program])
-            .args(args)
-            .stdin(if stdin.is_some() {
-                Stdio::piped()
-            } else {
-                Stdio::null()
-            })
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        let mut child = cmd.spawn().with_context(|| {
+    /// Runs `program args...` inside the namespace, feeding `stdin`; killed (with what it
+    /// started) after the agent's default command timeout.
+    pub fn run(&self, program: &str, args: &[&str], stdin: Option<&str>) -> Result<ToolOutput> {
+        let mut argv = vec!["netns", "exec", &self.name, program];
+        argv.extend_from_slice(args);
+        weir::exec::run("ip", &argv, stdin).with_context(|| {
             format!(
                 "prerequisite missing: cannot run {program} in {}",
                 self.name
             )
-        })?;
-        if let (Some(text), Some(mut pipe)) = (stdin, child.stdin.take()) {
-            let text = text.to_string();
-            std::thread::spawn(move || {
-                use std::io::Write;
-                let _ = pipe.write_all(text.as_bytes());
-            });
-        }
-        Ok(child.wait_with_output()?)
+        })
     }
 
     /// Runs and requires success; returns stdout.
     pub fn ok(&self, program: &str, args: &[&str], stdin: Option<&str>) -> Result<String> {
         let out = self.run(program, args, stdin)?;
-        if !out.status.success() {
+        if !out.success {
             bail!(
                 "in netns {}: {program} {} failed: {}",
                 self.name,
                 args.join(" "),
-                String::from_utf8_lossy(&out.stderr)
+                out.stderr
             );
         }
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        Ok(out.stdout)
     }
 
     /// Runs a shell command line inside the namespace and requires success.
     pub fn sh(&self, script: &str) -> Result<String> {
         self.ok("sh", &["-c", script], None)
-    }
-}
-
-impl Drop for NetNs {
-    fn drop(&mut self) {
-        if !self.owned {
-            return;
-        }
-        let _ = Command::new("ip")
-            .args(["netns", "del", &self.name])
-            .output();
     }
 }

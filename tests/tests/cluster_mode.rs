@@ -370,11 +370,11 @@ fn the_real_api_server_admits_deploy() {
             None,
         )
         .expect("running kubectl (cargo xtask setup installs it)");
-    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stdout = &out.stdout;
     assert!(
-        out.status.success(),
+        out.success,
         "the API server refused deploy/: {}{stdout}",
-        String::from_utf8_lossy(&out.stderr)
+        out.stderr
     );
     assert!(
         stdout.contains("daemonset.apps/weir created (server dry run)"),

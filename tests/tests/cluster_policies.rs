@@ -380,8 +380,7 @@ fn node_matrix(dataplane: &str) -> (BTreeMap<String, bool>, Vec<String>) {
         let member = |set: &str, a: IpAddr| {
             let test = node_ns.run("ipset", &["test", set, &a.to_string()], None);
             test.expect("prerequisite missing: ipset (apt-get install ipset)")
-                .status
-                .success()
+                .success
         };
         assert!(member("weir-node-4", gw4), "the node's address {gw4}");
         assert!(member("weir-node-6", gw6), "the node's address {gw6}");

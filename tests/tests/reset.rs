@@ -159,14 +159,14 @@ fn reset(ns: &NetNs, extra: &[&str]) -> Result<Value> {
     let mut args = vec!["reset", "--output", "json", "--bpf-root", &bpf_root];
     args.extend(extra);
     let out = ns.run(bin.to_str().context("binary path")?, &args, None)?;
-    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stdout = &out.stdout;
     ensure!(
-        out.status.success(),
+        out.success,
         "weir reset failed in {}: {}\n{stdout}",
         ns.name,
-        String::from_utf8_lossy(&out.stderr)
+        out.stderr
     );
-    serde_json::from_str(&stdout).with_context(|| format!("reset report is not JSON: {stdout}"))
+    serde_json::from_str(stdout).with_context(|| format!("reset report is not JSON: {stdout}"))
 }
 
 fn undeletable_in(report: &Value) -> BTreeSet<String> {
@@ -403,9 +403,9 @@ fn nft_only_node_without_legacy_tools_resets_cleanly() -> Result<()> {
         ],
         None,
     )?;
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    ensure!(out.status.success(), "reset failed: {stdout}");
-    let report: Value = serde_json::from_str(&stdout)?;
+    let stdout = &out.stdout;
+    ensure!(out.success, "reset failed: {stdout}");
+    let report: Value = serde_json::from_str(stdout)?;
     ensure!(
         count(&report, "skipped") == 2,
         "legacy v4 and v6 skipped: {report}"

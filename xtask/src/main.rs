@@ -15,6 +15,7 @@ mod host_guard;
 mod image;
 mod kernels;
 mod peers;
+mod results;
 mod setup;
 mod structure;
 mod test;
@@ -74,9 +75,18 @@ enum Command {
         min_runs: u64,
     },
     /// Check the layering: weir-policy's dependencies reach no kernel, Kubernetes client,
-    /// async runtime or HTTP crate, and no crate's top-level modules use each other in a
-    /// cycle. `cargo xtask test` runs it.
+    /// async runtime or HTTP crate, the agent depends on none of the harnesses, and no
+    /// crate's modules use their siblings in a cycle, at any level (known cycles listed).
+    /// `cargo xtask test` runs it.
     Structure,
+    /// Write the tables of docs/performance.md and docs/kernels.md from the committed
+    /// results they name (docs/results/DATE/*.json), between their `<!-- results TABLE
+    /// FILE -->` and `<!-- /results -->` markers.
+    Results {
+        /// Only check that every table matches its data (what `cargo xtask test` runs).
+        #[arg(long)]
+        check: bool,
+    },
     /// Build the image deploy/daemonset.yaml runs, with no container engine: the stripped
     /// release binary and the tools it runs, from the Debian packages pinned in
     /// deploy/image/packages.lock, as an OCI layout, an oci-archive and a docker-archive in
@@ -135,7 +145,8 @@ enum Command {
         build_only: bool,
     },
     /// Measure datapath, convergence, memory and reset against no enforcement and the
-    /// iptables path, in one run; prints a table and writes target/bench/latest.json.
+    /// iptables path, in one run (the bench is `weir-bench`, in bench/; this builds it
+    /// and what it measures); prints a table and writes target/bench/latest.json.
     Bench {
         /// Scaled down to about a minute (the run that `cargo xtask test` makes).
         #[arg(long)]
@@ -156,6 +167,7 @@ fn main() {
         Command::Test => test::run(),
         Command::Conformance { scenarios, cells } => conformance::run(&scenarios, cells.as_deref()),
         Command::Structure => structure::run(),
+        Command::Results { check } => results::run(check),
         Command::Fuzz {
             seconds,
             dev,

@@ -108,7 +108,7 @@ impl Tally {
 /// (`tests/foo.rs`, relative to its package).
 fn integration_sources() -> Result<Vec<String>> {
     let mut found = Vec::new();
-    for package in ["agent", "policy", "tests"] {
+    for package in ["agent", "netns", "policy", "tests"] {
         let dir = workspace_root().join(package).join("tests");
         for entry in
             std::fs::read_dir(&dir).with_context(|| format!("reading {}", dir.display()))?
@@ -154,6 +154,8 @@ pub fn run() -> Result<()> {
 
     steps.start("structure");
     crate::structure::run()?;
+    steps.start("results tables");
+    crate::results::run(true)?;
 
     steps.start("unit tests");
     let unit = cargo_test(&["--workspace", "--no-fail-fast", "--lib", "--bins"])?;

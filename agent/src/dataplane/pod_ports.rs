@@ -18,15 +18,100 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fs::File;
 use std::net::IpAddr;
 use std::os::fd::AsRawFd;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use serde::Deserialize;
 
-use crate::exec;
+use crate::exec::{self, ExecError};
 
 /// Where container runtimes (and `ip netns`, and `weir-lab`) keep pods' network
 /// namespaces; the DaemonSet mounts the host's.
 pub const DEFAULT_POD_NETNS_DIR: &str = "/run/netns";
+
+/// Why the node's interfaces could not be read, or a pod's bridge port was not found (or
+/// was refused). Cloned to every pod a failed listing concerns, hence the `Arc`s.
+#[derive(Clone, Debug, thiserror::Error)]
+pub enum PortError {
+    #[error("`{command}`: {source}")]
+    Tool {
+        command: &'static str,
+        #[source]
+        source: Arc<ExecError>,
+    },
+    #[error("parse `{command}`: {source}")]
+    Parse {
+        command: &'static str,
+        #[source]
+        source: Arc<serde_json::Error>,
+    },
+    #[error("listing pod network namespaces in {}: {source}", dir.display())]
+    ListNamespaces {
+        dir: PathBuf,
+        #[source]
+        source: Arc<std::io::Error>,
+    },
+    #[error("setns: {0}")]
+    Enter(#[source] Arc<std::io::Error>),
+    #[error("the thread that entered the namespace panicked")]
+    Panicked,
+    #[error("address {addr} is on more than one interface (namespaces {}): refused", namespaces.join(", "))]
+    OnManyInterfaces {
+        addr: IpAddr,
+        namespaces: Vec<String>,
+    },
+    #[error("addresses {first} and {second} are on different interfaces: refused")]
+    OnDifferentInterfaces { first: IpAddr, second: IpAddr },
+    #[error(
+        "no namespace in {} has an interface with {} whose peer is in another namespace",
+        dir.display(),
+        addrs.iter().map(ToString::to_string).collect::<Vec<_>>().join(" or ")
+    )]
+    NotClaimed { dir: PathBuf, addrs: Vec<IpAddr> },
+    #[error(
+        "the peer of {addr}'s interface in namespace {netns} (index {ifindex}) is not in this namespace"
+    )]
+    PeerNotHere {
+        addr: IpAddr,
+        netns: String,
+        ifindex: u32,
+    },
+    #[error(
+        "interface {ifname} (index {ifindex}) is not the veth peer of {addr}'s interface in namespace {netns}"
+    )]
+    NotThePeer {
+        ifname: String,
+        ifindex: u32,
+        addr: IpAddr,
+        netns: String,
+    },
+    #[error("interface {0} is not a bridge port")]
+    NotABridgePort(String),
+    #[error("bridge port {port} carries the addresses of pods {}: refused", pods.join(", "))]
+    Shared { port: String, pods: Vec<String> },
+}
+
+/// Runs `ip ARGS` (in the calling thread's namespace) and parses its JSON.
+fn ip_json<T: serde::de::DeserializeOwned>(
+    command: &'static str,
+    args: &[&str],
+) -> Result<T, PortError> {
+    let out = exec::run_ok("ip", args, None).map_err(|e| PortError::Tool {
+        command,
+        source: Arc::new(e),
+    })?;
+    parse_json(command, &out)
+}
+
+fn parse_json<T: serde::de::DeserializeOwned>(
+    command: &'static str,
+    json: &str,
+) -> Result<T, PortError> {
+    serde_json::from_str(json).map_err(|e| PortError::Parse {
+        command,
+        source: Arc::new(e),
+    })
+}
 
 /// A pod's port on a bridge, in the node namespace.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -65,6 +150,9 @@ impl Link {
     }
 }
 
+const LINK_SHOW: &str = "ip -j -d link show";
+const ADDR_SHOW: &str = "ip -j addr show";
+
 /// The interfaces of the calling thread's network namespace (the node's).
 #[derive(Clone, Debug, Default)]
 pub struct NodeLinks {
@@ -72,18 +160,20 @@ pub struct NodeLinks {
 }
 
 impl NodeLinks {
-    pub fn read() -> Result<Self, String> {
-        let out =
-            exec::run_ok("ip", &["-j", "-d", "link", "show"], None).map_err(|e| e.to_string())?;
-        Self::parse(&out)
+    pub fn read() -> Result<Self, PortError> {
+        let links: Vec<Link> = ip_json(LINK_SHOW, &["-j", "-d", "link", "show"])?;
+        Ok(Self::from_links(links))
     }
 
-    fn parse(json: &str) -> Result<Self, String> {
-        let links: Vec<Link> =
-            serde_json::from_str(json).map_err(|e| format!("parse `ip -j -d link show`: {e}"))?;
-        Ok(NodeLinks {
+    #[cfg(test)]
+    fn parse(json: &str) -> Result<Self, PortError> {
+        Ok(Self::from_links(parse_json(LINK_SHOW, json)?))
+    }
+
+    fn from_links(links: Vec<Link>) -> Self {
+        NodeLinks {
             by_index: links.into_iter().map(|l| (l.ifindex, l)).collect(),
-        })
+        }
     }
 
     /// Whether `ifname` is a bridge: the interface of many pods, never one pod's.
@@ -130,7 +220,7 @@ pub fn locate(
     netns_dir: &Path,
     links: &NodeLinks,
     pods: &BTreeMap<String, Vec<IpAddr>>,
-) -> BTreeMap<String, Result<Port, String>> {
+) -> BTreeMap<String, Result<Port, PortError>> {
     if pods.is_empty() {
         return BTreeMap::new();
     }
@@ -146,8 +236,8 @@ fn resolve(
     links: &NodeLinks,
     claims: &BTreeMap<IpAddr, Vec<Claim>>,
     pods: &BTreeMap<String, Vec<IpAddr>>,
-) -> BTreeMap<String, Result<Port, String>> {
-    let mut out: BTreeMap<String, Result<Port, String>> = BTreeMap::new();
+) -> BTreeMap<String, Result<Port, PortError>> {
+    let mut out: BTreeMap<String, Result<Port, PortError>> = BTreeMap::new();
     for (pod, addrs) in pods {
         out.insert(pod.clone(), port_of(netns_dir, links, claims, addrs));
     }
@@ -166,10 +256,10 @@ fn resolve(
                 .unwrap_or_default();
             out.insert(
                 pod.clone(),
-                Err(format!(
-                    "bridge port {port} carries the addresses of pods {}: refused",
-                    shared.join(", ")
-                )),
+                Err(PortError::Shared {
+                    port,
+                    pods: shared.clone(),
+                }),
             );
         }
     }
@@ -181,55 +271,54 @@ fn port_of(
     links: &NodeLinks,
     claims: &BTreeMap<IpAddr, Vec<Claim>>,
     addrs: &[IpAddr],
-) -> Result<Port, String> {
+) -> Result<Port, PortError> {
     let mut found: Option<(IpAddr, &Claim)> = None;
     for addr in addrs {
         let Some(list) = claims.get(addr) else {
             continue;
         };
-        let namespaces: BTreeSet<&str> = list.iter().map(|c| c.netns.as_str()).collect();
         if list.len() > 1 {
-            return Err(format!(
-                "address {addr} is on more than one interface (namespaces {}): refused",
-                namespaces.into_iter().collect::<Vec<_>>().join(", ")
-            ));
+            let namespaces: BTreeSet<&str> = list.iter().map(|c| c.netns.as_str()).collect();
+            return Err(PortError::OnManyInterfaces {
+                addr: *addr,
+                namespaces: namespaces.into_iter().map(str::to_owned).collect(),
+            });
         }
         let claim = &list[0];
         match found {
             Some((other, c)) if c != claim => {
-                return Err(format!(
-                    "addresses {other} and {addr} are on different interfaces: refused"
-                ))
+                return Err(PortError::OnDifferentInterfaces {
+                    first: other,
+                    second: *addr,
+                })
             }
             _ => found = Some((*addr, claim)),
         }
     }
     let Some((addr, claim)) = found else {
-        return Err(format!(
-            "no namespace in {} has an interface with {} whose peer is in another namespace",
-            netns_dir.display(),
-            addrs
-                .iter()
-                .map(ToString::to_string)
-                .collect::<Vec<_>>()
-                .join(" or ")
-        ));
+        return Err(PortError::NotClaimed {
+            dir: netns_dir.to_path_buf(),
+            addrs: addrs.to_vec(),
+        });
     };
-    let port = links.by_index.get(&claim.port_ifindex).ok_or_else(|| {
-        format!(
-            "the peer of {addr}'s interface in namespace {} (index {}) is not in this namespace",
-            claim.netns, claim.port_ifindex
-        )
-    })?;
+    let port = links
+        .by_index
+        .get(&claim.port_ifindex)
+        .ok_or_else(|| PortError::PeerNotHere {
+            addr,
+            netns: claim.netns.clone(),
+            ifindex: claim.port_ifindex,
+        })?;
     if port.kind() != Some("veth") || port.link_index != Some(claim.pod_ifindex) {
-        return Err(format!(
-            "interface {} (index {}) is not the veth peer of {addr}'s interface in \
-             namespace {}",
-            port.ifname, port.ifindex, claim.netns
-        ));
+        return Err(PortError::NotThePeer {
+            ifname: port.ifname.clone(),
+            ifindex: port.ifindex,
+            addr,
+            netns: claim.netns.clone(),
+        });
     }
     if !port.master.as_deref().is_some_and(|m| links.is_bridge(m)) {
-        return Err(format!("interface {} is not a bridge port", port.ifname));
+        return Err(PortError::NotABridgePort(port.ifname.clone()));
     }
     Ok(Port {
         ifname: port.ifname.clone(),
@@ -240,9 +329,11 @@ fn port_of(
 /// Address → the interfaces that hold it, over the namespaces in `dir` that a bridge
 /// port of this namespace leads to, counting only interfaces whose peer is such a port. A
 /// namespace that cannot be read (being deleted) is skipped: its pod is not placed.
-fn claims_in(dir: &Path, node: &NodeLinks) -> Result<BTreeMap<IpAddr, Vec<Claim>>, String> {
-    let entries = std::fs::read_dir(dir)
-        .map_err(|e| format!("listing pod network namespaces in {}: {e}", dir.display()))?;
+fn claims_in(dir: &Path, node: &NodeLinks) -> Result<BTreeMap<IpAddr, Vec<Claim>>, PortError> {
+    let entries = std::fs::read_dir(dir).map_err(|e| PortError::ListNamespaces {
+        dir: dir.to_path_buf(),
+        source: Arc::new(e),
+    })?;
     let port_nsids: BTreeSet<i64> = node
         .by_index
         .values()
@@ -299,19 +390,17 @@ fn claims_in(dir: &Path, node: &NodeLinks) -> Result<BTreeMap<IpAddr, Vec<Claim>
 
 /// `ip -j addr show` inside the namespace pinned at `path`, from a thread that entered it
 /// (`ip -n` only takes names under /run/netns).
-fn addresses_in(file: &File) -> Result<Vec<Link>, String> {
+fn addresses_in(file: &File) -> Result<Vec<Link>, PortError> {
     std::thread::scope(|s| {
         s.spawn(|| {
             // SAFETY: setns on an open namespace file only moves this (scoped) thread.
             if unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
-                return Err(format!("setns: {}", std::io::Error::last_os_error()));
+                return Err(PortError::Enter(Arc::new(std::io::Error::last_os_error())));
             }
-            let out =
-                exec::run_ok("ip", &["-j", "addr", "show"], None).map_err(|e| e.to_string())?;
-            serde_json::from_str(&out).map_err(|e| format!("parse `ip -j addr show`: {e}"))
+            ip_json(ADDR_SHOW, &["-j", "addr", "show"])
         })
         .join()
-        .unwrap_or_else(|_| Err("thread panicked".into()))
+        .unwrap_or(Err(PortError::Panicked))
     })
 }
 
@@ -322,7 +411,7 @@ const NETNSA_FD: u16 = 3;
 
 /// The id the calling thread's namespace gives the namespace `file` is (RTM_GETNSID), if
 /// it gave it one: every namespace a veth of this one leads to has one.
-fn nsid_of(file: &File) -> Result<Option<i32>, String> {
+fn nsid_of(file: &File) -> std::io::Result<Option<i32>> {
     // nlmsghdr (16) + rtgenmsg (1, aligned to 4) + NETNSA_FD (4 + 4).
     let mut req = Vec::with_capacity(28);
     req.extend_from_slice(&28u32.to_ne_bytes());
@@ -334,8 +423,7 @@ fn nsid_of(file: &File) -> Result<Option<i32>, String> {
     req.extend_from_slice(&8u16.to_ne_bytes());
     req.extend_from_slice(&NETNSA_FD.to_ne_bytes());
     req.extend_from_slice(&(file.as_raw_fd() as u32).to_ne_bytes());
-    let socket = super::netlink::route_socket(0, std::time::Duration::from_secs(1), None)
-        .map_err(|e| format!("netlink socket: {e}"))?;
+    let socket = super::netlink::route_socket(0, std::time::Duration::from_secs(1), None)?;
     // SAFETY: req is valid for reads of its length.
     let sent = unsafe {
         libc::send(
@@ -346,7 +434,7 @@ fn nsid_of(file: &File) -> Result<Option<i32>, String> {
         )
     };
     if sent < 0 {
-        return Err(format!("RTM_GETNSID: {}", std::io::Error::last_os_error()));
+        return Err(std::io::Error::last_os_error());
     }
     let mut buf = [0u8; 1024];
     // SAFETY: buf is valid for writes of its length.
@@ -359,27 +447,29 @@ fn nsid_of(file: &File) -> Result<Option<i32>, String> {
         )
     };
     if n < 0 {
-        return Err(format!("RTM_GETNSID: {}", std::io::Error::last_os_error()));
+        return Err(std::io::Error::last_os_error());
     }
     parse_nsid(&buf[..n as usize])
 }
 
-/// The NETNSA_NSID of an RTM_NEWNSID answer (`None`: not assigned), or the error.
-fn parse_nsid(msg: &[u8]) -> Result<Option<i32>, String> {
+/// The NETNSA_NSID of an RTM_NEWNSID answer (`None`: not assigned), or the error (the
+/// kernel's errno, or `InvalidData` for an answer that is not one).
+fn parse_nsid(msg: &[u8]) -> std::io::Result<Option<i32>> {
+    use std::io::{Error, ErrorKind};
     let field = |at: usize| -> Option<[u8; 4]> { msg.get(at..at + 4)?.try_into().ok() };
     let kind = msg
         .get(4..6)
         .map(|b| u16::from_ne_bytes([b[0], b[1]]))
-        .ok_or("short netlink answer")?;
+        .ok_or_else(|| Error::new(ErrorKind::InvalidData, "short netlink answer"))?;
     if kind == libc::NLMSG_ERROR as u16 {
         let errno = field(16).map(i32::from_ne_bytes).unwrap_or(0);
-        return Err(format!(
-            "RTM_GETNSID: {}",
-            std::io::Error::from_raw_os_error(-errno)
-        ));
+        return Err(Error::from_raw_os_error(-errno));
     }
     if kind != RTM_NEWNSID {
-        return Err(format!("unexpected netlink message type {kind}"));
+        return Err(Error::new(
+            ErrorKind::InvalidData,
+            format!("RTM_GETNSID answered with netlink message type {kind}"),
+        ));
     }
     let len = field(0).map(u32::from_ne_bytes).unwrap_or(0) as usize;
     let mut at = 20; // header + rtgenmsg
@@ -392,7 +482,7 @@ fn parse_nsid(msg: &[u8]) -> Result<Option<i32>, String> {
         if atype == NETNSA_NSID {
             let id = field(at + 4)
                 .map(i32::from_ne_bytes)
-                .ok_or("short NETNSA_NSID")?;
+                .ok_or_else(|| Error::new(ErrorKind::InvalidData, "short NETNSA_NSID"))?;
             return Ok((id >= 0).then_some(id));
         }
         at += alen.div_ceil(4) * 4;
@@ -464,16 +554,16 @@ mod tests {
             ]),
         );
         assert_eq!(
-            r["x/a"],
-            Ok(Port {
+            r["x/a"].as_ref().ok(),
+            Some(&Port {
                 ifname: "lxca".into(),
                 ifindex: 5
             })
         );
         assert_eq!(r["x/b"].as_ref().unwrap().ifname, "lxcb");
-        assert!(r["x/c"].as_ref().unwrap_err().contains("not a bridge port"));
-        assert!(r["x/d"].as_ref().unwrap_err().contains("no namespace"));
-        assert!(r["x/e"].as_ref().unwrap_err().contains("more than one"));
+        assert!(matches!(r["x/c"], Err(PortError::NotABridgePort(_))));
+        assert!(matches!(r["x/d"], Err(PortError::NotClaimed { .. })));
+        assert!(matches!(r["x/e"], Err(PortError::OnManyInterfaces { .. })));
     }
 
     #[test]
@@ -489,7 +579,9 @@ mod tests {
             &claims,
             &pods(&[("x/b", &["10.0.0.3"]), ("x/z", &["10.0.0.8"])]),
         );
-        assert!(r["x/b"].as_ref().unwrap_err().contains("x/b, x/z"));
+        let shared = r["x/b"].as_ref().unwrap_err();
+        assert!(matches!(shared, PortError::Shared { pods, .. } if pods == &["x/b", "x/z"]));
+        assert!(shared.to_string().contains("x/b, x/z"));
         assert!(r["x/z"].is_err());
     }
 }

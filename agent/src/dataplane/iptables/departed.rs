@@ -10,7 +10,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
-use crate::exec;
+use crate::dataplane::DataplaneError;
+use crate::exec::{self, ExecError};
 
 /// A programmed pod's interface (host route device or bridge port; empty when none was
 /// found) and addresses.
@@ -42,15 +43,27 @@ pub fn departed(
 }
 
 /// Deletes the conntrack entries to and from `addr`; `Err` says why not.
-pub fn forget(addr: IpAddr) -> Result<(), String> {
+pub fn forget(addr: IpAddr) -> Result<(), DataplaneError> {
     let family = if addr.is_ipv6() { "ipv6" } else { "ipv4" };
     let addr = addr.to_string();
     for side in ["--orig-src", "--orig-dst"] {
-        let out = exec::run("conntrack", &["-D", "-f", family, side, &addr], None)
-            .map_err(|e| e.to_string())?;
+        let context = || format!("conntrack -D {side} {addr}");
+        let out =
+            exec::run("conntrack", &["-D", "-f", family, side, &addr], None).map_err(|e| {
+                DataplaneError::Tool {
+                    context: context(),
+                    source: Box::new(e),
+                }
+            })?;
         // conntrack exits 1 when there was nothing to delete.
         if !out.success && !out.stderr.contains("0 flow entries have been deleted") {
-            return Err(format!("conntrack -D {side} {addr}: {}", out.stderr.trim()));
+            return Err(DataplaneError::Tool {
+                context: context(),
+                source: Box::new(ExecError::Failed {
+                    program: "conntrack".into(),
+                    stderr: out.stderr.trim().to_string(),
+                }),
+            });
         }
     }
     Ok(())

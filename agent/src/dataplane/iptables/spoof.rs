@@ -19,6 +19,7 @@ use std::net::IpAddr;
 use serde::Deserialize;
 
 use crate::dataplane::new_pods::NewPodIsolation;
+use crate::dataplane::DataplaneError;
 use crate::exec;
 use weir_policy::desired::{Desired, Direction};
 
@@ -35,9 +36,12 @@ struct Route {
 
 /// Host routes (a `dst` without a prefix length, or with /32, /128) → device, from
 /// `ip -j route show` output.
-pub fn parse_host_routes(json: &str) -> Result<BTreeMap<IpAddr, String>, String> {
+pub fn parse_host_routes(json: &str) -> Result<BTreeMap<IpAddr, String>, DataplaneError> {
     let routes: Vec<Route> =
-        serde_json::from_str(json).map_err(|e| format!("parse `ip -j route show`: {e}"))?;
+        serde_json::from_str(json).map_err(|source| DataplaneError::ToolOutput {
+            tool: "ip -j route show",
+            source,
+        })?;
     let mut out = BTreeMap::new();
     for r in routes {
         let (Some(dst), Some(dev)) = (r.dst, r.dev) else {
@@ -56,11 +60,15 @@ pub fn parse_host_routes(json: &str) -> Result<BTreeMap<IpAddr, String>, String>
 }
 
 /// The node's host routes, both families.
-pub fn host_routes() -> Result<BTreeMap<IpAddr, String>, String> {
+pub fn host_routes() -> Result<BTreeMap<IpAddr, String>, DataplaneError> {
     let mut all = BTreeMap::new();
     for family in ["-4", "-6"] {
-        let out = exec::run_ok("ip", &[family, "-j", "route", "show"], None)
-            .map_err(|e| e.to_string())?;
+        let out = exec::run_ok("ip", &[family, "-j", "route", "show"], None).map_err(|e| {
+            DataplaneError::Tool {
+                context: format!("ip {family} -j route show"),
+                source: Box::new(e),
+            }
+        })?;
         all.extend(parse_host_routes(&out)?);
     }
     Ok(all)

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
 
-use super::agent::{Agent, Dataplane, Source};
+use super::agent::{Agent, Dataplane, PeerBinary, Source};
 use super::noop_hooks::NoopHooks;
 use super::report::Row;
 use super::scale::Scale;
@@ -23,6 +23,8 @@ pub struct Env {
     pub weir: PathBuf,
     /// `weir-lab`, whose hidden `kube` commands run the cluster path's control plane.
     pub lab: PathBuf,
+    /// `--peers`: kube-router, built by `cargo xtask peers`.
+    pub kube_router: Option<PeerBinary>,
     /// Where each setup keeps its manifests, status file and agent log.
     pub run_dir: PathBuf,
     pub scale: Scale,
@@ -81,7 +83,14 @@ impl Setup {
         let servers = Servers::start(&topo.server)?;
         let dir = env.run_dir.join(tag);
         let (mut agent, started) = Agent::start(
-            &env.weir, &env.lab, &topo.node, &dir, dataplane, &world, source,
+            &env.weir,
+            &env.lab,
+            env.kube_router.as_ref(),
+            &topo.node,
+            &dir,
+            dataplane,
+            &world,
+            source,
         )?;
         let converged = agent.wait_converged(env.scale.cold_start_timeout)?;
         let startup_phases = agent.startup_phases().map_err(|e| format!("{e:#}"));

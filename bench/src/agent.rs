@@ -22,7 +22,7 @@ const METRICS_ADDR: &str = "127.0.0.1:9402";
 pub const POLL_MS: u64 = 10;
 
 /// What enforces a setup: weir on one of its dataplanes, or a peer in its place
-/// (`cargo xtask bench --peers`; deploy/peer-versions).
+/// (`weir-bench --peers`; deploy/peer-versions).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Dataplane {
     Ebpf,
@@ -45,6 +45,13 @@ impl Dataplane {
     pub fn is_peer(self) -> bool {
         self == Dataplane::KubeRouter
     }
+}
+
+/// A peer's binary and the flags it runs with (deploy/kube-router-flags, which the lab
+/// reads too), as `cargo xtask bench --peers` found them.
+pub struct PeerBinary {
+    pub binary: PathBuf,
+    pub args: Vec<String>,
 }
 
 /// A peer reports no convergence: the bench takes its rules standing still this long as
@@ -147,9 +154,11 @@ fn monotonic_ns() -> u64 {
 impl Agent {
     /// Writes generation 1 of `world` to a fresh directory `dir` and starts the agent on it;
     /// returns with the agent and the instant it was started.
+    #[allow(clippy::too_many_arguments)]
     pub fn start(
         weir: &Path,
         lab: &Path,
+        peer: Option<&PeerBinary>,
         node: &Netns,
         dir: &Path,
         dataplane: Dataplane,
@@ -171,7 +180,10 @@ impl Agent {
         let log = File::create(dir.join("agent.log"))?;
         let mut command = match (dataplane.is_peer(), &cluster) {
             (true, None) => bail!("a peer runs against the API server only"),
-            (true, Some(_)) => peer_command(dir)?,
+            (true, Some(_)) => peer_command(
+                peer.context("a peer's binary was not given (weir-bench --kube-router)")?,
+                dir,
+            ),
             (false, cluster) => {
                 let mut command = Command::new(weir);
                 command.arg("agent");
@@ -507,22 +519,19 @@ fn start_cluster(lab: &Path, node: &Netns, dir: &Path) -> Result<Cluster> {
     Ok(cluster)
 }
 
-/// kube-router in the bench node, as the lab runs it (deploy/kube-router-flags): the
-/// binary `cargo xtask peers` built, with the bench control plane's admin credentials.
-fn peer_command(dir: &Path) -> Result<Command> {
-    let peer = crate::peers::ensure(Some(&["kube-router"]))?
-        .pop()
-        .context("deploy/peer-versions pins no kube-router")?;
-    let mut command = Command::new(peer.binary());
+/// kube-router in the bench node, as the lab runs it (deploy/kube-router-flags), with the
+/// bench control plane's admin credentials.
+fn peer_command(peer: &PeerBinary, dir: &Path) -> Command {
+    let mut command = Command::new(&peer.binary);
     command
         .arg(format!(
             "--kubeconfig={}",
             Cluster::api_dir(dir).join("kubeconfig-admin").display()
         ))
         .arg(format!("--hostname-override={NODE_NAME}"))
-        .args(crate::peers::kube_router_flags()?)
+        .args(&peer.args)
         .env("NODE_NAME", NODE_NAME);
-    Ok(command)
+    command
 }
 
 fn read_status(path: &Path) -> Result<Option<Value>> {

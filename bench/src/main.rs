@@ -1,7 +1,8 @@
-//! `cargo xtask bench [--quick]`: measures weir on this machine against no enforcement and
-//! against its own iptables path, side by side in one run (the machine is noisy, so every
-//! comparison is taken within the run). Prints one table and writes the same rows as JSON
-//! to target/bench/latest.json. Exits non-zero when any figure could not be measured.
+//! `weir-bench`: measures weir on this machine against no enforcement and against its own
+//! iptables path, side by side in one run (the machine is noisy, so every comparison is
+//! taken within the run). Prints one table and writes the same rows as JSON (`--out`).
+//! Exits non-zero when any figure could not be measured. `cargo xtask bench [--quick]
+//! [--peers]` builds the binaries it measures and runs it.
 //!
 //! Scenarios, each on fresh network namespaces that are removed afterwards:
 //! - datapath: TCP throughput (iperf3) and request/response latency between two local
@@ -25,29 +26,68 @@ mod traffic;
 mod trial;
 mod world;
 
+use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Instant, SystemTime};
 
 use anyhow::{bail, Result};
+use clap::Parser;
 
-use crate::cmd::{is_root, workspace_root};
-use agent::{Dataplane, Source};
+use agent::{Dataplane, PeerBinary, Source};
 use report::Report;
 use report::Row;
 use scale::Scale;
 use trial::{Env, Setup};
 use world::World;
 
+#[derive(Parser)]
+#[command(
+    name = "weir-bench",
+    about = "Measure the weir agent binary given against no enforcement, its other dataplane and (--peers) the peers; prints a table and writes the rows as JSON. `cargo xtask bench` builds everything and runs it."
+)]
+struct Cli {
+    /// The `weir` binary to measure.
+    #[arg(long)]
+    weir: PathBuf,
+    /// The `weir-lab` binary, whose `kube` commands run the cluster path's control plane.
+    #[arg(long)]
+    lab: PathBuf,
+    /// Where to write the report as JSON.
+    #[arg(long)]
+    out: PathBuf,
+    /// Where each setup keeps its manifests, status file and agent log.
+    #[arg(long)]
+    run_dir: PathBuf,
+    /// Scaled down to about a minute.
+    #[arg(long)]
+    quick: bool,
+    /// Instead: weir's dataplanes and the peers side by side on the largest world through
+    /// the API server (needs --kube-router).
+    #[arg(long)]
+    peers: bool,
+    /// The kube-router binary (`cargo xtask peers` builds it).
+    #[arg(long, requires = "peers")]
+    kube_router: Option<PathBuf>,
+    /// One of kube-router's flags (deploy/kube-router-flags); repeat for each.
+    #[arg(
+        long = "kube-router-arg",
+        allow_hyphen_values = true,
+        value_name = "FLAG"
+    )]
+    kube_router_args: Vec<String>,
+    /// The peers' versions, as the report's notes quote them (e.g. `kube-router v2.5.0`).
+    #[arg(long, default_value = "")]
+    peer_versions: String,
+    /// The build profile of the binaries measured, as the report records it.
+    #[arg(long, default_value = "release")]
+    profile: String,
+    /// The command line the report records (the wrapper's, `cargo xtask bench ...`).
+    #[arg(long)]
+    command: Option<String>,
+}
+
 /// What `--peers` measures differently for a peer, which reports no convergence.
-fn peer_notes() -> Vec<String> {
-    let versions = crate::peers::pinned()
-        .map(|p| {
-            p.iter()
-                .map(|p| format!("{} {}", p.name, p.version))
-                .collect::<Vec<_>>()
-                .join(", ")
-        })
-        .unwrap_or_default();
+fn peer_notes(versions: &str) -> Vec<String> {
     vec![
         format!("peers ({versions}, deploy/peer-versions, built from the Go module proxy): every enforcer watches the same kube-apiserver world; a peer runs with the lab admin's credentials, in weir's place in the node's namespace, as its DaemonSet would (kube-router: --run-firewall only)"),
         "a peer's cold start: from starting it to the instant its rules (iptables-save and ipset save in the node) last changed before standing still for 1 s; its convergence is probe-observed like weir's, and after each change the bench waits for its rules to stand still; a peer has no 'in the agent' share".into(),
@@ -66,8 +106,16 @@ fn notes() -> Vec<String> {
     ]
 }
 
-pub fn run(quick: bool, peers: bool) -> Result<()> {
-    if !is_root() {
+fn main() {
+    if let Err(e) = run(Cli::parse()) {
+        eprintln!("weir-bench: error: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn run(cli: Cli) -> Result<()> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
         bail!("the bench builds network namespaces, loads BPF programs and edits iptables: run it as root");
     }
     for tool in ["ip", "ipset", "iptables-restore", "iperf3"] {
@@ -75,34 +123,53 @@ pub fn run(quick: bool, peers: bool) -> Result<()> {
             bail!("the bench needs `{tool}` on PATH; run `cargo xtask setup`");
         }
     }
+    for (flag, binary) in [("--weir", Some(&cli.weir)), ("--lab", Some(&cli.lab))]
+        .into_iter()
+        .chain([("--kube-router", cli.kube_router.as_ref())])
+    {
+        if let Some(binary) = binary.filter(|b| !b.is_file()) {
+            bail!(
+                "{flag} {}: no such file (`cargo xtask bench` builds it)",
+                binary.display()
+            );
+        }
+    }
+    let (quick, peers) = (cli.quick, cli.peers);
+    let kube_router = match (peers, cli.kube_router) {
+        (true, None) => {
+            bail!("--peers needs --kube-router (`cargo xtask bench --peers` builds it)")
+        }
+        (_, binary) => binary.map(|binary| PeerBinary {
+            binary,
+            args: cli.kube_router_args,
+        }),
+    };
     netns::sweep_stale();
     let started = Instant::now();
-    // The full bench measures the release build; the quick run, inside `cargo xtask test`,
-    // the debug build that the tests use.
-    let profile = if quick { "debug" } else { "release" };
-    crate::build::run(!quick)?;
-    let root = workspace_root();
     let env = Env {
-        weir: root.join("target").join(profile).join("weir"),
-        lab: root.join("target").join(profile).join("weir-lab"),
-        run_dir: root.join("target/bench/run"),
+        weir: cli.weir,
+        lab: cli.lab,
+        kube_router,
+        run_dir: cli.run_dir,
         scale: Scale::new(quick),
     };
     let mut report = Report {
-        command: format!(
-            "cargo xtask bench{}{}",
-            if quick { " --quick" } else { "" },
-            if peers { " --peers" } else { "" }
-        ),
+        command: cli
+            .command
+            .unwrap_or_else(|| std::env::args().collect::<Vec<_>>().join(" ")),
         quick,
-        profile: profile.into(),
+        profile: cli.profile,
         kernel: kernel_release(),
         started_unix: SystemTime::now()
             .duration_since(SystemTime::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs()),
         seconds: 0.0,
         notes: match peers {
-            true => notes().into_iter().take(3).chain(peer_notes()).collect(),
+            true => notes()
+                .into_iter()
+                .take(3)
+                .chain(peer_notes(&cli.peer_versions))
+                .collect(),
             false => notes(),
         },
         rows: Vec::new(),
@@ -116,17 +183,14 @@ pub fn run(quick: bool, peers: bool) -> Result<()> {
     }
     report.seconds = (started.elapsed().as_secs_f64() * 10.0).round() / 10.0;
 
-    let json = root.join(match peers {
-        true => "target/bench/peers.json",
-        false => "target/bench/latest.json",
-    });
+    let json = cli.out;
     report.write_json(&json)?;
     println!("\n{}", report.table());
     println!(
         "{} in {:.0}s ({} build); JSON: {}",
         report.command,
         report.seconds,
-        profile,
+        report.profile,
         json.display()
     );
     let failures = report.failures();

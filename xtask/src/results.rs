@@ -1,0 +1,628 @@
+//! `cargo xtask results [--check]`: the tables of the docs made from the committed results
+//! (`docs/results/DATE/*.json`). A table stands in a document between
+//!
+//! ```text
+//! <!-- results TABLE FILE -->
+//! ...
+//! <!-- /results -->
+//! ```
+//!
+//! where FILE is relative to docs/ and TABLE one of [`TABLES`]. Without `--check` the
+//! tables are written anew; with it (what `cargo xtask test` runs) a table that differs
+//! from what its data makes is an error.
+//!
+//! A results file is `{date, source, conditions, report}`: `report` is the JSON the tool
+//! wrote (`cargo xtask bench`'s target/bench/latest.json, `cargo xtask kernels`'
+//! target/kernels/latest.json), `source` says which run it is (or that it was transcribed
+//! from a document), `conditions` where and how it ran.
+use std::path::Path;
+
+use anyhow::{bail, Context, Result};
+use serde_json::Value;
+
+use crate::cmd::workspace_root;
+
+/// The documents whose tables are made from data.
+const DOCUMENTS: &[&str] = &["docs/performance.md", "docs/kernels.md"];
+
+/// The tables a document can ask for, and what each is made of.
+pub const TABLES: &[(&str, &str)] = &[
+    (
+        "datapath",
+        "bench: each `datapath, N policies` world, no enforcement's figures and the others' ratios to it",
+    ),
+    (
+        "cluster-datapath",
+        "bench: each `datapath, N policies + C cluster policies` world, likewise",
+    ),
+    (
+        "convergence",
+        "bench: cold start, its phases, each change kind's p50 / p99 and the agent's share, memory, of the convergence world",
+    ),
+    (
+        "memory-large",
+        "bench: cold start and memory of the larger memory world",
+    ),
+    ("kernels", "kernels: group × kernel, passed tests and time"),
+];
+
+const BEGIN: &str = "<!-- results ";
+const END: &str = "<!-- /results -->";
+
+pub fn run(check: bool) -> Result<()> {
+    let root = workspace_root();
+    let mut stale = Vec::new();
+    for doc in DOCUMENTS {
+        let path = root.join(doc);
+        let text = std::fs::read_to_string(&path)
+            .with_context(|| format!("reading {}", path.display()))?;
+        let docs_dir = path.parent().unwrap_or(&root).to_path_buf();
+        let (made, tables) = regenerate(&text, &|file| read_json(&docs_dir.join(file)))
+            .with_context(|| doc.to_string())?;
+        if made == text {
+            println!("{doc}: {tables} tables match their data");
+            continue;
+        }
+        if check {
+            stale.push(doc.to_string());
+        } else {
+            std::fs::write(&path, &made).with_context(|| format!("writing {}", path.display()))?;
+            println!("{doc}: {tables} tables written from their data");
+        }
+    }
+    if !stale.is_empty() {
+        bail!(
+            "tables that do not match their data (docs/results/): {}; `cargo xtask results` \
+             writes them",
+            stale.join(", ")
+        );
+    }
+    Ok(())
+}
+
+fn read_json(path: &Path) -> Result<Value> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))
+}
+
+/// `text` with every marked table made again from its file (read by `load`), and how many
+/// tables there were.
+fn regenerate(text: &str, load: &dyn Fn(&str) -> Result<Value>) -> Result<(String, usize)> {
+    let mut out = String::new();
+    let mut rest = text;
+    let mut count = 0;
+    while let Some(start) = rest.find(BEGIN) {
+        let header_end = rest[start..]
+            .find("-->")
+            .map(|i| start + i + 3)
+            .context("a `<!-- results` marker is not closed")?;
+        let header = rest[start + BEGIN.len()..header_end - 3].trim();
+        let (table, file) = header
+            .split_once(' ')
+            .with_context(|| format!("marker `{header}`: expected `TABLE FILE`"))?;
+        let end = rest[header_end..]
+            .find(END)
+            .map(|i| header_end + i)
+            .with_context(|| format!("table `{header}` has no `{END}`"))?;
+        let data = load(file.trim())?;
+        let made = make(table, &data).with_context(|| format!("table {table} from {file}"))?;
+        out.push_str(&rest[..header_end]);
+        out.push('\n');
+        out.push_str(&made);
+        out.push_str(END);
+        rest = &rest[end + END.len()..];
+        count += 1;
+    }
+    out.push_str(rest);
+    Ok((out, count))
+}
+
+fn make(table: &str, data: &Value) -> Result<String> {
+    let report = &data["report"];
+    match table {
+        "datapath" => datapath(report, false),
+        "cluster-datapath" => datapath(report, true),
+        "convergence" => convergence(report),
+        "memory-large" => memory_large(report),
+        "kernels" => kernels(data),
+        other => bail!(
+            "no table {other}; one of {}",
+            TABLES
+                .iter()
+                .map(|(name, _)| *name)
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    }
+}
+
+/// A bench report's rows.
+struct Rows<'a>(Vec<&'a Value>);
+
+impl<'a> Rows<'a> {
+    fn of(report: &'a Value) -> Result<Self> {
+        let rows = report["rows"]
+            .as_array()
+            .context("the report has no `rows`")?;
+        Ok(Rows(rows.iter().collect()))
+    }
+
+    /// Scenarios in the report's order, once each.
+    fn scenarios(&self) -> Vec<&'a str> {
+        let mut seen: Vec<&str> = Vec::new();
+        for r in &self.0 {
+            if let Some(s) = r["scenario"].as_str() {
+                if !seen.contains(&s) {
+                    seen.push(s);
+                }
+            }
+        }
+        seen
+    }
+
+    /// The dataplanes of a scenario, in the report's order.
+    fn dataplanes(&self, scenario: &str) -> Vec<&'a str> {
+        let mut seen: Vec<&str> = Vec::new();
+        for r in self.0.iter().filter(|r| r["scenario"] == scenario) {
+            if let Some(d) = r["dataplane"].as_str() {
+                if !seen.contains(&d) {
+                    seen.push(d);
+                }
+            }
+        }
+        seen
+    }
+
+    /// The row of a figure; a figure's name may go on with ` (...)` (a count, a sample
+    /// size), which the tables do not show.
+    fn find(&self, scenario: &str, dataplane: &str, figure: &str) -> Option<&'a Value> {
+        let with_detail = format!("{figure} (");
+        self.0.iter().copied().find(|r| {
+            r["scenario"] == scenario
+                && r["dataplane"] == dataplane
+                && r["figure"]
+                    .as_str()
+                    .is_some_and(|f| f == figure || f.starts_with(&with_detail))
+        })
+    }
+
+    /// A figure's value, as the tables print it ("–" when the report has none).
+    fn value(&self, scenario: &str, dataplane: &str, figure: &str) -> String {
+        match self.find(scenario, dataplane, figure) {
+            Some(r) if r["error"].is_string() => "ERROR".into(),
+            Some(r) => r["value"].as_f64().map_or("–".into(), number),
+            None => "–".into(),
+        }
+    }
+
+    /// A figure's ratio to its reference, as the tables print it.
+    fn ratio(&self, scenario: &str, dataplane: &str, figure: &str) -> String {
+        match self.find(scenario, dataplane, figure) {
+            Some(r) if r["error"].is_string() => "ERROR".into(),
+            Some(r) => r["ratio"]
+                .as_f64()
+                .map_or("–".into(), |v| format!("{v:.2}×")),
+            None => "–".into(),
+        }
+    }
+}
+
+/// Three significant digits at most (no more than the noise allows), without trailing
+/// zeros; whole numbers from 100 on, with thousands separated by commas.
+fn number(v: f64) -> String {
+    if !v.is_finite() {
+        return v.to_string();
+    }
+    if v.abs() >= 100.0 || v == 0.0 {
+        return thousands(v.round() as i64);
+    }
+    let decimals = (2 - v.abs().log10().floor() as i32).max(0) as usize;
+    let text = format!("{v:.decimals$}");
+    match text.contains('.') {
+        true => text.trim_end_matches('0').trim_end_matches('.').to_string(),
+        false => text,
+    }
+}
+
+fn thousands(n: i64) -> String {
+    let digits = n.unsigned_abs().to_string();
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    if n < 0 {
+        out.insert(0, '-');
+    }
+    out
+}
+
+/// The integer after `prefix` in `text` (`"1000 policies"` after `"datapath, "`).
+fn count_after(text: &str, prefix: &str) -> Option<i64> {
+    let rest = text.split_once(prefix)?.1;
+    let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+    digits.parse().ok()
+}
+
+fn datapath(report: &Value, cluster: bool) -> Result<String> {
+    let rows = Rows::of(report)?;
+    let scenarios: Vec<&str> = rows
+        .scenarios()
+        .into_iter()
+        .filter(|s| s.starts_with("datapath, ") && s.contains("cluster policies") == cluster)
+        .collect();
+    if scenarios.is_empty() {
+        bail!("the report has no datapath scenario");
+    }
+    let mut out = format!(
+        "| {} | dataplane | throughput | RR p50 / p99 | CRR p50 / p99 |\n|---|---|---|---|---|\n",
+        if cluster {
+            "cluster policies"
+        } else {
+            "policies"
+        }
+    );
+    for s in scenarios {
+        let size = if cluster {
+            count_after(s, "+ ")
+        } else {
+            count_after(s, "datapath, ")
+        }
+        .with_context(|| format!("{s}: no size in its name"))?;
+        for dp in rows.dataplanes(s) {
+            let cells = if dp == "none" {
+                let v = |f| rows.value(s, dp, f);
+                [
+                    format!("{} Gbit/s", v("TCP throughput")),
+                    format!("{} / {} µs", v("RR latency p50"), v("RR latency p99")),
+                    format!("{} / {} µs", v("CRR latency p50"), v("CRR latency p99")),
+                ]
+            } else {
+                let r = |f| rows.ratio(s, dp, f);
+                [
+                    r("TCP throughput"),
+                    format!("{} / {}", r("RR latency p50"), r("RR latency p99")),
+                    format!("{} / {}", r("CRR latency p50"), r("CRR latency p99")),
+                ]
+            };
+            out.push_str(&format!(
+                "| {} | {dp} | {} |\n",
+                thousands(size),
+                cells.join(" | ")
+            ));
+        }
+    }
+    Ok(out)
+}
+
+/// The change kinds, in the bench's order, as the tables name them.
+const KINDS: &[&str] = &[
+    "policy create",
+    "policy update",
+    "policy delete",
+    "pod label change",
+    "namespace label change",
+    "cluster policy create",
+    "cluster policy delete",
+];
+
+/// The cold start's phases (the agent's status file `startup`), as the tables name them.
+const PHASES: &[(&str, &str)] = &[
+    (
+        "listed",
+        "listed (pods, namespaces, policies, services, node)",
+    ),
+    ("compiled", "compiled"),
+    (
+        "loaded",
+        "loaded (eBPF: programs verified, pinned and attached)",
+    ),
+    ("programmed", "programmed"),
+    ("cleaned", "cleaned (the other dataplane's leftovers)"),
+];
+
+/// The world a scenario name gives: (remote pods, policies).
+fn world(scenario: &str) -> Option<(i64, i64)> {
+    let policies = count_after(scenario, ", ")?;
+    let pods = count_after(scenario, "policies, ")?;
+    Some((pods, policies))
+}
+
+/// A row of a two-or-more-column table: the label, then one cell per dataplane.
+fn line(label: &str, cells: impl IntoIterator<Item = String>) -> String {
+    let cells: Vec<String> = cells.into_iter().collect();
+    format!("| {label} | {} |\n", cells.join(" | "))
+}
+
+fn kernel_state(rows: &Rows, s: &str, dp: &str) -> String {
+    match (
+        rows.find(s, dp, "BPF map memory"),
+        rows.find(s, dp, "ipset memory"),
+    ) {
+        (Some(_), _) => format!("BPF maps {} MiB", rows.value(s, dp, "BPF map memory")),
+        (None, Some(_)) => format!("ipsets {} MiB", rows.value(s, dp, "ipset memory")),
+        (None, None) => "–".into(),
+    }
+}
+
+/// A world's table up to its cold start: the head (the world, then one column per
+/// dataplane) and the cold start's row.
+fn world_head(rows: &Rows, s: &str, dps: &[&str], pods: i64, policies: i64) -> String {
+    let head = format!(
+        "| {} pods, {} policies | {} |\n|---|{}\n",
+        thousands(pods),
+        thousands(policies),
+        dps.join(" | "),
+        "---|".repeat(dps.len())
+    );
+    head + &line(
+        "cold start to converged",
+        dps.iter()
+            .map(|dp| format!("{} ms", rows.value(s, dp, "cold start to converged"))),
+    )
+}
+
+fn convergence(report: &Value) -> Result<String> {
+    let rows = Rows::of(report)?;
+    let s = rows
+        .scenarios()
+        .into_iter()
+        .find(|s| s.starts_with("convergence, "))
+        .context("the report has no convergence scenario")?;
+    let (pods, policies) = world(s).with_context(|| format!("{s}: no world in its name"))?;
+    let memory = format!("memory, {policies} policies, {pods} remote pods");
+    let dps = rows.dataplanes(s);
+    let mut out = world_head(&rows, s, &dps, pods, policies);
+    for (phase, label) in PHASES {
+        let figure = format!("cold start: {phase}");
+        out += &line(
+            &format!("— {label}"),
+            dps.iter().map(|dp| rows.value(s, dp, &figure)),
+        );
+    }
+    for (i, kind) in KINDS.iter().enumerate() {
+        if dps
+            .iter()
+            .all(|dp| rows.find(s, dp, &format!("{kind} p50")).is_none())
+        {
+            continue;
+        }
+        let label = match i {
+            0 => format!("{kind} p50 / p99 (in the agent p50 / p99)"),
+            _ => format!("{kind} p50 / p99"),
+        };
+        out += &line(
+            &label,
+            dps.iter().map(|dp| {
+                let v = |f: &str| rows.value(s, dp, &format!("{kind}{f}"));
+                let seen = format!("{} / {} ms", v(" p50"), v(" p99"));
+                match rows.find(s, dp, &format!("{kind}: in the agent p50")) {
+                    Some(_) => format!(
+                        "{seen} ({} / {})",
+                        v(": in the agent p50"),
+                        v(": in the agent p99")
+                    ),
+                    None => seen,
+                }
+            }),
+        );
+    }
+    out += &line(
+        "agent peak RSS",
+        dps.iter()
+            .map(|dp| format!("{} MiB", rows.value(&memory, dp, "agent peak RSS"))),
+    );
+    out += &line(
+        "kernel state",
+        dps.iter().map(|dp| kernel_state(&rows, &memory, dp)),
+    );
+    Ok(out)
+}
+
+fn memory_large(report: &Value) -> Result<String> {
+    let rows = Rows::of(report)?;
+    let memory: Vec<&str> = rows
+        .scenarios()
+        .into_iter()
+        .filter(|s| s.starts_with("memory, "))
+        .collect();
+    let s = memory
+        .iter()
+        .copied()
+        .max_by_key(|s| world(s).map_or(0, |(pods, _)| pods))
+        .context("the report has no memory scenario")?;
+    if memory.len() < 2 {
+        bail!("the report has one memory world only");
+    }
+    let (pods, policies) = world(s).with_context(|| format!("{s}: no world in its name"))?;
+    let dps = rows.dataplanes(s);
+    let mut out = world_head(&rows, s, &dps, pods, policies);
+    let phases = ["listed", "compiled", "programmed"];
+    out += &line(
+        &format!("— {}", phases.join(" / ")),
+        dps.iter().map(|dp| {
+            let values: Vec<String> = phases
+                .iter()
+                .map(|p| rows.value(s, dp, &format!("cold start: {p}")))
+                .collect();
+            format!("{} ms", values.join(" / "))
+        }),
+    );
+    out += &line(
+        "agent peak RSS",
+        dps.iter()
+            .map(|dp| format!("{} MiB", rows.value(s, dp, "agent peak RSS"))),
+    );
+    out += &line(
+        "kernel state",
+        dps.iter().map(|dp| kernel_state(&rows, s, dp)),
+    );
+    Ok(out)
+}
+
+/// `cargo xtask kernels`' result for one group, as a table cell.
+fn kernel_cell(g: &Value) -> String {
+    if let Some(why) = g["not_applicable"].as_str() {
+        return format!("n/a: {why}");
+    }
+    let passed = g["passed"].as_u64().unwrap_or(0);
+    let failed = g["failed"].as_array().map_or(0, Vec::len) as u64;
+    let seconds = g["seconds"]
+        .as_i64()
+        .map(|s| format!(" ({} s)", thousands(s)));
+    let ok = g["exit"].as_i64() == Some(0) && failed == 0 && passed > 0;
+    let cell = match (ok, g["exit"].is_null()) {
+        (true, _) => format!("pass {passed}{}", seconds.unwrap_or_default()),
+        (false, true) => "not finished".into(),
+        (false, false) => format!(
+            "FAIL {}/{}{}",
+            failed.max(1),
+            passed + failed,
+            seconds.unwrap_or_default()
+        ),
+    };
+    match g["note"].as_str() {
+        Some(note) => format!("{cell}: {note}"),
+        None => cell,
+    }
+}
+
+fn kernels(data: &Value) -> Result<String> {
+    let runs = data["report"]
+        .as_array()
+        .context("`report` is not the list of kernel runs")?;
+    let header = |run: &Value| -> String {
+        let kernel = run["kernel"].as_str().unwrap_or("?");
+        match kernel {
+            "host" => {
+                let release = run["release"].as_str().unwrap_or("");
+                let version: Vec<&str> = release.split('.').take(2).collect();
+                format!("host {}", version.join("."))
+            }
+            k => k.to_string(),
+        }
+    };
+    let mut groups: Vec<&str> = Vec::new();
+    for run in runs {
+        for g in run["groups"].as_array().into_iter().flatten() {
+            if let Some(name) = g["group"].as_str() {
+                if !groups.contains(&name) {
+                    groups.push(name);
+                }
+            }
+        }
+    }
+    let mut out = format!(
+        "| group | {} |\n|---|{}\n",
+        runs.iter().map(header).collect::<Vec<_>>().join(" | "),
+        "---|".repeat(runs.len())
+    );
+    for name in groups {
+        let label = match data["descriptions"][name].as_str() {
+            Some(d) => format!("{name} ({d})"),
+            None => name.to_string(),
+        };
+        out += &line(
+            &label,
+            runs.iter().map(|run| {
+                run["groups"]
+                    .as_array()
+                    .and_then(|gs| gs.iter().find(|g| g["group"] == name))
+                    .map_or(String::new(), kernel_cell)
+            }),
+        );
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn row(s: &str, dp: &str, f: &str, v: Value, ratio: Option<f64>) -> Value {
+        json!({"scenario": s, "dataplane": dp, "figure": f, "value": v, "unit": "",
+               "ratio": ratio, "reference": "none", "error": null})
+    }
+
+    #[test]
+    fn numbers_keep_three_significant_digits() {
+        assert_eq!(number(5.342), "5.34");
+        assert_eq!(number(10.54), "10.5");
+        assert_eq!(number(9.8), "9.8");
+        assert_eq!(number(62.0), "62");
+        assert_eq!(number(5.104), "5.1");
+        assert_eq!(number(1793.4), "1,793");
+        assert_eq!(number(100_000.0), "100,000");
+        assert_eq!(number(0.0), "0");
+    }
+
+    #[test]
+    fn a_datapath_table_gives_the_reference_and_the_ratios() {
+        let s = "datapath, 1000 policies, 20000 remote pods";
+        let mut rows = Vec::new();
+        for (f, v) in [
+            ("TCP throughput", 16.9),
+            ("RR latency p50", 5.22),
+            ("RR latency p99", 6.38),
+            ("CRR latency p50", 28.7),
+            ("CRR latency p99", 1561.0),
+        ] {
+            rows.push(row(s, "none", f, json!(v), Some(1.0)));
+            rows.push(row(s, "ebpf", f, json!(v * 1.2), Some(1.2)));
+        }
+        let table = datapath(&json!({ "rows": rows }), false).expect("a table");
+        assert_eq!(
+            table,
+            "| policies | dataplane | throughput | RR p50 / p99 | CRR p50 / p99 |\n\
+             |---|---|---|---|---|\n\
+             | 1,000 | none | 16.9 Gbit/s | 5.22 / 6.38 µs | 28.7 / 1,561 µs |\n\
+             | 1,000 | ebpf | 1.20× | 1.20× / 1.20× | 1.20× / 1.20× |\n"
+        );
+    }
+
+    #[test]
+    fn markers_are_filled_and_a_missing_end_is_an_error() {
+        let data = json!({"report": [
+            {"kernel": "host", "release": "6.18.44", "groups": [
+                {"group": "a", "passed": 2, "failed": [], "seconds": 1200, "exit": 0},
+                {"group": "b", "passed": 0, "failed": [], "exit": null,
+                 "not_applicable": "host only"}]}]});
+        let load = |_: &str| Ok(data.clone());
+        let doc = "x\n<!-- results kernels results/k.json -->\nold\n<!-- /results -->\ny\n";
+        let (made, n) = regenerate(doc, &load).expect("regenerated");
+        assert_eq!(n, 1);
+        assert_eq!(
+            made,
+            "x\n<!-- results kernels results/k.json -->\n\
+             | group | host 6.18 |\n|---|---|\n\
+             | a | pass 2 (1,200 s) |\n\
+             | b | n/a: host only |\n\
+             <!-- /results -->\ny\n"
+        );
+        // Made again from the same data, nothing changes.
+        assert_eq!(regenerate(&made, &load).expect("again").0, made);
+        assert!(regenerate("<!-- results kernels k.json -->\n", &load).is_err());
+        assert!(regenerate("<!-- results nosuch k.json -->\n<!-- /results -->", &load).is_err());
+    }
+
+    #[test]
+    fn the_committed_results_parse() {
+        let dir = workspace_root().join("docs/results");
+        let mut files = 0;
+        for day in std::fs::read_dir(&dir).expect("docs/results") {
+            for file in std::fs::read_dir(day.expect("entry").path()).expect("a day") {
+                let path = file.expect("entry").path();
+                let data = read_json(&path).expect("JSON");
+                for key in ["date", "source", "conditions", "report"] {
+                    assert!(!data[key].is_null(), "{}: no {key}", path.display());
+                }
+                files += 1;
+            }
+        }
+        assert!(files > 0);
+    }
+}
