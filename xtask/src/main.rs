@@ -27,6 +27,10 @@ use clap::{Parser, Subcommand};
     about = "Build, test and demo weir. Start with `cargo xtask demo` and `cargo xtask test`."
 )]
 struct Cli {
+    /// Where the peers' source archives are (Azure NPM's: the module proxy refuses its
+    /// module): default ../shared/peers beside the repository.
+    #[arg(long, env = "WEIR_PEER_ARCHIVES", global = true, value_name = "DIR")]
+    peer_archives: Option<std::path::PathBuf>,
     #[command(subcommand)]
     command: Command,
 }
@@ -125,7 +129,8 @@ enum Command {
         scenarios: Vec<String>,
     },
     /// The other NetworkPolicy agents (deploy/peer-versions: kube-router,
-    /// kube-network-policies), built from the Go module proxy and cached, then the upstream
+    /// kube-network-policies, Azure NPM), built from the Go module proxy (NPM from its
+    /// source archive, see --peer-archives) and cached, then the upstream
     /// netpol scenarios on each of them and on weir, printed as a scenario × enforcer
     /// table. A peer's failures are findings, reported, not errors; a peer that cannot run
     /// on this kernel is reported as not run, with the reason. Needs root and Go.
@@ -150,6 +155,7 @@ enum Command {
 
 fn main() {
     let cli = Cli::parse();
+    peers::set_archives(cli.peer_archives);
     let result = match cli.command {
         Command::Setup => setup::run(),
         Command::Build { release } => build::run(release),
