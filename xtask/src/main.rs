@@ -138,6 +138,10 @@ enum Command {
         /// Only build (or find cached) the peers' binaries.
         #[arg(long)]
         build_only: bool,
+        /// Only these peers, as NAME or NAME@VERSION (repeatable), e.g.
+        /// `--only azure-npm@v1.5.36`.
+        #[arg(long = "only", value_name = "NAME[@VERSION]")]
+        only: Vec<String>,
     },
     /// Measure datapath, convergence, memory and reset against no enforcement and the
     /// iptables path, in one run; prints a table and writes target/bench/latest.json.
@@ -185,7 +189,7 @@ fn main() {
         }),
         Command::Demo { dataplane } => demo::run(&dataplane),
         Command::Bench { quick, peers } => bench::run(quick, peers),
-        Command::Peers { build_only } => peers::run(build_only),
+        Command::Peers { build_only, only } => peers::run(build_only, &only),
         Command::Kernels {
             kernels,
             quick,

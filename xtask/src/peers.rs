@@ -293,8 +293,12 @@ fn build(peer: &Peer) -> Result<()> {
 
 /// `cargo xtask peers`: build them, then (unless `build_only`) run the scenario table on
 /// each enforcer the host kernel can run.
-pub fn run(build_only: bool) -> Result<()> {
-    ensure(None)?;
+pub fn run(build_only: bool, only: &[String]) -> Result<()> {
+    let only: Vec<&str> = only.iter().map(String::as_str).collect();
+    let built = ensure((!only.is_empty()).then_some(&only[..]))?;
+    if let Some(unknown) = only.iter().find(|o| !built.iter().any(|p| p.is(o))) {
+        bail!("--only {unknown}: deploy/peer-versions pins no such peer");
+    }
     if build_only {
         return Ok(());
     }
