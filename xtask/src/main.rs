@@ -107,6 +107,12 @@ enum Command {
         /// ebpf or iptables.
         #[arg(long, default_value = "ebpf")]
         dataplane: String,
+        /// Instead: the incident weir was written for, live: Azure NPM v1.5.36 (built from
+        /// its source archive, see --peer-archives) crash-looping on 16 leaked ipset
+        /// references with the seed's error, v1.5.37 and v1.8.12 surviving the same, and
+        /// weir taking the node over while the pods probe.
+        #[arg(long)]
+        seed_incident: bool,
     },
     /// The privileged integration tests and conformance scenarios, both dataplanes, on
     /// Debian's 5.10 and 6.1 kernels (booted under virtme-ng: KVM where it works, software
@@ -187,7 +193,13 @@ fn main() {
             relock,
             engine,
         }),
-        Command::Demo { dataplane } => demo::run(&dataplane),
+        Command::Demo {
+            dataplane,
+            seed_incident,
+        } => match seed_incident {
+            true => demo::seed_incident(),
+            false => demo::run(&dataplane),
+        },
         Command::Bench { quick, peers } => bench::run(quick, peers),
         Command::Peers { build_only, only } => peers::run(build_only, &only),
         Command::Kernels {
