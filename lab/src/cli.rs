@@ -256,6 +256,10 @@ pub enum LabCommand {
         #[arg(value_parser = ops::parse_port)]
         ports: Vec<ServedPort>,
     },
+    /// Answer Azure NPM's instance-metadata requests (started by the lab in the node
+    /// namespace when NPM enforces).
+    #[command(hide = true)]
+    Imds,
 }
 
 #[derive(Subcommand)]
@@ -403,6 +407,7 @@ pub fn run(args: LabArgs) -> anyhow::Result<()> {
         }
         .context("weir-lab kube"),
         LabCommand::Listen { ports } => super::listen::serve(&ports).context("weir-lab listen"),
+        LabCommand::Imds => super::peers::serve_imds().context("weir-lab imds"),
     }
 }
 

@@ -205,6 +205,83 @@ pub fn nft_queue_support() -> Result<(), String> {
 /// /etc/azure-npm (`cargo xtask peers` copies it out of the source archive).
 const NPM_CONFIG: &str = "azure-npm.json";
 
+/// Azure's instance metadata service, where NPM asks which cloud it runs in.
+const IMDS: std::net::Ipv4Addr = std::net::Ipv4Addr::new(169, 254, 169, 254);
+const IMDS_ANSWER: &str = "AzurePublicCloud";
+
+/// `weir-lab imds` (hidden; the lab starts it in the node namespace for Azure NPM): the
+/// instance metadata service as far as NPM uses it off Azure. NPM's telemetry starts only
+/// in Azure's public cloud and, anywhere else, holds NPM back 3 × 1 min (v1.8.12: before
+/// it resets its dataplane), so every request is answered `AzurePublicCloud` (its metadata
+/// refresh gets the same, and logs that it cannot parse it).
+pub fn serve_imds() -> Result<(), LabError> {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind((IMDS, 80))
+        .map_err(|e| LabError::io(format!("listening on {IMDS}:80"), e))?;
+    for stream in listener.incoming() {
+        let Ok(mut stream) = stream else { continue };
+        let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
+        let mut request = Vec::new();
+        let mut buf = [0u8; 4096];
+        while !request.windows(4).any(|w| w == b"\r\n\r\n") && request.len() < 65536 {
+            match stream.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => request.extend_from_slice(&buf[..n]),
+            }
+        }
+        let _ = write!(
+            stream,
+            "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{IMDS_ANSWER}",
+            IMDS_ANSWER.len()
+        );
+    }
+    Ok(())
+}
+
+fn imds_answers(node: &str) -> Result<bool, LabError> {
+    netns::in_netns(node, || {
+        std::net::TcpStream::connect_timeout(&(IMDS, 80).into(), Duration::from_millis(200)).is_ok()
+    })
+}
+
+/// Starts the metadata stub ([`serve_imds`]) in the node namespace unless it answers
+/// already: IMDS's address on the node's loopback, this binary's `imds` command.
+fn ensure_imds(dir: &LabDir, node: &str) -> Result<(), LabError> {
+    if imds_answers(node)? {
+        return Ok(());
+    }
+    netns::ip(&[
+        "-n",
+        node,
+        "addr",
+        "replace",
+        &format!("{IMDS}/32"),
+        "dev",
+        "lo",
+    ])?;
+    let exe =
+        std::env::current_exe().map_err(|e| LabError::io("finding weir-lab's own binary", e))?;
+    let log = dir.dir.join("imds.log");
+    netns::spawn_detached(
+        node,
+        Command::new(exe).arg("imds"),
+        &log,
+        netns::Stdout::Log,
+    )?;
+    let started = Instant::now();
+    while !imds_answers(node)? {
+        if started.elapsed() > Duration::from_secs(10) {
+            return Err(netns::not_ready(
+                "the lab's metadata stub",
+                "it does not answer",
+                &log,
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Ok(())
+}
+
 /// Starts `version` of the peer (see [`check_host`]) in the node namespace with the lab
 /// admin's credentials (the lab does not reproduce each peer's ClusterRole); returns its
 /// state.
@@ -230,6 +307,7 @@ pub fn start(
     let mut command = Command::new(&binary);
     match enforcer {
         Enforcer::AzureNpm => {
+            ensure_imds(dir, &state.node_netns)?;
             // Its Linux DaemonSet: the image's `azure-npm start`, HOSTNAME from the
             // pod's node name, NPM_CONFIG naming the mounted ConfigMap; hostNetwork.
             command
@@ -372,7 +450,7 @@ pub fn handover(
     dataplane: weir::dataplane::DataplaneKind,
     timeout: Duration,
 ) -> Result<(), LabError> {
-    let _lock = dir.lock()?;
+    let lock = dir.lock()?;
     let mut state = dir.load()?;
     let peer = lab_peer(&state, "weir-lab peer handover")?;
     let api = state
@@ -407,6 +485,8 @@ pub fn handover(
     dir.save(&state)?;
     state.agent_pid = Some(super::agent::start(dir, &state, weir)?);
     dir.save(&state)?;
+    // Probes take the lock too: they go on while the agent takes over.
+    drop(lock);
     super::agent::wait_for(dir, &state, timeout).map(drop)
 }
 

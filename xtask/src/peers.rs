@@ -119,7 +119,10 @@ pub fn ensure(names: Option<&[&str]>) -> Result<Vec<Peer>> {
         peers.retain(|p| names.iter().any(|n| p.is(n)));
     }
     for peer in &peers {
-        if peer.dir().join(STAMP).exists() && peer.binary().is_file() {
+        let stamped = fs::read_to_string(peer.dir().join(STAMP)).ok();
+        if stamped.as_deref().map(str::trim) == Some(stamp(peer).as_str())
+            && peer.binary().is_file()
+        {
             continue;
         }
         match peer.archive() {
@@ -189,7 +192,10 @@ fn build_from_archive(peer: &Peer, stem: &str, package: &str) -> Result<()> {
             .args([
                 "build",
                 "-trimpath",
-                &format!("-ldflags=-s -w -X main.version={}", peer.version),
+                &format!(
+                    "-ldflags=-s -w -X main.version={} -X {NPM_AI_KEY_VAR}={NPM_AI_KEY}",
+                    peer.version
+                ),
                 "-o",
             ])
             .arg(peer.binary())
@@ -210,7 +216,7 @@ fn build_from_archive(peer: &Peer, stem: &str, package: &str) -> Result<()> {
         fs::write(dir.join("azure-npm.json"), config)?;
     }
     fs::remove_dir_all(&src)?;
-    fs::write(dir.join(STAMP), &peer.version)?;
+    fs::write(dir.join(STAMP), stamp(peer))?;
     println!(
         "peers: {} {} built in {:.0}s",
         peer.name,
@@ -218,6 +224,23 @@ fn build_from_archive(peer: &Peer, stem: &str, package: &str) -> Result<()> {
         started.elapsed().as_secs_f64()
     );
     Ok(())
+}
+
+/// Where NPM's release builds put their Application Insights key (its Makefile's
+/// NPM_AI_PATH). Without a key NPM waits 3 × 1 min for telemetry before it starts its
+/// controllers (v1.8.12: before it even resets its dataplane); with one it goes on at once
+/// when the instance metadata service says Azure's public cloud, which the lab's stub does.
+/// The key is a placeholder: nothing is sent, the lab's node has no route out.
+const NPM_AI_KEY_VAR: &str = "github.com/Azure/azure-container-networking/npm.aiMetadata";
+const NPM_AI_KEY: &str = "00000000-0000-0000-0000-000000000000";
+
+/// What a finished build's stamp holds: the version, and for a build from an archive
+/// how it was built, so that a build made another way is redone.
+fn stamp(peer: &Peer) -> String {
+    match peer.archive() {
+        Some(_) => format!("{} ai-key={NPM_AI_KEY}", peer.version),
+        None => peer.version.clone(),
+    }
 }
 
 /// The `azure-npm.json: |` block of NPM's ConfigMap, unindented.
