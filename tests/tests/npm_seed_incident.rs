@@ -75,13 +75,12 @@ fn peer_status(lab: &Lab) -> Result<Value> {
     Ok(serde_json::from_str(&lab.weir(&["peer", "status"])?)?)
 }
 
-/// The lines of the peer's log that carry the seed's error or NPM's giving up.
-fn quoted_errors(lab: &Lab) -> Vec<String> {
-    let log = std::fs::read_to_string(lab.dir.join("peer.log")).unwrap_or_default();
-    log.lines()
-        .filter(|l| l.contains(TRIES_ERROR) || l.contains("failed to reset ipsets dataplane"))
-        .map(|l| l.chars().take(400).collect())
-        .collect()
+/// NPM's last words in its log: from "after 5 tries" to the seed's error.
+fn quoted_error(lab: &Lab) -> Option<String> {
+    let log = std::fs::read_to_string(lab.dir.join("peer.log")).ok()?;
+    let from = log.find(TRIES_ERROR)?;
+    let to = from + log[from..].find(SEED_ERROR)? + SEED_ERROR.len();
+    Some(log[from..to].to_string())
 }
 
 /// Waits for the peer started last to exit; `None` when it is still up after `within`.
@@ -169,8 +168,8 @@ fn crash_loop(lab: &Lab) -> Result<()> {
             after.as_secs_f64()
         ));
     }
-    if let Some(line) = quoted_errors(lab).first() {
-        say(format!("its error: {line}"));
+    if let Some(error) = quoted_error(lab) {
+        say(format!("its error: {error}"));
     }
     Ok(())
 }
