@@ -72,6 +72,14 @@ fn kube_router_synced_since(dir: &LabDir, mark: u64) -> bool {
         .is_some_and(|(_, rest)| rest.contains("sync iptables took"))
 }
 
+/// What NPM logs once its dataplane has booted and its controllers start.
+pub const NPM_STARTED: &str = "starting NPM - (";
+
+fn npm_started(dir: &LabDir) -> bool {
+    let text = std::fs::read(dir.peer_log()).unwrap_or_default();
+    String::from_utf8_lossy(&text).contains(NPM_STARTED)
+}
+
 /// The flags kube-router runs with (deploy/kube-router-flags, which the bench reads too).
 fn kube_router_flags() -> impl Iterator<Item = &'static str> {
     include_str!("../../deploy/kube-router-flags")
@@ -282,6 +290,32 @@ fn ensure_imds(dir: &LabDir, node: &str) -> Result<(), LabError> {
     Ok(())
 }
 
+/// The chain kubelet makes on every node (Kubernetes 1.24 and later) to tell which iptables
+/// backend the node uses; NPM v1.8 reads it and refuses to start without it. The lab has
+/// no kubelet, so it makes the chain in the backend the node's `iptables` is.
+fn kubelet_hint(node: &str) -> Result<(), LabError> {
+    let listed = netns::listing(
+        node,
+        "iptables",
+        &["-t", "mangle", "-S", "KUBE-IPTABLES-HINT"],
+    )?;
+    if listed.success {
+        return Ok(());
+    }
+    let made = netns::listing(
+        node,
+        "iptables",
+        &["-t", "mangle", "-N", "KUBE-IPTABLES-HINT"],
+    )?;
+    match made.success {
+        true => Ok(()),
+        false => Err(LabError::Command {
+            command: "iptables -t mangle -N KUBE-IPTABLES-HINT".into(),
+            stderr: made.stderr.trim().to_string(),
+        }),
+    }
+}
+
 /// Starts `version` of the peer (see [`check_host`]) in the node namespace with the lab
 /// admin's credentials (the lab does not reproduce each peer's ClusterRole); returns its
 /// state.
@@ -308,6 +342,7 @@ pub fn start(
     match enforcer {
         Enforcer::AzureNpm => {
             ensure_imds(dir, &state.node_netns)?;
+            kubelet_hint(&state.node_netns)?;
             // Its Linux DaemonSet: the image's `azure-npm start`, HOSTNAME from the
             // pod's node name, NPM_CONFIG naming the mounted ConfigMap; hostNetwork.
             command
@@ -513,11 +548,15 @@ pub fn wait_programmed(
             Enforcer::KubeRouter => {
                 rules.contains(":KUBE-ROUTER-FORWARD") && kube_router_synced_since(dir, mark)
             }
-            // NPM logs nothing the lab can tie to one change: its jump from FORWARD and
-            // the quiet are all.
-            Enforcer::AzureNpm => rules
-                .lines()
-                .any(|l| l.starts_with("-A FORWARD ") && l.ends_with("-j AZURE-NPM")),
+            // NPM logs nothing the lab can tie to one change: that it has booted (this
+            // process: the log starts afresh with each), its jump from FORWARD and the
+            // quiet are all.
+            Enforcer::AzureNpm => {
+                npm_started(dir)
+                    && rules
+                        .lines()
+                        .any(|l| l.starts_with("-A FORWARD ") && l.ends_with("-j AZURE-NPM"))
+            }
             _ => {
                 rules.contains("table inet kube-network-policies")
                     && knp_listening(&state.node_netns)?
