@@ -214,8 +214,13 @@ fn handover_while_probing(
         while rounds.lock().unwrap().len() < 2 && !prober.is_finished() {
             std::thread::sleep(Duration::from_millis(20));
         }
+        let asked = Instant::now();
         let handed = lab.weir(&["peer", "handover", "--dataplane", dataplane]);
         let enforced = Instant::now();
+        say(format!(
+            "weir enforced {:.1} s after the handover began",
+            (enforced - asked).as_secs_f64()
+        ));
         // Rounds that start once weir enforces.
         while handed.is_ok()
             && !prober.is_finished()
