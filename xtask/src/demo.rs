@@ -15,7 +15,8 @@ pub const SEED_INCIDENT_NPM: &[&str] = &[
 /// `cargo xtask demo --seed-incident`: NPM v1.5.36 crash-looping on 16 leaked set
 /// references, v1.5.37 and v1.8.12 surviving them on the same node, and weir taking the
 /// node over while the pods probe: the integration test tests/tests/npm_seed_incident.rs
-/// in its full form (`cargo xtask test` runs the short one), printing as it goes.
+/// in its full form (`cargo xtask test` runs the short one), printing as it goes; then
+/// the migration off a running v1.8.12 with 100 policies, onto eBPF, then iptables.
 pub fn seed_incident() -> Result<()> {
     if !crate::cmd::is_root() {
         bail!("the seed incident builds network namespaces, runs NPM and loads BPF programs: run it as root");
@@ -30,6 +31,9 @@ pub fn seed_incident() -> Result<()> {
         "npm_seed_incident",
         "--",
         "--nocapture",
+        // The migration off a running v1.8.12 too.
+        "--include-ignored",
+        "--test-threads=1",
     ]))
     .context("the seed incident")
 }
