@@ -419,7 +419,7 @@ fn npm_v1_5_36_crash_loops_on_16_leaked_references_and_weir_takes_the_node_over(
 /// `cargo xtask demo --seed-incident` runs it (`--include-ignored`), not `cargo xtask test`.
 #[test]
 #[ignore = "cargo xtask demo --seed-incident runs it: it needs NPM v1.8.12 built"]
-fn migration_off_a_running_npm_v1_8_12_onto_both_dataplanes() -> Result<()> {
+fn npm_v1_8_12_running_100_policies_migrates_onto_both_weir_dataplanes() -> Result<()> {
     let lab = Lab::new("npm-migrate");
     let mut world = std::fs::read_to_string(weir_tests::lab::netpol_world())?;
     world.push_str(&format!("\n---\n{}", node(None)));
