@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, Parser, Subcommand, ValueEnum};
 use ipnet::{Ipv4Net, Ipv6Net};
 use serde::Serialize;
 
@@ -105,12 +105,14 @@ pub struct UpArgs {
     /// binaries `cargo xtask peers --build-only` builds at the versions deploy/peer-versions
     /// pins; their log is peer.log in the state directory. kube-router: its
     /// network-policy controller alone (iptables and ipset). kube-network-policies:
-    /// nftables with NFQUEUE (the kernel's nft `queue` is checked first). azure-npm: refused,
-    /// with the reason. The lab takes a peer's change as enforced once its rules have
+    /// nftables with NFQUEUE (the kernel's nft `queue` is checked first). azure-npm: Azure
+    /// NPM with its Linux DaemonSet's config and flags (iptables and ipset), built from its
+    /// source archive. NAME@VERSION runs another version deploy/peer-versions pins
+    /// (azure-npm@v1.5.36). The lab takes a peer's change as enforced once its rules have
     /// stood still for 1.5 s (a peer reports no applied generation); probes and JSON are
     /// the same, with the enforcer's name where the dataplane's would be.
-    #[arg(long, value_enum, default_value_t = Enforcer::Weir)]
-    pub enforcer: Enforcer,
+    #[arg(long, value_name = "NAME[@VERSION]", value_parser = parse_enforcer, default_value = "weir")]
+    pub enforcer: EnforcerChoice,
     /// The ClusterNetworkPolicy CRD (a YAML file) the lab's API server gets instead of the
     /// one deploy/crds/ ships (network-policy-api's standard channel): its experimental
     /// channel, say, whose `nodes` peers the standard schema refuses. Server mode only.
@@ -120,6 +122,28 @@ pub struct UpArgs {
     pub wait: WaitArgs,
     #[arg(required = true)]
     pub manifests: Vec<PathBuf>,
+}
+
+/// `--enforcer NAME[@VERSION]`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EnforcerChoice {
+    pub enforcer: Enforcer,
+    pub version: Option<String>,
+}
+
+fn parse_enforcer(text: &str) -> Result<EnforcerChoice, String> {
+    let (name, version) = match text.split_once('@') {
+        Some((name, version)) => (name, Some(version.to_string())),
+        None => (text, None),
+    };
+    let enforcer = <Enforcer as clap::ValueEnum>::from_str(name, false).map_err(|_| {
+        let names: Vec<&str> = Enforcer::value_variants()
+            .iter()
+            .map(|e| e.name())
+            .collect();
+        format!("{name:?} is not one of {}", names.join(", "))
+    })?;
+    Ok(EnforcerChoice { enforcer, version })
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -213,6 +237,12 @@ pub enum LabCommand {
         #[command(subcommand)]
         action: AgentAction,
     },
+    /// The lab's peer (`up --enforcer`): its status, a signal, a restart as kubelet
+    /// restarts a crashed container, or the node handed over to weir's agent.
+    Peer {
+        #[command(subcommand)]
+        action: PeerAction,
+    },
     /// A control plane outside a lab, in a namespace of the caller's (the bench's cluster
     /// path drives it).
     #[command(hide = true)]
@@ -226,6 +256,10 @@ pub enum LabCommand {
         #[arg(value_parser = ops::parse_port)]
         ports: Vec<ServedPort>,
     },
+    /// Answer Azure NPM's instance-metadata requests (started by the lab in the node
+    /// namespace when NPM enforces).
+    #[command(hide = true)]
+    Imds,
 }
 
 #[derive(Subcommand)]
@@ -267,6 +301,34 @@ pub enum AgentAction {
     /// Start the agent again (after `signal kill` or `signal term`); returns at once.
     /// The agent inherits this command's environment (WEIR_RESYNC_SECONDS, ...).
     Start,
+}
+
+#[derive(Subcommand)]
+pub enum PeerAction {
+    /// Print the peer's name, version, pid and whether it runs, as JSON.
+    Status,
+    /// Send a signal to the peer: term, kill, stop (freeze) or cont (thaw).
+    Signal {
+        #[arg(value_enum)]
+        signal: AgentSignal,
+    },
+    /// Start the peer again, as kubelet restarts a crashed container (a process still
+    /// running is stopped first); returns at once and prints its status as JSON. Its log
+    /// (peer.log) starts afresh.
+    Start {
+        /// Another version deploy/peer-versions pins, as a new image of its DaemonSet.
+        #[arg(long)]
+        version: Option<String>,
+    },
+    /// Hand the node over to weir's agent: the peer stops (its DaemonSet no longer
+    /// selects the node; its rules stay behind), the Node gets the `weir.io/dataplane`
+    /// label, and weir's agent starts and takes over; returns once it enforces everything.
+    Handover {
+        #[arg(long, value_enum, default_value_t = DataplaneKind::Ebpf)]
+        dataplane: DataplaneKind,
+        #[command(flatten)]
+        wait: WaitArgs,
+    },
 }
 
 #[derive(Clone, Copy, Debug, clap::ValueEnum)]
@@ -319,6 +381,20 @@ pub fn run(args: LabArgs) -> anyhow::Result<()> {
             AgentAction::Start => ops::restart_agent(&dir, &weir),
         }
         .context("weir-lab agent"),
+        LabCommand::Peer { action } => match action {
+            PeerAction::Status => print_json(&super::peers::status(&dir)?),
+            PeerAction::Signal { signal } => Ok(super::peers::signal(&dir, signal.number())?),
+            PeerAction::Start { version } => {
+                print_json(&super::peers::restart(&dir, version.as_deref())?)
+            }
+            PeerAction::Handover { dataplane, wait } => Ok(super::peers::handover(
+                &dir,
+                &weir,
+                dataplane,
+                wait.timeout(),
+            )?),
+        }
+        .context("weir-lab peer"),
         LabCommand::Kube { action } => match action {
             KubeAction::Start { netns, dir } => ops::kube_start(&netns, &dir),
             KubeAction::Apply {
@@ -331,6 +407,7 @@ pub fn run(args: LabArgs) -> anyhow::Result<()> {
         }
         .context("weir-lab kube"),
         LabCommand::Listen { ports } => super::listen::serve(&ports).context("weir-lab listen"),
+        LabCommand::Imds => super::peers::serve_imds().context("weir-lab imds"),
     }
 }
 
@@ -350,15 +427,15 @@ fn up_lab(dir: &LabDir, up: &UpArgs, weir: &WeirBinary) -> anyhow::Result<()> {
             "weir-lab up: --proxy runs kube-proxy against the lab's API server; it cannot be combined with --api file"
         );
     }
-    if up.api == Some(ApiMode::File) && up.enforcer != Enforcer::Weir {
+    if up.api == Some(ApiMode::File) && up.enforcer.enforcer != Enforcer::Weir {
         anyhow::bail!(
             "weir-lab up: --enforcer {} runs against the lab's API server; it cannot be combined with --api file",
-            up.enforcer.name()
+            up.enforcer.enforcer.name()
         );
     }
     let api_server = match up.api {
         Some(mode) => mode == ApiMode::Server,
-        None => up.proxy != ProxyMode::None || up.enforcer != Enforcer::Weir,
+        None => up.proxy != ProxyMode::None || up.enforcer.enforcer != Enforcer::Weir,
     };
     let opts = UpOptions {
         dataplane: up.dataplane,
@@ -372,7 +449,8 @@ fn up_lab(dir: &LabDir, up: &UpArgs, weir: &WeirBinary) -> anyhow::Result<()> {
         proxy: up.proxy,
         agent_image: up.agent_image.clone(),
         agent_args: up.agent_args.clone(),
-        enforcer: up.enforcer,
+        enforcer: up.enforcer.enforcer,
+        enforcer_version: up.enforcer.version.clone(),
         weir: weir.clone(),
         cluster_policy_crd: match &up.cluster_policy_crd {
             Some(_) if !api_server => {
@@ -422,6 +500,12 @@ fn probe_lab(dir: &LabDir, args: &ProbeArgs) -> anyhow::Result<()> {
         ),
     };
     Ok(weir::stdout::print(&text)?)
+}
+
+fn print_json(value: &impl Serialize) -> anyhow::Result<()> {
+    Ok(weir::stdout::print(
+        &(serde_json::to_string(value)? + "\n"),
+    )?)
 }
 
 #[derive(Serialize)]

@@ -45,6 +45,8 @@ pub struct UpOptions {
     pub agent_args: Vec<String>,
     /// `--enforcer`: weir's agent, or a peer in its place (server mode only).
     pub enforcer: Enforcer,
+    /// `--enforcer NAME@VERSION`: a pinned version other than the peer's default.
+    pub enforcer_version: Option<String>,
     /// `--weir-bin`: the agent's binary, unless it runs from `agent_image`.
     pub weir: WeirBinary,
     /// `--cluster-policy-crd`: the ClusterNetworkPolicy CRD (YAML) instead of deploy/crds/'s.
@@ -84,8 +86,8 @@ pub fn up(dir: &LabDir, opts: &UpOptions, manifests: &[PathBuf]) -> Result<(), L
                 "--agent-image and --agent-arg are weir's agent's: a peer (--enforcer) runs in its place",
             ));
         }
-        peers::check_host(opts.enforcer)?;
     }
+    let peer_version = peers::check_host(opts.enforcer, opts.enforcer_version.as_deref())?;
     let id = dir.lab_id();
     let mut state = LabState {
         node_netns: format!("{id}-node"),
@@ -142,7 +144,7 @@ pub fn up(dir: &LabDir, opts: &UpOptions, manifests: &[PathBuf]) -> Result<(), L
         .and_then(|()| match opts.enforcer {
             Enforcer::Weir => Ok(()),
             _ if opts.without_agent => Ok(()),
-            enforcer => start_peer(dir, &mut state, enforcer, opts.timeout),
+            enforcer => start_peer(dir, &mut state, enforcer, &peer_version, opts.timeout),
         })
         .and_then(|()| match opts.proxy {
             ProxyMode::None => Ok(()),
@@ -209,9 +211,10 @@ fn start_peer(
     dir: &LabDir,
     state: &mut LabState,
     enforcer: Enforcer,
+    version: &str,
     timeout: Duration,
 ) -> Result<(), LabError> {
-    state.peer = Some(peers::start(dir, state, enforcer)?);
+    state.peer = Some(peers::start(dir, state, enforcer, version)?);
     dir.save(state)?;
     peers::wait_programmed(dir, state, 0, timeout)
 }

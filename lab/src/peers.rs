@@ -4,8 +4,10 @@
 //! stay as they are, so one scenario table judges every enforcer. All the peer plumbing is
 //! here: the agent knows nothing of its peers.
 //!
-//! The binaries are built by `cargo xtask peers` from the Go module proxy, at the versions
-//! `deploy/peer-versions` pins, into `$WEIR_COMPONENTS_DIR/<name>-<version>/<name>`.
+//! The binaries are built by `cargo xtask peers` from the Go module proxy (Azure NPM from
+//! its source archive), at the versions `deploy/peer-versions` pins, into
+//! `$WEIR_COMPONENTS_DIR/<name>-<version>/<name>`; a name's first line is the version
+//! `--enforcer NAME` runs, `--enforcer NAME@VERSION` picks another pinned one.
 //!
 //! A peer reports no applied generation, as weir's agent does, so the lab takes a peer's
 //! change as enforced once its rules (iptables-save and ipset for kube-router, the nft
@@ -70,6 +72,14 @@ fn kube_router_synced_since(dir: &LabDir, mark: u64) -> bool {
         .is_some_and(|(_, rest)| rest.contains("sync iptables took"))
 }
 
+/// What NPM logs once its dataplane has booted and its controllers start.
+pub const NPM_STARTED: &str = "starting NPM - (";
+
+fn npm_started(dir: &LabDir) -> bool {
+    let text = std::fs::read(dir.peer_log()).unwrap_or_default();
+    String::from_utf8_lossy(&text).contains(NPM_STARTED)
+}
+
 /// The flags kube-router runs with (deploy/kube-router-flags, which the bench reads too).
 fn kube_router_flags() -> impl Iterator<Item = &'static str> {
     include_str!("../../deploy/kube-router-flags")
@@ -83,50 +93,81 @@ const KNP_METRICS: &str = "127.0.0.1:9080";
 /// The NFQUEUE number kube-network-policies reads (its default).
 const KNP_QUEUE: u16 = 100;
 
-/// The pinned version of a peer, from deploy/peer-versions.
-fn version(enforcer: Enforcer) -> Option<&'static str> {
+/// The pinned versions of a peer, from deploy/peer-versions; the first is its default.
+fn versions(enforcer: Enforcer) -> Vec<&'static str> {
     include_str!("../../deploy/peer-versions")
         .lines()
         .filter(|l| !l.trim_start().starts_with('#'))
-        .find_map(|l| match l.split_whitespace().collect::<Vec<_>>()[..] {
+        .filter_map(|l| match l.split_whitespace().collect::<Vec<_>>()[..] {
             [name, _, version] if name == enforcer.name() => Some(version),
             _ => None,
         })
+        .collect()
 }
 
-/// Where `cargo xtask peers` puts the peer's binary.
+/// The pinned version of a peer that `--enforcer NAME` runs.
+fn version(enforcer: Enforcer) -> Option<&'static str> {
+    versions(enforcer).first().copied()
+}
+
+/// The directory `cargo xtask peers` builds this version of the peer into.
+fn build_dir(enforcer: Enforcer, version: &str) -> PathBuf {
+    components_root().join(format!("{}-{version}", enforcer.name()))
+}
+
+/// Where `cargo xtask peers` puts the peer's binary (of its default version).
 pub fn binary(enforcer: Enforcer) -> Option<PathBuf> {
-    let version = version(enforcer)?;
-    Some(
-        components_root()
-            .join(format!("{}-{version}", enforcer.name()))
-            .join(enforcer.name()),
-    )
+    Some(build_dir(enforcer, version(enforcer)?).join(enforcer.name()))
 }
 
-/// Refuses a peer this host cannot run, before anything is built: Azure NPM (no source),
+/// Refuses a peer this host cannot run, before anything is built: a version not pinned,
 /// a binary not built yet, and for kube-network-policies the kernel's nftables `queue`
-/// statement (probed in a scratch namespace).
-pub fn check_host(enforcer: Enforcer) -> Result<(), LabError> {
+/// statement (probed in a scratch namespace). Returns the version to run: `version`, or
+/// the peer's default.
+pub fn check_host(enforcer: Enforcer, version: Option<&str>) -> Result<String, LabError> {
     let what = format!("--enforcer {}", enforcer.name());
-    let binary = match (enforcer, binary(enforcer)) {
-        (Enforcer::Weir, _) => return Ok(()),
-        (Enforcer::AzureNpm, _) | (_, None) => {
-            return Err(LabError::invalid(
+    if enforcer == Enforcer::Weir {
+        return match version {
+            None => Ok(String::new()),
+            Some(v) => Err(LabError::invalid(
                 &what,
-                "Azure NPM cannot be built here: the Go module proxy refuses github.com/Azure/azure-container-networking (403 Forbidden, every version), and the lab runs peers built from the proxy only",
-            ))
-        }
-        (_, Some(b)) => b,
-    };
-    if !binary.is_file() {
+                format!("weir's agent is the binary the lab is given, not a pinned version ({v})"),
+            )),
+        };
+    }
+    let pinned = versions(enforcer);
+    let version = match version {
+        None => pinned.first().copied(),
+        Some(v) => pinned.iter().copied().find(|p| *p == v),
+    }
+    .ok_or_else(|| {
+        LabError::invalid(
+            &what,
+            format!(
+                "deploy/peer-versions pins {} at {}",
+                enforcer.name(),
+                pinned.join(", ")
+            ),
+        )
+    })?;
+    let dir = build_dir(enforcer, version);
+    let mut needed = vec![dir.join(enforcer.name())];
+    if enforcer == Enforcer::AzureNpm {
+        needed.push(dir.join(NPM_CONFIG));
+    }
+    if let Some(missing) = needed.iter().find(|f| !f.is_file()) {
+        let how = match enforcer {
+            Enforcer::AzureNpm => {
+                "from its source archive (../shared/peers, or --peer-archives DIR)"
+            }
+            _ => "from the Go module proxy",
+        };
         return Err(LabError::invalid(
             &what,
             format!(
-                "{} not found: `cargo xtask peers --build-only` builds {} {} from the Go module proxy (or set WEIR_COMPONENTS_DIR)",
-                binary.display(),
+                "{} not found: `cargo xtask peers --build-only` builds {} {version} {how} (or set WEIR_COMPONENTS_DIR)",
+                missing.display(),
                 enforcer.name(),
-                version(enforcer).unwrap_or("?"),
             ),
         ));
     }
@@ -138,7 +179,7 @@ pub fn check_host(enforcer: Enforcer) -> Result<(), LabError> {
             )
         })?;
     }
-    Ok(())
+    Ok(version.to_string())
 }
 
 /// Whether nftables accepts a `queue` rule, in a namespace of its own (the tests ask it
@@ -168,9 +209,122 @@ pub fn nft_queue_support() -> Result<(), String> {
     }
 }
 
-/// Starts the peer in the node namespace with the lab admin's credentials (the lab does
-/// not reproduce each peer's ClusterRole); returns its state.
-pub fn start(dir: &LabDir, state: &LabState, enforcer: Enforcer) -> Result<PeerState, LabError> {
+/// Azure NPM's config, beside its binary: the ConfigMap its Linux DaemonSet mounts at
+/// /etc/azure-npm (`cargo xtask peers` copies it out of the source archive).
+const NPM_CONFIG: &str = "azure-npm.json";
+
+/// Azure's instance metadata service, where NPM asks which cloud it runs in.
+const IMDS: std::net::Ipv4Addr = std::net::Ipv4Addr::new(169, 254, 169, 254);
+const IMDS_ANSWER: &str = "AzurePublicCloud";
+
+/// `weir-lab imds` (hidden; the lab starts it in the node namespace for Azure NPM): the
+/// instance metadata service as far as NPM uses it off Azure. NPM's telemetry starts only
+/// in Azure's public cloud and, anywhere else, holds NPM back 3 × 1 min (v1.8.12: before
+/// it resets its dataplane), so every request is answered `AzurePublicCloud` (its metadata
+/// refresh gets the same, and logs that it cannot parse it).
+pub fn serve_imds() -> Result<(), LabError> {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind((IMDS, 80))
+        .map_err(|e| LabError::io(format!("listening on {IMDS}:80"), e))?;
+    for stream in listener.incoming() {
+        let Ok(mut stream) = stream else { continue };
+        let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
+        let mut request = Vec::new();
+        let mut buf = [0u8; 4096];
+        while !request.windows(4).any(|w| w == b"\r\n\r\n") && request.len() < 65536 {
+            match stream.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => request.extend_from_slice(&buf[..n]),
+            }
+        }
+        let _ = write!(
+            stream,
+            "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{IMDS_ANSWER}",
+            IMDS_ANSWER.len()
+        );
+    }
+    Ok(())
+}
+
+fn imds_answers(node: &str) -> Result<bool, LabError> {
+    netns::in_netns(node, || {
+        std::net::TcpStream::connect_timeout(&(IMDS, 80).into(), Duration::from_millis(200)).is_ok()
+    })
+}
+
+/// Starts the metadata stub ([`serve_imds`]) in the node namespace unless it answers
+/// already: IMDS's address on the node's loopback, this binary's `imds` command.
+fn ensure_imds(dir: &LabDir, node: &str) -> Result<(), LabError> {
+    if imds_answers(node)? {
+        return Ok(());
+    }
+    netns::ip(&[
+        "-n",
+        node,
+        "addr",
+        "replace",
+        &format!("{IMDS}/32"),
+        "dev",
+        "lo",
+    ])?;
+    let exe =
+        std::env::current_exe().map_err(|e| LabError::io("finding weir-lab's own binary", e))?;
+    let log = dir.dir.join("imds.log");
+    netns::spawn_detached(
+        node,
+        Command::new(exe).arg("imds"),
+        &log,
+        netns::Stdout::Log,
+    )?;
+    let started = Instant::now();
+    while !imds_answers(node)? {
+        if started.elapsed() > Duration::from_secs(10) {
+            return Err(netns::not_ready(
+                "the lab's metadata stub",
+                "it does not answer",
+                &log,
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Ok(())
+}
+
+/// The chain kubelet makes on every node (Kubernetes 1.24 and later) to tell which iptables
+/// backend the node uses; NPM v1.8 reads it and refuses to start without it. The lab has
+/// no kubelet, so it makes the chain in the backend the node's `iptables` is.
+fn kubelet_hint(node: &str) -> Result<(), LabError> {
+    let listed = netns::listing(
+        node,
+        "iptables",
+        &["-t", "mangle", "-S", "KUBE-IPTABLES-HINT"],
+    )?;
+    if listed.success {
+        return Ok(());
+    }
+    let made = netns::listing(
+        node,
+        "iptables",
+        &["-t", "mangle", "-N", "KUBE-IPTABLES-HINT"],
+    )?;
+    match made.success {
+        true => Ok(()),
+        false => Err(LabError::Command {
+            command: "iptables -t mangle -N KUBE-IPTABLES-HINT".into(),
+            stderr: made.stderr.trim().to_string(),
+        }),
+    }
+}
+
+/// Starts `version` of the peer (see [`check_host`]) in the node namespace with the lab
+/// admin's credentials (the lab does not reproduce each peer's ClusterRole); returns its
+/// state.
+pub fn start(
+    dir: &LabDir,
+    state: &LabState,
+    enforcer: Enforcer,
+    version: &str,
+) -> Result<PeerState, LabError> {
     let api = state.api.as_ref().ok_or_else(|| {
         LabError::invalid(enforcer.name(), "needs the lab's API server (--api server)")
     })?;
@@ -183,9 +337,23 @@ pub fn start(dir: &LabDir, state: &LabState, enforcer: Enforcer) -> Result<PeerS
     })
     .and_then(|r| r)
     .map_err(|e| LabError::invalid("the lab's Node", e))?;
-    let binary = binary(enforcer).expect("check_host passed");
+    let binary = build_dir(enforcer, version).join(enforcer.name());
     let mut command = Command::new(&binary);
     match enforcer {
+        Enforcer::AzureNpm => {
+            ensure_imds(dir, &state.node_netns)?;
+            kubelet_hint(&state.node_netns)?;
+            // Its Linux DaemonSet: the image's `azure-npm start`, HOSTNAME from the
+            // pod's node name, NPM_CONFIG naming the mounted ConfigMap; hostNetwork.
+            command
+                .arg("start")
+                .arg(format!(
+                    "--kubeconfig={}",
+                    cp.kubeconfig(Identity::Admin).display()
+                ))
+                .env("HOSTNAME", &api.node_name)
+                .env("NPM_CONFIG", build_dir(enforcer, version).join(NPM_CONFIG));
+        }
         Enforcer::KubeRouter => {
             let kubeconfig = cp.kubeconfig(Identity::Admin);
             command
@@ -222,7 +390,12 @@ pub fn start(dir: &LabDir, state: &LabState, enforcer: Enforcer) -> Result<PeerS
                 .env_remove("NRI_PLUGIN_NAME")
                 .env_remove("NRI_PLUGIN_IDX");
         }
-        Enforcer::Weir | Enforcer::AzureNpm => unreachable!("not a runnable peer"),
+        Enforcer::Weir => {
+            return Err(LabError::invalid(
+                "the lab's peer",
+                "weir's agent is not a peer",
+            ))
+        }
     }
     let child = netns::spawn_detached(
         &state.node_netns,
@@ -232,9 +405,124 @@ pub fn start(dir: &LabDir, state: &LabState, enforcer: Enforcer) -> Result<PeerS
     )?;
     Ok(PeerState {
         enforcer,
-        version: version(enforcer).unwrap_or_default().to_string(),
+        version: version.to_string(),
         pid: child.id(),
     })
+}
+
+/// `weir-lab peer status`: the lab's peer and whether its process runs.
+#[derive(Debug, serde::Serialize)]
+pub struct PeerStatus {
+    pub enforcer: &'static str,
+    pub version: String,
+    pub pid: u32,
+    pub running: bool,
+}
+
+fn lab_peer(state: &LabState, what: &str) -> Result<PeerState, LabError> {
+    state.peer.clone().ok_or_else(|| {
+        LabError::invalid(what, "this lab runs no peer (weir-lab up --enforcer NAME)")
+    })
+}
+
+pub fn status(dir: &LabDir) -> Result<PeerStatus, LabError> {
+    let peer = lab_peer(&dir.load()?, "weir-lab peer status")?;
+    Ok(PeerStatus {
+        enforcer: peer.enforcer.name(),
+        version: peer.version,
+        pid: peer.pid,
+        running: netns::alive(peer.pid),
+    })
+}
+
+/// `weir-lab peer start [--version V]`: the lab's peer started again, as kubelet restarts
+/// its container after a crash (or, with another pinned version, as a new image of its
+/// DaemonSet replaces it); a process still running is stopped first. Returns at once:
+/// whether it comes up is for `weir-lab peer status` and its log to tell.
+pub fn restart(dir: &LabDir, version: Option<&str>) -> Result<PeerStatus, LabError> {
+    let _lock = dir.lock()?;
+    let mut state = dir.load()?;
+    let peer = lab_peer(&state, "weir-lab peer start")?;
+    let version = check_host(peer.enforcer, Some(version.unwrap_or(&peer.version)))?;
+    if netns::alive(peer.pid) {
+        netns::stop_pid(peer.pid, Duration::from_secs(10));
+    }
+    let started = start(dir, &state, peer.enforcer, &version)?;
+    let pid = started.pid;
+    state.peer = Some(started);
+    dir.save(&state)?;
+    Ok(PeerStatus {
+        enforcer: peer.enforcer.name(),
+        version,
+        pid,
+        running: netns::alive(pid),
+    })
+}
+
+/// `weir-lab peer signal`: a signal to the peer's process (kill: a crash, term: its pod
+/// deleted).
+pub fn signal(dir: &LabDir, signal: i32) -> Result<(), LabError> {
+    let peer = lab_peer(&dir.load()?, "weir-lab peer signal")?;
+    // SAFETY: kill only sends a signal to the given process id.
+    if unsafe { libc::kill(peer.pid as i32, signal) } != 0 {
+        return Err(LabError::io(
+            format!("signalling {} (pid {})", peer.enforcer.name(), peer.pid),
+            std::io::Error::last_os_error(),
+        ));
+    }
+    Ok(())
+}
+
+/// `weir-lab peer handover`: the node moves from the peer to weir's agent as an operator
+/// moves it: the peer's DaemonSet no longer selects the node (its process is stopped, and
+/// leaves its rules behind, as a deleted pod does), the Node gets weir's
+/// `weir.io/dataplane` label, and weir's agent starts on it and takes over (it removes
+/// the peer's leftovers itself). Returns once the agent enforces the lab's objects; from
+/// then on the lab is weir's.
+pub fn handover(
+    dir: &LabDir,
+    weir: &super::agent::WeirBinary,
+    dataplane: weir::dataplane::DataplaneKind,
+    timeout: Duration,
+) -> Result<(), LabError> {
+    let lock = dir.lock()?;
+    let mut state = dir.load()?;
+    let peer = lab_peer(&state, "weir-lab peer handover")?;
+    let api = state
+        .api
+        .clone()
+        .ok_or_else(|| LabError::invalid("weir-lab peer handover", "needs the lab's API server"))?;
+    if netns::alive(peer.pid) {
+        netns::stop_pid(peer.pid, Duration::from_secs(10));
+    }
+    let node = api.node_name.clone();
+    let label = dataplane.to_string();
+    ControlPlane::new(dir.api_dir())
+        .block_on(&state.node_netns, Identity::Admin, |client| async move {
+            let patch = serde_json::json!({
+                "metadata": { "labels": { weir::daemon::select::DATAPLANE_LABEL: label } }
+            });
+            kube::Api::<k8s_openapi::api::core::v1::Node>::all(client)
+                .patch(
+                    &node,
+                    &kube::api::PatchParams::default(),
+                    &kube::api::Patch::Merge(&patch),
+                )
+                .await
+                .map(drop)
+                .map_err(|e| format!("labelling node {node}: {e}"))
+        })
+        .and_then(|r| r)
+        .map_err(|e| LabError::invalid("the lab's Node", e))?;
+    state.peer = None;
+    state.with_agent = true;
+    state.dataplane = dataplane;
+    dir.save(&state)?;
+    state.agent_pid = Some(super::agent::start(dir, &state, weir)?);
+    dir.save(&state)?;
+    // Probes take the lock too: they go on while the agent takes over.
+    drop(lock);
+    super::agent::wait_for(dir, &state, timeout).map(drop)
 }
 
 /// Waits until the peer has worked on the change made after `mark` (its log; see
@@ -259,6 +547,15 @@ pub fn wait_programmed(
         let programmed = match peer.enforcer {
             Enforcer::KubeRouter => {
                 rules.contains(":KUBE-ROUTER-FORWARD") && kube_router_synced_since(dir, mark)
+            }
+            // NPM logs nothing the lab can tie to one change: that it has booted (this
+            // process: the log starts afresh with each), its jump from FORWARD and the
+            // quiet are all.
+            Enforcer::AzureNpm => {
+                npm_started(dir)
+                    && rules
+                        .lines()
+                        .any(|l| l.starts_with("-A FORWARD ") && l.ends_with("-j AZURE-NPM"))
             }
             _ => {
                 rules.contains("table inet kube-network-policies")
@@ -303,7 +600,7 @@ fn knp_listening(node: &str) -> Result<bool, LabError> {
 /// The peer's rules as text in the node namespace, without packet counters.
 fn rules(node: &str, enforcer: Enforcer) -> Result<String, LabError> {
     let listings: &[(&str, &[&str])] = match enforcer {
-        Enforcer::KubeRouter => &[
+        Enforcer::KubeRouter | Enforcer::AzureNpm => &[
             ("iptables-save", &[]),
             ("ip6tables-save", &[]),
             ("ipset", &["save"]),
@@ -340,12 +637,22 @@ mod tests {
 
     #[test]
     fn every_runnable_peer_has_a_pinned_version() {
-        for enforcer in [Enforcer::KubeRouter, Enforcer::KubeNetworkPolicies] {
+        for enforcer in [
+            Enforcer::KubeRouter,
+            Enforcer::KubeNetworkPolicies,
+            Enforcer::AzureNpm,
+        ] {
             assert!(
                 version(enforcer).is_some_and(|v| v.starts_with('v')),
                 "{enforcer:?}"
             );
         }
-        assert_eq!(version(Enforcer::AzureNpm), None);
+        // The seed's release, its fix and the newest one.
+        assert_eq!(
+            versions(Enforcer::AzureNpm),
+            ["v1.8.12", "v1.5.36", "v1.5.37"]
+        );
+        assert!(check_host(Enforcer::AzureNpm, Some("v9.9.9"))
+            .is_err_and(|e| e.to_string().contains("v1.5.36")));
     }
 }

@@ -152,7 +152,7 @@ pub enum Enforcer {
     /// sigs.k8s.io/kube-network-policies (nftables, the first packet judged in user space
     /// through NFQUEUE).
     KubeNetworkPolicies,
-    /// Azure NPM: refused with the reason (it cannot be built from the Go module proxy).
+    /// Azure NPM (v2 dataplane: iptables and ipset), built from its source archive.
     AzureNpm,
 }
 

@@ -28,6 +28,10 @@ use clap::{Parser, Subcommand};
     about = "Build, test and demo weir. Start with `cargo xtask demo` and `cargo xtask test`."
 )]
 struct Cli {
+    /// Where the peers' source archives are (Azure NPM's: the module proxy refuses its
+    /// module): default ../shared/peers beside the repository.
+    #[arg(long, env = "WEIR_PEER_ARCHIVES", global = true, value_name = "DIR")]
+    peer_archives: Option<std::path::PathBuf>,
     #[command(subcommand)]
     command: Command,
 }
@@ -113,6 +117,12 @@ enum Command {
         /// ebpf or iptables.
         #[arg(long, default_value = "ebpf")]
         dataplane: String,
+        /// Instead: the incident weir was written for, live: Azure NPM v1.5.36 (built from
+        /// its source archive, see --peer-archives) crash-looping on 16 leaked ipset
+        /// references with the seed's error, v1.5.37 and v1.8.12 surviving the same, and
+        /// weir taking the node over while the pods probe.
+        #[arg(long)]
+        seed_incident: bool,
     },
     /// The privileged integration tests and conformance scenarios, both dataplanes, on
     /// Debian's 5.10 and 6.1 kernels (booted under virtme-ng: KVM where it works, software
@@ -135,7 +145,8 @@ enum Command {
         scenarios: Vec<String>,
     },
     /// The other NetworkPolicy agents (deploy/peer-versions: kube-router,
-    /// kube-network-policies), built from the Go module proxy and cached, then the upstream
+    /// kube-network-policies, Azure NPM), built from the Go module proxy (NPM from its
+    /// source archive, see --peer-archives) and cached, then the upstream
     /// netpol scenarios on each of them and on weir, printed as a scenario × enforcer
     /// table. A peer's failures are findings, reported, not errors; a peer that cannot run
     /// on this kernel is reported as not run, with the reason. Needs root and Go.
@@ -143,6 +154,10 @@ enum Command {
         /// Only build (or find cached) the peers' binaries.
         #[arg(long)]
         build_only: bool,
+        /// Only these peers, as NAME or NAME@VERSION (repeatable), e.g.
+        /// `--only azure-npm@v1.5.36`.
+        #[arg(long = "only", value_name = "NAME[@VERSION]")]
+        only: Vec<String>,
     },
     /// Measure datapath, convergence, memory and reset against no enforcement and the
     /// iptables path, in one run (the bench is `weir-bench`, in bench/; this builds it
@@ -161,6 +176,7 @@ enum Command {
 
 fn main() {
     let cli = Cli::parse();
+    peers::set_archives(cli.peer_archives);
     let result = match cli.command {
         Command::Setup => setup::run(),
         Command::Build { release } => build::run(release),
@@ -189,9 +205,15 @@ fn main() {
             relock,
             engine,
         }),
-        Command::Demo { dataplane } => demo::run(&dataplane),
+        Command::Demo {
+            dataplane,
+            seed_incident,
+        } => match seed_incident {
+            true => demo::seed_incident(),
+            false => demo::run(&dataplane),
+        },
         Command::Bench { quick, peers } => bench::run(quick, peers),
-        Command::Peers { build_only } => peers::run(build_only),
+        Command::Peers { build_only, only } => peers::run(build_only, &only),
         Command::Kernels {
             kernels,
             quick,

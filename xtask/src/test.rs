@@ -174,8 +174,10 @@ pub fn run() -> Result<()> {
     ]))?;
     crate::image::for_tests().context("building the image the tests run the agent from")?;
     // The side-by-side conformance test runs kube-router (kube-network-policies needs the
-    // nft queue the host kernel lacks: `cargo xtask peers` builds and runs every peer).
-    crate::peers::ensure(Some(&["kube-router"])).context("building the peers the tests run")?;
+    // nft queue the host kernel lacks: `cargo xtask peers` builds and runs every peer), the
+    // seed incident's short form Azure NPM v1.5.36 (from its source archive).
+    crate::peers::ensure(Some(&["kube-router", "azure-npm@v1.5.36"]))
+        .context("building the peers the tests run")?;
     steps.start("integration tests (real kernel)");
     let host_before = crate::host_guard::snapshot()?;
     let conformance_table = workspace_root().join("target/conformance/latest.txt");
