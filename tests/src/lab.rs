@@ -269,36 +269,25 @@ pub fn netpol_world() -> PathBuf {
 /// network-policy-api's experimental-channel ClusterNetworkPolicy CRD, at the release whose
 /// standard channel deploy/crds/ ships and the lab installs: it adds the `nodes` peer,
 /// which the standard schema refuses (`weir-lab up --cluster-policy-crd`: the API server
-/// prunes fields of a replaced schema from watches already open). From the Go module
-/// cache (`cargo xtask setup` puts the module there); a test that cannot find it fails
-/// naming the command.
+/// prunes fields of a replaced schema from watches already open). `cargo xtask setup`
+/// copies it beside the Kubernetes components; a test that cannot find it fails naming
+/// the command.
 pub fn experimental_cluster_policy_crd() -> PathBuf {
     let shipped = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../deploy/crds/policy.networking.k8s.io_clusternetworkpolicies.yaml");
     let text = std::fs::read_to_string(&shipped).expect("deploy/crds/ ships the CRD");
     let version = text
         .lines()
-        .find_map(|l| {
-            l.trim()
-                .strip_prefix("policy.networking.k8s.io/bundle-version:")
-        })
+        .find_map(|l| l.trim().strip_prefix("policy.networking.k8s.io/bundle-version:"))
         .map(str::trim)
         .expect("the shipped CRD names its bundle-version");
-    let module = format!("sigs.k8s.io/network-policy-api@{version}");
-    let out = std::process::Command::new("go")
-        .args(["mod", "download", "-json", &module])
-        .env("GOFLAGS", "-mod=mod")
-        .current_dir(std::env::temp_dir())
-        .output();
-    let dir = out
-        .ok()
-        .filter(|o| o.status.success())
-        .and_then(|o| serde_json::from_slice::<Value>(&o.stdout).ok())
-        .and_then(|v| v["Dir"].as_str().map(PathBuf::from))
-        .unwrap_or_else(|| {
-            panic!(
-                "prerequisite missing: {module} in the Go module cache (run `cargo xtask setup`)"
-            )
-        });
-    dir.join("config/crd/experimental/policy.networking.k8s.io_clusternetworkpolicies.yaml")
+    let path = weir_lab::control_plane::components_root()
+        .join(format!("network-policy-api-{version}"))
+        .join("policy.networking.k8s.io_clusternetworkpolicies.experimental.yaml");
+    assert!(
+        path.is_file(),
+        "prerequisite missing: {} (network-policy-api's experimental CRD; run `cargo xtask setup`)",
+        path.display()
+    );
+    path
 }

@@ -58,29 +58,53 @@ pub fn ensure() -> Result<PathBuf> {
     Ok(dir)
 }
 
-/// network-policy-api at the release deploy/crds/ ships the standard channel of, in the Go
-/// module cache: its experimental-channel CRD (with `nodes` peers) is what the tests
-/// install where they need those (`weir_tests::lab::experimental_cluster_policy_crd`).
+/// network-policy-api's experimental-channel ClusterNetworkPolicy CRD, at the release
+/// whose standard channel deploy/crds/ ships, copied out of the Go module cache into
+/// [`experimental_crd_path`]: the tests install it where they need `nodes` peers, which the
+/// standard schema refuses.
 pub fn ensure_network_policy_api() -> Result<()> {
-    let crd =
-        workspace_root().join("deploy/crds/policy.networking.k8s.io_clusternetworkpolicies.yaml");
-    let text = std::fs::read_to_string(&crd).with_context(|| format!("read {}", crd.display()))?;
-    let version = text
-        .lines()
-        .find_map(|l| {
-            l.trim()
-                .strip_prefix("policy.networking.k8s.io/bundle-version:")
-        })
-        .map(str::trim)
-        .with_context(|| format!("{}: no bundle-version annotation", crd.display()))?;
+    let version = network_policy_api_version()?;
+    let dest = experimental_crd_path(&version);
+    if dest.is_file() {
+        return Ok(());
+    }
     let module = format!("sigs.k8s.io/network-policy-api@{version}");
-    exec(
+    let out = output(
         Command::new(go()?)
-            .args(["mod", "download", &module])
+            .args(["mod", "download", "-json", &module])
             .env("GOFLAGS", "-mod=mod")
             .current_dir(std::env::temp_dir()),
     )
-    .with_context(|| format!("download {module} from the Go module proxy"))
+    .with_context(|| format!("download {module} from the Go module proxy"))?;
+    let dir: serde_json::Value =
+        serde_json::from_str(&out).with_context(|| format!("go mod download -json {module}"))?;
+    let dir = dir["Dir"]
+        .as_str()
+        .with_context(|| format!("go mod download -json {module}: no Dir"))?;
+    let crd = Path::new(dir)
+        .join("config/crd/experimental/policy.networking.k8s.io_clusternetworkpolicies.yaml");
+    fs::create_dir_all(dest.parent().expect("a file under the components root"))?;
+    fs::copy(&crd, &dest)
+        .with_context(|| format!("copy {} to {}", crd.display(), dest.display()))?;
+    Ok(())
+}
+
+/// The `policy.networking.k8s.io/bundle-version` of deploy/crds/'s CRD.
+fn network_policy_api_version() -> Result<String> {
+    let crd = workspace_root()
+        .join("deploy/crds/policy.networking.k8s.io_clusternetworkpolicies.yaml");
+    let text = fs::read_to_string(&crd).with_context(|| format!("read {}", crd.display()))?;
+    text.lines()
+        .find_map(|l| l.trim().strip_prefix("policy.networking.k8s.io/bundle-version:"))
+        .map(|v| v.trim().to_string())
+        .with_context(|| format!("{}: no bundle-version annotation", crd.display()))
+}
+
+/// Where [`ensure_network_policy_api`] keeps the experimental CRD of `version`.
+pub fn experimental_crd_path(version: &str) -> PathBuf {
+    root()
+        .join(format!("network-policy-api-{version}"))
+        .join("policy.networking.k8s.io_clusternetworkpolicies.experimental.yaml")
 }
 
 pub fn go() -> Result<PathBuf> {

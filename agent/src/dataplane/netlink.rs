@@ -1,5 +1,5 @@
 //! The NETLINK_ROUTE socket both raw netlink users open: the new-pod link watch
-//! (`ebpf/newpods.rs`, subscribed to link events) and the bridge-port lookup
+//! (`ebpf/link_watch.rs`, subscribed to link events) and the bridge-port lookup
 //! (`pod_ports.rs`, one RTM_GETNSID request).
 
 use std::io;

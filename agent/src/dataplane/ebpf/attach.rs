@@ -6,48 +6,21 @@
 
 use std::net::IpAddr;
 
+use serde::Deserialize;
+
+use super::hooks::{AttachMode, Attachment, Role};
+use super::{loader::Programs, pins::PinLayout};
+use crate::dataplane::DataplaneError;
 use aya::programs::{
     links::{FdLink, Link, PinnedLink},
     tc::{self, NlOptions, SchedClassifierLink, TcAttachOptions, TcHandle},
     LinkOrder, SchedClassifier, TcAttachType,
 };
-use serde::{Deserialize, Serialize};
-
-use super::{loader::Programs, pins::PinLayout};
-use crate::dataplane::DataplaneError;
 
 /// Netlink filter priority and handle of both programs (fixed, so a restarted agent can
 /// find and replace its filters).
 const NL_PRIORITY: u16 = 1;
 const NL_HANDLE: TcHandle = TcHandle::new(0, 0x77);
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub enum AttachMode {
-    Tcx,
-    Netlink,
-}
-
-/// What an interface carries.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub enum Role {
-    /// A pod's host-side interface: both programs.
-    #[default]
-    Pod,
-    /// Any other interface of the node (uplink, tunnel, bridge): `weir_to_pod` on egress
-    /// only, which judges pods' Service traffic that leaves the node after DNAT (a remote
-    /// backend) and passes everything else.
-    Leaving,
-}
-
-/// Where an endpoint's programs are attached.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Attachment {
-    pub ifname: String,
-    pub ifindex: u32,
-    pub mode: AttachMode,
-    #[serde(default)]
-    pub role: Role,
-}
 
 /// `None` when this kernel has TCX links (Linux 6.6); otherwise why not. Probed with a TCX
 /// query on `lo`, which attaches nothing: kernels without TCX reject its attach type.

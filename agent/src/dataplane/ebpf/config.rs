@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-use super::attach::AttachMode;
+use super::hooks::AttachMode;
 use crate::dataplane::new_pods::NewPodIsolation;
 
 pub const DEFAULT_PIN_ROOT: &str = "/sys/fs/bpf/weir";

@@ -19,7 +19,7 @@
 //! attaching and detaches before deleting it), and blocking it could cut off an unrelated
 //! interface that reused the index. A pod interface that appears before its endpoint is
 //! programmed gets a pending entry instead (both directions isolated, no rules: see
-//! `newpods`), which the endpoint's real entry replaces. Pinned maps whose shape differs
+//! `link_watch`), which the endpoint's real entry replaces. Pinned maps whose shape differs
 //! from this build's are migrated, never reused (see `migrate`). One iptables chain
 //! belongs to this dataplane: Service traffic kube-proxy DNATs to the node itself passes
 //! no pod's hook, and is judged from INPUT (see `deferred_to_node`).
@@ -30,13 +30,14 @@ pub mod decode;
 mod deferred_to_node;
 mod events;
 mod flow_state;
+mod hooks;
 mod identities;
 mod identity_index;
 mod kernel_state;
+mod link_watch;
 mod loader;
 mod migrate;
 pub mod monitor;
-mod newpods;
 mod pins;
 mod policy_map;
 mod probe;
@@ -52,11 +53,11 @@ use weir_common::{
     EP_INGRESS_ISOLATED,
 };
 
-pub use attach::{tcx_missing, AttachMode, Role};
+pub use attach::tcx_missing;
 pub use config::{EbpfConfig, DEFAULT_PIN_ROOT};
+pub use hooks::{AttachMode, Role, PENDING_ENDPOINT_ID};
 pub use loader::{Preload, OBJECT as EMBEDDED_OBJECT};
 pub use migrate::{expected as expected_map_shapes, Shape as MapShape};
-pub use newpods::PENDING_ENDPOINT_ID;
 pub use probe::{kernel_lacks, probe, probe_kernel, MIN_KERNEL};
 
 use self::{
@@ -93,12 +94,12 @@ pub struct EbpfDataplane {
     /// are swapped in after the first converge has filled those maps.
     migration: Option<migrate::Migration>,
     /// New pod interfaces isolated until programmed (`None`: switched off).
-    isolator: Option<Arc<newpods::Isolator>>,
+    isolator: Option<Arc<link_watch::Isolator>>,
     /// Where pods' network namespaces are: bridge ports are found through them.
     pod_netns_dir: std::path::PathBuf,
     /// Whether the endpoint records were checked for bridges since the start.
     records_checked_for_bridges: std::cell::Cell<bool>,
-    _link_watch: Option<newpods::LinkWatch>,
+    _link_watch: Option<link_watch::LinkWatch>,
     /// The node's iptables backend, which holds `deferred_to_node`'s chain.
     iptables_backend: crate::netfilter::backend::Backend,
     /// Why `deferred_to_node`'s chain is not in place (then Service traffic DNATed to the
@@ -209,16 +210,17 @@ impl EbpfDataplane {
             let endpoint = aya::maps::MapData::from_pin(&endpoint_pin)
                 .and_then(|d| aya::maps::HashMap::try_from(aya::maps::Map::HashMap(d)))
                 .map_err(|e| DataplaneError::map(format!("map {}", map_names::ENDPOINT), e))?;
-            let isolator = Arc::new(newpods::Isolator {
+            let isolator = Arc::new(link_watch::Isolator {
                 layout: layout.clone(),
                 filter: config.new_pods.clone(),
                 programs: programs.clone(),
                 endpoint: Mutex::new(endpoint),
             });
-            let watch = newpods::watch(isolator.clone()).map_err(|source| DataplaneError::Io {
-                context: "watch links for new pod interfaces".into(),
-                source,
-            })?;
+            let watch =
+                link_watch::watch(isolator.clone()).map_err(|source| DataplaneError::Io {
+                    context: "watch links for new pod interfaces".into(),
+                    source,
+                })?;
             (Some(isolator), Some(watch))
         } else {
             (None, None)
@@ -310,7 +312,7 @@ impl EbpfDataplane {
             }
         }
         for (ifindex, info) in KernelState::read(&self.maps).endpoint {
-            if info.endpoint_id == newpods::PENDING_ENDPOINT_ID {
+            if info.endpoint_id == PENDING_ENDPOINT_ID {
                 // Pending without a TCX pin: isolated by a netlink filter.
                 if let Some(name) = attach::ifname(ifindex) {
                     hooks
@@ -659,9 +661,7 @@ impl EbpfDataplane {
     fn keep_pending(&self, target: &mut KernelState) -> Pending {
         let mut released = Vec::new();
         for (ifindex, info) in &self.kernel.endpoint {
-            if info.endpoint_id != newpods::PENDING_ENDPOINT_ID
-                || target.endpoint.contains_key(ifindex)
-            {
+            if info.endpoint_id != PENDING_ENDPOINT_ID || target.endpoint.contains_key(ifindex) {
                 continue;
             }
             let keep = self.isolator.as_ref().is_some_and(|i| {
@@ -686,7 +686,7 @@ impl EbpfDataplane {
                 {
                     continue;
                 }
-                target.endpoint.insert(a.ifindex, newpods::PENDING);
+                target.endpoint.insert(a.ifindex, link_watch::PENDING);
                 turned_pending.insert(a.ifindex);
             }
         }
@@ -849,7 +849,7 @@ impl EbpfDataplane {
         }
         for ifindex in released {
             if !self.kernel.endpoint.contains_key(&ifindex) {
-                newpods::release_pins(&self.layout, ifindex);
+                link_watch::release_pins(&self.layout, ifindex);
                 if let Some(name) = attach::ifname(ifindex) {
                     // Still there but no longer a pod interface by the settings.
                     attach::remove_netlink_filters(&name, ifindex);
@@ -887,7 +887,7 @@ impl EbpfDataplane {
                 .as_ref()
                 .is_some_and(|i| i.filter.applies_to(name))
         };
-        let wanted: BTreeMap<u32, String> = newpods::interfaces()
+        let wanted: BTreeMap<u32, String> = link_watch::interfaces()
             .into_iter()
             .filter(|(ifindex, name)| {
                 name != "lo" && !pods.contains(ifindex) && !is_pod_interface(name)
@@ -1180,7 +1180,7 @@ impl Dataplane for EbpfDataplane {
                 .endpoint
                 .iter()
                 .filter_map(Result::ok)
-                .filter(|(_, info)| info.endpoint_id == newpods::PENDING_ENDPOINT_ID)
+                .filter(|(_, info)| info.endpoint_id == PENDING_ENDPOINT_ID)
                 .count();
             details.push(("pod_interfaces_not_programmed".into(), pending.to_string()));
         }

@@ -11,7 +11,7 @@ use aya::maps::{HashMap, MapData, MapError};
 use serde::{Deserialize, Serialize};
 use weir_common::{RecordChunk, RECORD_CHUNK_BYTES};
 
-use super::{attach::Attachment, identities::IdentityTable, policy_map::RuleTable};
+use super::{hooks::Attachment, identities::IdentityTable, policy_map::RuleTable};
 use weir_policy::desired::PodKey;
 
 const MAGIC: u32 = 0x7765_6972; // "weir"
@@ -32,14 +32,14 @@ pub struct Records {
     pub rules: RuleTable,
     pub endpoints: BTreeMap<PodKey, EndpointRecord>,
     /// The node's other interfaces, by ifindex, with `weir_to_pod` on egress (see
-    /// [`super::attach::Role::Leaving`]).
+    /// [`super::hooks::Role::Leaving`]).
     #[serde(default)]
-    pub leaving: BTreeMap<u32, super::attach::Attachment>,
+    pub leaving: BTreeMap<u32, Attachment>,
 }
 
 impl Records {
     /// Every interface that carries programs: pods' and leaving ones.
-    pub fn attachments(&self) -> impl Iterator<Item = &super::attach::Attachment> {
+    pub fn attachments(&self) -> impl Iterator<Item = &Attachment> {
         self.endpoints
             .values()
             .map(|r| &r.attachment)
@@ -47,7 +47,7 @@ impl Records {
     }
 
     pub fn endpoint_name(&self, id: u32) -> Option<&str> {
-        if id == super::newpods::PENDING_ENDPOINT_ID {
+        if id == super::hooks::PENDING_ENDPOINT_ID {
             return Some("(pod interface not programmed yet)");
         }
         self.endpoints

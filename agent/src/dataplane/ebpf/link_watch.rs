@@ -13,7 +13,7 @@
 //! interface is gone.
 //!
 //! The same watch puts `weir_to_pod` on the egress of any other new interface at once
-//! (see [`super::attach::Role::Leaving`]).
+//! (see [`super::Role::Leaving`]).
 
 use std::{
     io,
@@ -30,15 +30,12 @@ use aya::maps::{HashMap, MapData, MapError};
 use weir_common::{EndpointInfo, EP_EGRESS_ISOLATED, EP_INGRESS_ISOLATED};
 
 use super::{
-    attach::{self, AttachMode, Attachment},
+    attach,
+    hooks::{AttachMode, Attachment, Role, PENDING_ENDPOINT_ID},
     loader::Programs,
     pins::PinLayout,
 };
 use crate::dataplane::new_pods::NewPodIsolation;
-
-/// Endpoint id of an interface isolated before its pod is known (ids of real endpoints
-/// are allocated from 1 upwards).
-pub const PENDING_ENDPOINT_ID: u32 = u32::MAX;
 
 /// No address either: anything it sends is also a spoof.
 pub const PENDING: EndpointInfo = EndpointInfo {
@@ -89,7 +86,7 @@ impl Isolator {
             ifname,
             ifindex,
             AttachMode::Netlink,
-            attach::Role::Pod,
+            Role::Pod,
             false,
         ) {
             // An entry without programs would only mislead: the next scan retries.
@@ -132,7 +129,7 @@ impl Isolator {
             ifname,
             ifindex,
             AttachMode::Netlink,
-            attach::Role::Leaving,
+            Role::Leaving,
             false,
         )
         .map_err(|e| e.to_string())?;
@@ -170,7 +167,7 @@ pub fn release_pins(layout: &PinLayout, ifindex: u32) {
             ifname: String::new(),
             ifindex,
             mode: AttachMode::Tcx,
-            role: attach::Role::Pod,
+            role: Role::Pod,
         },
     );
 }
