@@ -1,5 +1,6 @@
 //! Records what one engine operation changed in the desired state, cheaply (no copies of
-//! large sets), and turns it into the [`Delta`] the engine returns.
+//! large sets), and turns it into the [`Delta`] the engine returns, or only says whether
+//! anything changed (the agent's question) without building one.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
@@ -47,6 +48,31 @@ impl Change {
         if set.members.remove(&member) && !self.members_added.remove(&(id, member)) {
             self.members_removed.insert((id, member));
         }
+    }
+
+    /// Whether the operation changed the desired state: exactly `!into_delta(..).is_empty()`
+    /// (a property test holds them together), without copying what changed.
+    pub fn changed(&self, desired: &Desired) -> bool {
+        let mut survivors = std::collections::HashSet::new();
+        for (id, before) in &self.sets_existed {
+            match (*before, desired.sets.contains_key(id)) {
+                (true, true) => {
+                    survivors.insert(*id);
+                }
+                (false, true) | (true, false) => return true,
+                (false, false) => {}
+            }
+        }
+        let member_changed = self
+            .members_added
+            .iter()
+            .chain(&self.members_removed)
+            .any(|(id, _)| survivors.contains(id));
+        member_changed
+            || self
+                .endpoints_before
+                .iter()
+                .any(|(pod, old)| old.as_ref() != desired.endpoints.get(pod))
     }
 
     pub fn into_delta(self, desired: &Desired) -> Delta {

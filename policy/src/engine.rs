@@ -126,6 +126,19 @@ impl Engine {
 
     /// Adds or replaces an object that its source already validated.
     pub fn upsert_validated(&mut self, object: Validated) -> Delta {
+        let (change, service) = self.upsert_change(object);
+        self.finish(change, service)
+    }
+
+    /// [`Engine::upsert_validated`] that says only whether the desired state changed: what
+    /// the agent asks (its dataplanes converge on the whole state), without the copies an
+    /// exact [`Delta`] takes.
+    pub fn upsert_validated_changed(&mut self, object: Validated) -> bool {
+        let (change, service) = self.upsert_change(object);
+        self.finish_changed(change, service)
+    }
+
+    fn upsert_change(&mut self, object: Validated) -> (Change, bool) {
         let mut change = Change::default();
         let service = object.kind() == Kind::Service;
         match object {
@@ -141,11 +154,22 @@ impl Engine {
             // Services compile into nothing per pod; `finish` recounts frontends.
             other @ Validated::Service { .. } => self.store(other),
         }
-        self.finish(change, service)
+        (change, service)
     }
 
     /// Removes an object; removing an unknown object changes nothing.
     pub fn delete(&mut self, key: &ObjectRef) -> Delta {
+        let change = self.delete_change(key);
+        self.finish(change, key.kind == Kind::Service)
+    }
+
+    /// [`Engine::delete`] that says only whether the desired state changed.
+    pub fn delete_changed(&mut self, key: &ObjectRef) -> bool {
+        let change = self.delete_change(key);
+        self.finish_changed(change, key.kind == Kind::Service)
+    }
+
+    fn delete_change(&mut self, key: &ObjectRef) -> Change {
         let mut change = Change::default();
         let qualified = key.qualified_name();
         match key.kind {
@@ -158,7 +182,7 @@ impl Engine {
                 self.services.remove(&qualified);
             }
         }
-        self.finish(change, key.kind == Kind::Service)
+        change
     }
 
     /// Stores many objects, then compiles everything once: the fast path for start-up.
@@ -268,26 +292,41 @@ impl Engine {
         self.registry
             .settle(&self.model, &mut self.desired, &mut change);
         let mut delta = change.into_delta(&self.desired);
-        if !services_changed {
-            return delta;
-        }
-        // Two Services may share a frontend (clusterIPs during a re-creation): recount
-        // the union rather than add and remove this Service's own.
-        let frontends = self.all_frontends();
-        if frontends != self.desired.frontends {
-            delta.frontends_added = frontends
-                .difference(&self.desired.frontends)
-                .copied()
-                .collect();
-            delta.frontends_removed = self
-                .desired
-                .frontends
-                .difference(&frontends)
-                .copied()
-                .collect();
-            self.desired.frontends = frontends;
-        }
+        (delta.frontends_added, delta.frontends_removed) = self.recount_frontends(services_changed);
         delta
+    }
+
+    /// [`Engine::finish`] without building the delta: whether anything changed.
+    fn finish_changed(&mut self, mut change: Change, services_changed: bool) -> bool {
+        self.registry
+            .settle(&self.model, &mut self.desired, &mut change);
+        let (added, removed) = self.recount_frontends(services_changed);
+        change.changed(&self.desired) || !added.is_empty() || !removed.is_empty()
+    }
+
+    /// After a Service's event: the frontends added and removed. Two Services may share a
+    /// frontend (clusterIPs during a re-creation): the union is recounted rather than this
+    /// Service's own added and removed.
+    fn recount_frontends(&mut self, services_changed: bool) -> (Vec<Frontend>, Vec<Frontend>) {
+        if !services_changed {
+            return Default::default();
+        }
+        let frontends = self.all_frontends();
+        if frontends == self.desired.frontends {
+            return Default::default();
+        }
+        let added = frontends
+            .difference(&self.desired.frontends)
+            .copied()
+            .collect();
+        let removed = self
+            .desired
+            .frontends
+            .difference(&frontends)
+            .copied()
+            .collect();
+        self.desired.frontends = frontends;
+        (added, removed)
     }
 
     fn all_frontends(&self) -> BTreeSet<Frontend> {
@@ -398,12 +437,13 @@ impl Engine {
     /// Gives `node` the addresses its own interfaces hold (the agent reads its node's:
     /// gateways, bridges, link-local ones). A `nodes` peer selecting that node covers
     /// them as well as its Node's `status.addresses`, which list only some.
-    pub fn set_own_addresses(&mut self, node: &str, addresses: BTreeSet<IpAddr>) -> Delta {
+    /// Whether the desired state changed.
+    pub fn set_own_addresses(&mut self, node: &str, addresses: BTreeSet<IpAddr>) -> bool {
         let mut change = Change::default();
         if self.model.set_own_addresses(node, addresses) {
             self.resync_node_sets(&mut change);
         }
-        self.finish(change, false)
+        self.finish_changed(change, false)
     }
 
     /// Whether any live set is a `nodes` peer's (only then do the node's own addresses

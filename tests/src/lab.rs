@@ -278,7 +278,10 @@ pub fn experimental_cluster_policy_crd() -> PathBuf {
     let text = std::fs::read_to_string(&shipped).expect("deploy/crds/ ships the CRD");
     let version = text
         .lines()
-        .find_map(|l| l.trim().strip_prefix("policy.networking.k8s.io/bundle-version:"))
+        .find_map(|l| {
+            l.trim()
+                .strip_prefix("policy.networking.k8s.io/bundle-version:")
+        })
         .map(str::trim)
         .expect("the shipped CRD names its bundle-version");
     let path = weir_lab::control_plane::components_root()

@@ -91,11 +91,14 @@ pub fn ensure_network_policy_api() -> Result<()> {
 
 /// The `policy.networking.k8s.io/bundle-version` of deploy/crds/'s CRD.
 fn network_policy_api_version() -> Result<String> {
-    let crd = workspace_root()
-        .join("deploy/crds/policy.networking.k8s.io_clusternetworkpolicies.yaml");
+    let crd =
+        workspace_root().join("deploy/crds/policy.networking.k8s.io_clusternetworkpolicies.yaml");
     let text = fs::read_to_string(&crd).with_context(|| format!("read {}", crd.display()))?;
     text.lines()
-        .find_map(|l| l.trim().strip_prefix("policy.networking.k8s.io/bundle-version:"))
+        .find_map(|l| {
+            l.trim()
+                .strip_prefix("policy.networking.k8s.io/bundle-version:")
+        })
         .map(|v| v.trim().to_string())
         .with_context(|| format!("{}: no bundle-version annotation", crd.display()))
 }

@@ -244,7 +244,7 @@ impl<B: Backends> Daemon<B> {
         match read() {
             Ok(addresses) => {
                 *last_error = None;
-                let changed = !self.engine.set_own_addresses(node, addresses).is_empty();
+                let changed = self.engine.set_own_addresses(node, addresses);
                 if changed {
                     tracing::info!(
                         node,
@@ -512,7 +512,7 @@ impl<B: Backends> Daemon<B> {
                     return self.feed(Event::Refused(e));
                 }
                 self.note_upsert(&object);
-                !self.engine.upsert_validated(*object).is_empty()
+                self.engine.upsert_validated_changed(*object)
             }
             Event::Refused(e) => {
                 let key = e.object().clone();
@@ -528,7 +528,7 @@ impl<B: Backends> Daemon<B> {
                 self.known.remove(&key);
                 // A deleted object is no longer refused.
                 self.refused.remove(&key);
-                !self.engine.delete(&key).is_empty()
+                self.engine.delete_changed(&key)
             }
         }
     }

@@ -162,10 +162,14 @@ pub fn apply_delta(
 }
 
 /// Drives an engine event by event and checks after each one that (1) the returned
-/// delta, applied to the previous state, gives the new state, and (2) the incremental
-/// state equals a cold compile of the same objects.
+/// delta, applied to the previous state, gives the new state, (2) the incremental
+/// state equals a cold compile of the same objects, and (3) a second engine fed the same
+/// events through the agent's cheap calls (`*_changed`) says "changed" exactly when the
+/// delta is not empty, and holds the same state.
 pub struct Harness {
     pub engine: Engine,
+    cheap: Engine,
+    cheap_changed: bool,
     local_node: Option<String>,
     objects: BTreeMap<weir_policy::model::ObjectRef, Object>,
     shadow: weir_policy::desired::Desired,
@@ -175,6 +179,8 @@ impl Harness {
     pub fn new(local_node: Option<&str>) -> Self {
         Harness {
             engine: Engine::new(local_node.map(str::to_owned)),
+            cheap: Engine::new(local_node.map(str::to_owned)),
+            cheap_changed: false,
             local_node: local_node.map(str::to_owned),
             objects: BTreeMap::new(),
             shadow: Default::default(),
@@ -198,6 +204,9 @@ impl Harness {
     ) -> Result<weir_policy::desired::Delta, weir_policy::PolicyError> {
         let key = object.key();
         let delta = self.engine.upsert(object.clone())?;
+        let valid =
+            weir_policy::Validated::from_object(object.clone()).expect("the engine took it");
+        self.cheap_changed = self.cheap.upsert_validated_changed(valid);
         self.objects.insert(key, object);
         self.verify(&delta);
         Ok(delta)
@@ -205,6 +214,7 @@ impl Harness {
 
     pub fn delete(&mut self, key: &weir_policy::model::ObjectRef) -> weir_policy::desired::Delta {
         let delta = self.engine.delete(key);
+        self.cheap_changed = self.cheap.delete_changed(key);
         self.objects.remove(key);
         self.verify(&delta);
         delta
@@ -215,6 +225,16 @@ impl Harness {
     }
 
     fn verify(&mut self, delta: &weir_policy::desired::Delta) {
+        assert_eq!(
+            self.cheap_changed,
+            !delta.is_empty(),
+            "the cheap call's answer differs from the delta: {delta:?}"
+        );
+        assert_eq!(
+            self.cheap.desired(),
+            self.engine.desired(),
+            "the cheap calls' state differs"
+        );
         apply_delta(&mut self.shadow, delta);
         assert_eq!(
             &self.shadow,
