@@ -288,11 +288,16 @@ fn weir_daemonset_enforces_on_kubelet_nodes_on_both_dataplanes() {
         .join("../deploy")
         .canonicalize()
         .unwrap();
+    // kustomize takes only relative paths to a base.
+    let up_to_root = "../".repeat(overlay.components().count() - 1);
+    let deploy = format!(
+        "{up_to_root}{}",
+        deploy.display().to_string().trim_start_matches('/')
+    );
     std::fs::write(
         overlay.join("kustomization.yaml"),
         format!(
-            "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n- {}\nimages:\n- name: registry.example/weir\n  newName: docker.io/library/weir\n  digest: {digest}\n",
-            deploy.display()
+            "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n- {deploy}\nimages:\n- name: registry.example/weir\n  newName: docker.io/library/weir\n  digest: {digest}\n"
         ),
     )
     .unwrap();

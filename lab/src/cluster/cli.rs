@@ -44,6 +44,13 @@ pub enum ClusterAction {
         #[arg(required = true)]
         archives: Vec<PathBuf>,
     },
+    /// The nodes' runc (containerd runs it): drops from a container's spec the
+    /// capabilities this host's bounding set lacks, then runs /usr/sbin/runc.
+    #[command(hide = true)]
+    Runc {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<std::ffi::OsString>,
+    },
     /// Stop everything and remove the namespaces, cgroups, mounts and files; prints what
     /// was removed and what is left (nothing, normally) as JSON. Safe to run twice.
     Down,
@@ -81,6 +88,7 @@ pub fn run(dir: &Path, action: ClusterAction) -> anyhow::Result<()> {
             super::import(dir, &archives).context("weir-lab cluster import")?;
             serde_json::to_string_pretty(&serde_json::json!({ "imported": archives }))?
         }
+        ClusterAction::Runc { args } => return super::runc::run(args),
         ClusterAction::Down => {
             let report = super::down(dir).context("weir-lab cluster down")?;
             let left = !report.left.is_empty();

@@ -23,6 +23,7 @@ mod components;
 mod control;
 mod node;
 mod pki;
+mod runc;
 
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
@@ -148,7 +149,28 @@ pub struct Summary {
     pub api_server: String,
     pub control_plane: ControlPlaneState,
     pub nodes: Vec<NodeSummary>,
+    /// Capabilities deploy/'s DaemonSet asks for that this host cannot give a container:
+    /// the nodes' runc drops them from its spec (see `runc`).
+    pub dropped_capabilities: Vec<String>,
     pub seconds: Option<f64>,
+}
+
+/// The capabilities deploy/daemonset.yaml adds, as `CAP_X`.
+fn daemonset_capabilities() -> Vec<String> {
+    let ds: serde_yaml::Value =
+        serde_yaml::from_str(include_str!("../../../deploy/daemonset.yaml")).unwrap_or_default();
+    ds["spec"]["template"]["spec"]["containers"]
+        .as_sequence()
+        .into_iter()
+        .flatten()
+        .flat_map(|c| {
+            c["securityContext"]["capabilities"]["add"]
+                .as_sequence()
+                .cloned()
+                .unwrap_or_default()
+        })
+        .filter_map(|c| c.as_str().map(|c| format!("CAP_{c}")))
+        .collect()
 }
 
 #[derive(Debug, Serialize)]
@@ -213,14 +235,8 @@ pub fn up(opts: &UpOptions) -> Result<Summary, LabError> {
             ),
         ));
     }
-    for path in &opts.images {
-        if !path.is_file() {
-            return Err(LabError::invalid(
-                "--image",
-                format!("{} does not exist", path.display()),
-            ));
-        }
-    }
+    // Absolute: the nodes' tools run from / in another mount namespace.
+    let images = absolute(&opts.images)?;
     std::fs::create_dir_all(&opts.dir)
         .map_err(|e| LabError::io(format!("creating {}", opts.dir.display()), e))?;
     let mut state = ClusterState {
@@ -237,7 +253,7 @@ pub fn up(opts: &UpOptions) -> Result<Summary, LabError> {
     };
     state.save()?;
     let started = Instant::now();
-    match build(&mut state, opts, &components) {
+    match build(&mut state, opts, &images, &components) {
         Ok(()) => {
             let mut summary = status(&state)?;
             summary.seconds = Some(started.elapsed().as_secs_f64());
@@ -253,7 +269,12 @@ pub fn up(opts: &UpOptions) -> Result<Summary, LabError> {
     }
 }
 
-fn build(state: &mut ClusterState, opts: &UpOptions, c: &Components) -> Result<(), LabError> {
+fn build(
+    state: &mut ClusterState,
+    opts: &UpOptions,
+    images: &[PathBuf],
+    c: &Components,
+) -> Result<(), LabError> {
     // The DaemonSet mounts /lib/modules (DirectoryOrCreate): made here and removed by down
     // when the host has none, rather than left behind by a kubelet.
     for dir in [Path::new("/lib/modules")] {
@@ -264,6 +285,7 @@ fn build(state: &mut ClusterState, opts: &UpOptions, c: &Components) -> Result<(
             state.save()?;
         }
     }
+    runc::write_wrapper(&state.dir, &state.dir)?;
     control::network(state)?;
     state.save()?;
     let cp = control::start(state, c, opts.nodes)?;
@@ -275,7 +297,7 @@ fn build(state: &mut ClusterState, opts: &UpOptions, c: &Components) -> Result<(
         state.nodes.push(n);
         state.save()?;
         let last = state.nodes.len() - 1;
-        node::start(state, last, c, &cp, &opts.images)?;
+        node::start(state, last, c, &cp, images)?;
         state.save()?;
     }
     control::wait_nodes_ready(state, opts.timeout)
@@ -336,6 +358,10 @@ pub fn status(state: &ClusterState) -> Result<Summary, LabError> {
         api_server: format!("https://{CONTROL_PLANE_IP}:{API_PORT}"),
         control_plane: state.control_plane.clone(),
         nodes,
+        dropped_capabilities: {
+            let asked = daemonset_capabilities();
+            runc::missing(&asked.iter().map(String::as_str).collect::<Vec<_>>())
+        },
         seconds: None,
     })
 }
@@ -430,10 +456,22 @@ pub fn kubectl(dir: &Path, args: &[String], timeout: Duration) -> Result<String,
 pub fn import(dir: &Path, images: &[PathBuf]) -> Result<(), LabError> {
     let state = ClusterState::load(dir)?;
     let c = Components::find()?;
+    let images = absolute(images)?;
     for n in &state.nodes {
-        for image in images {
+        for image in &images {
             node::import(n, &c, image)?;
         }
     }
     Ok(())
+}
+
+/// Image archives as absolute paths, each checked to exist.
+fn absolute(images: &[PathBuf]) -> Result<Vec<PathBuf>, LabError> {
+    images
+        .iter()
+        .map(|p| {
+            std::fs::canonicalize(p)
+                .map_err(|e| LabError::io(format!("image archive {}", p.display()), e))
+        })
+        .collect()
 }

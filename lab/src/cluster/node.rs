@@ -208,12 +208,15 @@ pub fn create(state: &ClusterState, i: usize, total: usize) -> Result<NodeState,
     }
     // Inside: drop the copies of the host's namespace pins (they would keep other
     // namespaces alive), then the node's own /run (shared, so pods started later show
-    // up in a HostToContainer mount of /run/netns), bpffs, /var/lib and /var/log.
+    // up in a HostToContainer mount of /run/netns), bpffs (alone at /sys/fs/bpf: a copy
+    // of the host's, private, under it would fail containerd's propagation check), /var/lib
+    // and /var/log.
     let script = format!(
         "umount -l {mnt} 2>/dev/null; umount -l /run/netns 2>/dev/null; set -e
 mount -t tmpfs -o mode=0755 weir-node-run /run
 mount --make-shared /run
 mkdir -p /run/netns
+while umount -l /sys/fs/bpf 2>/dev/null; do :; done
 mount -t bpf bpffs /sys/fs/bpf
 mount --make-shared /sys/fs/bpf
 mount --bind {nd}/var-lib /var/lib
@@ -270,13 +273,14 @@ state = "/run/containerd"
   [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
     runtime_type = "io.containerd.runc.v2"
     [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
-      BinaryName = "/usr/sbin/runc"
+      BinaryName = "{runc}"
       SystemdCgroup = false
 [plugins.'io.containerd.cri.v1.images']
   [plugins.'io.containerd.cri.v1.images'.pinned_images]
     sandbox = "{pause}"
 "#,
-            pause = c.pause_image
+            pause = c.pause_image,
+            runc = s(&state.dir.join("runc")),
         ),
     )?;
     // ptp: a veth per pod with a host route to it; the pod's default route is the node.
@@ -479,8 +483,75 @@ pub fn import(node: &NodeState, c: &Components, archive: &Path) -> Result<(), La
         c,
         &["-n", "k8s.io", "images", "import", &s(archive)],
         Duration::from_secs(300),
-    )
-    .map(drop)
+    )?;
+    // An oci-archive's images keep their short names (`weir:0.1.0`), which the kubelet's
+    // normalized references (`docker.io/library/weir...`) do not find; and a reference by
+    // digest is found only under a name of that form. Both are added.
+    let list = ctr(node, c, &["-n", "k8s.io", "images", "ls"], TOOL_TIMEOUT)?;
+    for (name, digest) in list.lines().skip(1).filter_map(|l| {
+        let mut f = l.split_whitespace();
+        Some((f.next()?, f.nth(1)?))
+    }) {
+        if name.starts_with("sha256:") || name.contains('@') || !digest.starts_with("sha256:") {
+            continue;
+        }
+        let (full, repository) = normalize(name);
+        let mut names = vec![format!("{repository}@{digest}")];
+        if full != name {
+            names.push(full);
+        }
+        for new in names {
+            ctr(
+                node,
+                c,
+                &["-n", "k8s.io", "images", "tag", "--force", name, &new],
+                TOOL_TIMEOUT,
+            )?;
+        }
+    }
+    Ok(())
+}
+
+/// `weir:0.1.0` → (`docker.io/library/weir:0.1.0`, `docker.io/library/weir`), as the
+/// kubelet and containerd's CRI normalize image references.
+fn normalize(name: &str) -> (String, String) {
+    let (repository, tag) = match name.rsplit_once(':') {
+        Some((r, t)) if !t.contains('/') => (r, Some(t)),
+        _ => (name, None),
+    };
+    let repository = match repository.split_once('/') {
+        Some((domain, _))
+            if domain.contains('.') || domain.contains(':') || domain == "localhost" =>
+        {
+            repository.to_string()
+        }
+        Some(_) => format!("docker.io/{repository}"),
+        None => format!("docker.io/library/{repository}"),
+    };
+    let full = format!("{repository}:{}", tag.unwrap_or("latest"));
+    (full, repository)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::normalize;
+
+    #[test]
+    fn image_names_are_normalized_as_the_kubelet_does() {
+        assert_eq!(
+            normalize("weir:0.1.0"),
+            (
+                "docker.io/library/weir:0.1.0".into(),
+                "docker.io/library/weir".into()
+            )
+        );
+        assert_eq!(
+            normalize("registry.k8s.io/pause:3.10.1").0,
+            "registry.k8s.io/pause:3.10.1"
+        );
+        assert_eq!(normalize("me/weir").0, "docker.io/me/weir:latest");
+        assert_eq!(normalize("localhost:5000/weir:1").1, "localhost:5000/weir");
+    }
 }
 
 fn kill_cgroup_tasks(cgroup: &str) -> usize {
