@@ -156,43 +156,72 @@ spec:
       protocol: TCP
 "#;
 
-/// Whether `from` connects to `to`:8080 (agnhost connect exits 0), from inside `from`.
-fn connects(cluster: &Cluster, from: &str, ip: &str) -> bool {
-    cluster
-        .kubectl(&[
-            "exec",
-            "-n",
-            NS,
-            from,
-            "--",
-            "/agnhost",
-            "connect",
-            &format!("{ip}:8080"),
-            "--timeout=3s",
-        ])
-        .is_ok()
+/// Whether `from` connects to `ip`:8080: agnhost connect exits 0, or reports TIMEOUT or
+/// REFUSED (a drop or a reject). Anything else (exec failing, say) is an error, so a
+/// broken probe never passes for a denied connection.
+fn connects(cluster: &Cluster, from: &str, ip: &str) -> Result<bool, String> {
+    match cluster.kubectl(&[
+        "exec",
+        "-n",
+        NS,
+        from,
+        "--",
+        "/agnhost",
+        "connect",
+        &format!("{ip}:8080"),
+        "--timeout=3s",
+    ]) {
+        Ok(_) => Ok(true),
+        Err(e) if e.contains("TIMEOUT") || e.contains("REFUSED") => Ok(false),
+        Err(e) => Err(e),
+    }
 }
 
 /// Waits until every verdict is as expected (the agent converges after the change).
 fn expect(cluster: &Cluster, server_ip: &str, allowed: &[&str], denied: &[&str], label: &str) {
+    let deadline = Instant::now() + Duration::from_secs(120);
     wait_for(label, Duration::from_secs(120), || {
         let mut wrong = Vec::new();
         for from in allowed {
-            if !connects(cluster, from, server_ip) {
+            if !connects(cluster, from, server_ip)? {
                 wrong.push(format!("{from} could not connect"));
             }
         }
         for from in denied {
-            if connects(cluster, from, server_ip) {
+            if connects(cluster, from, server_ip)? {
                 wrong.push(format!("{from} connected"));
             }
         }
         if wrong.is_empty() {
             Ok(())
+        } else if Instant::now() > deadline {
+            Err(format!("{}\n{}", wrong.join(", "), diagnostics(cluster)))
         } else {
             Err(wrong.join(", "))
         }
     });
+}
+
+/// What each node's weir reports, and the end of its log: printed with a failure.
+fn diagnostics(cluster: &Cluster) -> String {
+    let mut out = String::new();
+    for p in weir_pods(cluster) {
+        let name = p["metadata"]["name"].as_str().unwrap_or_default().to_string();
+        let status = cluster.kubectl(&[
+            "exec", "-n", "kube-system", &name, "--", "/usr/local/bin/weir", "status",
+        ]);
+        let log = cluster.kubectl(&["logs", "-n", "kube-system", &name, "--tail=30"]);
+        out += &format!(
+            "--- {name} on {}: status\n{}\n--- log\n{}\n",
+            p["spec"]["nodeName"],
+            status.unwrap_or_else(|e| e),
+            log.unwrap_or_else(|e| e)
+        );
+    }
+    out += &cluster
+        .kubectl(&["get", "pods", "-A", "-o", "wide", "--show-labels"])
+        .unwrap_or_else(|e| e);
+    out
 }
 
 fn weir_pods(cluster: &Cluster) -> Vec<Value> {
