@@ -206,9 +206,18 @@ fn expect(cluster: &Cluster, server_ip: &str, allowed: &[&str], denied: &[&str],
 fn diagnostics(cluster: &Cluster) -> String {
     let mut out = String::new();
     for p in weir_pods(cluster) {
-        let name = p["metadata"]["name"].as_str().unwrap_or_default().to_string();
+        let name = p["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
         let status = cluster.kubectl(&[
-            "exec", "-n", "kube-system", &name, "--", "/usr/local/bin/weir", "status",
+            "exec",
+            "-n",
+            "kube-system",
+            &name,
+            "--",
+            "/usr/local/bin/weir",
+            "status",
         ]);
         let log = cluster.kubectl(&["logs", "-n", "kube-system", &name, "--tail=30"]);
         out += &format!(

@@ -256,7 +256,7 @@ fn build_node(k8s: &str, dir: &Path) -> Result<()> {
         module.join("tools.go"),
         format!("//go:build tools\n\npackage build\n\nimport (\n{imports})\n"),
     )?;
-    exec(&mut go_cmd(&go, &module).args(["mod", "tidy"]))?;
+    exec(go_cmd(&go, &module).args(["mod", "tidy"]))?;
     exec(
         go_cmd(&go, &module)
             .args(["build", "-trimpath"])
@@ -325,7 +325,7 @@ fn build_images(k8s: &str, v: &Versions, node: &Path, dir: &Path) -> Result<()> 
         &work,
         &pause_root,
         "pause",
-        &[v.pause.clone()],
+        std::slice::from_ref(&v.pause),
         &[
             "--config.entrypoint",
             "/pause",

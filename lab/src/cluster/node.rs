@@ -532,28 +532,6 @@ fn normalize(name: &str) -> (String, String) {
     (full, repository)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::normalize;
-
-    #[test]
-    fn image_names_are_normalized_as_the_kubelet_does() {
-        assert_eq!(
-            normalize("weir:0.1.0"),
-            (
-                "docker.io/library/weir:0.1.0".into(),
-                "docker.io/library/weir".into()
-            )
-        );
-        assert_eq!(
-            normalize("registry.k8s.io/pause:3.10.1").0,
-            "registry.k8s.io/pause:3.10.1"
-        );
-        assert_eq!(normalize("me/weir").0, "docker.io/me/weir:latest");
-        assert_eq!(normalize("localhost:5000/weir:1").1, "localhost:5000/weir");
-    }
-}
-
 fn kill_cgroup_tasks(cgroup: &str) -> usize {
     let mut killed = 0;
     for dir in cgroup_dirs(cgroup) {
@@ -647,5 +625,27 @@ pub fn release_mounts(state: &ClusterState, report: &mut DownReport) {
         report
             .left
             .push(format!("{}: {e}", mnt_dir(state).display()));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::normalize;
+
+    #[test]
+    fn image_names_are_normalized_as_the_kubelet_does() {
+        assert_eq!(
+            normalize("weir:0.1.0"),
+            (
+                "docker.io/library/weir:0.1.0".into(),
+                "docker.io/library/weir".into()
+            )
+        );
+        assert_eq!(
+            normalize("registry.k8s.io/pause:3.10.1").0,
+            "registry.k8s.io/pause:3.10.1"
+        );
+        assert_eq!(normalize("me/weir").0, "docker.io/me/weir:latest");
+        assert_eq!(normalize("localhost:5000/weir:1").1, "localhost:5000/weir");
     }
 }
