@@ -102,13 +102,30 @@ fn done(dir: &Path, files: &[&str]) -> bool {
     dir.join(STAMP).exists() && files.iter().all(|f| dir.join(f).is_file())
 }
 
-/// `cargo xtask cluster --build-only`: everything, each piece timed.
+/// `cargo xtask cluster [--build-only]`: everything, each piece timed; then, unless
+/// `build_only`, weir's dev image and the real-cluster test (weir's DaemonSet on a 2-node
+/// kubelet cluster, both dataplanes), which `cargo xtask test` does not run.
 pub fn run(build_only: bool) -> Result<()> {
-    if !build_only {
-        bail!("only `cargo xtask cluster --build-only` exists so far; `weir-lab cluster up` brings a cluster up");
-    }
     ensure()?;
-    Ok(())
+    if build_only {
+        return Ok(());
+    }
+    if !is_root() {
+        bail!("the real-cluster test builds namespaces, mounts and cgroups: run it as root");
+    }
+    crate::image::for_tests()?;
+    exec(crate::cmd::cargo().args(["build", "--package", "weir-lab"]))?;
+    exec(crate::cmd::cargo().args([
+        "test",
+        "--package",
+        "weir-tests",
+        "--features",
+        "real-cluster",
+        "--test",
+        "real_cluster",
+        "--",
+        "--nocapture",
+    ]))
 }
 
 /// Builds whatever is not cached; returns the three directories.

@@ -163,7 +163,9 @@ enum Command {
     /// What `weir-lab cluster` runs (kubelet, kube-controller-manager, kube-scheduler,
     /// kubectl, containerd, the pause and agnhost images), built from the pins in
     /// deploy/kubernetes-version and deploy/cluster-versions and cached beside the other
-    /// components; runc and the CNI plugins from Debian. Needs root, apt and Go.
+    /// components; runc and the CNI plugins from Debian. Then weir's dev image and the
+    /// real-cluster test: weir's DaemonSet on a 2-node kubelet cluster, eBPF then iptables
+    /// (about a minute; not part of `cargo xtask test`). Needs root, apt and Go.
     Cluster {
         /// Only build (or find cached) the components.
         #[arg(long)]
