@@ -81,7 +81,7 @@ pub fn start(
         &["system:masters"],
     )?;
     for i in 1..=nodes {
-        let node = super::node::node_name(&state.name, i);
+        let node = super::node_name(&state.name, i);
         pki.client(&node, &format!("system:node:{node}"), &["system:nodes"])?;
     }
     // Static tokens for the users the bootstrap RBAC binds: the admin, and each component.

@@ -203,6 +203,11 @@ fn check_name(name: &str) -> Result<(), LabError> {
     Ok(())
 }
 
+/// Node `i`'s name (and its network namespace's).
+pub fn node_name(cluster: &str, i: usize) -> String {
+    format!("{cluster}-node-{i}")
+}
+
 /// Brings a cluster up; on failure tears down what was built and returns the error.
 pub fn up(opts: &UpOptions) -> Result<Summary, LabError> {
     check_name(&opts.name)?;

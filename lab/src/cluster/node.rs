@@ -8,7 +8,9 @@ use std::time::{Duration, Instant};
 use super::super::{netns, LabError};
 use super::control::{self, spawn, Credentials, TOOL_TIMEOUT};
 use super::pki::{self, Auth};
-use super::{ClusterState, Components, DownReport, NodeState, CLUSTER_CIDR, CONTROL_PLANE_IP};
+use super::{
+    node_name, ClusterState, Components, DownReport, NodeState, CLUSTER_CIDR, CONTROL_PLANE_IP,
+};
 
 /// What kubelet's container manager wants of the host-wide kernel tunables.
 const KUBELET_SYSCTLS: &[(&str, &str)] = &[
@@ -19,10 +21,6 @@ const KUBELET_SYSCTLS: &[(&str, &str)] = &[
     ("kernel/keys/root_maxkeys", "1000000"),
     ("kernel/keys/root_maxbytes", "25000000"),
 ];
-
-pub fn node_name(cluster: &str, i: usize) -> String {
-    format!("{cluster}-node-{i}")
-}
 
 fn node_ip(i: usize) -> Ipv4Addr {
     Ipv4Addr::new(10, 250, 0, 1 + i as u8)
