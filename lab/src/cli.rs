@@ -243,6 +243,17 @@ pub enum LabCommand {
         #[command(subcommand)]
         action: PeerAction,
     },
+    /// A real cluster on this machine: kubelet nodes (each its own network and mount
+    /// namespace, containerd, runc, kube-proxy, the ptp CNI plugin) against the lab's
+    /// control plane plus controller-manager and scheduler. Components are built by `cargo
+    /// xtask setup` and `cargo xtask cluster --build-only`.
+    Cluster {
+        /// Where the cluster keeps its files (not under /run, /var/lib or /var/log).
+        #[arg(long, default_value = super::cluster::DEFAULT_DIR)]
+        dir: PathBuf,
+        #[command(subcommand)]
+        action: super::cluster::cli::ClusterAction,
+    },
     /// A control plane outside a lab, in a namespace of the caller's (the bench's cluster
     /// path drives it).
     #[command(hide = true)]
@@ -406,6 +417,7 @@ pub fn run(args: LabArgs) -> anyhow::Result<()> {
             } => ops::kube_apply(&netns, &dir, previous.as_deref(), &file),
         }
         .context("weir-lab kube"),
+        LabCommand::Cluster { dir, action } => super::cluster::cli::run(&dir, action),
         LabCommand::Listen { ports } => super::listen::serve(&ports).context("weir-lab listen"),
         LabCommand::Imds => super::peers::serve_imds().context("weir-lab imds"),
     }

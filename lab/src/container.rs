@@ -588,7 +588,7 @@ fn cap_name(c: &str) -> String {
 
 /// Every capability in this process's bounding set (what a privileged container gets; a
 /// kernel may know fewer than runc).
-fn bounding_set() -> Vec<String> {
+pub(crate) fn bounding_set() -> Vec<String> {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
     let bits = status
         .lines()

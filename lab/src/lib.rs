@@ -20,6 +20,7 @@ pub mod addr;
 pub mod agent;
 pub mod api;
 pub mod cli;
+pub mod cluster;
 pub mod container;
 pub mod control_plane;
 pub mod error;

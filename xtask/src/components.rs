@@ -207,7 +207,7 @@ fn build(version: &str, dir: &Path) -> Result<()> {
 
 /// The build module's go.mod: k8s.io/kubernetes at `version`, and every staging module
 /// its go.mod replaces with a local path replaced by the published `v0.Y.Z` instead.
-fn build_module(version: &str, upstream: &str) -> Result<String> {
+pub fn build_module(version: &str, upstream: &str) -> Result<String> {
     let staging_version = version
         .strip_prefix("v1.")
         .map(|rest| format!("v0.{rest}"))

@@ -5,6 +5,7 @@
 //! binaries, as CI does.
 mod bench;
 mod build;
+mod cluster;
 mod cmd;
 mod components;
 mod conformance;
@@ -159,6 +160,17 @@ enum Command {
         #[arg(long = "only", value_name = "NAME[@VERSION]")]
         only: Vec<String>,
     },
+    /// What `weir-lab cluster` runs (kubelet, kube-controller-manager, kube-scheduler,
+    /// kubectl, containerd, the pause and agnhost images), built from the pins in
+    /// deploy/kubernetes-version and deploy/cluster-versions and cached beside the other
+    /// components; runc and the CNI plugins from Debian. Then weir's dev image and the
+    /// real-cluster test: weir's DaemonSet on a 2-node kubelet cluster, eBPF then iptables
+    /// (about a minute; not part of `cargo xtask test`). Needs root, apt and Go.
+    Cluster {
+        /// Only build (or find cached) the components.
+        #[arg(long)]
+        build_only: bool,
+    },
     /// Measure datapath, convergence, memory and reset against no enforcement and the
     /// iptables path, in one run (the bench is `weir-bench`, in bench/; this builds it
     /// and what it measures); prints a table and writes target/bench/latest.json.
@@ -214,6 +226,7 @@ fn main() {
         },
         Command::Bench { quick, peers } => bench::run(quick, peers),
         Command::Peers { build_only, only } => peers::run(build_only, &only),
+        Command::Cluster { build_only } => cluster::run(build_only),
         Command::Kernels {
             kernels,
             quick,

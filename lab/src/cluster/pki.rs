@@ -1,0 +1,120 @@
+//! The cluster's credentials, made with openssl: one CA that signs every client
+//! certificate (a kubelet's `system:node:NAME` in `system:nodes`, so the Node authorizer
+//! and NodeRestriction judge it; the API server's own client to the kubelets), and static
+//! tokens for the components the bootstrap RBAC already names.
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use super::super::{netns, LabError};
+
+const OPENSSL_TIMEOUT: Duration = Duration::from_secs(60);
+
+fn openssl(args: &[&str]) -> Result<(), LabError> {
+    netns::tool("openssl", "openssl", args, OPENSSL_TIMEOUT).map(drop)
+}
+
+fn s(p: &Path) -> String {
+    p.display().to_string()
+}
+
+/// The cluster's PKI directory.
+pub struct Pki {
+    pub dir: PathBuf,
+}
+
+impl Pki {
+    pub fn ca_cert(&self) -> PathBuf {
+        self.dir.join("ca.crt")
+    }
+    fn ca_key(&self) -> PathBuf {
+        self.dir.join("ca.key")
+    }
+    pub fn cert(&self, name: &str) -> PathBuf {
+        self.dir.join(format!("{name}.crt"))
+    }
+    pub fn key(&self, name: &str) -> PathBuf {
+        self.dir.join(format!("{name}.key"))
+    }
+    pub fn service_account_key(&self) -> PathBuf {
+        self.dir.join("service-account.key")
+    }
+
+    /// The CA and the service account signing key.
+    pub fn init(&self) -> Result<(), LabError> {
+        std::fs::create_dir_all(&self.dir)
+            .map_err(|e| LabError::io(format!("creating {}", self.dir.display()), e))?;
+        openssl(&["genrsa", "-out", &s(&self.ca_key()), "2048"])?;
+        openssl(&[
+            "req",
+            "-x509",
+            "-new",
+            "-key",
+            &s(&self.ca_key()),
+            "-subj",
+            "/CN=weir-cluster-ca",
+            "-days",
+            "30",
+            "-out",
+            &s(&self.ca_cert()),
+        ])?;
+        openssl(&["genrsa", "-out", &s(&self.service_account_key()), "2048"])
+    }
+
+    /// A client certificate for `cn` in the groups `orgs`, signed by the CA, as `name`.crt/.key.
+    pub fn client(&self, name: &str, cn: &str, orgs: &[&str]) -> Result<(), LabError> {
+        let key = s(&self.key(name));
+        let csr = s(&self.dir.join(format!("{name}.csr")));
+        let subject: String =
+            orgs.iter().map(|o| format!("/O={o}")).collect::<String>() + &format!("/CN={cn}");
+        openssl(&["genrsa", "-out", &key, "2048"])?;
+        openssl(&["req", "-new", "-key", &key, "-subj", &subject, "-out", &csr])?;
+        openssl(&[
+            "x509",
+            "-req",
+            "-in",
+            &csr,
+            "-CA",
+            &s(&self.ca_cert()),
+            "-CAkey",
+            &s(&self.ca_key()),
+            "-CAcreateserial",
+            "-days",
+            "30",
+            "-out",
+            &s(&self.cert(name)),
+        ])?;
+        std::fs::remove_file(&csr).map_err(|e| LabError::io(format!("removing {csr}"), e))
+    }
+}
+
+/// A kubeconfig for `server` that trusts `ca` and authenticates with either a client
+/// certificate (cert, key) or a bearer token.
+pub fn kubeconfig(server: &str, ca: &Path, user: &str, auth: &Auth) -> String {
+    let credentials = match auth {
+        Auth::Cert { cert, key } => format!(
+            "    client-certificate: {}\n    client-key: {}\n",
+            cert.display(),
+            key.display()
+        ),
+        Auth::Token(token) => format!("    token: {token}\n"),
+    };
+    format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: weir-cluster\n  cluster:\n    server: {server}\n    certificate-authority: {ca}\nusers:\n- name: {user}\n  user:\n{credentials}contexts:\n- name: weir-cluster\n  context:\n    cluster: weir-cluster\n    user: {user}\ncurrent-context: weir-cluster\n",
+        ca = ca.display()
+    )
+}
+
+pub enum Auth {
+    Cert { cert: PathBuf, key: PathBuf },
+    Token(String),
+}
+
+/// A random token.
+pub fn token() -> Result<String, LabError> {
+    let mut bytes = [0u8; 16];
+    use std::io::Read;
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut bytes))
+        .map_err(|e| LabError::io("reading /dev/urandom", e))?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+}
