@@ -459,3 +459,44 @@ fn ip_block_excepts_carve_holes_out_of_the_whole_address_space() {
     });
     check_whole_space_except(&world, B, world.pod("b").ip6);
 }
+
+/// An interface that is there before its pod is known, under a name the new-pod isolation
+/// does not cover (the reference CNI plugins' `veth…`), first carries `weir_to_pod` on its
+/// egress as every other interface of the node does; when its pod is then placed there,
+/// the pod keeps that hook. Before: the same converge detached it as the interface's old
+/// role, and the pod's ingress policy judged nothing (a real kubelet cluster with the ptp
+/// plugin showed it: denied pods connected while the agent reported itself converged).
+#[test]
+fn a_pod_placed_on_an_interface_seen_before_it_keeps_its_ingress_hook() {
+    require_root_and_tools();
+    let world = World::new("ebpfseen", &[("a", A), ("b", B)]);
+    let root = PinRoot::new("ebpfseen");
+    let _servers = EchoServers::start(&world.pod("b").ns, &[80, 81]);
+    let a_ns = world.pod("a").ns.clone();
+    let node = world.node.clone();
+    let pin_root = root.0.clone();
+    let dp = std::thread::spawn(move || {
+        enter(&node);
+        let config = EbpfConfig {
+            new_pods: weir::dataplane::new_pods::NewPodIsolation::off(),
+            ..EbpfConfig::with_pin_root(pin_root)
+        };
+        let mut dp = EbpfDataplane::new(config).expect("load dataplane");
+        // b's interface exists, b is not known yet: the interface is the node's.
+        let only_a = desired(vec![], vec![endpoint("x/a", A, None, None)]);
+        for state in [&only_a, &policy(80, 80), &policy(80, 80)] {
+            let report = dp.converge(state, Scope::Kernel).expect("converge");
+            assert!(report.failures.is_empty(), "{:?}", report.failures);
+        }
+        dp
+    })
+    .join()
+    .expect("dataplane thread panicked");
+    let to_b = |port| SocketAddr::from((B, port));
+    assert!(tcp_from(&a_ns, to_b(80), T), "allowed a->b:80 must pass");
+    assert!(
+        !tcp_from(&a_ns, to_b(81), T),
+        "b's ingress policy must judge a->b:81 (dropped)"
+    );
+    drop(dp);
+}

@@ -902,6 +902,14 @@ impl EbpfDataplane {
             .collect();
         for ifindex in gone {
             let a = &self.records.leaving[&ifindex];
+            // An interface that turned out to be a pod's (its pod became known after the
+            // interface appeared) keeps its egress hook: the pod's attachment adopted that
+            // link, which carries the same `weir_to_pod`. Detaching it would leave the pod's
+            // ingress judged by nothing.
+            if pods.contains(&ifindex) && attach::ifindex(&a.ifname) == Some(ifindex) {
+                self.records.leaving.remove(&ifindex);
+                continue;
+            }
             if let Err(e) = attach::detach(&self.layout, a) {
                 errors.push(ObjectError {
                     object: format!("interface {}", a.ifname),
