@@ -7,6 +7,8 @@
 //!
 //! Needs root, the components of `cargo xtask setup` and `cargo xtask cluster
 //! --build-only`, and weir's image (`cargo xtask image --dev`, or `cargo xtask image`).
+//! Compiled only with the `real-cluster` feature (see tests/Cargo.toml).
+#![cfg(feature = "real-cluster")]
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
