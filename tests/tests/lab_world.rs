@@ -125,8 +125,9 @@ fn up_with_an_invalid_manifest_builds_nothing() {
     assert!(!pods.status.success(), "a lab exists after a refused up");
 }
 
-/// `--enforcer` refuses what it cannot run before building anything, and says why: Azure
-/// NPM (no source on the Go module proxy), and a peer without the lab's API server.
+/// `--enforcer` refuses what it cannot run before building anything, and says why: a
+/// version deploy/peer-versions does not pin (naming the pinned ones), and a peer without
+/// the lab's API server.
 #[test]
 fn a_peer_the_lab_cannot_run_is_refused_with_the_reason() {
     let lab = Lab::new("peerno");
@@ -134,8 +135,8 @@ fn a_peer_the_lab_cannot_run_is_refused_with_the_reason() {
     let world = world.to_str().unwrap();
     for (args, reason) in [
         (
-            vec!["up", "--enforcer", "azure-npm", world],
-            "403 Forbidden",
+            vec!["up", "--enforcer", "azure-npm@v0.0.1", world],
+            "deploy/peer-versions pins azure-npm at v1.8.12",
         ),
         (
             vec!["up", "--enforcer", "kube-router", "--api", "file", world],
