@@ -471,8 +471,13 @@ fn memory_large(report: &Value) -> Result<String> {
 /// A peers report's cell: a number as the tables print it, a word the bench wrote (a
 /// change "over N s"; "not measured" without its reason, which the JSON keeps), "–"
 /// when there is no row, "ERROR" for a failed one.
+/// An enforcer with no figures has one row, "all figures", that says why: every cell of
+/// its column says it too.
 fn peer_cell(rows: &Rows, s: &str, dp: &str, figure: &str) -> String {
-    match rows.find(s, dp, figure) {
+    match rows
+        .find(s, dp, figure)
+        .or_else(|| rows.find(s, dp, "all figures"))
+    {
         Some(r) if r["error"].is_string() => "ERROR".into(),
         Some(r) => match (&r["value"], r["value"].as_f64()) {
             (_, Some(v)) => number(v),
@@ -514,7 +519,9 @@ fn peers(report: &Value) -> Result<String> {
         scenario("peers: convergence, ")?,
         scenario("peers: memory, ")?,
     );
-    let dps: Vec<&str> = rows.dataplanes(convergence);
+    // Those measured first, in the report's order; those not measured at all last.
+    let mut dps: Vec<&str> = rows.dataplanes(convergence);
+    dps.sort_by_key(|dp| rows.find(convergence, dp, "all figures").is_some());
     let (pods, policies) = world(convergence.trim_start_matches("peers: "))
         .with_context(|| format!("{convergence}: no world in its name"))?;
     let mut out = format!(
@@ -565,7 +572,10 @@ fn peers(report: &Value) -> Result<String> {
     ] {
         out += &line(
             &format!("{label}, × no enforcement"),
-            dps.iter().map(|dp| rows.ratio(datapath, dp, figure)),
+            dps.iter().map(|dp| match rows.find(datapath, dp, figure) {
+                Some(_) => rows.ratio(datapath, dp, figure),
+                None => peer_cell(&rows, datapath, dp, figure),
+            }),
         );
     }
     Ok(out)
@@ -735,18 +745,25 @@ mod tests {
             ),
             row(m, "ebpf", "agent peak RSS (VmHWM)", json!(105.0), None),
             row(m, "azure-npm", "agent peak RSS (VmHWM)", json!(250.0), None),
+            row(
+                c,
+                "knp",
+                "all figures",
+                json!("not measured: no queue"),
+                None,
+            ),
         ];
         let report = json!({"versions": {"azure-npm": "v1.8.12"}, "rows": rows});
         assert_eq!(
             peers(&report).expect("a table"),
-            "| 2,000 pods, 100 policies | weir eBPF | Azure NPM v1.8.12 |\n|---|---|---|\n\
-             | cold start, ms | 1,048 | 42,000 |\n\
-             | policy create p50 / p99, ms | 10 / 19 | over 30 s / over 30 s |\n\
-             | pod label change p50 / p99, ms | – | not measured |\n\
-             | peak RSS, MiB | 105 | 250 |\n\
-             | TCP throughput, × no enforcement | – | – |\n\
-             | RR latency p50, × no enforcement | 1.20× | 1.40× |\n\
-             | CRR latency p50, × no enforcement | – | – |\n"
+            "| 2,000 pods, 100 policies | weir eBPF | Azure NPM v1.8.12 | knp |\n|---|---|---|---|\n\
+             | cold start, ms | 1,048 | 42,000 | not measured |\n\
+             | policy create p50 / p99, ms | 10 / 19 | over 30 s / over 30 s | not measured |\n\
+             | pod label change p50 / p99, ms | – | not measured | not measured |\n\
+             | peak RSS, MiB | 105 | 250 | – |\n\
+             | TCP throughput, × no enforcement | – | – | – |\n\
+             | RR latency p50, × no enforcement | 1.20× | 1.40× | – |\n\
+             | CRR latency p50, × no enforcement | – | – | – |\n"
         );
     }
 
