@@ -29,6 +29,8 @@ pub enum Dataplane {
     Iptables,
     /// kube-router's network-policy controller alone, against the bench's API server.
     KubeRouter,
+    /// Azure NPM (its v2 dataplane: iptables and ipset), against the bench's API server.
+    AzureNpm,
 }
 
 impl Dataplane {
@@ -39,24 +41,66 @@ impl Dataplane {
             Dataplane::Ebpf => "ebpf",
             Dataplane::Iptables => "iptables",
             Dataplane::KubeRouter => "kube-router",
+            Dataplane::AzureNpm => "azure-npm",
         }
     }
 
     pub fn is_peer(self) -> bool {
-        self == Dataplane::KubeRouter
+        matches!(self, Dataplane::KubeRouter | Dataplane::AzureNpm)
+    }
+
+    /// How long a peer's rules must stand still before the bench takes them as
+    /// programmed, from the instant they last changed: kube-router's as `weir-lab`'s
+    /// 1.5 s less its sync log (which ties a sync to the change); NPM logs nothing per
+    /// change and applies its batches every 500 ms (its ConfigMap's
+    /// ApplyIntervalInMilliseconds), so it gets the lab's 1.5 s.
+    fn peer_quiet(self) -> Duration {
+        match self {
+            Dataplane::AzureNpm => Duration::from_millis(1500),
+            _ => Duration::from_secs(1),
+        }
     }
 }
 
-/// A peer's binary and the flags it runs with (deploy/kube-router-flags, which the lab
-/// reads too), as `cargo xtask bench --peers` found them.
+/// The bench's error when a peer has not programmed a change (or its cold start) within
+/// the time the bench gives it: reported as "over N s", not as a failure.
+#[derive(Debug)]
+pub struct OverLimit {
+    pub limit: Duration,
+    pub what: String,
+}
+
+impl std::fmt::Display for OverLimit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} not within {} s", self.what, self.limit.as_secs())
+    }
+}
+
+impl std::error::Error for OverLimit {}
+
+impl OverLimit {
+    /// The row value: "over N s".
+    pub fn value(&self) -> String {
+        format!("over {} s", self.limit.as_secs())
+    }
+}
+
+/// A peer's binary and the flags it runs with (kube-router: deploy/kube-router-flags,
+/// which the lab reads too; NPM: none, its config is the file beside its binary), as
+/// `cargo xtask bench --peers` found them.
 pub struct PeerBinary {
     pub binary: PathBuf,
     pub args: Vec<String>,
 }
 
-/// A peer reports no convergence: the bench takes its rules standing still this long as
-/// programmed, from the instant they last changed (as `weir-lab` does, there for 1.5 s).
-const PEER_QUIET: Duration = Duration::from_secs(1);
+/// Azure NPM's config beside its binary: the ConfigMap its Linux DaemonSet mounts
+/// (`cargo xtask peers` copies it out of the source archive, as the lab runs it).
+pub const NPM_CONFIG: &str = "azure-npm.json";
+/// What NPM logs once its dataplane has booted and its controllers start.
+const NPM_STARTED: &str = "starting NPM - (";
+/// Azure's instance metadata service, where NPM asks which cloud it runs in (the lab's
+/// `weir-lab imds` answers it; see lab/src/peers.rs).
+const IMDS: &str = "169.254.169.254";
 
 /// Where the agent reads the world from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -78,6 +122,8 @@ pub struct Agent {
     /// A peer: where its log ended when the last change was written (its sync of that
     /// change is logged after it).
     log_mark: u64,
+    /// What a peer needs beside it in the node (NPM: the metadata stub), stopped with it.
+    helpers: Vec<Child>,
 }
 
 /// The bench node's control plane (`weir-lab kube`), and what the agent must reach.
@@ -178,12 +224,22 @@ impl Agent {
             std::process::id()
         ));
         let log = File::create(dir.join("agent.log"))?;
+        let mut helpers = Vec::new();
         let mut command = match (dataplane.is_peer(), &cluster) {
             (true, None) => bail!("a peer runs against the API server only"),
-            (true, Some(_)) => peer_command(
-                peer.context("a peer's binary was not given (weir-bench --kube-router)")?,
-                dir,
-            ),
+            (true, Some(_)) => {
+                let peer = peer.with_context(|| {
+                    format!(
+                        "{}'s binary was not given (weir-bench --{})",
+                        dataplane.as_str(),
+                        dataplane.as_str()
+                    )
+                })?;
+                if dataplane == Dataplane::AzureNpm {
+                    helpers.push(npm_node(lab, node, dir)?);
+                }
+                peer_command(dataplane, peer, dir)
+            }
             (false, cluster) => {
                 let mut command = Command::new(weir);
                 command.arg("agent");
@@ -227,6 +283,7 @@ impl Agent {
             cluster,
             node: node.name().to_string(),
             log_mark: 0,
+            helpers,
         };
         Ok((agent, started))
     }
@@ -300,9 +357,10 @@ impl Agent {
 
     /// A peer: waits until kube-router logged a whole sync after the last write (it builds
     /// a sync's rules in memory and restores them at its end: 5 s at 1,000 policies and
-    /// 20,000 pods, during which its rules stand still), then until its rules (iptables-save
-    /// and ipset save in the node) have stood still for [`PEER_QUIET`]; returns the instant
-    /// they last changed.
+    /// 20,000 pods, during which its rules stand still), or NPM has booted and jumps from
+    /// FORWARD to its chain, then until its rules (iptables-save and ipset save in the
+    /// node) have stood still for [`Dataplane::peer_quiet`]; returns the instant they last
+    /// changed. Past `timeout` the error is an [`OverLimit`].
     fn wait_peer_programmed(&mut self, timeout: Duration) -> Result<Instant> {
         let deadline = Instant::now() + timeout;
         let (mut last, mut changed) = (String::new(), Instant::now());
@@ -310,7 +368,7 @@ impl Agent {
             let rules = self.peer_rules()?;
             if rules != last {
                 (last, changed) = (rules, Instant::now());
-            } else if changed.elapsed() >= PEER_QUIET && self.peer_synced_since_mark() {
+            } else if changed.elapsed() >= self.dataplane.peer_quiet() && self.peer_ready(&last) {
                 return Ok(changed);
             }
             if let Some(exit) = self.child.try_wait()? {
@@ -321,26 +379,39 @@ impl Agent {
                 );
             }
             if Instant::now() > deadline {
-                bail!(
-                    "{}'s rules did not settle within {timeout:?}; last lines of its log:\n{}",
-                    self.dataplane.as_str(),
-                    self.log_tail()
-                );
+                return Err(OverLimit {
+                    limit: timeout,
+                    what: format!("{}'s rules settled", self.dataplane.as_str()),
+                }
+                .into());
             }
             std::thread::sleep(Duration::from_millis(20));
         }
     }
 
-    /// Whether kube-router's log shows a sync started and finished after the last write.
-    fn peer_synced_since_mark(&self) -> bool {
+    /// kube-router: whether its log shows a sync started and finished after the last
+    /// write. NPM logs nothing the bench can tie to one change: that it has booted and its
+    /// jump from FORWARD (in `rules`) are all (as in the lab).
+    fn peer_ready(&self, rules: &str) -> bool {
         let log = std::fs::read(self.dir.join("agent.log")).unwrap_or_default();
-        let after = String::from_utf8_lossy(log.get(self.log_mark as usize..).unwrap_or_default());
-        after
-            .split_once("Starting sync of iptables")
-            .is_some_and(|(_, rest)| rest.contains("sync iptables took"))
+        match self.dataplane {
+            Dataplane::AzureNpm => {
+                String::from_utf8_lossy(&log).contains(NPM_STARTED)
+                    && rules
+                        .lines()
+                        .any(|l| l.starts_with("-A FORWARD ") && l.ends_with("-j AZURE-NPM"))
+            }
+            _ => {
+                let after =
+                    String::from_utf8_lossy(log.get(self.log_mark as usize..).unwrap_or_default());
+                after
+                    .split_once("Starting sync of iptables")
+                    .is_some_and(|(_, rest)| rest.contains("sync iptables took"))
+            }
+        }
     }
 
-    /// kube-router's rules and sets in the node, without packet counters.
+    /// A peer's rules and sets in the node, without packet counters.
     fn peer_rules(&self) -> Result<String> {
         let mut text = String::new();
         for (program, args) in [("iptables-save", &[][..]), ("ipset", &["save"][..])] {
@@ -475,6 +546,10 @@ impl Drop for Agent {
         }
         let _ = self.child.kill();
         let _ = self.child.wait();
+        for helper in &mut self.helpers {
+            let _ = helper.kill();
+            let _ = helper.wait();
+        }
         for pid in self.cluster.iter().flat_map(|c| &c.pids) {
             // SAFETY: kill only sends a signal; the control plane is this agent's.
             unsafe { libc::kill(*pid as i32, libc::SIGKILL) };
@@ -519,19 +594,93 @@ fn start_cluster(lab: &Path, node: &Netns, dir: &Path) -> Result<Cluster> {
     Ok(cluster)
 }
 
-/// kube-router in the bench node, as the lab runs it (deploy/kube-router-flags), with the
-/// bench control plane's admin credentials.
-fn peer_command(peer: &PeerBinary, dir: &Path) -> Command {
+/// A peer in the bench node, as the lab runs it, with the bench control plane's admin
+/// credentials: kube-router with deploy/kube-router-flags; NPM as its Linux DaemonSet
+/// (`azure-npm start`, HOSTNAME the node's name, NPM_CONFIG its ConfigMap).
+fn peer_command(dataplane: Dataplane, peer: &PeerBinary, dir: &Path) -> Command {
+    let kubeconfig = Cluster::api_dir(dir).join("kubeconfig-admin");
     let mut command = Command::new(&peer.binary);
+    match dataplane {
+        Dataplane::AzureNpm => {
+            let config = peer.binary.with_file_name(NPM_CONFIG);
+            command
+                .arg("start")
+                .arg(format!("--kubeconfig={}", kubeconfig.display()))
+                .args(&peer.args)
+                .env("HOSTNAME", NODE_NAME)
+                .env("NPM_CONFIG", config);
+        }
+        _ => {
+            command
+                .arg(format!("--kubeconfig={}", kubeconfig.display()))
+                .arg(format!("--hostname-override={NODE_NAME}"))
+                .args(&peer.args)
+                .env("NODE_NAME", NODE_NAME);
+        }
+    }
     command
-        .arg(format!(
-            "--kubeconfig={}",
-            Cluster::api_dir(dir).join("kubeconfig-admin").display()
-        ))
-        .arg(format!("--hostname-override={NODE_NAME}"))
-        .args(&peer.args)
-        .env("NODE_NAME", NODE_NAME);
+}
+
+/// What NPM needs of its node that kubelet and Azure give it, as the lab supplies them:
+/// the chain kubelet makes to tell the iptables backend (NPM v1.8 refuses to start
+/// without it), and the instance metadata service (`weir-lab imds` on IMDS's address on
+/// the node's loopback; without it NPM's telemetry holds it back 3 × 1 min). Returns the
+/// stub's process.
+fn npm_node(lab: &Path, node: &Netns, dir: &Path) -> Result<Child> {
+    let run = |program: &str, args: &[&str]| -> Result<()> {
+        let out = Command::new("ip")
+            .args(["netns", "exec", node.name(), program])
+            .args(args)
+            .output()
+            .with_context(|| format!("running {program} in {}", node.name()))?;
+        if !out.status.success() {
+            bail!(
+                "{program} {}: {}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        Ok(())
+    };
+    run("iptables", &["-t", "mangle", "-N", "KUBE-IPTABLES-HINT"])?;
+    run(
+        "ip",
+        &["addr", "replace", &format!("{IMDS}/32"), "dev", "lo"],
+    )?;
+    let log = File::create(dir.join("imds.log"))?;
+    let mut command = Command::new(lab);
     command
+        .arg("imds")
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log);
+    node.command(&mut command)?;
+    let mut child = command.spawn().context("starting weir-lab imds")?;
+    let started = Instant::now();
+    loop {
+        let answers = node.run(|| {
+            Ok(TcpStream::connect_timeout(
+                &format!("{IMDS}:80").parse()?,
+                Duration::from_millis(200),
+            )
+            .is_ok())
+        })?;
+        if answers {
+            return Ok(child);
+        }
+        if let Some(exit) = child.try_wait()? {
+            bail!(
+                "weir-lab imds exited ({exit}); see {}",
+                dir.join("imds.log").display()
+            );
+        }
+        if started.elapsed() > Duration::from_secs(10) {
+            let _ = child.kill();
+            let _ = child.wait();
+            bail!("weir-lab imds does not answer on {IMDS}:80 after 10 s");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 fn read_status(path: &Path) -> Result<Option<Value>> {

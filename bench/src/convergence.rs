@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
 
-use super::agent::Agent;
+use super::agent::{Agent, OverLimit};
 use super::report::Row;
 use super::topology::Topology;
 use super::traffic::{percentile, toggle_port_open};
@@ -17,7 +17,9 @@ const ATTEMPT_TIMEOUT: Duration = Duration::from_millis(5);
 /// A busy machine can delay an allowed handshake past ATTEMPT_TIMEOUT: a "closed"
 /// observation is confirmed by a second attempt that waits this long.
 const CONFIRM_TIMEOUT: Duration = Duration::from_millis(300);
-const CHANGE_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long weir gets for one change before the bench fails; a peer gets the limit it is
+/// given (`weir-bench --peer-change-limit`), past which its change is reported as over it.
+pub const CHANGE_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// The kinds of change measured, each flipping the toggle port's verdict.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -45,11 +47,27 @@ impl Kind {
     }
 }
 
+/// One change as the probe saw it.
+struct Outcome {
+    /// Milliseconds to the first probe that saw the new verdict; None: not within the
+    /// limit (a peer).
+    seen: Option<f64>,
+    /// The agent's own share, in milliseconds.
+    agent_ms: f64,
+    /// Whether the enforcer's state settled after it within the limit (a peer that did
+    /// not is given no further change of the group).
+    settled: bool,
+}
+
 /// Runs `count` pod label changes, `count` namespace label changes, `count` cycles of
 /// policy create, update (away), update (back) and delete, then (weir only: the peers
 /// implement no ClusterNetworkPolicy) `count` cycles of an Admin Deny's create and delete
 /// over an allowed port; returns p50, p99 and max of each kind, and the agent's own apply
-/// time per group.
+/// time per group. A peer's change that the probe does not see within `limit` counts as
+/// "over N s" (it sorts above every measured one) and ends its group, as does a change
+/// after which its rules do not settle within `limit`; if they have not settled before
+/// the next group either, the kinds left are reported as not measured, rather than
+/// waiting for hours.
 pub fn changes(
     topo: &Topology,
     agent: &mut Agent,
@@ -57,12 +75,20 @@ pub fn changes(
     count: usize,
     scenario: &str,
     dp: &str,
+    limit: Duration,
 ) -> Result<Vec<Row>> {
-    // (kind, probe-observed ms, the agent's own share in ms)
-    let mut samples: Vec<(Kind, f64, f64)> = Vec::new();
+    let limit = if agent.is_peer() {
+        limit
+    } else {
+        CHANGE_TIMEOUT
+    };
+    let over = format!("over {} s", limit.as_secs());
+    // (kind, probe-observed ms or None when over the limit, the agent's own share in ms)
+    let mut samples: Vec<(Kind, Option<f64>, f64)> = Vec::new();
     let mut applies = Vec::new();
+    let mut abandoned: Option<String> = None;
     let mut n = 0;
-    for group in [
+    'groups: for group in [
         "pod label change",
         "namespace label change",
         "policy change",
@@ -78,7 +104,7 @@ pub fn changes(
             agent.wait_converged(CHANGE_TIMEOUT)?;
         }
         let before = agent.apply_totals(&topo.node)?;
-        for i in 0..count {
+        'changes: for i in 0..count {
             let kinds: &[Kind] = match group {
                 "pod label change" => &[Kind::PodLabel],
                 "namespace label change" => &[Kind::NamespaceLabel],
@@ -101,18 +127,32 @@ pub fn changes(
                     (Kind::ClusterPolicyCreate, _) => world.cluster_deny = true,
                     (Kind::ClusterPolicyDelete, _) => world.cluster_deny = false,
                 }
-                let (seen, agent_ms) = one_change(topo, agent, world, n)?;
-                samples.push((*kind, seen, agent_ms));
+                let outcome = one_change(topo, agent, world, n, limit)?;
+                samples.push((*kind, outcome.seen, outcome.agent_ms));
                 n += 1;
+                if outcome.seen.is_none() || !outcome.settled {
+                    break 'changes;
+                }
             }
         }
-        // Every group starts from the port closed.
+        // Every group starts from the port closed (and a peer from its rules settled).
         if world.toggle_open() {
             world.client_granted = false;
             world.namespace_granted = false;
             world.toggle = Toggle::Absent;
             agent.update(world)?;
-            agent.wait_converged(CHANGE_TIMEOUT)?;
+        }
+        if let Err(e) = agent.wait_converged(limit) {
+            match e.downcast_ref::<OverLimit>() {
+                Some(o) if agent.is_peer() => {
+                    abandoned = Some(format!(
+                        "not measured: after a change {over}, {dp}'s rules had not settled within a further {} s",
+                        o.limit.as_secs()
+                    ));
+                    break 'groups;
+                }
+                _ => return Err(e),
+            }
         }
         applies.push((group, before, agent.apply_totals(&topo.node)?));
     }
@@ -128,15 +168,28 @@ pub fn changes(
     ] {
         let of_kind = samples.iter().filter(|(k, ..)| *k == kind);
         if of_kind.clone().next().is_none() {
+            let measured_elsewhere =
+                !matches!(kind, Kind::ClusterPolicyCreate | Kind::ClusterPolicyDelete)
+                    || !agent.is_peer();
+            if let Some(why) = abandoned.as_ref().filter(|_| measured_elsewhere) {
+                rows.push(Row::text(
+                    scenario,
+                    dp,
+                    &format!("{} p50", kind.name()),
+                    why,
+                ));
+            }
             continue;
         }
-        let mut seen: Vec<f64> = of_kind.clone().map(|(_, ms, _)| *ms).collect();
+        let mut seen: Vec<Option<f64>> = of_kind.clone().map(|(_, ms, _)| *ms).collect();
         let mut agent_ms: Vec<f64> = of_kind.map(|(.., ms)| *ms).collect();
         let n = seen.len();
         for (label, p) in [("p50", 50.0), ("p99", 99.0), ("max", 100.0)] {
-            let v = percentile(&mut seen, p);
             let name = format!("{} {label} (n={n})", kind.name());
-            rows.push(Row::number(scenario, dp, &name, v, "ms"));
+            rows.push(match percentile_or_over(&mut seen, p) {
+                Some(v) => Row::number(scenario, dp, &name, v, "ms"),
+                None => Row::text(scenario, dp, &name, &over),
+            });
         }
         // The agent's part of the same changes: event received to dataplane programmed.
         // (A peer's is not measured.)
@@ -160,10 +213,26 @@ pub fn changes(
     Ok(rows)
 }
 
+/// The nearest-rank percentile of samples where None is over the limit (above all).
+fn percentile_or_over(samples: &mut [Option<f64>], p: f64) -> Option<f64> {
+    samples.sort_by(|a, b| match (a, b) {
+        (Some(a), Some(b)) => a.total_cmp(b),
+        (a, b) => a.is_none().cmp(&b.is_none()),
+    });
+    let rank = ((p / 100.0) * samples.len() as f64).ceil() as usize;
+    samples[rank.clamp(1, samples.len()) - 1]
+}
+
 /// Writes the changed world; returns the milliseconds until the probe saw it enforced, and
 /// the agent's own share of them (its implementation delay: from receiving the change to
 /// having programmed it, summed over the batches the change took).
-fn one_change(topo: &Topology, agent: &mut Agent, world: &World, i: usize) -> Result<(f64, f64)> {
+fn one_change(
+    topo: &Topology,
+    agent: &mut Agent,
+    world: &World,
+    i: usize,
+    limit: Duration,
+) -> Result<Outcome> {
     // Changes land at varied offsets from the agent's own timers (file polling).
     std::thread::sleep(Duration::from_millis((i as u64 * 37) % 50));
     let expect_open = world.toggle_open();
@@ -173,20 +242,48 @@ fn one_change(topo: &Topology, agent: &mut Agent, world: &World, i: usize) -> Re
         let attempt = Instant::now();
         let open = toggle_port_open(ATTEMPT_TIMEOUT);
         if open == expect_open && (open || !toggle_port_open(CONFIRM_TIMEOUT)) {
-            return Ok(attempt);
+            return Ok(Some(attempt));
         }
-        if written.elapsed() > CHANGE_TIMEOUT {
+        if written.elapsed() > limit {
+            if agent.is_peer() {
+                return Ok(None);
+            }
             bail!(
-                "the probe port did not become {} within {CHANGE_TIMEOUT:?}",
+                "the probe port did not become {} within {limit:?}",
                 if expect_open { "open" } else { "closed" }
             );
         }
     })?;
+    let Some(seen) = seen else {
+        return Ok(Outcome {
+            seen: None,
+            agent_ms: 0.0,
+            settled: false,
+        });
+    };
     // The next change starts from a converged agent.
-    agent.wait_converged(CHANGE_TIMEOUT)?;
+    let settled = match agent.wait_converged(limit) {
+        Ok(_) => true,
+        Err(e) if agent.is_peer() && e.downcast_ref::<OverLimit>().is_some() => false,
+        Err(e) => return Err(e),
+    };
     let (delay_after, _) = agent.implementation_delay_totals(&topo.node)?;
-    Ok((
-        seen.saturating_duration_since(written).as_secs_f64() * 1e3,
-        (delay_after - delay_before) * 1e3,
-    ))
+    Ok(Outcome {
+        seen: Some(seen.saturating_duration_since(written).as_secs_f64() * 1e3),
+        agent_ms: (delay_after - delay_before) * 1e3,
+        settled,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::percentile_or_over;
+
+    #[test]
+    fn a_change_over_the_limit_ranks_above_every_measured_one() {
+        let mut v = vec![Some(3.0), None, Some(1.0), Some(2.0)];
+        assert_eq!(percentile_or_over(&mut v, 50.0), Some(2.0));
+        assert_eq!(percentile_or_over(&mut v, 99.0), None);
+        assert_eq!(percentile_or_over(&mut [None], 50.0), None);
+    }
 }

@@ -28,12 +28,12 @@ mod world;
 
 use std::path::PathBuf;
 use std::process::Command;
-use std::time::{Instant, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{bail, Result};
 use clap::Parser;
 
-use agent::{Dataplane, PeerBinary, Source};
+use agent::{Dataplane, OverLimit, PeerBinary, Source};
 use report::Report;
 use report::Row;
 use scale::Scale;
@@ -62,12 +62,29 @@ struct Cli {
     #[arg(long)]
     quick: bool,
     /// Instead: weir's dataplanes and the peers side by side on the largest world through
-    /// the API server (needs --kube-router).
+    /// the API server (needs --kube-router; --azure-npm adds Azure NPM).
     #[arg(long)]
     peers: bool,
     /// The kube-router binary (`cargo xtask peers` builds it).
     #[arg(long, requires = "peers")]
     kube_router: Option<PathBuf>,
+    /// The Azure NPM binary (`cargo xtask peers` builds it from its source archive), with
+    /// its ConfigMap `azure-npm.json` beside it.
+    #[arg(long, requires = "peers")]
+    azure_npm: Option<PathBuf>,
+    /// --peers: a peer's change not seen by the probe (or whose rules do not settle)
+    /// within this many seconds is reported as "over N s" and ends its kind's series.
+    #[arg(long, default_value_t = 60, requires = "peers")]
+    peer_change_limit: u64,
+    /// --peers: the world's policies (default: the full bench's largest world).
+    #[arg(long, requires = "peers")]
+    peer_policies: Option<usize>,
+    /// --peers: the world's remote pods (default: the full bench's).
+    #[arg(long, requires = "peers")]
+    peer_remote_pods: Option<usize>,
+    /// --peers: changes of each kind per enforcer (default: the full bench's).
+    #[arg(long, requires = "peers")]
+    peer_changes: Option<usize>,
     /// One of kube-router's flags (deploy/kube-router-flags); repeat for each.
     #[arg(
         long = "kube-router-arg",
@@ -87,10 +104,11 @@ struct Cli {
 }
 
 /// What `--peers` measures differently for a peer, which reports no convergence.
-fn peer_notes(versions: &str) -> Vec<String> {
+fn peer_notes(versions: &str, limit: Duration) -> Vec<String> {
     vec![
-        format!("peers ({versions}, deploy/peer-versions, built from the Go module proxy): every enforcer watches the same kube-apiserver world; a peer runs with the lab admin's credentials, in weir's place in the node's namespace, as its DaemonSet would (kube-router: --run-firewall only)"),
-        "a peer's cold start: from starting it to the instant its rules (iptables-save and ipset save in the node) last changed before standing still for 1 s; its convergence is probe-observed like weir's, and after each change the bench waits for its rules to stand still; a peer has no 'in the agent' share".into(),
+        format!("peers ({versions}, deploy/peer-versions; kube-router built from the Go module proxy, Azure NPM from its source archive): every enforcer watches the same kube-apiserver world; a peer runs with the lab admin's credentials, in weir's place in the node's namespace, as its DaemonSet would (kube-router: --run-firewall only; Azure NPM: `azure-npm start` with its Linux DaemonSet's ConfigMap, v2 dataplane on iptables and ipset, the lab's metadata stub and KUBE-IPTABLES-HINT chain)"),
+        "a peer's cold start: from starting it to the instant its rules (iptables-save and ipset save in the node) last changed before standing still for 1 s (kube-router, after a whole sync logged) or 1.5 s (Azure NPM, once it logged its start and jumps from FORWARD to AZURE-NPM); its convergence is probe-observed like weir's, and after each change the bench waits for its rules to stand still; a peer has no 'in the agent' share".into(),
+        format!("a peer's change limit: {0} s; a change the probe does not see within it is 'over {0} s' (it ranks above every measured change of its kind) and ends that kind's series, as does a change after which the peer's rules do not settle within it", limit.as_secs()),
         "memory of a peer: VmHWM of its process; ipset memory is every set in the node (only the peer's exist there)".into(),
     ]
 }
@@ -125,7 +143,10 @@ fn run(cli: Cli) -> Result<()> {
     }
     for (flag, binary) in [("--weir", Some(&cli.weir)), ("--lab", Some(&cli.lab))]
         .into_iter()
-        .chain([("--kube-router", cli.kube_router.as_ref())])
+        .chain([
+            ("--kube-router", cli.kube_router.as_ref()),
+            ("--azure-npm", cli.azure_npm.as_ref()),
+        ])
     {
         if let Some(binary) = binary.filter(|b| !b.is_file()) {
             bail!(
@@ -144,14 +165,32 @@ fn run(cli: Cli) -> Result<()> {
             args: cli.kube_router_args,
         }),
     };
+    if let Some(npm) = &cli.azure_npm {
+        let config = npm.with_file_name(agent::NPM_CONFIG);
+        if !config.is_file() {
+            bail!(
+                "--azure-npm: {} not found beside it (`cargo xtask peers --build-only` puts it there)",
+                config.display()
+            );
+        }
+    }
+    let azure_npm = cli.azure_npm.map(|binary| PeerBinary {
+        binary,
+        args: Vec::new(),
+    });
+    let peer_limit = Duration::from_secs(cli.peer_change_limit);
+    let mut scale = Scale::new(quick);
+    scale.resize_peers(cli.peer_policies, cli.peer_remote_pods, cli.peer_changes);
     netns::sweep_stale();
     let started = Instant::now();
     let env = Env {
         weir: cli.weir,
         lab: cli.lab,
         kube_router,
+        azure_npm,
+        peer_limit,
         run_dir: cli.run_dir,
-        scale: Scale::new(quick),
+        scale,
     };
     let mut report = Report {
         command: cli
@@ -168,10 +207,11 @@ fn run(cli: Cli) -> Result<()> {
             true => notes()
                 .into_iter()
                 .take(3)
-                .chain(peer_notes(&cli.peer_versions))
+                .chain(peer_notes(&cli.peer_versions, peer_limit))
                 .collect(),
             false => notes(),
         },
+        versions: versions(&cli.peer_versions),
         rows: Vec::new(),
     };
     match peers {
@@ -258,7 +298,7 @@ fn run_scenarios(env: &Env, report: &mut Report) {
     let (max, remote) = (scale.max_policies(), scale.remote_pods);
     let convergence = format!("convergence, {max} policies, {remote} remote pods");
     let memory = format!("memory, {max} policies, {remote} remote pods");
-    for &n in scale.policy_counts {
+    for &n in &scale.policy_counts {
         let datapath = format!("datapath, {n} policies, {remote} remote pods");
         progress(&datapath);
         let last = n == max;
@@ -343,7 +383,10 @@ fn run_peers(env: &Env, report: &mut Report) {
     let planned = [&datapath, &convergence, &memory];
     progress(&datapath);
     let world = || World::new(max, remote);
-    let enforcers = [Dataplane::Ebpf, Dataplane::Iptables, Dataplane::KubeRouter];
+    let mut enforcers = vec![Dataplane::Ebpf, Dataplane::Iptables, Dataplane::KubeRouter];
+    if env.azure_npm.is_some() {
+        enforcers.push(Dataplane::AzureNpm);
+    }
     let mut setups = datapath_setups(
         env,
         report,
@@ -385,7 +428,7 @@ fn converge_and_measure(
     for setup in setups.iter_mut().filter(|s| s.cold_start.is_some()) {
         progress(&format!("{convergence}: {}", setup.label()));
         report.rows.extend(cold_start_rows(convergence, setup));
-        let rows = setup.convergence_rows(env.scale.changes, convergence);
+        let rows = setup.convergence_rows(env.scale.changes, convergence, env.peer_limit);
         report
             .rows
             .extend(rows_or_failure(rows, convergence, setup.label()));
@@ -465,8 +508,30 @@ fn datapath_setups(
     setups
 }
 
-/// A dataplane that could not be started or did not enforce: one row per scenario.
+/// A dataplane that could not be started or did not enforce: one row per scenario. A peer
+/// whose cold start was over its limit is no failure: its convergence scenario says so,
+/// and the rest is not measured.
 fn unavailable(scenarios: &[&String], dp: Dataplane, e: &anyhow::Error) -> Vec<Row> {
+    if let Some(over) = e.downcast_ref::<OverLimit>() {
+        let mut rows = Vec::new();
+        for s in scenarios {
+            if s.contains("convergence") {
+                rows.push(Row::text(
+                    s,
+                    dp.as_str(),
+                    "cold start to converged",
+                    &over.value(),
+                ));
+            }
+            rows.push(Row::text(
+                s,
+                dp.as_str(),
+                "all figures",
+                &format!("not measured: {over}"),
+            ));
+        }
+        return rows;
+    }
     scenarios
         .iter()
         .map(|s| {
@@ -476,6 +541,17 @@ fn unavailable(scenarios: &[&String], dp: Dataplane, e: &anyhow::Error) -> Vec<R
                 "all figures",
                 format!("not available: {e:#}"),
             )
+        })
+        .collect()
+}
+
+/// `--peer-versions` ("kube-router v2.1.0, azure-npm v1.8.12") as the report's map from
+/// a peer's name to its version.
+fn versions(text: &str) -> std::collections::BTreeMap<String, String> {
+    text.split(',')
+        .filter_map(|p| {
+            let (name, version) = p.trim().split_once(' ')?;
+            Some((name.to_string(), version.trim().to_string()))
         })
         .collect()
 }

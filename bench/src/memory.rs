@@ -53,7 +53,7 @@ pub fn rows(
                 ));
             }
         }
-        Dataplane::Iptables | Dataplane::KubeRouter => {
+        Dataplane::Iptables | Dataplane::KubeRouter | Dataplane::AzureNpm => {
             // kube-router's sets have no common prefix: the node holds no others.
             let prefix = if dataplane.is_peer() { "" } else { "weir-" };
             let (sets, bytes) = ipset_memory(&topo.node, prefix)?;

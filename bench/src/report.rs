@@ -86,6 +86,9 @@ pub struct Report {
     pub seconds: f64,
     /// How to read the figures (printed under the table).
     pub notes: Vec<String>,
+    /// The peers measured and their versions (`--peers`), by name as the rows give it.
+    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub versions: std::collections::BTreeMap<String, String>,
     pub rows: Vec<Row>,
 }
 
@@ -196,6 +199,7 @@ mod tests {
             started_unix: 0,
             seconds: 0.0,
             notes: Vec::new(),
+            versions: Default::default(),
             rows,
         }
     }

@@ -5,7 +5,7 @@ use std::time::Duration;
 pub struct Scale {
     /// Datapath worlds, by number of policies; the last one is also the convergence and
     /// memory world.
-    pub policy_counts: &'static [usize],
+    pub policy_counts: Vec<usize>,
     pub remote_pods: usize,
     /// Datapath worlds with this many ClusterNetworkPolicies besides the largest number
     /// of policies: the programs' per-packet cost must not grow with them.
@@ -31,7 +31,7 @@ impl Scale {
     pub fn new(quick: bool) -> Self {
         if quick {
             Scale {
-                policy_counts: &[10],
+                policy_counts: vec![10],
                 remote_pods: 500,
                 cluster_policy_counts: &[10],
                 large_remote_pods: 2_000,
@@ -46,7 +46,7 @@ impl Scale {
             }
         } else {
             Scale {
-                policy_counts: &[10, 100, 1_000],
+                policy_counts: vec![10, 100, 1_000],
                 remote_pods: 20_000,
                 cluster_policy_counts: &[10, 100, 1_000],
                 large_remote_pods: 100_000,
@@ -60,6 +60,22 @@ impl Scale {
                 cold_start_timeout: Duration::from_secs(600),
             }
         }
+    }
+
+    /// `weir-bench --peers` on another world or with fewer changes than the full bench
+    /// (a peer that takes minutes per change would otherwise run for hours): the largest
+    /// world becomes `policies` policies and `remote_pods` remote pods.
+    pub fn resize_peers(
+        &mut self,
+        policies: Option<usize>,
+        remote_pods: Option<usize>,
+        changes: Option<usize>,
+    ) {
+        if let Some(p) = policies {
+            self.policy_counts = vec![p];
+        }
+        self.remote_pods = remote_pods.unwrap_or(self.remote_pods);
+        self.changes = changes.unwrap_or(self.changes);
     }
 
     pub fn max_policies(&self) -> usize {

@@ -25,9 +25,22 @@ pub struct Env {
     pub lab: PathBuf,
     /// `--peers`: kube-router, built by `cargo xtask peers`.
     pub kube_router: Option<PeerBinary>,
+    /// `--peers`: Azure NPM, built by `cargo xtask peers` from its source archive.
+    pub azure_npm: Option<PeerBinary>,
+    /// `--peers`: how long a peer's cold start, and each of its changes, may take before
+    /// the bench reports it as over the limit.
+    pub peer_limit: Duration,
     /// Where each setup keeps its manifests, status file and agent log.
     pub run_dir: PathBuf,
     pub scale: Scale,
+}
+
+impl Env {
+    /// A peer's cold start gets the scale's cold-start timeout, or the per-change limit
+    /// when that is longer.
+    pub fn peer_cold_start_limit(&self) -> Duration {
+        self.scale.cold_start_timeout.max(self.peer_limit)
+    }
 }
 
 /// One bench node. Fields drop in order: the agent stops before its node goes away.
@@ -82,17 +95,19 @@ impl Setup {
         let topo = Topology::create(tag)?;
         let servers = Servers::start(&topo.server)?;
         let dir = env.run_dir.join(tag);
+        let peer = match dataplane {
+            Dataplane::KubeRouter => env.kube_router.as_ref(),
+            Dataplane::AzureNpm => env.azure_npm.as_ref(),
+            _ => None,
+        };
         let (mut agent, started) = Agent::start(
-            &env.weir,
-            &env.lab,
-            env.kube_router.as_ref(),
-            &topo.node,
-            &dir,
-            dataplane,
-            &world,
-            source,
+            &env.weir, &env.lab, peer, &topo.node, &dir, dataplane, &world, source,
         )?;
-        let converged = agent.wait_converged(env.scale.cold_start_timeout)?;
+        let timeout = match dataplane.is_peer() {
+            true => env.peer_cold_start_limit(),
+            false => env.scale.cold_start_timeout,
+        };
+        let converged = agent.wait_converged(timeout)?;
         let startup_phases = agent.startup_phases().map_err(|e| format!("{e:#}"));
         let setup = Setup {
             agent: Some(agent),
@@ -132,10 +147,23 @@ impl Setup {
         Ok(())
     }
 
-    pub fn convergence_rows(&mut self, changes: usize, scenario: &str) -> Result<Vec<Row>> {
+    pub fn convergence_rows(
+        &mut self,
+        changes: usize,
+        scenario: &str,
+        limit: Duration,
+    ) -> Result<Vec<Row>> {
         let label = self.label();
         let agent = self.agent.as_mut().expect("an enforcing setup");
-        convergence::changes(&self.topo, agent, &mut self.world, changes, scenario, label)
+        convergence::changes(
+            &self.topo,
+            agent,
+            &mut self.world,
+            changes,
+            scenario,
+            label,
+            limit,
+        )
     }
 
     pub fn memory_rows(&self, scenario: &str) -> Result<Vec<Row>> {

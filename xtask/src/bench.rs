@@ -8,7 +8,17 @@ use anyhow::{Context, Result};
 
 use crate::cmd::{cargo, exec, workspace_root};
 
-pub fn run(quick: bool, peers: bool) -> Result<()> {
+/// `--peers` and how its world and limits differ from the full bench's (None: as
+/// weir-bench's defaults).
+pub struct PeerRun {
+    pub change_limit: Option<u64>,
+    pub policies: Option<usize>,
+    pub remote_pods: Option<usize>,
+    pub changes: Option<usize>,
+}
+
+pub fn run(quick: bool, peer_run: Option<PeerRun>) -> Result<()> {
+    let peers = peer_run.is_some();
     // The full bench measures the release build; the quick run, inside `cargo xtask test`,
     // the debug build that the tests use.
     let profile = if quick { "debug" } else { "release" };
@@ -18,11 +28,29 @@ pub fn run(quick: bool, peers: bool) -> Result<()> {
     exec(cargo().args(["build", "--package", "weir-bench", "--bin", "weir-bench"]))?;
     let root = workspace_root();
     let bins = root.join("target").join(profile);
-    let command = format!(
+    let mut command = format!(
         "cargo xtask bench{}{}",
         if quick { " --quick" } else { "" },
         if peers { " --peers" } else { "" }
     );
+    // The options given, for weir-bench and as the report records the command.
+    let mut peer_options = Vec::new();
+    if let Some(p) = &peer_run {
+        for (flag, value) in [
+            ("--peer-change-limit", p.change_limit.map(|v| v as usize)),
+            ("--peer-policies", p.policies),
+            ("--peer-remote-pods", p.remote_pods),
+            ("--peer-changes", p.changes),
+        ] {
+            if let Some(v) = value {
+                peer_options.push(format!("{flag}={v}"));
+            }
+        }
+    }
+    for option in &peer_options {
+        command.push(' ');
+        command.push_str(option);
+    }
     let mut bench = Command::new(root.join("target/debug/weir-bench"));
     bench
         .arg("--weir")
@@ -41,19 +69,32 @@ pub fn run(quick: bool, peers: bool) -> Result<()> {
         bench.arg("--quick");
     }
     if peers {
-        let versions = crate::peers::pinned()?
+        // Each peer's default version (its first line in deploy/peer-versions).
+        let default = |name: &str| -> Result<crate::peers::Peer> {
+            crate::peers::pinned()?
+                .into_iter()
+                .find(|p| p.name == name)
+                .with_context(|| format!("deploy/peer-versions pins no {name}"))
+        };
+        let (kube_router, npm) = (default("kube-router")?, default("azure-npm")?);
+        let wanted = [
+            format!("kube-router@{}", kube_router.version),
+            format!("azure-npm@{}", npm.version),
+        ];
+        crate::peers::ensure(Some(&[&wanted[0], &wanted[1]]))?;
+        let versions = [&kube_router, &npm]
             .iter()
             .map(|p| format!("{} {}", p.name, p.version))
             .collect::<Vec<_>>()
             .join(", ");
-        let kube_router = crate::peers::ensure(Some(&["kube-router"]))?
-            .pop()
-            .context("deploy/peer-versions pins no kube-router")?;
         bench
             .arg("--peers")
             .arg("--kube-router")
             .arg(kube_router.binary())
-            .args(["--peer-versions", &versions]);
+            .arg("--azure-npm")
+            .arg(npm.binary())
+            .args(["--peer-versions", &versions])
+            .args(&peer_options);
         for flag in crate::peers::kube_router_flags()? {
             bench.arg(format!("--kube-router-arg={flag}"));
         }

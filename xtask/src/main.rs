@@ -183,6 +183,20 @@ enum Command {
         /// datapath ratios, cold start, convergence, memory; writes target/bench/peers.json.
         #[arg(long)]
         peers: bool,
+        /// --peers: seconds a peer's change (or its rules settling after it) may take
+        /// before it is reported as over the limit (Azure NPM takes minutes per change at
+        /// hundreds of policies).
+        #[arg(long, requires = "peers")]
+        peer_change_limit: Option<u64>,
+        /// --peers: the world's policies instead of the full bench's 1,000.
+        #[arg(long, requires = "peers")]
+        peer_policies: Option<usize>,
+        /// --peers: the world's remote pods instead of the full bench's 20,000.
+        #[arg(long, requires = "peers")]
+        peer_remote_pods: Option<usize>,
+        /// --peers: changes of each kind per enforcer instead of the full bench's 25.
+        #[arg(long, requires = "peers")]
+        peer_changes: Option<usize>,
     },
 }
 
@@ -224,7 +238,22 @@ fn main() {
             true => demo::seed_incident(),
             false => demo::run(&dataplane),
         },
-        Command::Bench { quick, peers } => bench::run(quick, peers),
+        Command::Bench {
+            quick,
+            peers,
+            peer_change_limit,
+            peer_policies,
+            peer_remote_pods,
+            peer_changes,
+        } => bench::run(
+            quick,
+            peers.then_some(bench::PeerRun {
+                change_limit: peer_change_limit,
+                policies: peer_policies,
+                remote_pods: peer_remote_pods,
+                changes: peer_changes,
+            }),
+        ),
         Command::Peers { build_only, only } => peers::run(build_only, &only),
         Command::Cluster { build_only } => cluster::run(build_only),
         Command::Kernels {

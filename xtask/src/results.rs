@@ -23,7 +23,7 @@ use serde_json::Value;
 use crate::cmd::workspace_root;
 
 /// The documents whose tables are made from data.
-const DOCUMENTS: &[&str] = &["docs/performance.md", "docs/kernels.md"];
+const DOCUMENTS: &[&str] = &["docs/performance.md", "docs/kernels.md", "docs/peers.md"];
 
 /// The tables a document can ask for, and what each is made of.
 pub const TABLES: &[(&str, &str)] = &[
@@ -42,6 +42,10 @@ pub const TABLES: &[(&str, &str)] = &[
     (
         "memory-large",
         "bench: cold start and memory of the larger memory world",
+    ),
+    (
+        "peers",
+        "bench --peers: weir's dataplanes and each peer (with its version) side by side: cold start, each change kind's p50 / p99, peak RSS, datapath ratios",
     ),
     ("kernels", "kernels: group × kernel, passed tests and time"),
 ];
@@ -125,6 +129,7 @@ fn make(table: &str, data: &Value) -> Result<String> {
         "cluster-datapath" => datapath(report, true),
         "convergence" => convergence(report),
         "memory-large" => memory_large(report),
+        "peers" => peers(report),
         "kernels" => kernels(data),
         other => bail!(
             "no table {other}; one of {}",
@@ -463,6 +468,119 @@ fn memory_large(report: &Value) -> Result<String> {
     Ok(out)
 }
 
+/// A peers report's cell: a number as the tables print it, a word the bench wrote (a
+/// change "over N s"; "not measured" without its reason, which the JSON keeps), "–"
+/// when there is no row, "ERROR" for a failed one.
+/// An enforcer with no figures has one row, "all figures", that says why: every cell of
+/// its column says it too.
+fn peer_cell(rows: &Rows, s: &str, dp: &str, figure: &str) -> String {
+    match rows
+        .find(s, dp, figure)
+        .or_else(|| rows.find(s, dp, "all figures"))
+    {
+        Some(r) if r["error"].is_string() => "ERROR".into(),
+        Some(r) => match (&r["value"], r["value"].as_f64()) {
+            (_, Some(v)) => number(v),
+            (Value::String(text), None) => match text.split_once(':') {
+                Some((head, _)) if head == "not measured" => head.to_string(),
+                _ => text.clone(),
+            },
+            _ => "–".into(),
+        },
+        None => "–".into(),
+    }
+}
+
+/// The column heading of an enforcer in the peers table: weir's dataplanes, or a peer
+/// with the version the report gives it.
+fn enforcer_heading(report: &Value, dp: &str) -> String {
+    let name = match dp {
+        "ebpf" => return "weir eBPF".into(),
+        "iptables" => return "weir iptables".into(),
+        "azure-npm" => "Azure NPM",
+        other => other,
+    };
+    match report["versions"][dp].as_str() {
+        Some(version) => format!("{name} {version}"),
+        None => name.to_string(),
+    }
+}
+
+fn peers(report: &Value) -> Result<String> {
+    let rows = Rows::of(report)?;
+    let scenario = |prefix: &str| {
+        rows.scenarios()
+            .into_iter()
+            .find(|s| s.starts_with(prefix))
+            .with_context(|| format!("the report has no `{prefix}...` scenario"))
+    };
+    let (datapath, convergence, memory) = (
+        scenario("peers: datapath, ")?,
+        scenario("peers: convergence, ")?,
+        scenario("peers: memory, ")?,
+    );
+    // Those measured first, in the report's order; those not measured at all last.
+    let mut dps: Vec<&str> = rows.dataplanes(convergence);
+    dps.sort_by_key(|dp| rows.find(convergence, dp, "all figures").is_some());
+    let (pods, policies) = world(convergence.trim_start_matches("peers: "))
+        .with_context(|| format!("{convergence}: no world in its name"))?;
+    let mut out = format!(
+        "| {} pods, {} policies | {} |\n|---|{}\n",
+        thousands(pods),
+        thousands(policies),
+        dps.iter()
+            .map(|dp| enforcer_heading(report, dp))
+            .collect::<Vec<_>>()
+            .join(" | "),
+        "---|".repeat(dps.len())
+    );
+    out += &line(
+        "cold start, ms",
+        dps.iter()
+            .map(|dp| peer_cell(&rows, convergence, dp, "cold start to converged")),
+    );
+    for kind in KINDS {
+        if dps
+            .iter()
+            .all(|dp| rows.find(convergence, dp, &format!("{kind} p50")).is_none())
+        {
+            continue;
+        }
+        out += &line(
+            &format!("{kind} p50 / p99, ms"),
+            dps.iter().map(|dp| {
+                let p50 = peer_cell(&rows, convergence, dp, &format!("{kind} p50"));
+                match rows.find(convergence, dp, &format!("{kind} p99")) {
+                    Some(_) => {
+                        let p99 = peer_cell(&rows, convergence, dp, &format!("{kind} p99"));
+                        format!("{p50} / {p99}")
+                    }
+                    None => p50,
+                }
+            }),
+        );
+    }
+    out += &line(
+        "peak RSS, MiB",
+        dps.iter()
+            .map(|dp| peer_cell(&rows, memory, dp, "agent peak RSS")),
+    );
+    for (label, figure) in [
+        ("TCP throughput", "TCP throughput"),
+        ("RR latency p50", "RR latency p50"),
+        ("CRR latency p50", "CRR latency p50"),
+    ] {
+        out += &line(
+            &format!("{label}, × no enforcement"),
+            dps.iter().map(|dp| match rows.find(datapath, dp, figure) {
+                Some(_) => rows.ratio(datapath, dp, figure),
+                None => peer_cell(&rows, datapath, dp, figure),
+            }),
+        );
+    }
+    Ok(out)
+}
+
 /// `cargo xtask kernels`' result for one group, as a table cell.
 fn kernel_cell(g: &Value) -> String {
     if let Some(why) = g["not_applicable"].as_str() {
@@ -581,6 +699,71 @@ mod tests {
              |---|---|---|---|---|\n\
              | 1,000 | none | 16.9 Gbit/s | 5.22 / 6.38 µs | 28.7 / 1,561 µs |\n\
              | 1,000 | ebpf | 1.20× | 1.20× / 1.20× | 1.20× / 1.20× |\n"
+        );
+    }
+
+    #[test]
+    fn a_peers_table_names_the_versions_and_says_over_the_limit() {
+        let (d, c, m) = (
+            "peers: datapath, 100 policies, 2000 remote pods",
+            "peers: convergence, 100 policies, 2000 remote pods",
+            "peers: memory, 100 policies, 2000 remote pods",
+        );
+        let rows = vec![
+            row(d, "ebpf", "RR latency p50", json!(6.0), Some(1.2)),
+            row(d, "azure-npm", "RR latency p50", json!(7.0), Some(1.4)),
+            row(c, "ebpf", "cold start to converged", json!(1048.2), None),
+            row(c, "ebpf", "policy create p50 (n=5)", json!(10.0), None),
+            row(c, "ebpf", "policy create p99 (n=5)", json!(19.0), None),
+            row(
+                c,
+                "azure-npm",
+                "cold start to converged",
+                json!(42000.0),
+                None,
+            ),
+            row(
+                c,
+                "azure-npm",
+                "policy create p50 (n=1)",
+                json!("over 30 s"),
+                None,
+            ),
+            row(
+                c,
+                "azure-npm",
+                "policy create p99 (n=1)",
+                json!("over 30 s"),
+                None,
+            ),
+            row(
+                c,
+                "azure-npm",
+                "pod label change p50",
+                json!("not measured: why"),
+                None,
+            ),
+            row(m, "ebpf", "agent peak RSS (VmHWM)", json!(105.0), None),
+            row(m, "azure-npm", "agent peak RSS (VmHWM)", json!(250.0), None),
+            row(
+                c,
+                "knp",
+                "all figures",
+                json!("not measured: no queue"),
+                None,
+            ),
+        ];
+        let report = json!({"versions": {"azure-npm": "v1.8.12"}, "rows": rows});
+        assert_eq!(
+            peers(&report).expect("a table"),
+            "| 2,000 pods, 100 policies | weir eBPF | Azure NPM v1.8.12 | knp |\n|---|---|---|---|\n\
+             | cold start, ms | 1,048 | 42,000 | not measured |\n\
+             | policy create p50 / p99, ms | 10 / 19 | over 30 s / over 30 s | not measured |\n\
+             | pod label change p50 / p99, ms | – | not measured | not measured |\n\
+             | peak RSS, MiB | 105 | 250 | – |\n\
+             | TCP throughput, × no enforcement | – | – | – |\n\
+             | RR latency p50, × no enforcement | 1.20× | 1.40× | – |\n\
+             | CRR latency p50, × no enforcement | – | – | – |\n"
         );
     }
 

@@ -207,7 +207,7 @@ pub fn run() -> Result<()> {
 
     // The bench cannot rot: its quick run measures every scenario on the real kernel.
     steps.start("bench (quick)");
-    let bench = crate::bench::run(true, false);
+    let bench = crate::bench::run(true, None);
     let bench_host_guard = crate::host_guard::snapshot().and_then(|after| {
         crate::host_guard::check_unchanged(&host_before, &after, "the quick bench")
     });
