@@ -381,13 +381,13 @@ fn judge_deferred(
 ) -> Deferred {
     if !matches!(packet::parse(ctx, pkt), Ok(Frame::Ip)) {
         // Only an IP packet from a pod is ever marked.
-        let v = Reporter {
-            ifindex,
-            endpoint_id: client,
-            direction: Direction::Egress,
-            identity: 0,
-        };
-        v.drop(ctx, &pkt.tuple, COUNTER_MALFORMED, Reason::Malformed, now);
+        Reporter::client(ifindex, client).drop(
+            ctx,
+            &pkt.tuple,
+            COUNTER_MALFORMED,
+            Reason::Malformed,
+            now,
+        );
         return Deferred::Drop;
     }
     judge_deferred_parsed(ctx, ifindex, client, isolated, pkt, now)
@@ -403,12 +403,7 @@ fn judge_deferred_parsed(
     pkt: &mut Packet,
     now: u64,
 ) -> Deferred {
-    let mut v = Reporter {
-        ifindex,
-        endpoint_id: client,
-        direction: Direction::Egress,
-        identity: 0,
-    };
+    let mut v = Reporter::client(ifindex, client);
     // Masqueraded (a nodePort, a hairpin): the client's own address of the family.
     let original_source = unsafe { WEIR_ENDPOINT_BY_ID.get(&client) }.and_then(|c| {
         let own = if pkt.tuple.family == 4 {
@@ -774,6 +769,17 @@ struct Reporter {
 }
 
 impl Reporter {
+    /// A deferred packet's client's egress, reported at the interface it reached.
+    #[inline(always)]
+    fn client(ifindex: u32, client: u32) -> Reporter {
+        Reporter {
+            ifindex,
+            endpoint_id: client,
+            direction: Direction::Egress,
+            identity: 0,
+        }
+    }
+
     #[inline(always)]
     fn allow(&self, ctx: &SkBuff, t: &Tuple, counter: u32, reason: Reason) -> i32 {
         // An audit rule's allow is a would-be drop: always reported.

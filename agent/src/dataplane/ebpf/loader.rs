@@ -5,8 +5,8 @@ use std::path::{Path, PathBuf};
 
 use aya::{
     maps::{HashMap, LpmTrie, Map, MapData, PerCpuArray},
-    programs::{SchedClassifier, SocketFilter},
-    EbpfLoader,
+    programs::{Program, SchedClassifier},
+    Ebpf, EbpfLoader,
 };
 use weir_common::{
     map_names, program_names, Counter, EndpointInfo, IdentityKey, PolicyKey, ServiceKey,
@@ -223,40 +223,36 @@ pub fn load_and_pin_into(
         detail: load_error(&source, &memlock),
         source: Box::new(source),
     })?;
-    for name in [program_names::FROM_POD, program_names::TO_POD] {
-        let prog: &mut SchedClassifier = ebpf
-            .program_mut(name)
-            .ok_or(DataplaneError::MissingProgram(name))?
-            .try_into()
-            .map_err(|e| DataplaneError::program(format!("program {name}"), e))?;
-        load_retrying(name, || prog.load())
-            .map_err(|e| DataplaneError::program(format!("verifier rejected {name}"), e))?;
-        pin_program(progs, name, |p| prog.pin(p))?;
+    for name in program_names::ALL {
+        let prog = load_program(&mut ebpf, name).map_err(|e| match e {
+            None => DataplaneError::MissingProgram(name),
+            Some(e) => DataplaneError::program(format!("verifier rejected {name}"), e),
+        })?;
+        let path = progs.join(name);
+        let _ = std::fs::remove_file(&path);
+        prog.pin(&path).map_err(|source| DataplaneError::Pin {
+            context: format!("pin {name} at {}", path.display()),
+            source: Box::new(source),
+        })?;
     }
-    let name = program_names::DEFERRED_TO_NODE;
-    let prog: &mut SocketFilter = ebpf
-        .program_mut(name)
-        .ok_or(DataplaneError::MissingProgram(name))?
-        .try_into()
-        .map_err(|e| DataplaneError::program(format!("program {name}"), e))?;
-    load_retrying(name, || prog.load())
-        .map_err(|e| DataplaneError::program(format!("verifier rejected {name}"), e))?;
-    pin_program(progs, name, |p| prog.pin(p))?;
     Ok(())
 }
 
-/// Pins a loaded program as `progs/name`, replacing an older pin.
-fn pin_program(
-    progs: &Path,
-    name: &str,
-    pin: impl FnOnce(&Path) -> Result<(), aya::pin::PinError>,
-) -> Result<(), DataplaneError> {
-    let path = progs.join(name);
-    let _ = std::fs::remove_file(&path);
-    pin(&path).map_err(|source| DataplaneError::Pin {
-        context: format!("pin {name} at {}", path.display()),
-        source: Box::new(source),
-    })
+/// Loads program `name` of `ebpf` (the verifier's verdict) as its type is loaded: the TC
+/// classifiers and the socket filter the iptables `bpf` match runs. `Err(None)`: the object
+/// has no such program of those types; `Err(Some)`: the kernel refused it.
+pub(crate) fn load_program<'a>(
+    ebpf: &'a mut Ebpf,
+    name: &'static str,
+) -> Result<&'a mut Program, Option<aya::programs::ProgramError>> {
+    let prog = ebpf.program_mut(name).ok_or(None)?;
+    let loaded = match prog {
+        Program::SchedClassifier(p) => load_retrying(name, || p.load()),
+        Program::SocketFilter(p) => load_retrying(name, || p.load()),
+        _ => return Err(None),
+    };
+    loaded.map_err(Some)?;
+    Ok(prog)
 }
 
 /// aya-log's level numbers: 0 is off, 4 is debug.

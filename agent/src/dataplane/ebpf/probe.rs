@@ -3,7 +3,7 @@
 
 use aya::{
     maps::MapType,
-    programs::{ProgramType, SchedClassifier},
+    programs::ProgramType,
     sys::{is_map_supported, is_program_supported},
     util::KernelVersion,
     EbpfLoader,
@@ -81,31 +81,15 @@ fn verifier_accepts() -> Result<(), String> {
                     super::loader::load_error(&e, &memlock)
                 )
             })?;
-        for name in [program_names::FROM_POD, program_names::TO_POD] {
-            let prog: &mut SchedClassifier = ebpf
-                .program_mut(name)
-                .ok_or_else(|| format!("program {name} missing"))?
-                .try_into()
-                .map_err(|e| format!("program {name}: {e}"))?;
-            super::loader::load_retrying(name, || prog.load()).map_err(|e| {
-                format!(
+        for name in program_names::ALL {
+            super::loader::load_program(&mut ebpf, name).map_err(|e| match e {
+                None => format!("program {name} missing"),
+                Some(e) => format!(
                     "verifier rejected {name}: {}",
                     super::loader::verifier_message(&e)
-                )
+                ),
             })?;
         }
-        let name = program_names::DEFERRED_TO_NODE;
-        let prog: &mut aya::programs::SocketFilter = ebpf
-            .program_mut(name)
-            .ok_or_else(|| format!("program {name} missing"))?
-            .try_into()
-            .map_err(|e| format!("program {name}: {e}"))?;
-        super::loader::load_retrying(name, || prog.load()).map_err(|e| {
-            format!(
-                "verifier rejected {name}: {}",
-                super::loader::verifier_message(&e)
-            )
-        })?;
         Ok(())
     })();
     let _ = std::fs::remove_dir_all(&scratch.root);
