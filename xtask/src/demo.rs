@@ -27,12 +27,13 @@ pub fn seed_incident() -> Result<()> {
         "test",
         "--package",
         "weir-tests",
+        // The migration off a running v1.8.12 too.
+        "--features",
+        "npm-migration",
         "--test",
         "npm_seed_incident",
         "--",
         "--nocapture",
-        // The migration off a running v1.8.12 too.
-        "--include-ignored",
         "--test-threads=1",
     ]))
     .context("the seed incident")
