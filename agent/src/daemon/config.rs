@@ -195,6 +195,15 @@ pub struct AgentArgs {
     #[arg(long, env = "WEIR_EBPF_ATTACH", value_enum, default_value_t = AttachChoice::Auto)]
     pub ebpf_attach: AttachChoice,
 
+    /// Entries of the eBPF dataplane's IDENTITY trie: every distinct address prefix that
+    /// policies name (each pod's addresses, ipBlocks and their excepts, node addresses).
+    /// When they do not all fit, the prefixes left out are reported, and the pod
+    /// directions that would misjudge their addresses deny every peer until they fit.
+    /// A changed size replaces the pinned maps on the next start (enforcement continues
+    /// on the old ones until the new are filled).
+    #[arg(long, env = "WEIR_EBPF_IDENTITY_ENTRIES", value_name = "N", default_value_t = crate::dataplane::ebpf::DEFAULT_IDENTITY_ENTRIES, value_parser = clap::value_parser!(u32).range(16..))]
+    pub ebpf_identity_entries: u32,
+
     /// Which iptables backend the iptables dataplane writes. auto: the one the node's
     /// other rules use (kubelet's and kube-proxy's chains; nft when there are none).
     /// legacy or nft forces it: weir's rules then live where the others may not look.

@@ -20,6 +20,8 @@ pub struct NodeBackends {
     attach_mode: Option<AttachMode>,
     /// None: detected.
     iptables_backend: Option<Backend>,
+    /// Entries of the IDENTITY trie (`--ebpf-identity-entries`).
+    identity_entries: u32,
     /// The eBPF programs loading while the cluster is listed ([`NodeBackends::preload_ebpf`]).
     preload: std::sync::Mutex<Option<ebpf::Preload>>,
 }
@@ -32,6 +34,7 @@ impl NodeBackends {
             pod_netns_dir: crate::dataplane::pod_ports::DEFAULT_POD_NETNS_DIR.into(),
             attach_mode: None,
             iptables_backend: None,
+            identity_entries: ebpf::DEFAULT_IDENTITY_ENTRIES,
             preload: std::sync::Mutex::new(None),
         }
     }
@@ -51,6 +54,7 @@ impl NodeBackends {
             pod_netns_dir: self.pod_netns_dir.clone(),
             attach_mode: self.attach_mode,
             iptables_backend: self.iptables_backend,
+            identity_entries: self.identity_entries,
             ..Default::default()
         }
     }
@@ -63,6 +67,12 @@ impl NodeBackends {
     ) -> Self {
         self.attach_mode = attach_mode;
         self.iptables_backend = iptables_backend;
+        self
+    }
+
+    /// `--ebpf-identity-entries`.
+    pub fn with_identity_entries(mut self, entries: u32) -> Self {
+        self.identity_entries = entries;
         self
     }
 

@@ -9,6 +9,9 @@ use crate::dataplane::new_pods::NewPodIsolation;
 
 pub const DEFAULT_PIN_ROOT: &str = "/sys/fs/bpf/weir";
 
+/// Entries of the IDENTITY trie unless `--ebpf-identity-entries` says otherwise.
+pub const DEFAULT_IDENTITY_ENTRIES: u32 = 1 << 20;
+
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct EbpfConfig {
     /// Directory on bpffs for maps, programs, links and the records that name them.
@@ -63,7 +66,7 @@ impl Default for EbpfConfig {
             pin_root: PathBuf::from(DEFAULT_PIN_ROOT),
             // LPM tries are never preallocated: capacity costs nothing until used, and
             // 100,000 remote pods need more than 65,536 prefixes.
-            identity_entries: 1 << 20,
+            identity_entries: DEFAULT_IDENTITY_ENTRIES,
             endpoint_entries: 4096,
             policy_entries: 65536,
             ct_entries: 262144,

@@ -102,7 +102,7 @@ pub fn allows(value: u32) -> bool {
     value != 0 && value & weir_common::TIER_DENY_BIT == 0
 }
 
-fn direction_name(code: u8) -> &'static str {
+pub fn direction_name(code: u8) -> &'static str {
     match code {
         c if c == weir_common::Direction::Egress as u8 => "egress",
         _ => "ingress",
@@ -273,7 +273,7 @@ impl KernelState {
 
     /// Removes the allowing POLICY entries of `group`: with none left, the isolated
     /// direction's lookups end in a miss or a deny, whatever identity the peer has.
-    fn close_group(
+    pub fn close_group(
         &mut self,
         maps: &mut Maps,
         group: PolicyGroup,
@@ -318,24 +318,31 @@ impl KernelState {
         }
     }
 
+    /// Writes the IDENTITY prefixes `want` adds or changes; returns those the kernel
+    /// refused, with the id each should have (their failures are in `errors`).
     pub fn upsert_identity(
         &mut self,
         maps: &mut Maps,
         want: &KernelState,
         errors: &mut Vec<ObjectError>,
-    ) {
+    ) -> BTreeMap<Prefix, u32> {
         let todo: Vec<_> = changed(&self.identity, &want.identity)
             .map(|(k, v)| (*k, *v))
             .collect();
+        let mut refused = BTreeMap::new();
         for (prefix, id) in todo {
             let (key, len) = prefix.trie_key();
             match maps.identity.insert(&Key::new(len, key), id, 0) {
                 Ok(()) => {
                     self.identity.insert(prefix, id);
                 }
-                Err(e) => errors.push(failure(identity_object(&prefix), e)),
+                Err(e) => {
+                    errors.push(failure(identity_object(&prefix), e));
+                    refused.insert(prefix, id);
+                }
             }
         }
+        refused
     }
 
     pub fn delete_identity(
@@ -612,7 +619,7 @@ fn local_object(key: &IdentityKey) -> String {
     )
 }
 
-fn identity_object(p: &Prefix) -> String {
+pub fn identity_object(p: &Prefix) -> String {
     let addr = std::net::Ipv6Addr::from(p.addr);
     let shown = match addr.to_ipv4_mapped() {
         Some(v4) if p.len >= 96 => format!("{v4}/{}", p.len - 96),

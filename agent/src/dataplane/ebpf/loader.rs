@@ -32,6 +32,8 @@ pub struct Maps {
     pub policy: LpmTrie<MapData, PolicyKey, u32>,
     /// POLICY's max_entries (`None`: unreadable), which its writes are planned against.
     pub policy_capacity: Option<u32>,
+    /// IDENTITY's max_entries (`None`: unreadable), likewise.
+    pub identity_capacity: Option<u32>,
     pub counters: PerCpuArray<MapData, Counter>,
     pub records: RecordsMap,
 }
@@ -348,6 +350,14 @@ macro_rules! typed {
     };
 }
 
+/// The max_entries of the map pinned at `pin`, if it can be read.
+fn pinned_max_entries(pin: &std::path::Path) -> Option<u32> {
+    MapData::from_pin(pin)
+        .ok()
+        .and_then(|m| m.info().ok())
+        .map(|i| i.max_entries())
+}
+
 impl Maps {
     /// Opens the maps, each at the pin `path` gives for its name.
     pub fn open(path: impl Fn(&str) -> PathBuf) -> Result<Maps, DataplaneError> {
@@ -358,10 +368,8 @@ impl Maps {
             service: typed!(path, map_names::SERVICE),
             endpoint_by_id: typed!(path, map_names::ENDPOINT_BY_ID),
             policy: typed!(path, map_names::POLICY),
-            policy_capacity: MapData::from_pin(path(map_names::POLICY))
-                .ok()
-                .and_then(|m| m.info().ok())
-                .map(|i| i.max_entries()),
+            policy_capacity: pinned_max_entries(&path(map_names::POLICY)),
+            identity_capacity: pinned_max_entries(&path(map_names::IDENTITY)),
             counters: typed!(path, map_names::COUNTERS),
             records: typed!(path, map_names::RECORDS),
         })

@@ -33,6 +33,7 @@ mod flow_state;
 mod hooks;
 mod identities;
 mod identity_index;
+mod identity_room;
 mod kernel_state;
 mod link_watch;
 mod loader;
@@ -54,7 +55,7 @@ use weir_common::{
 };
 
 pub use attach::tcx_missing;
-pub use config::{EbpfConfig, DEFAULT_PIN_ROOT};
+pub use config::{EbpfConfig, DEFAULT_IDENTITY_ENTRIES, DEFAULT_PIN_ROOT};
 pub use hooks::{AttachMode, Role, PENDING_ENDPOINT_ID};
 pub use loader::{Preload, OBJECT as EMBEDDED_OBJECT};
 pub use migrate::{expected as expected_map_shapes, Shape as MapShape};
@@ -99,6 +100,9 @@ pub struct EbpfDataplane {
     pod_netns_dir: std::path::PathBuf,
     /// Whether the endpoint records were checked for bridges since the start.
     records_checked_for_bridges: std::cell::Cell<bool>,
+    /// Pod directions held closed because an IDENTITY prefix they tell apart had no room
+    /// (see `identity_room`): they open only after it is written.
+    held_for_identity: BTreeSet<kernel_state::PolicyGroup>,
     _link_watch: Option<link_watch::LinkWatch>,
     /// The node's iptables backend, which holds `deferred_to_node`'s chain.
     iptables_backend: crate::netfilter::backend::Backend,
@@ -246,6 +250,7 @@ impl EbpfDataplane {
             isolator,
             pod_netns_dir: config.pod_netns_dir.clone(),
             records_checked_for_bridges: std::cell::Cell::new(false),
+            held_for_identity: BTreeSet::new(),
             _link_watch: link_watch,
             iptables_backend: config
                 .iptables_backend
@@ -581,7 +586,7 @@ impl EbpfDataplane {
                 owner.get(&id).map_or("?", String::as_str)
             )
         };
-        let closed = self.write_additions(&target, &name_policy, &mut failures);
+        let (target, closed) = self.write_additions(&target, &name_policy, &mut failures);
         let attached = self.attach_placed(&placed, &target, &mut failures);
         let left = self.detach_stale(attached, &pending.turned_pending, &mut failures);
         self.converge_leaving(&target, &mut failures);
@@ -698,25 +703,150 @@ impl EbpfDataplane {
     }
 
     /// New and changed entries, before any attach: POLICY, IDENTITY, ENDPOINT and the
-    /// maps the Service path reads. Returns the pod directions whose POLICY entries did
-    /// not fit (closed), with their failures.
+    /// maps the Service path reads. IDENTITY's new prefixes are planned against its
+    /// room (see `identity_room`): the directions a prefix left out would misjudge are
+    /// held closed before anything is written, and those that can open again open only
+    /// after their prefixes are written. Returns the target as written (without what is
+    /// held) and the pod directions whose POLICY entries did not fit (closed), with
+    /// their failures.
     fn write_additions(
         &mut self,
         target: &KernelState,
         name_policy: &dyn Fn(&policy_map::PolicyEntry) -> String,
         errors: &mut Vec<ObjectError>,
-    ) -> BTreeMap<kernel_state::PolicyGroup, ObjectError> {
-        let closed = self
+    ) -> (
+        KernelState,
+        BTreeMap<kernel_state::PolicyGroup, ObjectError>,
+    ) {
+        // First pass: the prefixes that fit now, every held direction still closed.
+        let room = identity_room::plan_identity_room(&self.kernel, target, self.identity_room());
+        let mut holding = room.held.keys().copied().collect::<BTreeSet<_>>();
+        holding.extend(&self.held_for_identity);
+        self.hold(&holding, name_policy, errors);
+        let staged = room.staged(target, &holding);
+        let mut closed = self
             .kernel
-            .upsert_policy(&mut self.maps, target, name_policy, errors);
-        self.kernel.upsert_identity(&mut self.maps, target, errors);
-        self.kernel.delete_identity(&mut self.maps, target, errors);
-        self.kernel.upsert_endpoint(&mut self.maps, target, errors);
-        self.kernel.upsert_local(&mut self.maps, target, errors);
-        self.kernel.upsert_service(&mut self.maps, target, errors);
+            .upsert_policy(&mut self.maps, &staged, name_policy, errors);
+        self.kernel.upsert_identity(&mut self.maps, &staged, errors);
+        self.kernel.delete_identity(&mut self.maps, &staged, errors);
+        // Second pass, with the room the removals made: the prefixes left out are
+        // written, then the directions no longer held open.
+        let mut room =
+            identity_room::plan_identity_room(&self.kernel, target, self.identity_room());
+        let mut staged = room.staged(target, &BTreeSet::new());
+        let held_now: BTreeSet<_> = room.held.keys().copied().collect();
+        self.hold(&held_now, name_policy, errors);
+        // (What the kernel refused in the first pass is tried again here.)
+        let refused = self.kernel.upsert_identity(&mut self.maps, &staged, errors);
+        if !refused.is_empty() {
+            // The kernel refused some (not a planned lack of room): their addresses keep
+            // what they have, and the directions that judge that differently are held.
+            let more = identity_room::refused(target, refused, &self.kernel.identity);
+            let more_held: BTreeSet<_> = more.held.keys().copied().collect();
+            self.hold(&more_held, name_policy, errors);
+            staged = more.staged(&staged, &BTreeSet::new());
+            for prefix in more.unwritten.keys() {
+                if let Some(id) = self.kernel.identity.get(prefix) {
+                    staged.identity.insert(*prefix, *id);
+                }
+            }
+            room.held.extend(more.held);
+        }
+        closed.extend(
+            self.kernel
+                .upsert_policy(&mut self.maps, &staged, name_policy, errors),
+        );
+        self.report_identity_room(&room, name_policy, errors);
+        self.held_for_identity = room.held.keys().copied().collect();
+        self.kernel.upsert_endpoint(&mut self.maps, &staged, errors);
+        self.kernel.upsert_local(&mut self.maps, &staged, errors);
+        self.kernel.upsert_service(&mut self.maps, &staged, errors);
         self.kernel
-            .upsert_endpoint_by_id(&mut self.maps, target, errors);
-        closed
+            .upsert_endpoint_by_id(&mut self.maps, &staged, errors);
+        (staged, closed)
+    }
+
+    /// The IDENTITY entries new prefixes may take: its capacity less what it holds, less
+    /// one, so that the trie is never full: kernels before 6.13 refuse even an in-place
+    /// update of a full LPM trie (`None`: unknown).
+    fn identity_room(&self) -> Option<usize> {
+        self.maps
+            .identity_capacity
+            .map(|c| (c as usize).saturating_sub(self.kernel.identity.len() + 1))
+    }
+
+    /// Closes `groups` (removes their allowing entries) before anything else is written.
+    fn hold(
+        &mut self,
+        groups: &BTreeSet<kernel_state::PolicyGroup>,
+        name_policy: &dyn Fn(&policy_map::PolicyEntry) -> String,
+        errors: &mut Vec<ObjectError>,
+    ) {
+        for group in groups {
+            self.kernel
+                .close_group(&mut self.maps, *group, &name_policy, errors);
+        }
+    }
+
+    /// Names what `room` left out and what it holds closed, in the apply's failures.
+    fn report_identity_room(
+        &self,
+        room: &identity_room::IdentityRoom,
+        name_policy: &dyn Fn(&policy_map::PolicyEntry) -> String,
+        errors: &mut Vec<ObjectError>,
+    ) {
+        if room.unwritten.is_empty() {
+            return;
+        }
+        const SHOWN: usize = 8;
+        let shown: Vec<String> = room
+            .unwritten
+            .keys()
+            .take(SHOWN)
+            .map(kernel_state::identity_object)
+            .collect();
+        let more = room.unwritten.len().saturating_sub(SHOWN);
+        tracing::warn!(
+            unwritten = room.unwritten.len(),
+            held = room.held.len(),
+            "IDENTITY prefixes not written: the pod directions that would misjudge their \
+             addresses deny every peer until they are"
+        );
+        errors.push(ObjectError {
+            object: format!("map {}", map_names::IDENTITY),
+            reason: format!(
+                "map is full: {} prefixes not written ({}{}; {} new, {} free): their \
+                 addresses keep a shorter prefix's identity or the world's until they fit, \
+                 and the {} pod directions that would judge them differently deny every \
+                 peer meanwhile (raise the map's size, or remove what fills it)",
+                room.unwritten.len(),
+                shown.join(", "),
+                match more {
+                    0 => String::new(),
+                    n => format!(" and {n} more"),
+                },
+                room.new,
+                room.free,
+                room.held.len(),
+            ),
+        });
+        for ((endpoint_id, direction), prefix) in &room.held {
+            errors.push(ObjectError {
+                object: name_policy(&(
+                    0,
+                    weir_common::PolicyKey {
+                        endpoint_id: *endpoint_id,
+                        ..Default::default()
+                    },
+                )),
+                reason: format!(
+                    "its {} denies every peer until {} is written (it tells that prefix's \
+                     addresses apart from the identity they have meanwhile)",
+                    kernel_state::direction_name(*direction),
+                    kernel_state::identity_object(prefix),
+                ),
+            });
+        }
     }
 
     /// Attaches pods whose interface is new; their ENDPOINT entries are in place already.
