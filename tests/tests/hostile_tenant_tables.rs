@@ -8,7 +8,8 @@
 //! 2. A tenant fills the POLICY map with policies each within its budget; then a pod with
 //!    a new label signature appears in a namespace an Admin ClusterNetworkPolicy denies:
 //!    it is still denied (a policy write that does not fit never falls back to "not
-//!    isolated").
+//!    isolated"), and green's pods, whose entries it needs, still admit green/web: the
+//!    tenant is over its share of the map and gives the room back.
 //! 3. A policy of 10,000 ipBlocks is refused before it is expanded: the agent stays up,
 //!    and keeps enforcing the rest.
 //! 4. A tenant fills the IDENTITY trie (a small one, `--ebpf-identity-entries`); then a
@@ -367,10 +368,13 @@ fn full_map_then_new_signature(dataplane: &str) -> [(bool, bool); 2] {
     let errors = apply(&lab, &intruder);
     if policy_map(&lab).is_some() {
         // The intruder's identity needs new entries in the Admin subjects' ingress
-        // (green/db's, green/web's), which do not all fit: at least one is closed.
+        // (green/db's, green/web's); green is within its share of the map and blue far
+        // over it, so blue's directions are closed to make the room.
         assert!(
-            errors.contains("map WEIR_POLICY (pod green/") && errors.contains("map is full"),
-            "{dataplane}: the Admin subjects' new entries fit a full map: {errors}"
+            errors.contains("map WEIR_POLICY (pod blue/")
+                && errors.contains("more than its share")
+                && !errors.contains("(pod green/"),
+            "{dataplane}: green's new entries take the room back from blue: {errors}"
         );
     }
     let (running, matrix) = lab.probe(&[]).unwrap();
@@ -410,13 +414,9 @@ fn scenario_2(dataplane: &str) {
         !intruder,
         "{dataplane}: the Admin tier's Deny let evil/intruder reach green/db"
     );
-    // green/web is allowed by policy. On eBPF, a green pod whose new entries do not fit
-    // has its ingress closed (it denies every peer until they fit): which one depends on
-    // the room each closure frees, and either way no more than the policy allows.
-    // iptables has no such table and enforces the policy.
-    if dataplane != "ebpf" {
-        assert!(web, "{dataplane}: green/web reaches green/db");
-    }
+    // green/web is allowed by policy: blue, over its share of eBPF's POLICY, cannot keep
+    // green's entries out (iptables has no such table).
+    assert!(web, "{dataplane}: green/web reaches green/db");
 }
 
 #[test]

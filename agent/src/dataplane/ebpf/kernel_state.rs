@@ -37,41 +37,143 @@ fn failure(object: String, e: MapError) -> ObjectError {
 }
 
 /// What [`KernelState::upsert_policy`] writes: whole groups, in order, while their new
-/// entries fit in the room left; the others, with their new entries and the room there
-/// was.
+/// entries fit in the room left; the groups closed first to make that room (a
+/// namespace's over its share, for one within it); the others, with their new entries
+/// and the room there was.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct PolicyPlan {
     pub writes: Vec<(PolicyGroup, Vec<(PolicyEntry, u32)>)>,
-    pub no_room: Vec<(PolicyGroup, usize, usize)>,
+    pub evicted: Vec<(PolicyGroup, Share)>,
+    /// Each with its new entries, the room there was, and its namespace's share when
+    /// it is over it.
+    pub no_room: Vec<(PolicyGroup, usize, usize, Option<Share>)>,
 }
+
+/// Each namespace's share of POLICY: the entries its pods may hold before another
+/// namespace's pods, within theirs, may take that room back.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Shares {
+    /// The entries a namespace may hold and keep when the map is full.
+    pub per_namespace: usize,
+    /// Each endpoint id's namespace.
+    pub namespace: BTreeMap<u32, String>,
+}
+
+/// How many entries a namespace's pods want, against its share (for the report).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Share {
+    pub namespace: String,
+    pub entries: usize,
+    pub share: usize,
+}
+
+/// POLICY's room a namespace may count on: a quarter of the map. One namespace's pods
+/// may hold more while no other namespace needs the room; a namespace within its share
+/// takes the room back (its own pods' new entries first, then the over-share
+/// namespace's directions are closed, largest namespace first), so one tenant filling
+/// the map cannot keep another's policy out.
+pub const POLICY_SHARE_DIVISOR: usize = 4;
 
 /// Plans the POLICY writes from `have` to `want` with `free` entries of room (`None`:
 /// unknown, every group is written and the kernel's refusals decide). A group is
 /// written whole or not at all; a changed entry takes no room, a new one takes one.
+/// With `shares`, the groups of namespaces within their share go first, and one that
+/// does not fit takes the room of groups of namespaces over theirs (they are evicted:
+/// closed, their allowing entries removed, before anything is written).
 pub fn plan_policy_writes(
     have: &BTreeMap<PolicyEntry, u32>,
     want: &BTreeMap<PolicyEntry, u32>,
     mut free: Option<usize>,
+    shares: Option<&Shares>,
 ) -> PolicyPlan {
     let mut groups: BTreeMap<PolicyGroup, Vec<(PolicyEntry, u32)>> = BTreeMap::new();
     for (k, v) in changed(have, want) {
         groups.entry(group_of(k)).or_default().push((*k, *v));
     }
+    let namespace_of = |group: &PolicyGroup| -> Option<&str> {
+        shares
+            .and_then(|s| s.namespace.get(&group.0))
+            .map(String::as_str)
+    };
+    // Entries each namespace's pods want, and whether that is within its share.
+    let mut wanted: BTreeMap<&str, usize> = BTreeMap::new();
+    for entry in want.keys() {
+        if let Some(ns) = namespace_of(&group_of(entry)) {
+            *wanted.entry(ns).or_default() += 1;
+        }
+    }
+    let within = |group: &PolicyGroup| match (shares, namespace_of(group)) {
+        (Some(s), Some(ns)) => wanted.get(ns).copied().unwrap_or(0) <= s.per_namespace,
+        _ => true,
+    };
+    // Groups holding room that a namespace within its share may take back: an
+    // over-share namespace's written groups, largest namespace first, then largest
+    // group, each with the allowing entries closing it frees.
+    let mut evictable: Vec<(PolicyGroup, usize)> = Vec::new();
+    if shares.is_some() {
+        let mut holding: BTreeMap<PolicyGroup, usize> = BTreeMap::new();
+        for (entry, value) in have {
+            let group = group_of(entry);
+            if allows(*value) && !within(&group) {
+                *holding.entry(group).or_default() += 1;
+            }
+        }
+        evictable = holding.into_iter().collect();
+        evictable.sort_by_key(|(group, n)| {
+            let ns = namespace_of(group).unwrap_or_default();
+            (
+                std::cmp::Reverse(wanted.get(ns).copied().unwrap_or(0)),
+                ns,
+                std::cmp::Reverse(*n),
+                *group,
+            )
+        });
+        evictable.reverse(); // popped from the end
+    }
+    let share_of = |group: &PolicyGroup| {
+        let ns = namespace_of(group).unwrap_or_default();
+        Share {
+            entries: wanted.get(ns).copied().unwrap_or(0),
+            share: shares.map_or(0, |s| s.per_namespace),
+            namespace: ns.to_string(),
+        }
+    };
+    let mut evicted: BTreeSet<PolicyGroup> = BTreeSet::new();
     let mut plan = PolicyPlan::default();
-    for (group, entries) in groups {
+    let mut ordered: Vec<_> = groups.into_iter().collect();
+    ordered.sort_by_key(|(group, _)| !within(group)); // stable: key order within each
+    for (group, entries) in ordered {
+        if evicted.contains(&group) {
+            continue;
+        }
         let new = entries
             .iter()
             .filter(|(k, _)| !have.contains_key(k))
             .count();
         if let Some(free) = free.as_mut() {
+            while new > *free && within(&group) {
+                let Some((victim, frees)) = evictable.pop() else {
+                    break;
+                };
+                if victim == group || evicted.contains(&victim) {
+                    continue;
+                }
+                evicted.insert(victim);
+                plan.evicted.push((victim, share_of(&victim)));
+                *free += frees;
+            }
             if new > *free {
-                plan.no_room.push((group, new, *free));
+                let over = (!within(&group)).then(|| share_of(&group));
+                plan.no_room.push((group, new, *free, over));
                 continue;
             }
             *free -= new;
         }
         plan.writes.push((group, entries));
     }
+    // An evicted group planned for writes before its eviction cannot be: groups within
+    // their share are planned first, and only over-share groups are evicted.
+    debug_assert!(plan.writes.iter().all(|(g, _)| !evicted.contains(g)));
     plan
 }
 
@@ -100,6 +202,29 @@ fn group_of(entry: &PolicyEntry) -> PolicyGroup {
 /// weir-ebpf): a rule matched, and it is no tier's drop.
 pub fn allows(value: u32) -> bool {
     value != 0 && value & weir_common::TIER_DENY_BIT == 0
+}
+
+/// A closed pod direction's failure, named by its pod.
+fn group_failure(
+    name: &impl Fn(&PolicyEntry) -> String,
+    group: PolicyGroup,
+    reason: String,
+) -> ObjectError {
+    let object = name(&(
+        0,
+        PolicyKey {
+            endpoint_id: group.0,
+            ..Default::default()
+        },
+    ));
+    ObjectError { object, reason }
+}
+
+fn over_share(share: &Share) -> String {
+    format!(
+        "namespace {} wants {} entries, more than its share of {}",
+        share.namespace, share.entries, share.share
+    )
 }
 
 pub fn direction_name(code: u8) -> &'static str {
@@ -213,37 +338,47 @@ impl KernelState {
     /// a group, the peers' own identities go before the any-peer identity and longer
     /// prefixes before shorter, so that a closed group being opened again (its
     /// identities published already) never has its any-peer allows before a peer's own
-    /// entries. Returns the groups closed, each with its failure; removals that fail are
-    /// in `errors`.
+    /// entries. The map's room is shared by namespace (`namespaces`: each endpoint's;
+    /// see [`POLICY_SHARE_DIVISOR`]): a namespace within its share takes room back from
+    /// one over it, whose directions are closed first. Returns the groups closed, each
+    /// with its failure; removals that fail are in `errors`.
     pub fn upsert_policy(
         &mut self,
         maps: &mut Maps,
         want: &KernelState,
+        namespaces: &BTreeMap<u32, String>,
         name: impl Fn(&PolicyEntry) -> String,
         errors: &mut Vec<ObjectError>,
     ) -> BTreeMap<PolicyGroup, ObjectError> {
         let free = maps
             .policy_capacity
             .map(|c| (c as usize).saturating_sub(self.policy.len()));
-        let plan = plan_policy_writes(&self.policy, &want.policy, free);
+        let shares = maps.policy_capacity.map(|c| Shares {
+            per_namespace: c as usize / POLICY_SHARE_DIVISOR,
+            namespace: namespaces.clone(),
+        });
+        let plan = plan_policy_writes(&self.policy, &want.policy, free, shares.as_ref());
         let mut closed = BTreeMap::new();
-        for (group, new, free) in plan.no_room {
-            let failure = ObjectError {
-                object: name(&(
-                    0,
-                    PolicyKey {
-                        endpoint_id: group.0,
-                        ..Default::default()
-                    },
-                )),
-                reason: format!(
-                    "map is full: {new} new entries for its {}, {free} free; that direction \
-                     denies every peer until they fit (raise the map's size, or remove what \
-                     fills it)",
-                    direction_name(group.1)
-                ),
-            };
-            closed.insert(group, failure);
+        // Room taken back from namespaces over their share, before anything is written.
+        for (group, share) in plan.evicted {
+            self.close_group(maps, group, &name, errors);
+            let reason = format!(
+                "map is full, and {}; another namespace's pods took the room back: its {} \
+                 denies every peer until there is room",
+                over_share(&share),
+                direction_name(group.1)
+            );
+            closed.insert(group, group_failure(&name, group, reason));
+        }
+        for (group, new, free, over) in plan.no_room {
+            let reason = format!(
+                "map is full: {new} new entries for its {}, {free} free{}; that direction \
+                 denies every peer until they fit (raise the map's size, or remove what \
+                 fills it)",
+                direction_name(group.1),
+                over.map_or(String::new(), |s| format!(", and {}", over_share(&s))),
+            );
+            closed.insert(group, group_failure(&name, group, reason));
         }
         for (group, mut entries) in plan.writes {
             in_write_order(&mut entries);
@@ -534,7 +669,7 @@ pub enum Write {
 #[cfg(test)]
 pub fn write_sequence(have: &KernelState, want: &KernelState) -> Vec<Write> {
     let mut out = Vec::new();
-    for (_, mut entries) in plan_policy_writes(&have.policy, &want.policy, None).writes {
+    for (_, mut entries) in plan_policy_writes(&have.policy, &want.policy, None, None).writes {
         in_write_order(&mut entries);
         out.extend(entries.into_iter().map(|(e, v)| Write::Policy(e, Some(v))));
     }
@@ -661,7 +796,7 @@ mod tests {
             want.insert(entry(2, 7, 0, port), 23);
         }
         want.insert(entry(3, 7, 1, 53), 24);
-        let plan = plan_policy_writes(&have, &want, Some(2));
+        let plan = plan_policy_writes(&have, &want, Some(2), None);
         let written: Vec<PolicyGroup> = plan.writes.iter().map(|(g, _)| *g).collect();
         assert_eq!(written, vec![(1, 0), (3, 1)], "{plan:?}");
         assert_eq!(
@@ -669,14 +804,64 @@ mod tests {
             2,
             "the changed entry is written too"
         );
-        assert_eq!(plan.no_room, vec![((2, 0), 3, 1)]);
+        assert_eq!(plan.no_room, vec![((2, 0), 3, 1, None)]);
         // Unknown room: everything is tried.
-        let plan = plan_policy_writes(&have, &want, None);
+        let plan = plan_policy_writes(&have, &want, None, None);
         assert_eq!(plan.writes.len(), 3);
         assert!(plan.no_room.is_empty());
         // Nothing changed: nothing to write, whatever the room.
-        let plan = plan_policy_writes(&want, &want, Some(0));
+        let plan = plan_policy_writes(&want, &want, Some(0), None);
         assert_eq!(plan, PolicyPlan::default());
+    }
+
+    #[test]
+    fn a_namespace_within_its_share_takes_room_back_from_one_over_it() {
+        // Blue's pods 1 and 2 hold 6 entries (4 allowing on pod 1's ingress, 2 on pod
+        // 2's) in a map of 8 with a share of 4, a departing pod 1; green's pod 3 wants 3
+        // new ones.
+        let mut have = BTreeMap::new();
+        for port in 1..=4 {
+            have.insert(entry(1, 7, 0, port), 20);
+        }
+        have.insert(entry(2, 7, 0, 1), 21);
+        have.insert(entry(2, 8, 0, 1), TIER_DENY_BIT | 22);
+        let mut want = have.clone();
+        for port in 1..=3 {
+            want.insert(entry(3, 9, 0, port), 23);
+        }
+        // A departing pod's entries, in no namespace's wants.
+        have.insert(entry(4, 7, 0, 1), 24);
+        let shares = Shares {
+            per_namespace: 4,
+            namespace: [(1, "blue"), (2, "blue"), (3, "green"), (4, "gone")]
+                .map(|(id, ns)| (id, ns.to_string()))
+                .into(),
+        };
+        let plan = plan_policy_writes(&have, &want, Some(1), Some(&shares));
+        // Blue's largest direction is closed (its 4 allowing entries), and green's fits.
+        let blue = Share {
+            namespace: "blue".into(),
+            entries: 6,
+            share: 4,
+        };
+        assert_eq!(plan.evicted, vec![((1, 0), blue)]);
+        assert_eq!(plan.writes.len(), 1);
+        assert_eq!(plan.writes[0].0, (3, 0));
+        assert!(plan.no_room.is_empty());
+        // Without shares, first come: green's direction does not fit.
+        let plan = plan_policy_writes(&have, &want, Some(1), None);
+        assert_eq!(plan.no_room, vec![((3, 0), 3, 1, None)]);
+        // A namespace over its share takes nothing back.
+        let mut greedy = shares.clone();
+        greedy.per_namespace = 2;
+        let plan = plan_policy_writes(&have, &want, Some(1), Some(&greedy));
+        assert!(plan.evicted.is_empty());
+        let green = Share {
+            namespace: "green".into(),
+            entries: 3,
+            share: 2,
+        };
+        assert_eq!(plan.no_room, vec![((3, 0), 3, 1, Some(green))]);
     }
 
     #[test]

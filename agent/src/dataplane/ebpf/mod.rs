@@ -586,7 +586,20 @@ impl EbpfDataplane {
                 owner.get(&id).map_or("?", String::as_str)
             )
         };
-        let (target, closed) = self.write_additions(&target, &name_policy, &mut failures);
+        // Each endpoint's namespace: POLICY's room is shared by namespace.
+        let namespaces: BTreeMap<u32, String> = owner
+            .iter()
+            .map(|(id, pod)| {
+                (
+                    *id,
+                    pod.split_once('/')
+                        .map_or(pod.as_str(), |(ns, _)| ns)
+                        .to_string(),
+                )
+            })
+            .collect();
+        let (target, closed) =
+            self.write_additions(&target, &namespaces, &name_policy, &mut failures);
         let attached = self.attach_placed(&placed, &target, &mut failures);
         let left = self.detach_stale(attached, &pending.turned_pending, &mut failures);
         self.converge_leaving(&target, &mut failures);
@@ -601,9 +614,13 @@ impl EbpfDataplane {
         // the next change. Those still closed are reported.
         let closed = match closed.is_empty() {
             true => closed,
-            false => self
-                .kernel
-                .upsert_policy(&mut self.maps, &target, name_policy, &mut failures),
+            false => self.kernel.upsert_policy(
+                &mut self.maps,
+                &target,
+                &namespaces,
+                name_policy,
+                &mut failures,
+            ),
         };
         if !closed.is_empty() {
             tracing::warn!(
@@ -712,6 +729,7 @@ impl EbpfDataplane {
     fn write_additions(
         &mut self,
         target: &KernelState,
+        namespaces: &BTreeMap<u32, String>,
         name_policy: &dyn Fn(&policy_map::PolicyEntry) -> String,
         errors: &mut Vec<ObjectError>,
     ) -> (
@@ -724,9 +742,9 @@ impl EbpfDataplane {
         holding.extend(&self.held_for_identity);
         self.hold(&holding, name_policy, errors);
         let staged = room.staged(target, &holding);
-        let mut closed = self
-            .kernel
-            .upsert_policy(&mut self.maps, &staged, name_policy, errors);
+        let mut closed =
+            self.kernel
+                .upsert_policy(&mut self.maps, &staged, namespaces, name_policy, errors);
         self.kernel.upsert_identity(&mut self.maps, &staged, errors);
         self.kernel.delete_identity(&mut self.maps, &staged, errors);
         // Second pass, with the room the removals made: the prefixes left out are
@@ -752,10 +770,13 @@ impl EbpfDataplane {
             }
             room.held.extend(more.held);
         }
-        closed.extend(
-            self.kernel
-                .upsert_policy(&mut self.maps, &staged, name_policy, errors),
-        );
+        closed.extend(self.kernel.upsert_policy(
+            &mut self.maps,
+            &staged,
+            namespaces,
+            name_policy,
+            errors,
+        ));
         self.report_identity_room(&room, name_policy, errors);
         self.held_for_identity = room.held.keys().copied().collect();
         self.kernel.upsert_endpoint(&mut self.maps, &staged, errors);
