@@ -11,7 +11,10 @@
 //! port prefixes, an ipBlock's excepts counted as peers), with the arithmetic only, so a
 //! policy of millions of would-be entries is refused without making one. A refused
 //! policy is reported like an invalid one (named, with the figure), the engine keeps its
-//! last admitted version, and everything else stays enforced. The check belongs to the
+//! last admitted version, and everything else stays enforced. A namespace's policies
+//! together are bounded too (`--max-entries-per-namespace`, the sum of their estimates),
+//! so that many policies, each within its budget, cannot make one tenant's share of the
+//! node's tables (eBPF's IDENTITY trie above all: every ipBlock is a prefix) unbounded. The check belongs to the
 //! engine, so both dataplanes refuse exactly the same objects.
 
 use crate::error::PolicyError;
@@ -25,11 +28,20 @@ use crate::spec::{PeerSpec, PolicySpec, PortMatch, RuleSpec};
 /// ipBlocks with TCP and UDP ranges of 1024–65535 estimate 2,400).
 pub const DEFAULT_MAX_ENTRIES_PER_POLICY: u64 = 4096;
 
+/// The default of `--max-entries-per-namespace`: sixteen policies at the per-policy
+/// default, a sixteenth of eBPF's default IDENTITY trie (1,048,576 prefixes), so that
+/// no one namespace's ipBlocks can take more than that share of it, nor its policies
+/// together more than that per pod they select.
+pub const DEFAULT_MAX_ENTRIES_PER_NAMESPACE: u64 = 65_536;
+
 /// What one object may take of the node's tables.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Budget {
     /// Estimated table entries per selected pod above which a NetworkPolicy is refused.
     pub max_entries_per_policy: u64,
+    /// The sum of those estimates over one namespace's policies above which its next
+    /// policy (or a larger version of one) is refused.
+    pub max_entries_per_namespace: u64,
 }
 
 impl Budget {
@@ -38,6 +50,7 @@ impl Budget {
     /// agent sets its node's budget).
     pub const UNLIMITED: Budget = Budget {
         max_entries_per_policy: u64::MAX,
+        max_entries_per_namespace: u64::MAX,
     };
 }
 
@@ -45,6 +58,7 @@ impl Default for Budget {
     fn default() -> Self {
         Budget {
             max_entries_per_policy: DEFAULT_MAX_ENTRIES_PER_POLICY,
+            max_entries_per_namespace: DEFAULT_MAX_ENTRIES_PER_NAMESPACE,
         }
     }
 }
@@ -151,6 +165,31 @@ impl Budget {
 }
 
 impl Budget {
+    /// `Ok` when `spec` fits beside the other policies of its namespace, whose estimates
+    /// sum to `others` (its own earlier version left out); else the refusal, naming the
+    /// policy, its namespace and the figures. Policies are admitted in the order they
+    /// arrive: the one that would take the namespace over is refused, the others stay.
+    pub fn check_namespace(&self, spec: &PolicySpec, others: u64) -> Result<(), PolicyError> {
+        let entries = estimate(spec).entries;
+        let total = others.saturating_add(entries);
+        if total <= self.max_entries_per_namespace {
+            return Ok(());
+        }
+        Err(PolicyError::NamespaceOverBudget {
+            object: ObjectRef::new(
+                crate::model::Kind::NetworkPolicy,
+                Some(&spec.namespace),
+                &spec.name,
+            ),
+            namespace: spec.namespace.clone(),
+            entries,
+            others,
+            budget: self.max_entries_per_namespace,
+        })
+    }
+}
+
+impl Budget {
     /// `Ok` when a Service's `frontends` (each a WEIR_SERVICE entry on eBPF) fit the same
     /// bound; else the refusal naming it. Its frontends are expanded when it is converted,
     /// bounded by the object itself (addresses × ports).
@@ -247,6 +286,7 @@ mod tests {
         // At the figure exactly it fits.
         let exact = Budget {
             max_entries_per_policy: 30000,
+            ..Budget::default()
         };
         assert_eq!(exact.check(&spec), Ok(()));
         let small = policy(&hostile(300));

@@ -69,7 +69,21 @@ impl Engine {
     /// last admitted version, as it does for an invalid one.
     pub fn admit(&self, object: &Validated) -> Result<(), PolicyError> {
         match object {
-            Validated::Policy(spec) => self.budget.check(spec),
+            Validated::Policy(spec) => {
+                self.budget.check(spec)?;
+                let key = spec.key();
+                let others = self
+                    .policies_by_namespace
+                    .get(&spec.namespace)
+                    .into_iter()
+                    .flatten()
+                    .filter(|k| **k != key)
+                    .filter_map(|k| self.policies.get(k))
+                    .fold(0u64, |sum, p| {
+                        sum.saturating_add(crate::budget::estimate(p).entries)
+                    });
+                self.budget.check_namespace(spec, others)
+            }
             Validated::Service {
                 namespace,
                 name,
@@ -189,23 +203,24 @@ impl Engine {
     /// Returns the delta from the previous state and the objects that were rejected.
     pub fn load(&mut self, objects: impl IntoIterator<Item = Object>) -> (Delta, Vec<PolicyError>) {
         let mut errors = Vec::new();
-        let valid: Vec<Validated> = objects
-            .into_iter()
-            .filter_map(|o| {
-                let admitted =
-                    Validated::from_object(o).and_then(|valid| self.admit(&valid).map(|()| valid));
-                admitted.map_err(|e| errors.push(e)).ok()
-            })
-            .collect();
-        (self.load_validated(valid), errors)
+        for object in objects {
+            // Admitted one by one against what is stored so far, as events would be (a
+            // namespace's budget counts the policies before it).
+            match Validated::from_object(object)
+                .and_then(|valid| self.admit(&valid).map(|()| valid))
+            {
+                Ok(valid) => self.stage(valid),
+                Err(e) => errors.push(e),
+            }
+        }
+        (self.rebuild(), errors)
     }
 
-    /// [`Engine::load`] of objects that their source already validated.
-    pub fn load_validated(&mut self, objects: impl IntoIterator<Item = Validated>) -> Delta {
-        for object in objects {
-            self.store(object);
-        }
-        self.rebuild()
+    /// Stores an admitted object without compiling anything: [`Engine::rebuild`] compiles
+    /// what was staged, once. The cold start's path, where each object is admitted
+    /// against the ones staged before it.
+    pub fn stage(&mut self, object: Validated) {
+        self.store(object);
     }
 
     /// Stores an object without compiling anything.

@@ -24,6 +24,20 @@ pub enum PolicyError {
         largest_rule_peers: u64,
         largest_rule_ports: u64,
     },
+    /// A valid policy within its own budget that would take its namespace's policies
+    /// together over theirs (see [`crate::budget`]).
+    #[error(
+        "{object}: refused: its rules would take an estimated {entries} table entries per \
+         selected pod, and namespace {namespace}'s other policies take {others}: more than \
+         one namespace's policies may together (--max-entries-per-namespace {budget})"
+    )]
+    NamespaceOverBudget {
+        object: ObjectRef,
+        namespace: String,
+        entries: u64,
+        others: u64,
+        budget: u64,
+    },
     /// A Service whose frontends (addresses × ports, and its nodePorts) would take more
     /// of the node's Service table than one object may.
     #[error(
@@ -50,6 +64,7 @@ impl PolicyError {
         match self {
             PolicyError::Invalid { object, .. }
             | PolicyError::OverBudget { object, .. }
+            | PolicyError::NamespaceOverBudget { object, .. }
             | PolicyError::ServiceOverBudget { object, .. } => object,
         }
     }

@@ -138,6 +138,7 @@ fn the_budget_is_the_engines_setting() {
     let mut engine = engine_with("");
     engine.set_budget(Budget {
         max_entries_per_policy: 100,
+        ..Budget::default()
     });
     let e = engine
         .upsert(objects(&hostile("x", "ten", 10)).remove(0))
@@ -148,6 +149,7 @@ fn the_budget_is_the_engines_setting() {
     );
     engine.set_budget(Budget {
         max_entries_per_policy: 120,
+        ..Budget::default()
     });
     engine
         .upsert(objects(&hostile("x", "ten", 10)).remove(0))
@@ -159,6 +161,7 @@ fn a_service_with_more_frontends_than_the_budget_is_refused() {
     let mut engine = budgeted("");
     engine.set_budget(Budget {
         max_entries_per_policy: 8,
+        ..Budget::default()
     });
     let service = |ports: usize| {
         let ports: Vec<String> = (0..ports)
@@ -181,4 +184,52 @@ fn a_service_with_more_frontends_than_the_budget_is_refused() {
     assert!(engine.desired().frontends.is_empty());
     engine.upsert(service(2)).expect("6 frontends fit");
     assert_eq!(engine.desired().frontends.len(), 6);
+}
+
+#[test]
+fn a_namespaces_policies_together_are_bounded() {
+    let mut engine = engine_with("");
+    // Each policy of 10 blocks takes 120 entries; a namespace may take 250.
+    engine.set_budget(Budget {
+        max_entries_per_policy: 200,
+        max_entries_per_namespace: 250,
+    });
+    let upsert = |engine: &mut weir_policy::Engine, ns: &str, name: &str, blocks: usize| {
+        engine.upsert(objects(&hostile(ns, name, blocks)).remove(0))
+    };
+    upsert(&mut engine, "x", "one", 10).expect("120 of 250");
+    upsert(&mut engine, "x", "two", 10).expect("240 of 250");
+    let e = upsert(&mut engine, "x", "three", 10).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "networkpolicy x/three: refused: its rules would take an estimated 120 table entries \
+         per selected pod, and namespace x's other policies take 240: more than one \
+         namespace's policies may together (--max-entries-per-namespace 250)"
+    );
+    assert_eq!(e.object().to_string(), "networkpolicy x/three");
+    assert!(engine.policy("x/three").is_none());
+    // Another namespace has its own share.
+    upsert(&mut engine, "y", "one", 10).expect("y's first");
+    // A policy's own earlier version does not count against it.
+    upsert(&mut engine, "x", "two", 10).expect("x/two again, the same size");
+    // A larger version that would take the namespace over is refused; the old stays.
+    assert!(upsert(&mut engine, "x", "two", 11).is_err());
+    assert!(engine.policy("x/two").is_some());
+    // Room comes back when a policy goes.
+    engine.delete(&weir_policy::model::ObjectRef::new(
+        weir_policy::model::Kind::NetworkPolicy,
+        Some("x"),
+        "one",
+    ));
+    upsert(&mut engine, "x", "three", 10).expect("240 of 250 again");
+    // A cold start admits them in order too: the third of a namespace's is refused.
+    let mut cold = engine_with("");
+    cold.set_budget(engine.budget());
+    let all: Vec<_> = ["one", "two", "three"]
+        .iter()
+        .flat_map(|name| objects(&hostile("x", name, 10)))
+        .collect();
+    let (_, errors) = cold.load(all);
+    let refused: Vec<String> = errors.iter().map(|e| e.object().to_string()).collect();
+    assert_eq!(refused, ["networkpolicy x/three"]);
 }

@@ -616,3 +616,113 @@ fn a_full_identity_trie_never_opens_an_admin_deny_ebpf() {
 fn a_full_identity_trie_never_opens_an_admin_deny_iptables() {
     scenario_4("iptables");
 }
+
+/// Scenario 5 on `dataplane`: blue's three policies of 100 ipBlocks each (100 entries per
+/// selected pod) against a namespace budget of 250: the first two are admitted and the
+/// third refused, naming the namespace and the figures; green's policy is enforced all
+/// along; a fourth blue policy is refused too; as blue's policies are deleted, the
+/// refused ones are admitted in turn, without being sent again.
+fn namespace_budget(dataplane: &str) {
+    let lab = Lab::new(&format!("tenant-ns-{dataplane}"));
+    let world = manifest(&lab, "world.yaml", &format!("{WORLD}---\n{GREEN_DB}"));
+    lab.weir(&[
+        "up",
+        "--dataplane",
+        dataplane,
+        "--agent-arg=--max-entries-per-namespace=250",
+        world.to_str().unwrap(),
+    ])
+    .unwrap_or_else(|e| panic!("{dataplane}: lab up: {e}"));
+    let blue: Vec<String> = (0..3)
+        .map(|k| {
+            block_policy(
+                "blue",
+                &format!("fill-{k}"),
+                "{}",
+                "ingress",
+                16 + k,
+                100,
+                "[{protocol: TCP, port: 9}]",
+            )
+        })
+        .collect();
+    let all = manifest(&lab, "blue.yaml", &blue.join("---\n"));
+    apply(&lab, &all);
+    let refused_now = refused(&lab);
+    assert_eq!(refused_now.len(), 1, "{dataplane}: {refused_now:#?}");
+    assert!(
+        refused_now[0].contains("networkpolicy blue/fill-2")
+            && refused_now[0].contains("namespace blue's other policies take 200")
+            && refused_now[0].contains("(--max-entries-per-namespace 250)"),
+        "{dataplane}: {refused_now:#?}"
+    );
+    let check = |lab: &Lab| {
+        let (running, matrix) = lab.probe(&[]).unwrap();
+        assert_eq!(running, dataplane);
+        assert!(
+            connected(&matrix, "green/web", "green/db", 5432),
+            "{dataplane}"
+        );
+        assert!(
+            !connected(&matrix, "green/other", "green/db", 5432),
+            "{dataplane}"
+        );
+    };
+    check(&lab);
+    let fourth = manifest(
+        &lab,
+        "fill-3.yaml",
+        &block_policy(
+            "blue",
+            "fill-3",
+            "{}",
+            "ingress",
+            20,
+            60,
+            "[{protocol: TCP, port: 9}]",
+        ),
+    );
+    let errors = apply(&lab, &fourth);
+    assert!(
+        errors.contains("networkpolicy blue/fill-3: refused"),
+        "{dataplane}: {errors}"
+    );
+    // Room comes back as blue's policies go: the waiting ones are admitted in name
+    // order, without being sent again.
+    let refused_names = |lab: &Lab| -> Vec<String> {
+        refused(lab)
+            .iter()
+            .map(|r| {
+                r.split(": ")
+                    .next()
+                    .unwrap_or_default()
+                    .trim_matches('"')
+                    .to_string()
+            })
+            .collect()
+    };
+    change(&lab, "delete", &manifest(&lab, "fill-0.yaml", &blue[0]));
+    assert_eq!(
+        refused_names(&lab),
+        ["networkpolicy blue/fill-3"],
+        "{dataplane}: blue/fill-2 admitted once blue/fill-0 is gone"
+    );
+    change(&lab, "delete", &manifest(&lab, "fill-1.yaml", &blue[1]));
+    assert!(
+        refused(&lab).is_empty(),
+        "{dataplane}: blue/fill-3 admitted once blue/fill-1 is gone: {:#?}",
+        refused(&lab)
+    );
+    agent_alive(&lab);
+    check(&lab);
+}
+
+#[test]
+fn a_namespaces_policies_together_are_bounded_ebpf() {
+    namespace_budget("ebpf");
+}
+
+#[test]
+fn a_namespaces_policies_together_are_bounded_iptables() {
+    namespace_budget("iptables");
+}

@@ -130,6 +130,16 @@ pub struct AgentArgs {
           value_parser = clap::value_parser!(u64).range(1..))]
     pub max_entries_per_policy: u64,
 
+    /// The most those estimates may sum to over one namespace's NetworkPolicies. The
+    /// policy that would take its namespace over is refused (the ones admitted before it
+    /// stay), so that many policies, each within its own bound, cannot give one tenant
+    /// an unbounded share of the node's tables: every ipBlock is a prefix in eBPF's
+    /// IDENTITY trie (1,048,576), and the default is a sixteenth of it.
+    #[arg(long, env = "WEIR_MAX_ENTRIES_PER_NAMESPACE",
+          default_value_t = weir_policy::budget::DEFAULT_MAX_ENTRIES_PER_NAMESPACE,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_entries_per_namespace: u64,
+
     /// Log filter (tracing `EnvFilter` syntax: `info`, `weir=debug`, ...).
     #[arg(long, env = "WEIR_LOG_LEVEL", default_value = "info")]
     pub log_level: String,

@@ -99,6 +99,7 @@ async fn run_agent(args: AgentArgs) -> anyhow::Result<()> {
         resync: Duration::from_secs(args.resync_seconds.max(1)),
         budget: weir_policy::Budget {
             max_entries_per_policy: args.max_entries_per_policy,
+            max_entries_per_namespace: args.max_entries_per_namespace,
         },
     };
     let backends = node::NodeBackends::new(args.bpf_root.clone())

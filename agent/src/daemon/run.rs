@@ -161,6 +161,9 @@ pub struct Daemon<B: Backends> {
     source_errors: Vec<ObjectError>,
     /// Objects the engine refused, with the reason.
     refused: BTreeMap<ObjectRef, String>,
+    /// Policies refused for their namespace's budget: admitted again (in name order)
+    /// when a policy of their namespace goes or changes, without waiting to be sent again.
+    waiting: BTreeMap<ObjectRef, Validated>,
     /// Why the dataplane did not converge (start, apply or reconcile failed).
     dataplane_error: Option<String>,
     known: BTreeSet<ObjectRef>,
@@ -209,6 +212,7 @@ impl<B: Backends> Daemon<B> {
             node_choice_error: None,
             source_errors: Vec::new(),
             refused: BTreeMap::new(),
+            waiting: BTreeMap::new(),
             dataplane_error: None,
             known: BTreeSet::new(),
             last_status: None,
@@ -480,27 +484,33 @@ impl<B: Backends> Daemon<B> {
         self.report();
     }
 
-    /// The first state, compiled once ([`Engine::load_validated`]) rather than once per
-    /// object: the cold start's path. Whether it changed the desired state.
+    /// The first state, compiled once ([`Engine::stage`], then [`Engine::rebuild`])
+    /// rather than once per object: the cold start's path. Whether it changed the
+    /// desired state. The other events go first, as they always have; each object is
+    /// admitted against those staged before it, as events would be (a namespace's
+    /// budget counts its policies so far).
     fn load(&mut self, events: Vec<Event>) -> bool {
-        let mut valid = Vec::with_capacity(events.len());
+        let mut upserts = Vec::with_capacity(events.len());
         for event in events {
             match event {
-                Event::Upsert(object) => match self.engine.admit(&object) {
-                    Ok(()) => {
-                        self.note_upsert(&object);
-                        valid.push(*object);
-                    }
-                    Err(e) => {
-                        self.feed(Event::Refused(e));
-                    }
-                },
+                Event::Upsert(object) => upserts.push(object),
                 other => {
                     self.feed(other);
                 }
             }
         }
-        !self.engine.load_validated(valid).is_empty()
+        for object in upserts {
+            match self.engine.admit(&object) {
+                Ok(()) => {
+                    self.note_upsert(&object);
+                    self.engine.stage(*object);
+                }
+                Err(e) => {
+                    self.refuse(*object, e);
+                }
+            }
+        }
+        !self.engine.rebuild().is_empty()
     }
 
     /// One event into the engine; whether it changed the desired state.
@@ -509,10 +519,14 @@ impl<B: Backends> Daemon<B> {
             Event::Upsert(object) => {
                 // Over its budget: refused like an invalid object, before it is compiled.
                 if let Err(e) = self.engine.admit(&object) {
-                    return self.feed(Event::Refused(e));
+                    self.refuse(*object, e);
+                    return false;
                 }
+                let policy_namespace = policy_namespace(&object.key());
                 self.note_upsert(&object);
-                self.engine.upsert_validated_changed(*object)
+                let changed = self.engine.upsert_validated_changed(*object);
+                // A smaller version may make room for its namespace's waiting policies.
+                changed | self.admit_waiting(policy_namespace.as_deref())
             }
             Event::Refused(e) => {
                 let key = e.object().clone();
@@ -528,13 +542,50 @@ impl<B: Backends> Daemon<B> {
                 self.known.remove(&key);
                 // A deleted object is no longer refused.
                 self.refused.remove(&key);
-                self.engine.delete_changed(&key)
+                self.waiting.remove(&key);
+                let changed = self.engine.delete_changed(&key);
+                changed | self.admit_waiting(policy_namespace(&key).as_deref())
             }
         }
     }
 
+    /// Records a refusal; a policy refused for its namespace's budget waits for room.
+    fn refuse(&mut self, object: Validated, e: weir_policy::PolicyError) {
+        if matches!(e, weir_policy::PolicyError::NamespaceOverBudget { .. }) {
+            self.waiting.insert(object.key(), object);
+        }
+        self.feed(Event::Refused(e));
+    }
+
+    /// Admits the policies of `namespace` that wait for room, in name order, while they
+    /// fit; whether the desired state changed.
+    fn admit_waiting(&mut self, namespace: Option<&str>) -> bool {
+        let Some(namespace) = namespace else {
+            return false;
+        };
+        let keys: Vec<ObjectRef> = self
+            .waiting
+            .keys()
+            .filter(|k| k.namespace.as_deref() == Some(namespace))
+            .cloned()
+            .collect();
+        let mut changed = false;
+        for key in keys {
+            if self.engine.admit(&self.waiting[&key]).is_err() {
+                continue;
+            }
+            if let Some(object) = self.waiting.remove(&key) {
+                tracing::info!(object = %key, "policy admitted: its namespace has room for it now");
+                self.note_upsert(&object);
+                changed |= self.engine.upsert_validated_changed(object);
+            }
+        }
+        changed
+    }
+
     fn note_upsert(&mut self, object: &Validated) {
         let key = object.key();
+        self.waiting.remove(&key);
         if let Validated::Node(node) = object {
             self.observe_node(Some(&node.name), Some(&node.labels));
         }
@@ -761,5 +812,14 @@ impl<B: Backends> Daemon<B> {
             p.publish(&status, &refused);
         }
         self.last_status = Some(status);
+    }
+}
+
+/// The namespace of `key` when it is a NetworkPolicy (whose namespace budget it counts
+/// against).
+fn policy_namespace(key: &ObjectRef) -> Option<String> {
+    match key.kind {
+        Kind::NetworkPolicy => key.namespace.clone(),
+        _ => None,
     }
 }
