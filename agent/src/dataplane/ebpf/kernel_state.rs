@@ -67,12 +67,25 @@ pub struct Share {
     pub share: usize,
 }
 
-/// POLICY's room a namespace may count on: a quarter of the map. One namespace's pods
-/// may hold more while no other namespace needs the room; a namespace within its share
-/// takes the room back (its own pods' new entries first, then the over-share
-/// namespace's directions are closed, largest namespace first), so one tenant filling
-/// the map cannot keep another's policy out.
-pub const POLICY_SHARE_DIVISOR: usize = 4;
+/// POLICY's room a namespace may count on: the map divided among the namespaces whose
+/// pods hold entries. One namespace's pods may hold more while no other namespace needs
+/// the room; a namespace within its share takes the room back (its own pods' new entries
+/// first, then the over-share namespace's directions are closed, largest namespace
+/// first). As the shares add up to the map, a namespace within its share always finds
+/// room (but for entries that closing does not free: tier denies), so no tenant, filling
+/// the map from any number of namespaces, can keep another's policy out.
+pub fn policy_share(
+    capacity: usize,
+    namespaces: &BTreeMap<u32, String>,
+    want: &KernelState,
+) -> usize {
+    let holding: BTreeSet<&str> = want
+        .policy
+        .keys()
+        .filter_map(|(_, key)| namespaces.get(&key.endpoint_id).map(String::as_str))
+        .collect();
+    capacity / holding.len().max(1)
+}
 
 /// Plans the POLICY writes from `have` to `want` with `free` entries of room (`None`:
 /// unknown, every group is written and the kernel's refusals decide). A group is
@@ -339,7 +352,7 @@ impl KernelState {
     /// prefixes before shorter, so that a closed group being opened again (its
     /// identities published already) never has its any-peer allows before a peer's own
     /// entries. The map's room is shared by namespace (`namespaces`: each endpoint's;
-    /// see [`POLICY_SHARE_DIVISOR`]): a namespace within its share takes room back from
+    /// see [`policy_share`]): a namespace within its share takes room back from
     /// one over it, whose directions are closed first. Returns the groups closed, each
     /// with its failure; removals that fail are in `errors`.
     pub fn upsert_policy(
@@ -354,7 +367,7 @@ impl KernelState {
             .policy_capacity
             .map(|c| (c as usize).saturating_sub(self.policy.len()));
         let shares = maps.policy_capacity.map(|c| Shares {
-            per_namespace: c as usize / POLICY_SHARE_DIVISOR,
+            per_namespace: policy_share(c as usize, namespaces, want),
             namespace: namespaces.clone(),
         });
         let plan = plan_policy_writes(&self.policy, &want.policy, free, shares.as_ref());
@@ -862,6 +875,25 @@ mod tests {
             share: 2,
         };
         assert_eq!(plan.no_room, vec![((3, 0), 3, 1, Some(green))]);
+    }
+
+    #[test]
+    fn the_map_is_shared_among_the_namespaces_holding_entries() {
+        let namespaces: BTreeMap<u32, String> =
+            [(1, "blue"), (2, "blue"), (3, "green"), (4, "idle")]
+                .map(|(id, ns)| (id, ns.to_string()))
+                .into();
+        let mut want = KernelState::default();
+        assert_eq!(policy_share(100, &namespaces, &want), 100);
+        want.policy.insert(entry(1, 7, 0, 80), 20);
+        want.policy.insert(entry(2, 7, 0, 80), 20);
+        assert_eq!(policy_share(100, &namespaces, &want), 100, "blue alone");
+        want.policy.insert(entry(3, 7, 0, 80), 20);
+        assert_eq!(
+            policy_share(100, &namespaces, &want),
+            50,
+            "blue and green; idle holds none"
+        );
     }
 
     #[test]
