@@ -151,6 +151,14 @@ fn change(lab: &Lab, verb: &str, path: &std::path::Path) -> String {
     }
 }
 
+/// Whether evil/intruder and green/web reach green/db:5432.
+fn intruder_and_web(matrix: &Matrix) -> (bool, bool) {
+    (
+        connected(matrix, "evil/intruder", "green/db", 5432),
+        connected(matrix, "green/web", "green/db", 5432),
+    )
+}
+
 fn connected(matrix: &Matrix, from: &str, to: &str, port: u16) -> bool {
     *matrix
         .get(&(from.to_string(), to.to_string(), port, "TCP".to_string()))
@@ -380,10 +388,7 @@ fn full_map_then_new_signature(dataplane: &str) -> [(bool, bool); 2] {
     let (running, matrix) = lab.probe(&[]).unwrap();
     assert_eq!(running, dataplane);
     agent_alive(&lab);
-    let full = (
-        connected(&matrix, "evil/intruder", "green/db", 5432),
-        connected(&matrix, "green/web", "green/db", 5432),
-    );
+    let full = intruder_and_web(&matrix);
     // The tenant leaves: the room comes back, and green/db's entries are written in the
     // same convergence as the removals.
     let mut errors = String::new();
@@ -396,10 +401,7 @@ fn full_map_then_new_signature(dataplane: &str) -> [(bool, bool); 2] {
     );
     let (_, matrix) = lab.probe(&[]).unwrap();
     agent_alive(&lab);
-    let after = (
-        connected(&matrix, "evil/intruder", "green/db", 5432),
-        connected(&matrix, "green/web", "green/db", 5432),
-    );
+    let after = intruder_and_web(&matrix);
     [full, after]
 }
 
@@ -564,10 +566,7 @@ fn full_identity_trie_then_intruder(dataplane: &str) -> [(bool, bool); 2] {
     let (running, matrix) = lab.probe(&[]).unwrap();
     assert_eq!(running, dataplane);
     agent_alive(&lab);
-    let full = (
-        connected(&matrix, "evil/intruder", "green/db", 5432),
-        connected(&matrix, "green/web", "green/db", 5432),
-    );
+    let full = intruder_and_web(&matrix);
     if let Some(fill) = &tenant {
         let errors = change(&lab, "delete", fill);
         assert!(
@@ -582,10 +581,7 @@ fn full_identity_trie_then_intruder(dataplane: &str) -> [(bool, bool); 2] {
         "{dataplane}: {:#?}",
         refused(&lab)
     );
-    let after = (
-        connected(&matrix, "evil/intruder", "green/db", 5432),
-        connected(&matrix, "green/web", "green/db", 5432),
-    );
+    let after = intruder_and_web(&matrix);
     [full, after]
 }
 
