@@ -122,8 +122,12 @@ enum Command {
         /// its source archive, see --peer-archives) crash-looping on 16 leaked ipset
         /// references with the seed's error, v1.5.37 and v1.8.12 surviving the same, and
         /// weir taking the node over while the pods probe.
-        #[arg(long)]
+        #[arg(long, conflicts_with = "npm_migration")]
         seed_incident: bool,
+        /// Instead: the migration off a running Azure NPM v1.8.12 enforcing 100 policies,
+        /// onto weir's eBPF dataplane and then its iptables one, while every pod probes.
+        #[arg(long)]
+        npm_migration: bool,
     },
     /// The privileged integration tests and conformance scenarios, both dataplanes, on
     /// Debian's 5.10 and 6.1 kernels (booted under virtme-ng: KVM where it works, software
@@ -234,9 +238,11 @@ fn main() {
         Command::Demo {
             dataplane,
             seed_incident,
-        } => match seed_incident {
-            true => demo::seed_incident(),
-            false => demo::run(&dataplane),
+            npm_migration,
+        } => match (seed_incident, npm_migration) {
+            (true, _) => demo::npm(demo::NpmDemo::SeedIncident),
+            (_, true) => demo::npm(demo::NpmDemo::Migration),
+            _ => demo::run(&dataplane),
         },
         Command::Bench {
             quick,
