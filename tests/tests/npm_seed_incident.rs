@@ -411,7 +411,7 @@ fn npm_v1_5_36_crash_loops_on_16_leaked_references_and_weir_takes_the_node_over(
     Ok(())
 }
 
-/// Built only with the feature `npm-migration` (`cargo xtask demo --seed-incident` sets it):
+/// Built only with the feature `npm-migration` (`cargo xtask demo --npm-migration` sets it):
 /// it needs NPM v1.8.12, which `cargo xtask test` does not build, and CI refuses ignored tests.
 #[cfg(feature = "npm-migration")]
 mod migration {
@@ -422,7 +422,7 @@ mod migration {
     /// label takes it, onto eBPF; then the label moves it onto iptables. Every pod probes all
     /// along; per step, the denied probes that connected and the allowed ones that failed,
     /// judged against the matrix NPM enforced. Needs NPM v1.8.12 (5 min to build cold), so
-    /// `cargo xtask demo --seed-incident` runs it (feature `npm-migration`), not `cargo xtask test`.
+    /// `cargo xtask demo --npm-migration` runs it (feature `npm-migration`), not `cargo xtask test`.
     #[test]
     fn npm_v1_8_12_running_100_policies_migrates_onto_both_weir_dataplanes() -> Result<()> {
         let lab = Lab::new("npm-migrate");
