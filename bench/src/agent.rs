@@ -292,6 +292,11 @@ impl Agent {
         self.child.id()
     }
 
+    /// Where the agent pins its BPF maps and programs (`--bpf-root`).
+    pub fn bpf_root(&self) -> &Path {
+        &self.bpf_root
+    }
+
     /// A peer in weir's place: no status file, no metrics of weir's.
     pub fn is_peer(&self) -> bool {
         self.dataplane.is_peer()
