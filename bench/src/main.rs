@@ -111,6 +111,9 @@ struct Cli {
     /// the changes, both dataplanes). Repeat for each; not with --peers.
     #[arg(long, value_enum, conflicts_with = "peers")]
     only: Vec<Only>,
+    /// With --only: this dataplane alone (`ebpf` or `iptables`; default both).
+    #[arg(long, value_parser = ["ebpf", "iptables"], requires = "only")]
+    only_dataplane: Option<String>,
     /// The command line the report records (the wrapper's, `cargo xtask bench ...`).
     #[arg(long)]
     command: Option<String>,
@@ -238,7 +241,9 @@ fn run(cli: Cli) -> Result<()> {
     };
     match peers {
         true => run_peers(&env, &mut report),
-        false if !cli.only.is_empty() => run_only(&env, &mut report, &cli.only),
+        false if !cli.only.is_empty() => {
+            run_only(&env, &mut report, &cli.only, cli.only_dataplane.as_deref())
+        }
         false => {
             binary_rows(&env.weir, &mut report);
             run_scenarios(&env, &mut report);
@@ -402,7 +407,7 @@ fn run_scenarios(env: &Env, report: &mut Report) {
 
 /// `--only`: the largest world's enforcing setups through the API server, as the full run
 /// makes them, and only the scenarios asked for.
-fn run_only(env: &Env, report: &mut Report, only: &[Only]) {
+fn run_only(env: &Env, report: &mut Report, only: &[Only], dataplane: Option<&str>) {
     let scale = &env.scale;
     let (max, remote) = (scale.max_policies(), scale.remote_pods);
     let path_cost = format!("per-path cost, {max} policies, {remote} remote pods");
@@ -419,7 +424,10 @@ fn run_only(env: &Env, report: &mut Report, only: &[Only]) {
         true => &Dataplane::ALL,
         false => &[Dataplane::Ebpf],
     };
-    for &dp in enforcers {
+    for &dp in enforcers
+        .iter()
+        .filter(|dp| dataplane.is_none_or(|d| d == dp.as_str()))
+    {
         progress(&format!("{}: {}", planned[0], dp.as_str()));
         let tag = format!("{}{max}", dp.as_str());
         let world = World::new(max, remote);
