@@ -124,6 +124,8 @@ pub struct Agent {
     log_mark: u64,
     /// What a peer needs beside it in the node (NPM: the metadata stub), stopped with it.
     helpers: Vec<Child>,
+    /// When the last change was written (CLOCK_MONOTONIC ns): the start of its watch delay.
+    written_ns: u64,
 }
 
 /// The bench node's control plane (`weir-lab kube`), and what the agent must reach.
@@ -144,8 +146,14 @@ impl Cluster {
     }
 
     /// Starts `weir-lab kube apply` of `file` (against `previous`) and returns once the
-    /// server acknowledged the last write, with the instant just before the first.
-    fn write(&mut self, dir: &Path, previous: Option<&Path>, file: &Path) -> Result<Instant> {
+    /// server acknowledged the last write, with the instant just before the first (and
+    /// that instant in CLOCK_MONOTONIC ns).
+    fn write(
+        &mut self,
+        dir: &Path,
+        previous: Option<&Path>,
+        file: &Path,
+    ) -> Result<(Instant, u64)> {
         let mut command = Command::new(&self.lab);
         command
             .args(["kube", "apply", "--netns", &self.netns, "--node", NODE_NAME])
@@ -169,7 +177,7 @@ impl Cluster {
             .with_context(|| format!("weir-lab kube apply failed ({:?})", child.wait()))?;
         let ago = monotonic_ns().saturating_sub(written_ns);
         self.writer = Some((child, out));
-        Ok(Instant::now() - Duration::from_nanos(ago))
+        Ok((Instant::now() - Duration::from_nanos(ago), written_ns))
     }
 
     /// The digest of the last write, once its writer has computed it.
@@ -284,12 +292,18 @@ impl Agent {
             node: node.name().to_string(),
             log_mark: 0,
             helpers,
+            written_ns: 0,
         };
         Ok((agent, started))
     }
 
     pub fn pid(&self) -> u32 {
         self.child.id()
+    }
+
+    /// Where the agent pins its BPF maps and programs (`--bpf-root`).
+    pub fn bpf_root(&self) -> &Path {
+        &self.bpf_root
     }
 
     /// A peer in weir's place: no status file, no metrics of weir's.
@@ -305,13 +319,38 @@ impl Agent {
         self.log_mark = std::fs::metadata(self.dir.join("agent.log")).map_or(0, |m| m.len());
         let file = self.dir.join("manifests.yaml");
         let Some(cluster) = &mut self.cluster else {
+            self.written_ns = monotonic_ns();
             world.write(&file, self.generation)?;
             return Ok(Instant::now());
         };
         let previous = self.dir.join("manifests.previous.yaml");
         std::fs::rename(&file, &previous)?;
         world.write(&file, self.generation)?;
-        cluster.write(&self.dir, Some(&previous), &file)
+        let (written, written_ns) = cluster.write(&self.dir, Some(&previous), &file)?;
+        self.written_ns = written_ns;
+        Ok(written)
+    }
+
+    /// The last change's watch delay, once the agent has applied it: from its write (in
+    /// cluster mode, the first write request; in file mode, the file in place) to the
+    /// agent's source receiving it (status file `change_received_monotonic_ns`). Nothing
+    /// for a peer.
+    pub fn watch_delay(&self) -> Result<Option<Duration>> {
+        if self.dataplane.is_peer() {
+            return Ok(None);
+        }
+        let path = self.dir.join("status.json");
+        let status = read_status(&path)?.with_context(|| format!("{} is gone", path.display()))?;
+        let received = status["change_received_monotonic_ns"]
+            .as_u64()
+            .with_context(|| format!("{} has no change_received_monotonic_ns", path.display()))?;
+        if received < self.written_ns {
+            bail!(
+                "the agent's last applied change was received {} µs before the last write",
+                (self.written_ns - received) / 1000
+            );
+        }
+        Ok(Some(Duration::from_nanos(received - self.written_ns)))
     }
 
     /// Whether `status` describes the latest write.

@@ -74,24 +74,26 @@ fn map_info(fd: &OwnedFd) -> Result<MapInfo> {
     })
 }
 
-/// `union bpf_attr` is at most this big for the commands used here; the rest stays zero.
+/// `union bpf_attr` is at most this big for the map commands used here; the rest stays zero.
 type Attr = [u64; 8];
 
-fn bpf(cmd: libc::c_long, attr: &mut Attr) -> std::io::Result<()> {
+/// The bpf(2) system call on `attr`, a zero-padded `union bpf_attr` (of the size passed);
+/// returns its non-negative result (an fd, for the commands that make one).
+pub fn bpf(cmd: libc::c_long, attr: &mut [u64]) -> std::io::Result<i64> {
     // SAFETY: attr is a zero-padded bpf_attr of the size passed; the kernel reads and
-    // writes only within it and the buffers it points to.
+    // writes only within it and the buffers it points to, which the caller keeps alive.
     let rc = unsafe {
         libc::syscall(
             libc::SYS_bpf,
             cmd,
             attr.as_mut_ptr(),
-            std::mem::size_of::<Attr>(),
+            std::mem::size_of_val(attr),
         )
     };
     if rc < 0 {
         return Err(std::io::Error::last_os_error());
     }
-    Ok(())
+    Ok(rc)
 }
 
 /// struct bpf_map_info: type, id, key_size, value_size, max_entries, map_flags (u32
@@ -120,7 +122,7 @@ fn count_entries(fd: &OwnedFd, key_size: usize) -> Option<u64> {
         attr[1] = if first { 0 } else { key.as_ptr() as u64 };
         attr[2] = next.as_mut_ptr() as u64;
         match bpf(BPF_MAP_GET_NEXT_KEY, &mut attr) {
-            Ok(()) => {
+            Ok(_) => {
                 count += 1;
                 first = false;
                 std::mem::swap(&mut key, &mut next);

@@ -54,6 +54,9 @@ struct Outcome {
     seen: Option<f64>,
     /// The agent's own share, in milliseconds.
     agent_ms: f64,
+    /// From the write to the agent's source receiving it (the watch event), in
+    /// milliseconds; None for a peer.
+    watch_ms: Option<f64>,
     /// Whether the enforcer's state settled after it within the limit (a peer that did
     /// not is given no further change of the group).
     settled: bool,
@@ -83,8 +86,7 @@ pub fn changes(
         CHANGE_TIMEOUT
     };
     let over = format!("over {} s", limit.as_secs());
-    // (kind, probe-observed ms or None when over the limit, the agent's own share in ms)
-    let mut samples: Vec<(Kind, Option<f64>, f64)> = Vec::new();
+    let mut samples: Vec<(Kind, Outcome)> = Vec::new();
     let mut applies = Vec::new();
     let mut abandoned: Option<String> = None;
     let mut n = 0;
@@ -128,9 +130,10 @@ pub fn changes(
                     (Kind::ClusterPolicyDelete, _) => world.cluster_deny = false,
                 }
                 let outcome = one_change(topo, agent, world, n, limit)?;
-                samples.push((*kind, outcome.seen, outcome.agent_ms));
                 n += 1;
-                if outcome.seen.is_none() || !outcome.settled {
+                let last = outcome.seen.is_none() || !outcome.settled;
+                samples.push((*kind, outcome));
+                if last {
                     break 'changes;
                 }
             }
@@ -181,8 +184,9 @@ pub fn changes(
             }
             continue;
         }
-        let mut seen: Vec<Option<f64>> = of_kind.clone().map(|(_, ms, _)| *ms).collect();
-        let mut agent_ms: Vec<f64> = of_kind.map(|(.., ms)| *ms).collect();
+        let mut seen: Vec<Option<f64>> = of_kind.clone().map(|(_, o)| o.seen).collect();
+        let mut agent_ms: Vec<f64> = of_kind.clone().map(|(_, o)| o.agent_ms).collect();
+        let mut watch_ms: Vec<f64> = of_kind.filter_map(|(_, o)| o.watch_ms).collect();
         let n = seen.len();
         for (label, p) in [("p50", 50.0), ("p99", 99.0), ("max", 100.0)] {
             let name = format!("{} {label} (n={n})", kind.name());
@@ -199,6 +203,17 @@ pub fn changes(
         {
             let v = percentile(&mut agent_ms, p);
             let name = format!("{}: in the agent {label}", kind.name());
+            rows.push(Row::number(scenario, dp, &name, v, "ms"));
+        }
+        // Before the agent's share: the API server's (or the file poll's) delivery of the
+        // change, write to watch event received.
+        let watched = !watch_ms.is_empty();
+        for (label, p) in [("p50", 50.0), ("p99", 99.0)]
+            .into_iter()
+            .filter(|_| watched)
+        {
+            let v = percentile(&mut watch_ms, p);
+            let name = format!("{}: watch delay {label}", kind.name());
             rows.push(Row::number(scenario, dp, &name, v, "ms"));
         }
     }
@@ -258,6 +273,7 @@ fn one_change(
         return Ok(Outcome {
             seen: None,
             agent_ms: 0.0,
+            watch_ms: None,
             settled: false,
         });
     };
@@ -268,9 +284,11 @@ fn one_change(
         Err(e) => return Err(e),
     };
     let (delay_after, _) = agent.implementation_delay_totals(&topo.node)?;
+    let watch = agent.watch_delay()?;
     Ok(Outcome {
         seen: Some(seen.saturating_duration_since(written).as_secs_f64() * 1e3),
         agent_ms: (delay_after - delay_before) * 1e3,
+        watch_ms: watch.map(|d| d.as_secs_f64() * 1e3),
         settled,
     })
 }

@@ -8,6 +8,9 @@
 //! - datapath: TCP throughput (iperf3) and request/response latency between two local
 //!   pods, with N policies and M remote pods, for no enforcement, eBPF and iptables; and
 //!   with the most policies plus C ClusterNetworkPolicies;
+//! - per-path cost: the eBPF programs' nanoseconds per run on each path a packet can take
+//!   (BPF_PROG_TEST_RUN, on the programs and maps of the largest world's agent) and the
+//!   instructions the verifier counts;
 //! - convergence: cold start, then policy creates, updates and deletes, pod and namespace
 //!   label changes, each kind observed by a probe (p50, p99, max);
 //! - memory: the agent's peak RSS and its kernel state, at M and at a larger M;
@@ -18,6 +21,7 @@ mod convergence;
 mod memory;
 mod netns;
 mod noop_hooks;
+mod prog_cost;
 mod report;
 mod reset;
 mod scale;
@@ -85,6 +89,10 @@ struct Cli {
     /// --peers: changes of each kind per enforcer (default: the full bench's).
     #[arg(long, requires = "peers")]
     peer_changes: Option<usize>,
+    /// Changes of each kind per dataplane in the convergence scenario (default: the full
+    /// bench's 100, the quick run's 4); each kind's p99 wants about 100.
+    #[arg(long)]
+    changes: Option<usize>,
     /// One of kube-router's flags (deploy/kube-router-flags); repeat for each.
     #[arg(
         long = "kube-router-arg",
@@ -98,9 +106,24 @@ struct Cli {
     /// The build profile of the binaries measured, as the report records it.
     #[arg(long, default_value = "release")]
     profile: String,
+    /// Only these scenarios of the largest world, without its traffic: `path-cost` (the
+    /// eBPF programs' per-path cost and instruction counts), `convergence` (cold start and
+    /// the changes, both dataplanes). Repeat for each; not with --peers.
+    #[arg(long, value_enum, conflicts_with = "peers")]
+    only: Vec<Only>,
+    /// With --only: this dataplane alone (`ebpf` or `iptables`; default both).
+    #[arg(long, value_parser = ["ebpf", "iptables"], requires = "only")]
+    only_dataplane: Option<String>,
     /// The command line the report records (the wrapper's, `cargo xtask bench ...`).
     #[arg(long)]
     command: Option<String>,
+}
+
+/// `--only`'s scenarios.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum Only {
+    PathCost,
+    Convergence,
 }
 
 /// What `--peers` measures differently for a peer, which reports no convergence.
@@ -117,7 +140,8 @@ fn notes() -> Vec<String> {
     vec![
         "datapath: RR = 64-byte request/response on one TCP connection, CRR = a new connection per request, the client and the echo server pinned to one CPU (a wakeup across CPUs costs tens of µs on these virtual machines); ratios are to no enforcement in the same run".into(),
         format!("{}: in the largest datapath world, no enforcement plus a program that does nothing (returns TC_ACT_OK) on both TCX hooks of each pod's host-side interface, where weir's eBPF classifiers attach: the floor of any eBPF enforcement at those hooks", trial::NOOP_HOOKS),
-        "convergence and both memory worlds: cluster mode, the agent watching the real kube-apiserver (etcd and kube-apiserver in the bench node's namespace) with the DaemonSet's ServiceAccount; a change is measured from just before its first write request (a server-side apply of the changed Pod, Namespace or NetworkPolicy, or a delete, on a connection already open) to the first probe connection that sees the new verdict; 'in the agent' is the agent's own share of it (weir_policy_implementation_delay_seconds: from the watch event received to the dataplane programmed)".into(),
+        "per-path cost: BPF_PROG_TEST_RUN of the eBPF agent's pinned programs, as if on the client's or the server's host-side interface, with the largest world in their maps (before the convergence changes); each path's figure is the median of 3 rounds' mean ns per run (100,000 runs a round; a new allowed flow 300, within the endpoint's budget of new CT entries), each run's verdict and the WEIR_COUNTERS slot its path counts checked; the established and reply paths are the four program runs of a round trip; instructions: bpf_prog_info's verified_insns (what the verifier processed over all paths), xlated_prog_len / 8 and jited_prog_len".into(),
+        "convergence and both memory worlds: cluster mode, the agent watching the real kube-apiserver (etcd and kube-apiserver in the bench node's namespace) with the DaemonSet's ServiceAccount; a change is measured from just before its first write request (a server-side apply of the changed Pod, Namespace or NetworkPolicy, or a delete, on a connection already open) to the first probe connection that sees the new verdict; 'in the agent' is the agent's own share of it (weir_policy_implementation_delay_seconds: from the watch event received to the dataplane programmed); 'watch delay' is the part before it, from the write to the agent's source receiving the change (the write request's start against the status file's change_received_monotonic_ns, one clock); p99 is the nearest rank, of 100 changes per kind in the full bench (policy update: 200)".into(),
         "cold start: from starting `weir agent` (the world already on the API server, or in its manifest file) to its status file reporting the world converged; its phases are the agent's own (status file `startup`): listed = from its start to the source's first complete state, compiled = the engine's compile, loaded = kernel probes and building the dataplane (eBPF: programs loaded and attached), programmed = the state written into the kernel, cleaned = the other dataplane's leftovers removed".into(),
         format!("the datapath worlds below the largest and the cluster-policy worlds: file mode, the agent polling a manifest file every {} ms", agent::POLL_MS),
         "memory: VmHWM of the agent process; BPF map memory is the kernel's memlock for the maps the agent holds; ipset memory is `ipset list` 'Size in memory' of weir's sets; other ratios are to iptables".into(),
@@ -180,6 +204,7 @@ fn run(cli: Cli) -> Result<()> {
     });
     let peer_limit = Duration::from_secs(cli.peer_change_limit);
     let mut scale = Scale::new(quick);
+    scale.changes = cli.changes.unwrap_or(scale.changes);
     scale.resize_peers(cli.peer_policies, cli.peer_remote_pods, cli.peer_changes);
     netns::sweep_stale();
     let started = Instant::now();
@@ -216,6 +241,9 @@ fn run(cli: Cli) -> Result<()> {
     };
     match peers {
         true => run_peers(&env, &mut report),
+        false if !cli.only.is_empty() => {
+            run_only(&env, &mut report, &cli.only, cli.only_dataplane.as_deref())
+        }
         false => {
             binary_rows(&env.weir, &mut report);
             run_scenarios(&env, &mut report);
@@ -298,13 +326,14 @@ fn run_scenarios(env: &Env, report: &mut Report) {
     let (max, remote) = (scale.max_policies(), scale.remote_pods);
     let convergence = format!("convergence, {max} policies, {remote} remote pods");
     let memory = format!("memory, {max} policies, {remote} remote pods");
+    let path_cost = format!("per-path cost, {max} policies, {remote} remote pods");
     for &n in &scale.policy_counts {
         let datapath = format!("datapath, {n} policies, {remote} remote pods");
         progress(&datapath);
         let last = n == max;
         let mut planned = vec![&datapath];
         if last {
-            planned.extend([&convergence, &memory]);
+            planned.extend([&path_cost, &convergence, &memory]);
         }
         // The largest world's agents watch the real API server: their convergence, cold
         // start and memory are the cluster path's.
@@ -323,6 +352,11 @@ fn run_scenarios(env: &Env, report: &mut Report) {
             },
         );
         if last {
+            // Before the changes, so that the maps hold the world as the datapath saw it.
+            progress(&path_cost);
+            for setup in &setups {
+                report.rows.extend(setup.path_cost_rows(&path_cost));
+            }
             converge_and_measure(env, report, &mut setups, &convergence, &memory);
         }
     }
@@ -369,6 +403,53 @@ fn run_scenarios(env: &Env, report: &mut Report) {
     let reset = reset::scenario(scale);
     progress(&reset);
     report.rows.extend(reset::rows(&env.weir, scale, &reset));
+}
+
+/// `--only`: the largest world's enforcing setups through the API server, as the full run
+/// makes them, and only the scenarios asked for.
+fn run_only(env: &Env, report: &mut Report, only: &[Only], dataplane: Option<&str>) {
+    let scale = &env.scale;
+    let (max, remote) = (scale.max_policies(), scale.remote_pods);
+    let path_cost = format!("per-path cost, {max} policies, {remote} remote pods");
+    let convergence = format!("convergence, {max} policies, {remote} remote pods");
+    let planned: Vec<&String> = [
+        (Only::PathCost, &path_cost),
+        (Only::Convergence, &convergence),
+    ]
+    .into_iter()
+    .filter(|(o, _)| only.contains(o))
+    .map(|(_, s)| s)
+    .collect();
+    let enforcers: &[Dataplane] = match only.contains(&Only::Convergence) {
+        true => &Dataplane::ALL,
+        false => &[Dataplane::Ebpf],
+    };
+    for &dp in enforcers
+        .iter()
+        .filter(|dp| dataplane.is_none_or(|d| d == dp.as_str()))
+    {
+        progress(&format!("{}: {}", planned[0], dp.as_str()));
+        let tag = format!("{}{max}", dp.as_str());
+        let world = World::new(max, remote);
+        let mut setup = match Setup::enforcing(env, &tag, dp, world, Source::Cluster) {
+            Ok(setup) => setup,
+            Err(e) => {
+                report.rows.extend(unavailable(&planned, dp, &e));
+                continue;
+            }
+        };
+        if only.contains(&Only::PathCost) {
+            report.rows.extend(setup.path_cost_rows(&path_cost));
+        }
+        if only.contains(&Only::Convergence) {
+            report.rows.extend(cold_start_rows(&convergence, &setup));
+            let rows = setup.convergence_rows(scale.changes, &convergence, env.peer_limit);
+            report
+                .rows
+                .extend(rows_or_failure(rows, &convergence, setup.label()));
+        }
+    }
+    report.add_ratios(&convergence, Dataplane::Iptables.as_str());
 }
 
 /// `--peers`: weir's two dataplanes and each peer the host can run, on the largest world

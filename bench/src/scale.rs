@@ -18,7 +18,7 @@ pub struct Scale {
     pub latency: Duration,
     /// Pod label changes, as many namespace label changes, then as many cycles of policy
     /// create, update, update back and delete; each kind measured on its own (the full
-    /// bench makes 150 changes per dataplane).
+    /// bench makes 100 of each kind per dataplane, so that a p99 is not one sample).
     pub changes: usize,
     pub reset_sets: usize,
     pub reset_undeletable: usize,
@@ -53,7 +53,7 @@ impl Scale {
                 traffic_rounds: 4,
                 throughput_seconds: 2,
                 latency: Duration::from_secs(1),
-                changes: 25,
+                changes: 100,
                 reset_sets: 5_000,
                 reset_undeletable: 1_000,
                 reset_chains: 2_000,

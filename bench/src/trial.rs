@@ -14,7 +14,7 @@ use super::scale::Scale;
 use super::topology::{Topology, HOST_INTERFACES};
 use super::traffic::{self, Servers};
 use super::world::World;
-use super::{convergence, memory};
+use super::{convergence, memory, prog_cost};
 
 /// The label of the hook-floor setup in the report.
 pub const NOOP_HOOKS: &str = "noop-hooks";
@@ -164,6 +164,17 @@ impl Setup {
             label,
             limit,
         )
+    }
+
+    /// The eBPF dataplane's per-path cost and its programs' instruction counts, on the
+    /// programs and maps this setup's agent loaded (nothing for another dataplane).
+    pub fn path_cost_rows(&self, scenario: &str) -> Vec<Row> {
+        match (&self.agent, self.dataplane) {
+            (Some(agent), Some(Dataplane::Ebpf)) => {
+                prog_cost::rows(&self.topo.node, agent.bpf_root(), scenario)
+            }
+            _ => Vec::new(),
+        }
     }
 
     pub fn memory_rows(&self, scenario: &str) -> Result<Vec<Row>> {

@@ -414,6 +414,7 @@ fn a_refused_policy_gets_one_event_however_many_nodes_report_it() {
                 fallback_reason: fallback.map(str::to_string),
                 errors: Vec::new(),
                 state_digest: None,
+                change_received_monotonic_ns: None,
                 startup: None,
             };
             for node in &mut nodes {

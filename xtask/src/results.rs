@@ -40,6 +40,10 @@ pub const TABLES: &[(&str, &str)] = &[
         "bench: cold start, its phases, each change kind's p50 / p99 and the agent's share, memory, of the convergence world",
     ),
     (
+        "path-cost",
+        "bench: the eBPF programs' nanoseconds per run on each path (BPF_PROG_TEST_RUN) and their instruction counts",
+    ),
+    (
         "memory-large",
         "bench: cold start and memory of the larger memory world",
     ),
@@ -129,6 +133,7 @@ fn make(table: &str, data: &Value) -> Result<String> {
         "cluster-datapath" => datapath(report, true),
         "convergence" => convergence(report),
         "memory-large" => memory_large(report),
+        "path-cost" => path_cost(report),
         "peers" => peers(report),
         "kernels" => kernels(data),
         other => bail!(
@@ -395,8 +400,16 @@ fn convergence(report: &Value) -> Result<String> {
         {
             continue;
         }
-        let label = match i {
-            0 => format!("{kind} p50 / p99 (in the agent p50 / p99)"),
+        // Reports since the watch delay was measured give it before the agent's share.
+        let watched = dps.iter().any(|dp| {
+            rows.find(s, dp, &format!("{kind}: watch delay p50"))
+                .is_some()
+        });
+        let label = match (i, watched) {
+            (0, false) => format!("{kind} p50 / p99 (in the agent p50 / p99)"),
+            (0, true) => {
+                format!("{kind} p50 / p99 (watch delay p50 / p99; in the agent p50 / p99)")
+            }
             _ => format!("{kind} p50 / p99"),
         };
         out += &line(
@@ -404,26 +417,78 @@ fn convergence(report: &Value) -> Result<String> {
             dps.iter().map(|dp| {
                 let v = |f: &str| rows.value(s, dp, &format!("{kind}{f}"));
                 let seen = format!("{} / {} ms", v(" p50"), v(" p99"));
-                match rows.find(s, dp, &format!("{kind}: in the agent p50")) {
-                    Some(_) => format!(
-                        "{seen} ({} / {})",
-                        v(": in the agent p50"),
-                        v(": in the agent p99")
+                let agent = format!("{} / {}", v(": in the agent p50"), v(": in the agent p99"));
+                let in_agent = rows.find(s, dp, &format!("{kind}: in the agent p50"));
+                match (in_agent, watched) {
+                    (Some(_), false) => format!("{seen} ({agent})"),
+                    (Some(_), true) => format!(
+                        "{seen} ({} / {}; {agent})",
+                        v(": watch delay p50"),
+                        v(": watch delay p99")
                     ),
-                    None => seen,
+                    (None, _) => seen,
                 }
             }),
         );
     }
-    out += &line(
-        "agent peak RSS",
-        dps.iter()
-            .map(|dp| format!("{} MiB", rows.value(&memory, dp, "agent peak RSS"))),
+    // A run of the convergence scenario alone (`weir-bench --only`) has no memory world.
+    if rows.scenarios().contains(&memory.as_str()) {
+        out += &line(
+            "agent peak RSS",
+            dps.iter()
+                .map(|dp| format!("{} MiB", rows.value(&memory, dp, "agent peak RSS"))),
+        );
+        out += &line(
+            "kernel state",
+            dps.iter().map(|dp| kernel_state(&rows, &memory, dp)),
+        );
+    }
+    Ok(out)
+}
+
+/// The per-path cost: one line per path (its program and nanoseconds per run), then one
+/// per program (the verifier's instruction count, the instructions as loaded, the JIT
+/// image).
+fn path_cost(report: &Value) -> Result<String> {
+    let rows = Rows::of(report)?;
+    let s = rows
+        .scenarios()
+        .into_iter()
+        .find(|s| s.starts_with("per-path cost, "))
+        .context("the report has no per-path cost scenario")?;
+    let (pods, policies) = world(s).with_context(|| format!("{s}: no world in its name"))?;
+    let of_scenario = || rows.0.iter().filter(move |r| r["scenario"] == s);
+    let mut out = format!(
+        "| path ({} pods, {} policies) | program | ns per run |\n|---|---|---|\n",
+        thousands(pods),
+        thousands(policies)
     );
-    out += &line(
-        "kernel state",
-        dps.iter().map(|dp| kernel_state(&rows, &memory, dp)),
-    );
+    for r in of_scenario().filter(|r| r["unit"] == "ns/run" || r["error"].is_string()) {
+        let figure = r["figure"].as_str().unwrap_or_default();
+        if figure.contains("instructions") {
+            continue;
+        }
+        let (path, program) = figure.rsplit_once(": ").unwrap_or((figure, "–"));
+        let value = rows.value(s, r["dataplane"].as_str().unwrap_or_default(), figure);
+        out += &format!("| {path} | {program} | {value} |\n");
+    }
+    out += "\n| program | instructions the verifier processed | instructions as loaded | JIT image |\n|---|---|---|---|\n";
+    let mut programs: Vec<&str> = Vec::new();
+    for r in of_scenario() {
+        let figure = r["figure"].as_str().unwrap_or_default();
+        if let Some((program, _)) = figure.split_once(": instructions the verifier processed") {
+            programs.push(program);
+        }
+    }
+    for program in programs {
+        let v = |f: &str| rows.value(s, "ebpf", &format!("{program}: {f}"));
+        out += &format!(
+            "| {program} | {} | {} | {} bytes |\n",
+            v("instructions the verifier processed"),
+            v("instructions as loaded (xlated)"),
+            v("JIT image")
+        );
+    }
     Ok(out)
 }
 
@@ -699,6 +764,41 @@ mod tests {
              |---|---|---|---|---|\n\
              | 1,000 | none | 16.9 Gbit/s | 5.22 / 6.38 µs | 28.7 / 1,561 µs |\n\
              | 1,000 | ebpf | 1.20× | 1.20× / 1.20× | 1.20× / 1.20× |\n"
+        );
+    }
+
+    #[test]
+    fn a_path_cost_table_gives_each_path_and_each_program() {
+        let s = "per-path cost, 1000 policies, 20000 remote pods";
+        let rows = vec![
+            row(
+                s,
+                "ebpf",
+                "weir_to_pod: instructions the verifier processed",
+                json!(274400),
+                None,
+            ),
+            row(
+                s,
+                "ebpf",
+                "weir_to_pod: instructions as loaded (xlated)",
+                json!(7803),
+                None,
+            ),
+            row(s, "ebpf", "weir_to_pod: JIT image", json!(37970), None),
+            json!({"scenario": s, "dataplane": "ebpf", "figure": "established, to the pod: weir_to_pod",
+                   "value": 357.0, "unit": "ns/run", "ratio": null, "reference": null, "error": null}),
+        ];
+        let table = path_cost(&json!({ "rows": rows })).expect("a table");
+        assert_eq!(
+            table,
+            "| path (20,000 pods, 1,000 policies) | program | ns per run |\n\
+             |---|---|---|\n\
+             | established, to the pod | weir_to_pod | 357 |\n\
+             \n\
+             | program | instructions the verifier processed | instructions as loaded | JIT image |\n\
+             |---|---|---|---|\n\
+             | weir_to_pod | 274,400 | 7,803 | 37,970 bytes |\n"
         );
     }
 

@@ -155,6 +155,8 @@ pub struct Daemon<B: Backends> {
     publisher: Option<Box<dyn Publisher>>,
     generation: Option<u64>,
     state_digest: Option<String>,
+    /// When the source received the last applied batch's first change (CLOCK_MONOTONIC ns).
+    change_received_ns: Option<u64>,
     /// The node label's choice; `None` falls back to the default.
     node_choice: Option<DataplaneChoice>,
     node_choice_error: Option<ObjectError>,
@@ -208,6 +210,7 @@ impl<B: Backends> Daemon<B> {
             publisher: None,
             generation: None,
             state_digest: None,
+            change_received_ns: None,
             node_choice: None,
             node_choice_error: None,
             source_errors: Vec::new(),
@@ -366,6 +369,10 @@ impl<B: Backends> Daemon<B> {
         self.health.sync().complete();
         self.source_errors = batch.rejected;
         let received = batch.received.filter(|_| !batch.events.is_empty());
+        if let Some(received) = received {
+            let ago = u64::try_from(received.elapsed().as_nanos()).unwrap_or(u64::MAX);
+            self.change_received_ns = Some(crate::kernel::monotonic_ns().saturating_sub(ago));
+        }
         if batch.generation.is_some() {
             self.generation = batch.generation;
         }
@@ -712,6 +719,7 @@ impl<B: Backends> Daemon<B> {
                 .map(str::to_string),
             errors,
             state_digest: self.state_digest.clone(),
+            change_received_monotonic_ns: self.change_received_ns,
             startup: self.startup,
         }
     }

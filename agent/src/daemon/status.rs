@@ -23,6 +23,11 @@ pub struct Status {
     /// describes (`source::digest`); the lab compares it with the API server's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub state_digest: Option<String>,
+    /// When the source received the change that the last applied batch began with (a
+    /// watch event; the manifest file's change), in CLOCK_MONOTONIC nanoseconds: with the
+    /// time of the API write, it gives the watch delay apart from the agent's own share.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub change_received_monotonic_ns: Option<u64>,
     /// How the cold start spent its time, once the dataplane first started.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub startup: Option<Startup>,
@@ -91,6 +96,7 @@ mod tests {
                 reason: "spec.ingress[0]: bad".into(),
             }],
             state_digest: None,
+            change_received_monotonic_ns: None,
             startup: None,
         };
         status.write_atomically(&path).unwrap();

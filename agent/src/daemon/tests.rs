@@ -115,6 +115,23 @@ fn start_converges_before_removing_leftovers_and_reports() {
 }
 
 #[test]
+fn status_says_when_the_applied_change_was_received() {
+    let mut w = world("received", Ok(()), vec![]);
+    let before = crate::kernel::monotonic_ns();
+    let mut b = batch(1, vec![node(None)]);
+    b.received = Some(std::time::Instant::now());
+    w.daemon.handle(b);
+    let first = w
+        .status()
+        .change_received_monotonic_ns
+        .expect("a receipt time");
+    assert!(first >= before && first <= crate::kernel::monotonic_ns());
+    // A batch that changes nothing leaves the last change's time.
+    w.daemon.handle(batch(2, vec![]));
+    assert_eq!(w.status().change_received_monotonic_ns, Some(first));
+}
+
+#[test]
 fn fallback_reason_reaches_the_status() {
     let mut w = world("fallback", Err("no BTF".into()), vec![]);
     w.daemon.handle(batch(1, vec![]));
