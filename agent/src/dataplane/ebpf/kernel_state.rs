@@ -613,6 +613,7 @@ impl KernelState {
     }
 
     pub fn upsert_service(&mut self, maps: &mut Maps, want: &Self, errors: &mut Vec<ObjectError>) {
+        let before = errors.len();
         upsert_hash(
             &mut self.service,
             &want.service,
@@ -620,6 +621,14 @@ impl KernelState {
             service_object,
             errors,
         );
+        // What a frontend left out means (ARCHITECTURE.md: the SERVICE map is not shared).
+        for e in &mut errors[before..] {
+            e.reason.push_str(
+                "; pods' traffic to it is judged before kube-proxy picks a backend, on the \
+                 frontend's address: egress rules naming the backends (an Admin Deny by their \
+                 labels too) do not hold through it",
+            );
+        }
     }
 
     pub fn delete_service(&mut self, maps: &mut Maps, want: &Self, errors: &mut Vec<ObjectError>) {
