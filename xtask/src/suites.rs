@@ -1,0 +1,781 @@
+//! `cargo xtask conformance --suite e2e|npapi --dataplane ebpf|iptables`: the field's own
+//! NetworkPolicy suites against weir as its DaemonSet on a real kubelet cluster
+//! (`weir-lab cluster`), one dataplane per run:
+//! - `e2e`: Kubernetes' `test/e2e/network/netpol` at the release in
+//!   deploy/kubernetes-version, as a test binary that links only that package and the e2e
+//!   framework (half the packages of the release's e2e.test), every `Feature:NetworkPolicy`
+//!   and `NetworkPolicy API` spec;
+//! - `npapi`: network-policy-api's conformance (the version in deploy/cluster-versions), the
+//!   ClusterNetworkPolicy profile with all features.
+//!
+//! Each run builds what is not cached, brings the cluster up with weir on the chosen
+//! dataplane, runs the suite with its output unchanged (its summary lines are the suite's
+//! own), writes `docs/results/DATE/conformance-SUITE-DATAPLANE.json` and tears the cluster
+//! down, also when something fails.
+use std::fs;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use serde_json::{json, Value};
+
+use crate::cluster::{self, Versions};
+use crate::cmd::{exec, is_root, output, workspace_root};
+use crate::components;
+
+/// The specs the e2e framework runs only when focused (it skips `[Feature:...]` otherwise).
+const E2E_FOCUS: &str = "Feature:NetworkPolicy|NetworkPolicy API";
+/// How long a whole suite may take: about 20 minutes when every e2e spec passes, about
+/// 3.5 minutes more per failing one (it retries its probes).
+const SUITE_TIMEOUT: Duration = Duration::from_secs(4 * 3600);
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Suite {
+    /// Kubernetes' NetworkPolicy e2e (test/e2e/network/netpol).
+    E2e,
+    /// network-policy-api's conformance, ClusterNetworkPolicy profile, all features.
+    Npapi,
+}
+
+impl Suite {
+    fn name(self) -> &'static str {
+        match self {
+            Suite::E2e => "e2e",
+            Suite::Npapi => "npapi",
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Dataplane {
+    Ebpf,
+    Iptables,
+}
+
+impl Dataplane {
+    fn name(self) -> &'static str {
+        match self {
+            Dataplane::Ebpf => "ebpf",
+            Dataplane::Iptables => "iptables",
+        }
+    }
+}
+
+/// The cluster's `--name`: one per suite and dataplane, apart from `weir-lab cluster`'s
+/// default and the real-cluster test's, so runs of different cells go side by side and
+/// never take over someone's cluster.
+fn cluster_name(suite: Suite, dataplane: Dataplane) -> String {
+    let suite = match suite {
+        Suite::E2e => "e2e",
+        Suite::Npapi => "np",
+    };
+    let dataplane = match dataplane {
+        Dataplane::Ebpf => "ebpf",
+        Dataplane::Iptables => "ipt",
+    };
+    format!("w{suite}{dataplane}")
+}
+
+pub struct Options {
+    pub suite: Suite,
+    pub dataplane: Dataplane,
+    pub nodes: usize,
+    /// e2e: a ginkgo focus instead of every NetworkPolicy spec; npapi: a `-run` pattern
+    /// for the conformance tests (subtests of `TestConformanceProfiles`).
+    pub focus: Option<String>,
+}
+
+pub fn run(o: &Options) -> Result<()> {
+    if !is_root() {
+        bail!("the suites run a kubelet cluster (namespaces, mounts, cgroups): run it as root");
+    }
+    let started = Instant::now();
+    cluster::ensure()?;
+    let k8s = components::kubernetes_version()?;
+    let versions = cluster::versions()?;
+    let suite_bin = match o.suite {
+        Suite::E2e => ensure_e2e(&k8s)?,
+        Suite::Npapi => bail!("the npapi suite is not wired yet"),
+    };
+    crate::image::for_tests()?;
+    exec(crate::cmd::cargo().args(["build", "--package", "weir-lab"]))?;
+    let built = started.elapsed();
+    println!(
+        "conformance: everything built or cached in {:.0}s",
+        built.as_secs_f64()
+    );
+
+    let cluster_started = Instant::now();
+    let mut cluster = Cluster::up(&cluster_name(o.suite, o.dataplane), o.nodes)?;
+    cluster.deploy_weir(o.dataplane)?;
+    let cluster_seconds = cluster_started.elapsed().as_secs_f64();
+    println!(
+        "conformance: cluster up with weir on {} in {cluster_seconds:.0}s",
+        o.dataplane.name()
+    );
+
+    let run_started = Instant::now();
+    let outcome = match o.suite {
+        Suite::E2e => run_e2e(&cluster, &suite_bin, o.focus.as_deref()),
+        Suite::Npapi => unreachable!("refused above"),
+    };
+    let suite_seconds = run_started.elapsed().as_secs_f64();
+    // Whatever the suite said, the weir pods' logs go with a failure.
+    if outcome.as_ref().map_or(true, |r| !r.failed.is_empty()) {
+        cluster.print_weir_logs();
+    }
+    let down = cluster.down();
+    let result = outcome?;
+    down?;
+
+    let file = write_results(o, &k8s, &versions, &result, suite_seconds)?;
+    println!(
+        "conformance: {} on {}: {} passed, {} failed, {} skipped of {} specs; suite {suite_seconds:.0}s, \
+         cluster {cluster_seconds:.0}s, builds {:.0}s; {}",
+        o.suite.name(),
+        o.dataplane.name(),
+        result.passed.len(),
+        result.failed.len(),
+        result.skipped.len(),
+        result.total,
+        built.as_secs_f64(),
+        file.display()
+    );
+    if !result.failed.is_empty() || result.passed.is_empty() {
+        bail!(
+            "{} of {} specs failed on {}",
+            result.failed.len(),
+            result.passed.len() + result.failed.len(),
+            o.dataplane.name()
+        );
+    }
+    Ok(())
+}
+
+/// What a suite run came to.
+#[derive(Debug, Default)]
+struct SuiteResult {
+    passed: Vec<String>,
+    failed: Vec<String>,
+    /// Specs not run, each with why.
+    skipped: Vec<String>,
+    /// Specs the suite has (run or not).
+    total: usize,
+    /// The suite's own summary lines, as it printed them.
+    summary: Vec<String>,
+    /// What was left out, and why (the kernel's lack of SCTP, say).
+    skip_reasons: Vec<String>,
+    /// The filters the suite ran with.
+    args: Vec<String>,
+}
+
+// ---------------------------------------------------------------------------------------
+// The e2e suite
+
+/// The cached directory of the netpol e2e test binary of release `k8s`.
+fn e2e_dir(k8s: &str) -> PathBuf {
+    components::root().join(format!("netpol-e2e-{k8s}"))
+}
+
+/// The test program: the netpol package's specs, run by the e2e framework with its flags
+/// as the release's e2e.test registers them.
+const E2E_MAIN: &str = r#"// Kubernetes' NetworkPolicy e2e specs (test/e2e/network/netpol) and nothing else, run by
+// the e2e framework as the release's e2e.test runs them. Written by `cargo xtask conformance`.
+package netpole2e
+
+import (
+	"flag"
+	"os"
+	"testing"
+
+	"github.com/onsi/ginkgo/v2"
+	"github.com/onsi/gomega"
+
+	"k8s.io/component-base/logs"
+	"k8s.io/klog/v2"
+	"k8s.io/kubernetes/test/e2e/framework"
+	"k8s.io/kubernetes/test/e2e/framework/config"
+
+	_ "k8s.io/component-base/logs/testinit"
+	_ "k8s.io/kubernetes/test/e2e/framework/debug/init"
+	_ "k8s.io/kubernetes/test/e2e/framework/node/init"
+	_ "k8s.io/kubernetes/test/e2e/network/netpol"
+)
+
+func TestMain(m *testing.M) {
+	config.CopyFlags(config.Flags, flag.CommandLine)
+	framework.RegisterCommonFlags(flag.CommandLine)
+	framework.RegisterClusterFlags(flag.CommandLine)
+	flag.Parse()
+	framework.AfterReadingAllFlags(&framework.TestContext)
+	os.Exit(m.Run())
+}
+
+func TestNetpol(t *testing.T) {
+	logs.InitLogs()
+	defer logs.FlushLogs()
+	klog.EnableContextualLogging(true)
+	gomega.RegisterFailHandler(framework.Fail)
+	suiteConfig, reporterConfig := framework.CreateGinkgoConfig()
+	ginkgo.RunSpecs(t, "Kubernetes NetworkPolicy e2e", suiteConfig, reporterConfig)
+}
+"#;
+
+/// The netpol e2e test binary, built when not cached.
+fn ensure_e2e(k8s: &str) -> Result<PathBuf> {
+    let dir = e2e_dir(k8s);
+    let bin = dir.join("e2e.test");
+    if dir.join(".complete").exists() && bin.is_file() {
+        return Ok(bin);
+    }
+    println!("conformance: building the NetworkPolicy e2e test binary of {k8s} (a fresh machine pays this once)");
+    let started = Instant::now();
+    let go = components::go()?;
+    let module = dir.join("build");
+    fs::create_dir_all(&module).with_context(|| format!("create {}", module.display()))?;
+    let info = cluster::download(&go, &format!("k8s.io/kubernetes@{k8s}"))?;
+    let gomod = info["GoMod"].as_str().context("no GoMod file named")?;
+    let upstream = fs::read_to_string(gomod).with_context(|| format!("read {gomod}"))?;
+    let gomod = components::build_module(k8s, &upstream)?.replace(
+        "module weir.local/components",
+        "module weir.local/netpole2e",
+    );
+    fs::write(module.join("go.mod"), gomod)?;
+    fs::write(module.join("netpol_test.go"), E2E_MAIN)?;
+    exec(cluster::go_cmd(&go, &module).args(["mod", "tidy"]))?;
+    exec(
+        cluster::go_cmd(&go, &module)
+            .args(["test", "-c", "-trimpath", "-o"])
+            .arg(&bin)
+            .arg("."),
+    )?;
+    if !bin.is_file() {
+        bail!("go test -c finished but {} is missing", bin.display());
+    }
+    fs::write(dir.join(".complete"), k8s)?;
+    println!(
+        "conformance: built the NetworkPolicy e2e test binary in {:.0}s",
+        started.elapsed().as_secs_f64()
+    );
+    Ok(bin)
+}
+
+/// Whether this kernel has SCTP: `Err(reason)` when a socket of it cannot be made.
+fn kernel_sctp() -> std::result::Result<(), String> {
+    // SAFETY: socket has no preconditions; the descriptor is closed right away.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM, libc::IPPROTO_SCTP) };
+    if fd >= 0 {
+        // SAFETY: fd was just returned by socket.
+        unsafe { libc::close(fd) };
+        return Ok(());
+    }
+    Err(format!(
+        "this kernel has no SCTP (socket(AF_INET, SOCK_STREAM, IPPROTO_SCTP): {})",
+        std::io::Error::last_os_error()
+    ))
+}
+
+fn run_e2e(cluster: &Cluster, bin: &Path, focus: Option<&str>) -> Result<SuiteResult> {
+    let report = cluster.dir.join("e2e-report.json");
+    let _ = fs::remove_file(&report);
+    let mut skip = Vec::new();
+    let mut skip_reasons = Vec::new();
+    if let Err(reason) = kernel_sctp() {
+        println!("conformance: skipping the specs tagged Feature:SCTPConnectivity: {reason}");
+        skip.push("SCTPConnectivity");
+        skip_reasons.push(format!("Feature:SCTPConnectivity: {reason}"));
+    }
+    let mut args = vec![
+        format!("--ginkgo.focus={}", focus.unwrap_or(E2E_FOCUS)),
+        "--ginkgo.no-color".to_string(),
+        format!("--ginkgo.timeout={}s", SUITE_TIMEOUT.as_secs()),
+    ];
+    if !skip.is_empty() {
+        args.push(format!("--ginkgo.skip={}", skip.join("|")));
+    }
+    let mut command = cluster.in_control_plane(bin);
+    command
+        .arg(format!("--kubeconfig={}", cluster.kubeconfig().display()))
+        .arg("--provider=skeleton")
+        .arg(format!("--ginkgo.json-report={}", report.display()))
+        .args(&args)
+        .current_dir(&cluster.dir);
+    let (status, summary) = stream(&mut command, SUITE_TIMEOUT, |l| {
+        l.starts_with("Ran ") || l.contains(" Passed | ")
+    })?;
+    let text = fs::read_to_string(&report).with_context(|| {
+        format!(
+            "the e2e binary ({status}) wrote no report at {}",
+            report.display()
+        )
+    })?;
+    let mut result = parse_ginkgo_report(&text)?;
+    result.summary = summary;
+    result.skip_reasons = skip_reasons;
+    result.args = args;
+    if result.failed.is_empty() && !status.success() {
+        bail!("the e2e binary failed ({status}) with no failed spec in its report");
+    }
+    Ok(result)
+}
+
+/// Passed, failed and skipped specs of a ginkgo JSON report (one suite).
+fn parse_ginkgo_report(text: &str) -> Result<SuiteResult> {
+    let reports: Value = serde_json::from_str(text).context("parsing ginkgo's JSON report")?;
+    let mut r = SuiteResult::default();
+    for suite in reports
+        .as_array()
+        .context("a ginkgo report is a list of suites")?
+    {
+        for spec in suite["SpecReports"].as_array().into_iter().flatten() {
+            // Suite-level nodes (BeforeSuite, ReportAfterSuite) are not specs.
+            if spec["LeafNodeType"] != "It" {
+                continue;
+            }
+            let name = [
+                spec["ContainerHierarchyTexts"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(Value::as_str)
+                    .collect::<Vec<_>>()
+                    .join(" "),
+                spec["LeafNodeText"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string(),
+            ]
+            .join(" ");
+            r.total += 1;
+            match spec["State"].as_str().unwrap_or_default() {
+                "passed" => r.passed.push(name),
+                "skipped" | "pending" => r.skipped.push(name),
+                _ => r.failed.push(name),
+            }
+        }
+    }
+    Ok(r)
+}
+
+// ---------------------------------------------------------------------------------------
+// The cluster
+
+/// A `weir-lab cluster` of this run; torn down when dropped, unless already down.
+struct Cluster {
+    name: String,
+    dir: PathBuf,
+    lab: PathBuf,
+    nodes: Vec<String>,
+    down: bool,
+}
+
+impl Cluster {
+    fn up(name: &str, nodes: usize) -> Result<Cluster> {
+        let lab = workspace_root().join("target/debug/weir-lab");
+        let dir = PathBuf::from(format!("/var/tmp/weir-suite-{name}"));
+        if dir.join("cluster.json").exists() {
+            bail!(
+                "a suite's cluster is up in {} (another run of this suite and dataplane, or one \
+                 that was killed): `{} cluster --dir {} down` removes it",
+                dir.display(),
+                lab.display(),
+                dir.display()
+            );
+        }
+        let (archive, _) = weir_image()?;
+        let mut cluster = Cluster {
+            name: name.to_string(),
+            dir,
+            lab,
+            nodes: Vec::new(),
+            down: false,
+        };
+        let up = cluster.lab(
+            &[
+                "up",
+                "--nodes",
+                &nodes.to_string(),
+                "--name",
+                name,
+                "--image",
+                &archive.display().to_string(),
+            ],
+            Duration::from_secs(600),
+        )?;
+        let up: Value = serde_json::from_str(&up).context("weir-lab cluster up's JSON")?;
+        cluster.nodes = up["nodes"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|n| n["name"].as_str().map(str::to_string))
+            .collect();
+        if cluster.nodes.len() != nodes {
+            bail!(
+                "weir-lab cluster up made {} nodes: {up}",
+                cluster.nodes.len()
+            );
+        }
+        Ok(cluster)
+    }
+
+    fn kubeconfig(&self) -> PathBuf {
+        self.dir.join("control-plane/kubeconfig-admin")
+    }
+
+    /// `program` in the control plane's network namespace, where the API server is.
+    fn in_control_plane(&self, program: &Path) -> Command {
+        let mut c = Command::new("nsenter");
+        c.arg(format!("--net=/run/netns/{}-cp", self.name))
+            .arg("--")
+            .arg(program);
+        c
+    }
+
+    fn lab(&self, args: &[&str], timeout: Duration) -> Result<String> {
+        let mut c = Command::new(&self.lab);
+        c.arg("cluster").arg("--dir").arg(&self.dir).args(args);
+        let out = run_timeout(&mut c, timeout)?;
+        if !out.status.success() {
+            bail!(
+                "weir-lab cluster {} failed ({}):\n{}{}",
+                args.join(" "),
+                out.status,
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    fn kubectl(&self, args: &[&str]) -> Result<String> {
+        let mut all = vec!["kubectl", "--timeout-secs", "240", "--"];
+        all.extend_from_slice(args);
+        self.lab(&all, Duration::from_secs(300))
+    }
+
+    /// deploy/ as it ships, its image pointed at the one imported into every node, every
+    /// node labelled with `dataplane`; returns once each node's weir reports that dataplane
+    /// converged.
+    fn deploy_weir(&self, dataplane: Dataplane) -> Result<()> {
+        for n in &self.nodes {
+            self.kubectl(&[
+                "label",
+                "node",
+                n,
+                "--overwrite",
+                &format!("weir.io/dataplane={}", dataplane.name()),
+            ])?;
+        }
+        let (_, digest) = weir_image()?;
+        let overlay = self.dir.join("overlay");
+        fs::create_dir_all(&overlay)?;
+        let deploy = workspace_root().join("deploy").canonicalize()?;
+        // kustomize takes only relative paths to a base.
+        let up_to_root = "../".repeat(overlay.components().count() - 1);
+        fs::write(
+            overlay.join("kustomization.yaml"),
+            format!(
+                "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n- {up_to_root}{}\nimages:\n- name: registry.example/weir\n  newName: docker.io/library/weir\n  digest: {digest}\n",
+                deploy.display().to_string().trim_start_matches('/')
+            ),
+        )?;
+        self.kubectl(&["apply", "-k", &overlay.display().to_string()])?;
+        self.kubectl(&[
+            "rollout",
+            "status",
+            "-n",
+            "kube-system",
+            "daemonset/weir",
+            "--timeout=180s",
+        ])?;
+        let deadline = Instant::now() + Duration::from_secs(180);
+        loop {
+            match self.converged(dataplane) {
+                Ok(()) => return Ok(()),
+                Err(e) if Instant::now() > deadline => {
+                    return Err(e.context(format!(
+                        "weir did not report {} converged on every node within 180 s",
+                        dataplane.name()
+                    )))
+                }
+                Err(_) => std::thread::sleep(Duration::from_secs(2)),
+            }
+        }
+    }
+
+    fn weir_pods(&self) -> Result<Vec<String>> {
+        let out = self.kubectl(&[
+            "get",
+            "pods",
+            "-n",
+            "kube-system",
+            "-l",
+            "app.kubernetes.io/name=weir",
+            "-o",
+            "jsonpath={.items[*].metadata.name}",
+        ])?;
+        Ok(out.split_whitespace().map(str::to_string).collect())
+    }
+
+    fn converged(&self, dataplane: Dataplane) -> Result<()> {
+        let pods = self.weir_pods()?;
+        if pods.len() != self.nodes.len() {
+            bail!("{} weir pods for {} nodes", pods.len(), self.nodes.len());
+        }
+        for p in &pods {
+            let out = self.kubectl(&[
+                "exec",
+                "-n",
+                "kube-system",
+                p,
+                "--",
+                "/usr/local/bin/weir",
+                "status",
+                "--output",
+                "json",
+            ])?;
+            let status: Value = serde_json::from_str(&out).context("weir status --output json")?;
+            if status["dataplane"] != dataplane.name() || status["converged"] != true {
+                bail!("{p}: {status}");
+            }
+        }
+        Ok(())
+    }
+
+    /// Each weir pod's log, for a failed run (the suite prints only its own side).
+    fn print_weir_logs(&self) {
+        let Ok(pods) = self.weir_pods() else { return };
+        for p in pods {
+            match self.kubectl(&["logs", "-n", "kube-system", &p, "--tail=200"]) {
+                Ok(log) => println!("conformance: --- the log of {p} (last 200 lines)\n{log}"),
+                Err(e) => println!("conformance: --- no log of {p}: {e:#}"),
+            }
+        }
+    }
+
+    fn down(&mut self) -> Result<()> {
+        self.down = true;
+        let out = self.lab(&["down"], Duration::from_secs(300))?;
+        let report: Value = serde_json::from_str(&out).context("weir-lab cluster down's JSON")?;
+        if report["left"] != json!([]) {
+            bail!("weir-lab cluster down left something: {report}");
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        if !self.down {
+            if let Err(e) = self.down() {
+                eprintln!("conformance: tearing the cluster down after a failure: {e:#}");
+            }
+        }
+    }
+}
+
+/// The archive and digest of weir's dev image (`cargo xtask image --dev`).
+fn weir_image() -> Result<(PathBuf, String)> {
+    let dir = workspace_root().join("target/image-dev");
+    let digest = fs::read_to_string(dir.join("digest"))
+        .with_context(|| format!("read {}/digest", dir.display()))?;
+    let archive = fs::read_dir(&dir)
+        .with_context(|| format!("read {}", dir.display()))?
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.to_string_lossy().ends_with(".oci.tar"))
+        .with_context(|| format!("no .oci.tar in {}", dir.display()))?;
+    Ok((archive, digest.trim().to_string()))
+}
+
+// ---------------------------------------------------------------------------------------
+// Processes
+
+/// Runs `cmd` to completion with its output captured; kills it after `timeout`.
+fn run_timeout(cmd: &mut Command, timeout: Duration) -> Result<Output> {
+    let shown = format!("{cmd:?}");
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("cannot start {shown}"))?;
+    let mut stdout = child.stdout.take().expect("piped");
+    let mut stderr = child.stderr.take().expect("piped");
+    let out = std::thread::spawn(move || {
+        let mut b = Vec::new();
+        let _ = std::io::Read::read_to_end(&mut stdout, &mut b);
+        b
+    });
+    let err = std::thread::spawn(move || {
+        let mut b = Vec::new();
+        let _ = std::io::Read::read_to_end(&mut stderr, &mut b);
+        b
+    });
+    let status = wait_timeout(&mut child, timeout, &shown)?;
+    Ok(Output {
+        status,
+        stdout: out.join().unwrap_or_default(),
+        stderr: err.join().unwrap_or_default(),
+    })
+}
+
+fn wait_timeout(
+    child: &mut std::process::Child,
+    timeout: Duration,
+    shown: &str,
+) -> Result<std::process::ExitStatus> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(status) = child.try_wait()? {
+            return Ok(status);
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            bail!("{shown} did not finish within {timeout:?}: killed");
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// Runs `cmd` with its stdout passed through line by line, unchanged; returns its status
+/// and the lines `keep` picked. Killed after `timeout`.
+fn stream(
+    cmd: &mut Command,
+    timeout: Duration,
+    keep: fn(&str) -> bool,
+) -> Result<(std::process::ExitStatus, Vec<String>)> {
+    let shown = format!("{cmd:?}");
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("cannot start {shown}"))?;
+    let stdout = child.stdout.take().expect("piped");
+    let reader = std::thread::spawn(move || {
+        let mut kept = Vec::new();
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            println!("{line}");
+            if keep(line.trim()) {
+                kept.push(line.trim().to_string());
+            }
+        }
+        kept
+    });
+    let status = wait_timeout(&mut child, timeout, &shown)?;
+    Ok((status, reader.join().unwrap_or_default()))
+}
+
+// ---------------------------------------------------------------------------------------
+// Results
+
+fn today() -> Result<String> {
+    Ok(output(Command::new("date").args(["-u", "+%F"]))
+        .context("date -u +%F")?
+        .trim()
+        .to_string())
+}
+
+fn write_results(
+    o: &Options,
+    k8s: &str,
+    v: &Versions,
+    r: &SuiteResult,
+    seconds: f64,
+) -> Result<PathBuf> {
+    let date = today()?;
+    let commit = output(
+        Command::new("git")
+            .args(["rev-parse", "--short", "HEAD"])
+            .current_dir(workspace_root()),
+    )
+    .unwrap_or_default();
+    let dirty = output(
+        Command::new("git")
+            .args(["status", "--porcelain", "--untracked-files=no"])
+            .current_dir(workspace_root()),
+    )
+    .is_some_and(|s| !s.trim().is_empty());
+    let suite_version = match o.suite {
+        Suite::E2e => format!("k8s.io/kubernetes/test/e2e/network/netpol {k8s}"),
+        Suite::Npapi => format!("sigs.k8s.io/network-policy-api {}", v.network_policy_api),
+    };
+    let data = json!({
+        "date": date,
+        "source": format!(
+            "cargo xtask conformance --suite {} --dataplane {} --nodes {}{} at weir {}{}",
+            o.suite.name(),
+            o.dataplane.name(),
+            o.nodes,
+            o.focus.as_ref().map(|f| format!(" --focus '{f}'")).unwrap_or_default(),
+            commit.trim(),
+            if dirty { " (with uncommitted changes)" } else { "" }
+        ),
+        "conditions": format!(
+            "weir-lab cluster: {} kubelet node(s) in network namespaces on one machine ({} cores, kernel {}), ptp CNI, kube-proxy iptables mode; weir's DaemonSet from deploy/ with its dev image",
+            o.nodes,
+            std::thread::available_parallelism().map_or(0, |n| n.get()),
+            output(Command::new("uname").arg("-r")).unwrap_or_default().trim()
+        ),
+        "report": {
+            "suite": o.suite.name(),
+            "suite_version": suite_version,
+            "dataplane": o.dataplane.name(),
+            "nodes": o.nodes,
+            "versions": {
+                "kubernetes": k8s,
+                "containerd": v.containerd,
+                "agnhost": v.agnhost[0],
+                "weir": commit.trim(),
+            },
+            "args": r.args,
+            "skip_reasons": r.skip_reasons,
+            "summary": r.summary,
+            "total": r.total,
+            "passed": r.passed,
+            "failed": r.failed,
+            "skipped": r.skipped,
+            "seconds": seconds.round(),
+        },
+    });
+    let dir = workspace_root().join("docs/results").join(&date);
+    fs::create_dir_all(&dir)?;
+    let file = dir.join(format!(
+        "conformance-{}-{}.json",
+        o.suite.name(),
+        o.dataplane.name()
+    ));
+    fs::write(&file, serde_json::to_string_pretty(&data)? + "\n")
+        .with_context(|| format!("write {}", file.display()))?;
+    Ok(file)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_ginkgo_report_gives_specs_by_state() {
+        let report = r#"[{"SpecReports":[
+            {"LeafNodeType":"SynchronizedBeforeSuite","State":"passed"},
+            {"LeafNodeType":"It","ContainerHierarchyTexts":["Netpol","NetworkPolicy between server and client"],
+             "LeafNodeText":"should support a 'default-deny-ingress' policy [Feature:NetworkPolicy]","LeafNodeLabels":["Feature:NetworkPolicy"],"State":"passed"},
+            {"LeafNodeType":"It","ContainerHierarchyTexts":["Netpol"],"LeafNodeText":"b","State":"failed"},
+            {"LeafNodeType":"It","ContainerHierarchyTexts":["Netpol"],"LeafNodeText":"c","State":"timedout"},
+            {"LeafNodeType":"It","ContainerHierarchyTexts":["Netpol"],"LeafNodeText":"d","State":"skipped"}
+        ]}]"#;
+        let r = parse_ginkgo_report(report).unwrap();
+        assert_eq!(r.total, 4);
+        assert_eq!(
+            r.passed,
+            vec!["Netpol NetworkPolicy between server and client should support a 'default-deny-ingress' policy [Feature:NetworkPolicy]"]
+        );
+        assert_eq!(r.failed, vec!["Netpol b", "Netpol c"]);
+        assert_eq!(r.skipped, vec!["Netpol d"]);
+        assert!(parse_ginkgo_report("{}").is_err());
+    }
+}
