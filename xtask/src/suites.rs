@@ -92,6 +92,8 @@ pub fn run(o: &Options) -> Result<()> {
         bail!("the suites run a kubelet cluster (namespaces, mounts, cgroups): run it as root");
     }
     let started = Instant::now();
+    // The weir this run tests: the commit as the image is built, not as the run ends.
+    let weir = weir_commit();
     cluster::ensure()?;
     let k8s = components::kubernetes_version()?;
     let versions = cluster::versions()?;
@@ -130,7 +132,7 @@ pub fn run(o: &Options) -> Result<()> {
     let result = outcome?;
     down?;
 
-    let file = write_results(o, &k8s, &versions, &result, suite_seconds)?;
+    let file = write_results(o, &k8s, &versions, &weir, &result, suite_seconds)?;
     println!(
         "conformance: {} on {}: {} passed, {} failed, {} skipped of {} specs; suite {suite_seconds:.0}s, \
          cluster {cluster_seconds:.0}s, builds {:.0}s; {}",
@@ -680,14 +682,8 @@ fn today() -> Result<String> {
         .to_string())
 }
 
-fn write_results(
-    o: &Options,
-    k8s: &str,
-    v: &Versions,
-    r: &SuiteResult,
-    seconds: f64,
-) -> Result<PathBuf> {
-    let date = today()?;
+/// `HEAD`'s short commit, with ` (with uncommitted changes)` when the tree differs.
+fn weir_commit() -> String {
     let commit = output(
         Command::new("git")
             .args(["rev-parse", "--short", "HEAD"])
@@ -700,6 +696,26 @@ fn write_results(
             .current_dir(workspace_root()),
     )
     .is_some_and(|s| !s.trim().is_empty());
+    format!(
+        "{}{}",
+        commit.trim(),
+        if dirty {
+            " (with uncommitted changes)"
+        } else {
+            ""
+        }
+    )
+}
+
+fn write_results(
+    o: &Options,
+    k8s: &str,
+    v: &Versions,
+    weir: &str,
+    r: &SuiteResult,
+    seconds: f64,
+) -> Result<PathBuf> {
+    let date = today()?;
     let suite_version = match o.suite {
         Suite::E2e => format!("k8s.io/kubernetes/test/e2e/network/netpol {k8s}"),
         Suite::Npapi => format!("sigs.k8s.io/network-policy-api {}", v.network_policy_api),
@@ -707,13 +723,11 @@ fn write_results(
     let data = json!({
         "date": date,
         "source": format!(
-            "cargo xtask conformance --suite {} --dataplane {} --nodes {}{} at weir {}{}",
+            "cargo xtask conformance --suite {} --dataplane {} --nodes {}{} at weir {weir}",
             o.suite.name(),
             o.dataplane.name(),
             o.nodes,
             o.focus.as_ref().map(|f| format!(" --focus '{f}'")).unwrap_or_default(),
-            commit.trim(),
-            if dirty { " (with uncommitted changes)" } else { "" }
         ),
         "conditions": format!(
             "weir-lab cluster: {} kubelet node(s) in network namespaces on one machine ({} cores, kernel {}), ptp CNI, kube-proxy iptables mode; weir's DaemonSet from deploy/ with its dev image",
@@ -730,7 +744,7 @@ fn write_results(
                 "kubernetes": k8s,
                 "containerd": v.containerd,
                 "agnhost": v.agnhost[0],
-                "weir": commit.trim(),
+                "weir": weir,
             },
             "args": r.args,
             "skip_reasons": r.skip_reasons,
