@@ -97,9 +97,10 @@ pub fn run(o: &Options) -> Result<()> {
     cluster::ensure()?;
     let k8s = components::kubernetes_version()?;
     let versions = cluster::versions()?;
+    let sctp = kernel_sctp();
     let suite_bin = match o.suite {
         Suite::E2e => ensure_e2e(&k8s)?,
-        Suite::Npapi => bail!("the npapi suite is not wired yet"),
+        Suite::Npapi => ensure_npapi(&versions.network_policy_api, sctp.is_ok())?,
     };
     crate::image::for_tests()?;
     exec(crate::cmd::cargo().args(["build", "--package", "weir-lab"]))?;
@@ -120,8 +121,15 @@ pub fn run(o: &Options) -> Result<()> {
 
     let run_started = Instant::now();
     let outcome = match o.suite {
-        Suite::E2e => run_e2e(&cluster, &suite_bin, o.focus.as_deref()),
-        Suite::Npapi => unreachable!("refused above"),
+        Suite::E2e => run_e2e(&cluster, &suite_bin, o.focus.as_deref(), &sctp),
+        Suite::Npapi => run_npapi(
+            &cluster,
+            &suite_bin,
+            &versions.network_policy_api,
+            &weir,
+            o.focus.as_deref(),
+            &sctp,
+        ),
     };
     let suite_seconds = run_started.elapsed().as_secs_f64();
     // Whatever the suite said, the weir pods' logs go with a failure.
@@ -171,6 +179,9 @@ struct SuiteResult {
     skip_reasons: Vec<String>,
     /// The filters the suite ran with.
     args: Vec<String>,
+    /// Of the tests' own subtests (network-policy-api's), how many passed and failed.
+    subtests_passed: usize,
+    subtests_failed: usize,
 }
 
 // ---------------------------------------------------------------------------------------
@@ -279,12 +290,17 @@ fn kernel_sctp() -> std::result::Result<(), String> {
     ))
 }
 
-fn run_e2e(cluster: &Cluster, bin: &Path, focus: Option<&str>) -> Result<SuiteResult> {
+fn run_e2e(
+    cluster: &Cluster,
+    bin: &Path,
+    focus: Option<&str>,
+    sctp: &std::result::Result<(), String>,
+) -> Result<SuiteResult> {
     let report = cluster.dir.join("e2e-report.json");
     let _ = fs::remove_file(&report);
     let mut skip = Vec::new();
     let mut skip_reasons = Vec::new();
-    if let Err(reason) = kernel_sctp() {
+    if let Err(reason) = sctp {
         println!("conformance: skipping the specs tagged Feature:SCTPConnectivity: {reason}");
         skip.push("SCTPConnectivity");
         skip_reasons.push(format!("Feature:SCTPConnectivity: {reason}"));
@@ -359,6 +375,252 @@ fn parse_ginkgo_report(text: &str) -> Result<SuiteResult> {
         }
     }
     Ok(r)
+}
+
+// ---------------------------------------------------------------------------------------
+// network-policy-api's conformance suite
+
+/// The cached directory of network-policy-api `version`'s conformance test binary; a
+/// separate one for a kernel without SCTP, whose base manifests lack the SCTP servers.
+fn npapi_dir(version: &str, sctp: bool) -> PathBuf {
+    components::root().join(format!(
+        "network-policy-api-conformance-{version}{}",
+        if sctp { "" } else { "-no-sctp" }
+    ))
+}
+
+/// The conformance test binary of network-policy-api `version` (its `conformance`
+/// package), built when not cached. Without SCTP in the kernel, its base manifests are
+/// built in without their SCTP servers (`agnhost porter` on an SCTP port), which would
+/// never become ready and hold every test back.
+fn ensure_npapi(version: &str, sctp: bool) -> Result<PathBuf> {
+    let dir = npapi_dir(version, sctp);
+    let bin = dir.join("conformance.test");
+    if dir.join(".complete").exists() && bin.is_file() {
+        return Ok(bin);
+    }
+    println!(
+        "conformance: building network-policy-api {version}'s conformance suite (a fresh machine pays this once)"
+    );
+    let started = Instant::now();
+    let go = components::go()?;
+    let info = cluster::download(&go, &format!("sigs.k8s.io/network-policy-api@{version}"))?;
+    let module = PathBuf::from(info["Dir"].as_str().context("no module Dir named")?);
+    let src = dir.join("src");
+    let _ = fs::remove_dir_all(&src);
+    fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
+    // A writable copy: the module cache is read-only, and the manifests are embedded.
+    exec(Command::new("cp").arg("-r").arg(&module).arg(&src))?;
+    exec(Command::new("chmod").args(["-R", "u+w"]).arg(&src))?;
+    if !sctp {
+        let manifests = src.join("conformance/base/manifests.yaml");
+        let text = fs::read_to_string(&manifests)
+            .with_context(|| format!("read {}", manifests.display()))?;
+        fs::write(&manifests, without_sctp_servers(&text))?;
+    }
+    exec(
+        cluster::go_cmd(&go, &src)
+            .args(["test", "-c", "-trimpath", "-o"])
+            .arg(&bin)
+            .arg("./conformance"),
+    )?;
+    if !bin.is_file() {
+        bail!("go test -c finished but {} is missing", bin.display());
+    }
+    fs::write(dir.join(".complete"), version)?;
+    println!(
+        "conformance: built network-policy-api {version}'s conformance suite in {:.0}s",
+        started.elapsed().as_secs_f64()
+    );
+    Ok(bin)
+}
+
+/// `manifests` without the containers that serve SCTP (an env `SERVE_SCTP_PORT_...`).
+fn without_sctp_servers(manifests: &str) -> String {
+    let lines: Vec<&str> = manifests.lines().collect();
+    let indent = |l: &str| l.len() - l.trim_start().len();
+    let mut out = Vec::with_capacity(lines.len());
+    let mut i = 0;
+    while i < lines.len() {
+        let line = lines[i];
+        out.push(line);
+        i += 1;
+        if line.trim() != "containers:" {
+            continue;
+        }
+        // The list's items: `- ` lines at one indentation, each up to the next such line
+        // or a line indented less.
+        let Some(first) = lines[i..].iter().find(|l| !l.trim().is_empty()) else {
+            continue;
+        };
+        let item = indent(first);
+        if !first.trim_start().starts_with("- ") || item < indent(line) {
+            continue;
+        }
+        while i < lines.len() && lines[i].trim_start().starts_with("- ") && indent(lines[i]) == item
+        {
+            let start = i;
+            i += 1;
+            while i < lines.len() && (lines[i].trim().is_empty() || indent(lines[i]) > item) {
+                i += 1;
+            }
+            if !lines[start..i]
+                .iter()
+                .any(|l| l.contains("SERVE_SCTP_PORT"))
+            {
+                out.extend_from_slice(&lines[start..i]);
+            }
+        }
+    }
+    let mut text = out.join("\n");
+    text.push('\n');
+    text
+}
+
+/// The suite's tests whose names say they need SCTP, from its sources (`ShortName:`).
+fn npapi_sctp_tests(version: &str) -> Result<Vec<String>> {
+    let dir = npapi_dir(version, false).join("src/conformance/tests");
+    let dir = match dir.is_dir() {
+        true => dir,
+        false => npapi_dir(version, true).join("src/conformance/tests"),
+    };
+    let mut names = Vec::new();
+    for entry in fs::read_dir(&dir).with_context(|| format!("read {}", dir.display()))? {
+        let text = fs::read_to_string(entry?.path())?;
+        for line in text.lines() {
+            if let Some(name) = line.trim().strip_prefix("ShortName:") {
+                let name = name.trim().trim_end_matches(',').trim_matches('"');
+                if name.contains("SCTP") {
+                    names.push(name.to_string());
+                }
+            }
+        }
+    }
+    names.sort();
+    Ok(names)
+}
+
+fn run_npapi(
+    cluster: &Cluster,
+    bin: &Path,
+    version: &str,
+    weir: &str,
+    focus: Option<&str>,
+    sctp: &std::result::Result<(), String>,
+) -> Result<SuiteResult> {
+    // The suite refuses to run unless the installed CRD is its own release's; the
+    // experimental channel, for the features beyond the standard profile (named ports,
+    // egress node peers).
+    let crd = components::crd_path(version, "experimental");
+    cluster.kubectl(&[
+        "apply",
+        "--server-side",
+        "--force-conflicts",
+        "-f",
+        &crd.display().to_string(),
+    ])?;
+    cluster.kubectl(&[
+        "wait",
+        "--for=condition=Established",
+        "--timeout=60s",
+        "crd/clusternetworkpolicies.policy.networking.k8s.io",
+    ])?;
+    let report = cluster.dir.join("npapi-report.yaml");
+    let mut skip_reasons = Vec::new();
+    let mut skipped = Vec::new();
+    let mut args = vec![
+        format!(
+            "-test.run=TestConformanceProfiles{}",
+            focus.map(|f| format!("/{f}")).unwrap_or_default()
+        ),
+        "-test.v".to_string(),
+        format!("-test.timeout={}s", SUITE_TIMEOUT.as_secs()),
+        "--conformance-profiles=ClusterNetworkPolicy".to_string(),
+        "--all-features".to_string(),
+    ];
+    if let Err(reason) = sctp {
+        skipped = npapi_sctp_tests(version)?;
+        println!(
+            "conformance: skipping {} (and the suite's SCTP servers): {reason}",
+            skipped.join(", ")
+        );
+        skip_reasons.push(format!("{}: {reason}", skipped.join(", ")));
+        args.push("-test.skip=TestConformanceProfiles/.*SCTP".to_string());
+    }
+    let mut command = cluster.in_control_plane(bin);
+    command
+        .env("KUBECONFIG", cluster.kubeconfig())
+        .args(&args)
+        .args([
+            "--organization=weir",
+            "--project=weir",
+            "--url=https://github.com/weir",
+            &format!("--version={weir}"),
+            "--contact=weir",
+            "--additional-info=cargo xtask conformance --suite npapi",
+        ])
+        .arg(format!("--report-output={}", report.display()))
+        .current_dir(&cluster.dir);
+    let (status, lines) = stream(&mut command, SUITE_TIMEOUT, |l| {
+        l.starts_with("--- ") || l == "PASS" || l == "FAIL" || l.starts_with("ok ")
+    })?;
+    let mut result = parse_go_test(&lines);
+    result.skipped.extend(
+        skipped
+            .iter()
+            .map(|t| format!("TestConformanceProfiles/{t}")),
+    );
+    result.total += skipped.len();
+    result.summary = lines
+        .iter()
+        .filter(|l| !l.starts_with("--- PASS") && !l.starts_with("--- SKIP"))
+        .filter(|l| l.matches('/').count() <= 1)
+        .cloned()
+        .collect();
+    result.skip_reasons = skip_reasons;
+    result.args = args;
+    if result.passed.is_empty() && result.failed.is_empty() {
+        bail!("network-policy-api's suite ({status}) ran no test");
+    }
+    if result.failed.is_empty() && !status.success() {
+        bail!("network-policy-api's suite failed ({status}) with no failed test");
+    }
+    Ok(result)
+}
+
+/// The tests below TestConformanceProfiles (the suite's conformance tests, not their
+/// subtests) by `--- PASS|FAIL|SKIP: NAME (TIME)`, and the subtests' counts.
+fn parse_go_test(lines: &[String]) -> SuiteResult {
+    let mut r = SuiteResult::default();
+    for line in lines {
+        let Some((state, rest)) = line
+            .trim()
+            .strip_prefix("--- ")
+            .and_then(|l| l.split_once(": "))
+        else {
+            continue;
+        };
+        let name = rest.rsplit_once(" (").map_or(rest, |(n, _)| n).to_string();
+        match name.matches('/').count() {
+            1 => {}
+            n if n > 1 => {
+                match state {
+                    "PASS" => r.subtests_passed += 1,
+                    "FAIL" => r.subtests_failed += 1,
+                    _ => {}
+                }
+                continue;
+            }
+            _ => continue,
+        }
+        r.total += 1;
+        match state {
+            "PASS" => r.passed.push(name),
+            "SKIP" => r.skipped.push(name),
+            _ => r.failed.push(name),
+        }
+    }
+    r
 }
 
 // ---------------------------------------------------------------------------------------
@@ -753,6 +1015,8 @@ fn write_results(
             "passed": r.passed,
             "failed": r.failed,
             "skipped": r.skipped,
+            "subtests_passed": r.subtests_passed,
+            "subtests_failed": r.subtests_failed,
             "seconds": seconds.round(),
         },
     });
@@ -791,5 +1055,40 @@ mod tests {
         assert_eq!(r.failed, vec!["Netpol b", "Netpol c"]);
         assert_eq!(r.skipped, vec!["Netpol d"]);
         assert!(parse_ginkgo_report("{}").is_err());
+    }
+
+    #[test]
+    fn go_test_lines_give_tests_and_subtest_counts() {
+        let lines: Vec<String> = [
+            "--- FAIL: TestConformanceProfiles (120.00s)",
+            "--- PASS: TestConformanceProfiles/CNPAdminTierEgress (10.00s)",
+            "--- PASS: TestConformanceProfiles/CNPAdminTierEgress/Should_support_a_deny (1.00s)",
+            "--- FAIL: TestConformanceProfiles/CNPAdminTierIngress (30.00s)",
+            "--- FAIL: TestConformanceProfiles/CNPAdminTierIngress/a/b (3.00s)",
+            "--- SKIP: TestConformanceProfiles/CNPNamedPorts (0.00s)",
+            "FAIL",
+        ]
+        .map(String::from)
+        .to_vec();
+        let r = parse_go_test(&lines);
+        assert_eq!(r.passed, vec!["TestConformanceProfiles/CNPAdminTierEgress"]);
+        assert_eq!(
+            r.failed,
+            vec!["TestConformanceProfiles/CNPAdminTierIngress"]
+        );
+        assert_eq!(r.skipped, vec!["TestConformanceProfiles/CNPNamedPorts"]);
+        assert_eq!((r.total, r.subtests_passed, r.subtests_failed), (3, 1, 1));
+    }
+
+    #[test]
+    fn sctp_servers_are_taken_out_of_the_manifests() {
+        let manifests = "kind: StatefulSet\nspec:\n  template:\n    spec:\n      containers:\n        - name: a-client\n          image: agnhost\n        - name: a-80\n          command: [\"/agnhost\"]\n          ports:\n            - containerPort: 80\n        - name: a-9003\n          command: [\"porter\"]\n          env:\n          - name: SERVE_SCTP_PORT_9003\n            value: \"foo\"\n        - name: a-9005\n          env:\n          - name: SERVE_SCTP_PORT_9005\n---\nkind: Namespace\n";
+        let made = without_sctp_servers(manifests);
+        assert!(!made.contains("SCTP"), "{made}");
+        assert!(made.contains("- name: a-client\n          image: agnhost\n        - name: a-80\n"));
+        assert!(
+            made.contains("            - containerPort: 80\n---\nkind: Namespace\n"),
+            "{made}"
+        );
     }
 }
