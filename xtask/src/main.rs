@@ -73,6 +73,11 @@ enum Command {
         /// `go test -run` pattern below TestConformanceProfiles.
         #[arg(long, requires = "suite", value_name = "REGEX")]
         focus: Option<String>,
+        /// Instead: the short subset (2 nodes; on each dataplane one denying and one
+        /// allowing e2e spec and one ClusterNetworkPolicy conformance test), as CI could
+        /// run it; writes no result.
+        #[arg(long, conflicts_with_all = ["suite", "scenarios", "cells"])]
+        ci_subset: bool,
         /// Only the scenarios whose names start with this (repeatable), e.g. `cnp` for
         /// the ClusterNetworkPolicy ones.
         #[arg(long = "scenarios", value_name = "PREFIX", conflicts_with = "suite")]
@@ -226,6 +231,9 @@ fn main() {
         Command::Setup => setup::run(),
         Command::Build { release } => build::run(release),
         Command::Test => test::run(),
+        Command::Conformance {
+            ci_subset: true, ..
+        } => suites::ci_subset(),
         Command::Conformance {
             suite: Some(suite),
             dataplane,

@@ -164,6 +164,97 @@ pub fn run(o: &Options) -> Result<()> {
     Ok(())
 }
 
+/// The short subset: one e2e spec that denies and one that allows (TCP; their SCTP twins'
+/// texts say "using SCTP") ...
+const CI_E2E_FOCUS: &str =
+    "NetworkPolicy between server and client should support (a 'default-deny-ingress' policy|allow-all policy)";
+/// ... and one ClusterNetworkPolicy conformance test.
+const CI_NPAPI_TEST: &str = "CNPAdminTierIngressTCP$";
+
+/// The short subset for CI (`cargo xtask conformance --ci-subset`): on a 2-node cluster per
+/// dataplane, eBPF then iptables, one denying and one allowing spec of the e2e suite and one
+/// ClusterNetworkPolicy conformance test; fails on any failure. Writes no result file.
+pub fn ci_subset() -> Result<()> {
+    if !is_root() {
+        bail!("the suites run a kubelet cluster (namespaces, mounts, cgroups): run it as root");
+    }
+    let started = Instant::now();
+    let weir = weir_commit();
+    cluster::ensure()?;
+    let k8s = components::kubernetes_version()?;
+    let versions = cluster::versions()?;
+    let sctp = kernel_sctp();
+    let e2e = ensure_e2e(&k8s)?;
+    let npapi = ensure_npapi(&versions.network_policy_api, sctp.is_ok())?;
+    crate::image::for_tests()?;
+    exec(crate::cmd::cargo().args(["build", "--package", "weir-lab"]))?;
+    println!(
+        "conformance: everything built or cached in {:.0}s",
+        started.elapsed().as_secs_f64()
+    );
+    let mut failures = Vec::new();
+    for dataplane in [Dataplane::Ebpf, Dataplane::Iptables] {
+        let cell = Instant::now();
+        let name = match dataplane {
+            Dataplane::Ebpf => "wciebpf",
+            Dataplane::Iptables => "wciipt",
+        };
+        let mut cluster = Cluster::up(name, 2)?;
+        cluster.deploy_weir(dataplane)?;
+        let mut results = vec![("e2e", run_e2e(&cluster, &e2e, Some(CI_E2E_FOCUS), &sctp))];
+        results.push((
+            "npapi",
+            run_npapi(
+                &cluster,
+                &npapi,
+                &versions.network_policy_api,
+                &weir,
+                Some(CI_NPAPI_TEST),
+                &sctp,
+            ),
+        ));
+        let mut failed = false;
+        for (suite, r) in &results {
+            match r {
+                Ok(r) if r.failed.is_empty() && !r.passed.is_empty() => println!(
+                    "conformance: subset {suite} on {}: {} passed",
+                    dataplane.name(),
+                    r.passed.len()
+                ),
+                Ok(r) => {
+                    failed = true;
+                    failures.push(format!(
+                        "{suite} on {}: failed {:?}",
+                        dataplane.name(),
+                        r.failed
+                    ));
+                }
+                Err(e) => {
+                    failed = true;
+                    failures.push(format!("{suite} on {}: {e:#}", dataplane.name()));
+                }
+            }
+        }
+        if failed {
+            cluster.print_weir_logs();
+        }
+        cluster.down()?;
+        println!(
+            "conformance: subset on {} in {:.0}s",
+            dataplane.name(),
+            cell.elapsed().as_secs_f64()
+        );
+    }
+    println!(
+        "conformance: subset in {:.0}s in all",
+        started.elapsed().as_secs_f64()
+    );
+    if !failures.is_empty() {
+        bail!("the conformance subset failed: {}", failures.join("; "));
+    }
+    Ok(())
+}
+
 /// What a suite run came to.
 #[derive(Debug, Default)]
 struct SuiteResult {
