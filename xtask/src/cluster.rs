@@ -111,7 +111,7 @@ const AGNHOST_REPOS: &[&str] = &[
 
 fn images_stamp(k8s: &str, v: &Versions) -> String {
     format!(
-        "{k8s} pause {} agnhost {} as {}",
+        "{k8s} pause {} agnhost {} as {}, cmd pause",
         v.pause,
         v.agnhost.join(","),
         AGNHOST_REPOS.join(",")
@@ -410,6 +410,10 @@ fn build_images(k8s: &str, v: &Versions, node: &Path, dir: &Path) -> Result<()> 
         &[
             "--config.entrypoint",
             "/agnhost",
+            // As the upstream image: a container given no command or args pauses
+            // (network-policy-api's client containers).
+            "--config.cmd",
+            "pause",
             "--config.env",
             "PATH=/bin:/usr/bin:/sbin:/usr/sbin",
         ],
