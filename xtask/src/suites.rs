@@ -738,6 +738,8 @@ fn parse_go_test(lines: &[String]) -> SuiteResult {
 /// A `weir-lab cluster` of this run; torn down when dropped, unless already down.
 struct Cluster {
     name: String,
+    /// weir's image digest, of the archive imported into every node.
+    digest: String,
     dir: PathBuf,
     lab: PathBuf,
     nodes: Vec<String>,
@@ -757,9 +759,20 @@ impl Cluster {
                 dir.display()
             );
         }
-        let (archive, _) = weir_image()?;
+        // A copy of this run's, so that another run building the image meanwhile changes
+        // neither the archive imported nor the digest deployed.
+        let (built, digest) = weir_image()?;
+        let archive = workspace_root().join(format!("target/suites/{name}.oci.tar"));
+        fs::create_dir_all(archive.parent().expect("a file in a directory"))?;
+        fs::copy(&built, &archive)
+            .with_context(|| format!("copy {} to {}", built.display(), archive.display()))?;
+        let (_, digest_after) = weir_image()?;
+        if digest_after != digest {
+            bail!("weir's image changed while it was copied (another run building it?): run again");
+        }
         let mut cluster = Cluster {
             name: name.to_string(),
+            digest,
             dir,
             lab,
             nodes: Vec::new(),
@@ -841,7 +854,7 @@ impl Cluster {
                 &format!("weir.io/dataplane={}", dataplane.name()),
             ])?;
         }
-        let (_, digest) = weir_image()?;
+        let digest = &self.digest;
         let overlay = self.dir.join("overlay");
         fs::create_dir_all(&overlay)?;
         let deploy = workspace_root().join("deploy").canonicalize()?;
