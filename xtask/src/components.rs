@@ -67,11 +67,22 @@ pub fn ensure() -> Result<PathBuf> {
 pub fn ensure_network_policy_api() -> Result<()> {
     let shipped = network_policy_api_version()?;
     copy_crd(&shipped, "experimental", &experimental_crd_path(&shipped))?;
-    let suite = crate::cluster::versions()?.network_policy_api;
+    let suite = suite_network_policy_api_version()?;
     for channel in ["standard", "experimental"] {
         copy_crd(&suite, channel, &crd_path(&suite, channel))?;
     }
     Ok(())
+}
+
+/// The `network-policy-api VERSION` line of deploy/cluster-versions (read here too, so
+/// that setup needs nothing of the cluster's module).
+fn suite_network_policy_api_version() -> Result<String> {
+    let path = workspace_root().join("deploy/cluster-versions");
+    let text = fs::read_to_string(&path).with_context(|| format!("read {}", path.display()))?;
+    text.lines()
+        .find_map(|l| l.trim().strip_prefix("network-policy-api "))
+        .map(|v| v.trim().to_string())
+        .with_context(|| format!("{}: no `network-policy-api VERSION` line", path.display()))
 }
 
 fn copy_crd(version: &str, channel: &str, dest: &Path) -> Result<()> {
