@@ -142,7 +142,7 @@ pub fn run(o: &Options) -> Result<()> {
 
     let file = write_results(o, &k8s, &versions, &weir, &result, suite_seconds)?;
     println!(
-        "conformance: {} on {}: {} passed, {} failed, {} skipped of {} specs; suite {suite_seconds:.0}s, \
+        "conformance: {} on {}: {} passed, {} failed, {} skipped of {} {}; suite {suite_seconds:.0}s, \
          cluster {cluster_seconds:.0}s, builds {:.0}s; {}",
         o.suite.name(),
         o.dataplane.name(),
@@ -150,12 +150,16 @@ pub fn run(o: &Options) -> Result<()> {
         result.failed.len(),
         result.skipped.len(),
         result.total,
+        match o.suite {
+            Suite::E2e => "specs",
+            Suite::Npapi => "tests",
+        },
         built.as_secs_f64(),
         file.display()
     );
     if !result.failed.is_empty() || result.passed.is_empty() {
         bail!(
-            "{} of {} specs failed on {}",
+            "{} of {} run failed on {}",
             result.failed.len(),
             result.passed.len() + result.failed.len(),
             o.dataplane.name()
