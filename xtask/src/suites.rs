@@ -744,6 +744,8 @@ struct Cluster {
     name: String,
     /// weir's image digest, of the archive imported into every node.
     digest: String,
+    /// This run's copy of that archive, removed with the cluster.
+    archive: PathBuf,
     dir: PathBuf,
     lab: PathBuf,
     nodes: Vec<String>,
@@ -777,6 +779,7 @@ impl Cluster {
         let mut cluster = Cluster {
             name: name.to_string(),
             digest,
+            archive: archive.clone(),
             dir,
             lab,
             nodes: Vec::new(),
@@ -947,6 +950,7 @@ impl Cluster {
 
     fn down(&mut self) -> Result<()> {
         self.down = true;
+        let _ = fs::remove_file(&self.archive);
         let out = self.lab(&["down"], Duration::from_secs(300))?;
         let report: Value = serde_json::from_str(&out).context("weir-lab cluster down's JSON")?;
         if report["left"] != json!([]) {
