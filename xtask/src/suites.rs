@@ -1150,7 +1150,11 @@ fn write_results(
             "seconds": seconds.round(),
         },
     });
-    let dir = workspace_root().join("docs/results").join(&date);
+    // A focused run is no measurement of the suite: kept out of docs/results/.
+    let dir = match o.focus {
+        Some(_) => workspace_root().join("target/suites").join(&date),
+        None => workspace_root().join("docs/results").join(&date),
+    };
     fs::create_dir_all(&dir)?;
     let file = dir.join(format!(
         "conformance-{}-{}.json",
