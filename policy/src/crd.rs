@@ -1,5 +1,6 @@
 //! Custom resources weir reads, as the API server serves them: `ClusterNetworkPolicy`
-//! (policy.networking.k8s.io/v1alpha2, network-policy-api v0.2.0). k8s-openapi has no types for custom resources, so these
+//! (policy.networking.k8s.io/v1alpha2 of network-policy-api v0.2.0 and v0.3.0, and v1beta1,
+//! v0.3.0's storage version with the same schema: [`ClusterNetworkPolicyV1beta1`]). k8s-openapi has no types for custom resources, so these
 //! mirror the CRD's schema (`apis/v1alpha2/clusternetworkpolicy_types.go`): every field
 //! the schema requires is still `Option` here, so that a missing one is a validation
 //! error naming the field rather than a decode error. The one-ofs (peers, protocols) keep
@@ -196,6 +197,36 @@ impl k8s_openapi::Resource for ClusterNetworkPolicy {
 
 impl k8s_openapi::ListableResource for ClusterNetworkPolicy {
     const LIST_KIND: &'static str = "ClusterNetworkPolicyList";
+}
+
+/// A [`ClusterNetworkPolicy`] as served at v1beta1: network-policy-api v0.3.0 stores that
+/// version and serves v1alpha2 with the same schema, so only the version a client asks for
+/// differs.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[serde(transparent)]
+pub struct ClusterNetworkPolicyV1beta1(pub ClusterNetworkPolicy);
+
+impl k8s_openapi::Resource for ClusterNetworkPolicyV1beta1 {
+    const API_VERSION: &'static str = "policy.networking.k8s.io/v1beta1";
+    const GROUP: &'static str = "policy.networking.k8s.io";
+    const KIND: &'static str = "ClusterNetworkPolicy";
+    const VERSION: &'static str = "v1beta1";
+    const URL_PATH_SEGMENT: &'static str = "clusternetworkpolicies";
+    type Scope = k8s_openapi::ClusterResourceScope;
+}
+
+impl k8s_openapi::ListableResource for ClusterNetworkPolicyV1beta1 {
+    const LIST_KIND: &'static str = "ClusterNetworkPolicyList";
+}
+
+impl k8s_openapi::Metadata for ClusterNetworkPolicyV1beta1 {
+    type Ty = ObjectMeta;
+    fn metadata(&self) -> &ObjectMeta {
+        &self.0.metadata
+    }
+    fn metadata_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.0.metadata
+    }
 }
 
 impl k8s_openapi::Metadata for ClusterNetworkPolicy {

@@ -21,7 +21,7 @@ pub enum ManifestError {
     },
     #[error("{file}: document {document}: missing `kind` or `apiVersion`")]
     MissingKind { file: String, document: usize },
-    #[error("{file}: document {document}: unsupported kind {kind:?} (apiVersion {api_version:?}); expected v1 Namespace, Pod, Node or Service, networking.k8s.io/v1 NetworkPolicy, or policy.networking.k8s.io/v1alpha2 ClusterNetworkPolicy")]
+    #[error("{file}: document {document}: unsupported kind {kind:?} (apiVersion {api_version:?}); expected v1 Namespace, Pod, Node or Service, networking.k8s.io/v1 NetworkPolicy, or policy.networking.k8s.io/v1beta1 or v1alpha2 ClusterNetworkPolicy")]
     UnknownKind {
         file: String,
         document: usize,
@@ -102,9 +102,11 @@ fn collect(
         ("networking.k8s.io/v1", "NetworkPolicy") => {
             Object::NetworkPolicy(serde_yaml::from_value(value).map_err(yaml_error)?)
         }
-        ("policy.networking.k8s.io/v1alpha2", "ClusterNetworkPolicy") => {
-            Object::ClusterNetworkPolicy(serde_yaml::from_value(value).map_err(yaml_error)?)
-        }
+        // v1beta1 (network-policy-api v0.3.0) has v1alpha2's schema.
+        (
+            "policy.networking.k8s.io/v1alpha2" | "policy.networking.k8s.io/v1beta1",
+            "ClusterNetworkPolicy",
+        ) => Object::ClusterNetworkPolicy(serde_yaml::from_value(value).map_err(yaml_error)?),
         _ => {
             return Err(ManifestError::UnknownKind {
                 file: file.to_owned(),
@@ -133,6 +135,20 @@ mod tests {
             ["namespace x", "pod x/a", "networkpolicy default/deny"]
         );
         assert_eq!(objects[1].kind(), Kind::Pod);
+    }
+
+    #[test]
+    fn cluster_network_policies_are_read_at_v1beta1_and_v1alpha2() {
+        for version in ["v1beta1", "v1alpha2"] {
+            let text = format!("apiVersion: policy.networking.k8s.io/{version}\nkind: ClusterNetworkPolicy\nmetadata: {{name: deny}}\nspec: {{tier: Admin, priority: 3, subject: {{namespaces: {{}}}}}}\n");
+            let objects = parse_str(&text).unwrap();
+            let [Object::ClusterNetworkPolicy(p)] = &objects[..] else {
+                panic!("{version}: {objects:?}");
+            };
+            assert_eq!(p.metadata.name.as_deref(), Some("deny"));
+            assert_eq!(p.spec.as_ref().and_then(|s| s.priority), Some(3));
+        }
+        assert!(parse_str("apiVersion: policy.networking.k8s.io/v1\nkind: ClusterNetworkPolicy\nmetadata: {name: x}\n").is_err());
     }
 
     #[test]

@@ -261,6 +261,31 @@ pub fn manifest(lab: &Lab, name: &str, yaml: &str) -> PathBuf {
     path
 }
 
+/// network-policy-api's ClusterNetworkPolicy CRD of `channel` (standard or experimental)
+/// of the release pinned in deploy/cluster-versions (the conformance suite's, v0.3.0 on):
+/// it stores v1beta1 and still serves v1alpha2. `cargo xtask setup` copies it beside the
+/// Kubernetes components.
+pub fn pinned_cluster_policy_crd(channel: &str) -> PathBuf {
+    let pins = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/cluster-versions");
+    let text = std::fs::read_to_string(&pins).expect("deploy/cluster-versions");
+    let version = text
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("network-policy-api "))
+        .map(str::trim)
+        .expect("deploy/cluster-versions pins network-policy-api");
+    let path = weir_lab::control_plane::components_root()
+        .join(format!("network-policy-api-{version}"))
+        .join(format!(
+            "policy.networking.k8s.io_clusternetworkpolicies.{channel}.yaml"
+        ));
+    assert!(
+        path.is_file(),
+        "prerequisite missing: {} (network-policy-api's CRD; run `cargo xtask setup`)",
+        path.display()
+    );
+    path
+}
+
 /// The example world of the upstream netpol suite: x/y/z × a/b/c, ports 80/81 × TCP/UDP/SCTP.
 pub fn netpol_world() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/examples/netpol-world.yaml")

@@ -485,6 +485,41 @@ fn kubectl(lab: &Lab, args: &[&str]) {
     );
 }
 
+/// Waits until the CRD `crd` is Established (`kubectl wait` fails at once while the new
+/// CRD has no conditions yet).
+fn wait_established(lab: &Lab, crd: &str) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let kubeconfig = lab.dir.join("api/kubeconfig-admin");
+    loop {
+        let out = std::process::Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                &lab.node_netns(),
+                "kubectl",
+                "--kubeconfig",
+            ])
+            .arg(&kubeconfig)
+            .args([
+                "wait",
+                "--for=condition=Established",
+                "--timeout=10s",
+                &format!("crd/{crd}"),
+            ])
+            .output()
+            .expect("prerequisite missing: ip and kubectl");
+        if out.status.success() {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "crd/{crd} not Established: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        std::thread::sleep(std::time::Duration::from_millis(500));
+    }
+}
+
 fn connected(lab: &Lab, from: &str, to: &str, port: u16, proto: &str) -> bool {
     let (_, matrix) = lab.probe(&["--family", "ipv4"]).unwrap();
     matrix[&(from.to_string(), to.to_string(), port, proto.to_string())]
@@ -492,7 +527,9 @@ fn connected(lab: &Lab, from: &str, to: &str, port: u16, proto: &str) -> bool {
 
 /// Against the real kube-apiserver: the lab installs deploy/crds/'s CRD, the agent lists
 /// and watches the policies and enforces them as weir decides. Without the CRD the agent
-/// says so once and goes on enforcing the rest; installed again, it is picked up.
+/// says so once and goes on enforcing the rest; installed again, it is picked up. Replaced
+/// by the pinned network-policy-api release's CRD (v1beta1 stored, v1alpha2 served), the
+/// agent watches v1beta1 and enforces the policies stored there.
 #[test]
 fn in_cluster_mode_they_are_watched_and_a_missing_crd_is_no_failure() {
     let lab = Lab::new("cnp-api");
@@ -529,7 +566,7 @@ fn in_cluster_mode_they_are_watched_and_a_missing_crd_is_no_failure() {
     assert!(connected(&lab, "y/a", "x/b", 81, "TCP"));
     let log = std::fs::read_to_string(lab.dir.join("agent.log")).unwrap();
     assert_eq!(
-        log.matches("ClusterNetworkPolicy CRD (clusternetworkpolicies.policy.networking.k8s.io, v1alpha2) is not installed").count(),
+        log.matches("ClusterNetworkPolicy CRD (clusternetworkpolicies.policy.networking.k8s.io, v1beta1 or v1alpha2) is not installed").count(),
         1,
         "said once: {log}"
     );
@@ -538,10 +575,7 @@ fn in_cluster_mode_they_are_watched_and_a_missing_crd_is_no_failure() {
     let shipped = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../deploy/crds/policy.networking.k8s.io_clusternetworkpolicies.yaml");
     kubectl(&lab, &["apply", "-f", shipped.to_str().unwrap()]);
-    kubectl(
-        &lab,
-        &["wait", "--for=condition=Established", &format!("crd/{crd}")],
-    );
+    wait_established(&lab, crd);
     let again = write_manifest(
         &lab,
         "tiers.yaml",
@@ -555,6 +589,76 @@ fn in_cluster_mode_they_are_watched_and_a_missing_crd_is_no_failure() {
     assert!(
         !matrices[0][&key("y/a", "x/a", 80, "TCP")],
         "Admin Deny again"
+    );
+
+    // A release that serves v1beta1 only (the pinned one's CRD, experimental channel as
+    // v0.3.0 moved destinationNamedPort there, with v1alpha2 no longer served): the agent
+    // watches v1beta1, and enforces the policies kubectl writes there.
+    kubectl(&lab, &["delete", "crd", crd, "--wait=true"]);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !connected(&lab, "y/a", "x/a", 80, "TCP") {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the tiers outlived their CRD"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(500));
+    }
+    let pinned =
+        std::fs::read_to_string(weir_tests::lab::pinned_cluster_policy_crd("experimental"))
+            .unwrap();
+    let alpha = pinned.find("name: v1alpha2").expect("the CRD has v1alpha2");
+    let served = alpha
+        + pinned[alpha..]
+            .find("served: true")
+            .expect("v1alpha2 is served");
+    let beta_only = format!(
+        "{}served: false{}",
+        &pinned[..served],
+        &pinned[served + "served: true".len()..]
+    );
+    let beta_only_crd = write_manifest(&lab, "crd-v1beta1-only.yaml", &beta_only);
+    kubectl(&lab, &["apply", "-f", beta_only_crd.to_str().unwrap()]);
+    wait_established(&lab, crd);
+    // What the lab last wrote (its objects.yaml, which the verdicts are made from), at
+    // v1beta1.
+    let cluster_policies: Vec<String> = TIERS
+        .replace("priority: 10", "priority: 11")
+        .replace("priority: 5", "priority: 6")
+        .replace(
+            "policy.networking.k8s.io/v1alpha2",
+            "policy.networking.k8s.io/v1beta1",
+        )
+        // kubectl reads YAML 1.1, where a bare y is a boolean.
+        .replace("ns: y}", "ns: \"y\"}")
+        .split("\n---\n")
+        .filter(|d| d.contains("kind: ClusterNetworkPolicy"))
+        .map(str::to_string)
+        .collect();
+    let beta = write_manifest(
+        &lab,
+        "tiers-v1beta1.yaml",
+        &cluster_policies.join("\n---\n"),
+    );
+    kubectl(&lab, &["apply", "-f", beta.to_str().unwrap()]);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while connected(&lab, "y/a", "x/a", 80, "TCP") {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the policies at v1beta1 were not enforced"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(500));
+    }
+    let (_, wrong) = probe(&lab, "ebpf", "v1beta1");
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+    let log = std::fs::read_to_string(lab.dir.join("agent.log")).unwrap();
+    let listed: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("listed ClusterNetworkPolicies"))
+        .collect();
+    assert!(
+        listed.first().is_some_and(|l| l.contains("v1alpha2"))
+            && listed.last().is_some_and(|l| l.contains("v1beta1")),
+        "v1alpha2 while only that was served, then v1beta1: {listed:?}"
     );
     lab.weir(&["down"]).unwrap();
 }

@@ -58,6 +58,9 @@ pub struct Versions {
     pub containerd: String,
     pub pause: String,
     pub agnhost: Vec<String>,
+    /// The network-policy-api release whose conformance suite `cargo xtask conformance
+    /// --suite npapi` runs.
+    pub network_policy_api: String,
 }
 
 pub fn versions() -> Result<Versions> {
@@ -82,6 +85,7 @@ fn parse_versions(text: &str) -> Result<Versions> {
         containerd: get("containerd")?,
         pause: get("pause")?,
         agnhost,
+        network_policy_api: get("network-policy-api")?,
     })
 }
 
@@ -96,6 +100,22 @@ pub fn images_dir(k8s: &str, v: &Versions) -> PathBuf {
         "cluster-images-{k8s}-pause-{}-agnhost-{}",
         v.pause, v.agnhost[0]
     ))
+}
+
+/// The names agnhost is tagged under: the lab's, and the e2e images' that Kubernetes' e2e
+/// framework and network-policy-api's manifests ask for.
+const AGNHOST_REPOS: &[&str] = &[
+    "registry.k8s.io/agnhost",
+    "registry.k8s.io/e2e-test-images/agnhost",
+];
+
+fn images_stamp(k8s: &str, v: &Versions) -> String {
+    format!(
+        "{k8s} pause {} agnhost {} as {}, cmd pause",
+        v.pause,
+        v.agnhost.join(","),
+        AGNHOST_REPOS.join(",")
+    )
 }
 
 fn done(dir: &Path, files: &[&str]) -> bool {
@@ -147,7 +167,9 @@ pub fn ensure() -> Result<(PathBuf, PathBuf, PathBuf)> {
         })?;
     }
     let images = images_dir(&k8s, &v);
-    if !done(&images, &["pause.tar", "agnhost.tar"]) {
+    // The stamp names every repository, so images built with fewer names are built again.
+    let stamp = fs::read_to_string(images.join(STAMP)).unwrap_or_default();
+    if !done(&images, &["pause.tar", "agnhost.tar"]) || stamp != images_stamp(&k8s, &v) {
         timed("the pause and agnhost images", || {
             build_images(&k8s, &v, &node, &images)
         })?;
@@ -204,7 +226,7 @@ fn packages() -> Result<()> {
     )
 }
 
-fn go_cmd(go: &Path, dir: &Path) -> Command {
+pub fn go_cmd(go: &Path, dir: &Path) -> Command {
     let mut c = Command::new(go);
     c.current_dir(dir)
         .env("GOFLAGS", "-mod=mod")
@@ -214,7 +236,7 @@ fn go_cmd(go: &Path, dir: &Path) -> Command {
 }
 
 /// `go mod download -json MODULE@VERSION`'s answer.
-fn download(go: &Path, module: &str) -> Result<serde_json::Value> {
+pub fn download(go: &Path, module: &str) -> Result<serde_json::Value> {
     let out = Command::new(go)
         .args(["mod", "download", "-json", module])
         .env("GOFLAGS", "-mod=mod")
@@ -341,7 +363,7 @@ fn build_images(k8s: &str, v: &Versions, node: &Path, dir: &Path) -> Result<()> 
     image(
         &work,
         &pause_root,
-        "pause",
+        &["registry.k8s.io/pause"],
         std::slice::from_ref(&v.pause),
         &[
             "--config.entrypoint",
@@ -383,31 +405,36 @@ fn build_images(k8s: &str, v: &Versions, node: &Path, dir: &Path) -> Result<()> 
     image(
         &work,
         &root,
-        "agnhost",
+        AGNHOST_REPOS,
         &v.agnhost,
         &[
             "--config.entrypoint",
             "/agnhost",
+            // As the upstream image: a container given no command or args pauses
+            // (network-policy-api's client containers).
+            "--config.cmd",
+            "pause",
             "--config.env",
             "PATH=/bin:/usr/bin:/sbin:/usr/sbin",
         ],
         &dir.join("agnhost.tar"),
     )?;
     fs::remove_dir_all(&work)?;
-    fs::write(dir.join(STAMP), format!("{k8s} {v:?}"))?;
+    fs::write(dir.join(STAMP), images_stamp(k8s, v))?;
     Ok(())
 }
 
-/// One OCI layout from `root`, written as a docker-archive tagged
-/// `registry.k8s.io/NAME:TAG` for every tag.
+/// One OCI layout from `root`, written as a docker-archive tagged `REPO:TAG` for every
+/// repository and tag.
 fn image(
     work: &Path,
     root: &Path,
-    name: &str,
+    repos: &[&str],
     tags: &[String],
     config: &[&str],
     archive: &Path,
 ) -> Result<()> {
+    let name = repos[0].rsplit('/').next().unwrap_or(repos[0]);
     let layout = work.join(format!("{name}-oci"));
     let image = format!("{}:{}", layout.display(), tags[0]);
     exec(
@@ -431,14 +458,17 @@ fn image(
     let _ = fs::remove_file(archive);
     let mut copy = Command::new("skopeo");
     copy.args(["copy", "--quiet"]);
-    for tag in &tags[1..] {
-        copy.arg(format!("--additional-tag=registry.k8s.io/{name}:{tag}"));
+    let mut references = repos
+        .iter()
+        .flat_map(|repo| tags.iter().map(move |tag| format!("{repo}:{tag}")));
+    let first = references.next().context("an image with no name")?;
+    for reference in references {
+        copy.arg(format!("--additional-tag={reference}"));
     }
-    exec(copy.arg(format!("oci:{image}")).arg(format!(
-        "docker-archive:{}:registry.k8s.io/{name}:{}",
-        archive.display(),
-        tags[0]
-    )))
+    exec(
+        copy.arg(format!("oci:{image}"))
+            .arg(format!("docker-archive:{}:{first}", archive.display())),
+    )
 }
 
 #[cfg(test)]
@@ -447,11 +477,14 @@ mod tests {
 
     #[test]
     fn versions_are_read_from_the_pins() {
-        let v =
-            parse_versions("# c\ncontainerd v2.2.10\npause 3.10.1\nagnhost 2.56,2.45\n").unwrap();
+        let v = parse_versions(
+            "# c\ncontainerd v2.2.10\npause 3.10.1\nagnhost 2.56,2.45\nnetwork-policy-api v0.3.0\n",
+        )
+        .unwrap();
         assert_eq!(v.containerd, "v2.2.10");
         assert_eq!(v.pause, "3.10.1");
         assert_eq!(v.agnhost, vec!["2.56", "2.45"]);
+        assert_eq!(v.network_policy_api, "v0.3.0");
         assert!(parse_versions("pause 3.10.1\n").is_err());
     }
 

@@ -58,13 +58,34 @@ pub fn ensure() -> Result<PathBuf> {
     Ok(dir)
 }
 
-/// network-policy-api's experimental-channel ClusterNetworkPolicy CRD, at the release
-/// whose standard channel deploy/crds/ ships, copied out of the Go module cache into
-/// [`experimental_crd_path`]: the tests install it where they need `nodes` peers, which the
-/// standard schema refuses.
+/// network-policy-api's ClusterNetworkPolicy CRDs, copied out of the Go module cache: the
+/// experimental channel at the release whose standard channel deploy/crds/ ships, into
+/// [`experimental_crd_path`] (the tests install it where they need `nodes` peers, which
+/// the standard schema refuses), and both channels of the release whose conformance suite
+/// `cargo xtask conformance --suite npapi` runs (deploy/cluster-versions), beside it (a
+/// test installs its standard one to watch v1beta1, which that release added).
 pub fn ensure_network_policy_api() -> Result<()> {
-    let version = network_policy_api_version()?;
-    let dest = experimental_crd_path(&version);
+    let shipped = network_policy_api_version()?;
+    copy_crd(&shipped, "experimental", &experimental_crd_path(&shipped))?;
+    let suite = suite_network_policy_api_version()?;
+    for channel in ["standard", "experimental"] {
+        copy_crd(&suite, channel, &crd_path(&suite, channel))?;
+    }
+    Ok(())
+}
+
+/// The `network-policy-api VERSION` line of deploy/cluster-versions (read here too, so
+/// that setup needs nothing of the cluster's module).
+fn suite_network_policy_api_version() -> Result<String> {
+    let path = workspace_root().join("deploy/cluster-versions");
+    let text = fs::read_to_string(&path).with_context(|| format!("read {}", path.display()))?;
+    text.lines()
+        .find_map(|l| l.trim().strip_prefix("network-policy-api "))
+        .map(|v| v.trim().to_string())
+        .with_context(|| format!("{}: no `network-policy-api VERSION` line", path.display()))
+}
+
+fn copy_crd(version: &str, channel: &str, dest: &Path) -> Result<()> {
     if dest.is_file() {
         return Ok(());
     }
@@ -81,12 +102,22 @@ pub fn ensure_network_policy_api() -> Result<()> {
     let dir = dir["Dir"]
         .as_str()
         .with_context(|| format!("go mod download -json {module}: no Dir"))?;
-    let crd = Path::new(dir)
-        .join("config/crd/experimental/policy.networking.k8s.io_clusternetworkpolicies.yaml");
+    let crd = Path::new(dir).join(format!(
+        "config/crd/{channel}/policy.networking.k8s.io_clusternetworkpolicies.yaml"
+    ));
     fs::create_dir_all(dest.parent().expect("a file under the components root"))?;
-    fs::copy(&crd, &dest)
+    fs::copy(&crd, dest)
         .with_context(|| format!("copy {} to {}", crd.display(), dest.display()))?;
     Ok(())
+}
+
+/// Where [`ensure_network_policy_api`] keeps the CRD of `version`'s `channel`.
+pub fn crd_path(version: &str, channel: &str) -> PathBuf {
+    root()
+        .join(format!("network-policy-api-{version}"))
+        .join(format!(
+            "policy.networking.k8s.io_clusternetworkpolicies.{channel}.yaml"
+        ))
 }
 
 /// The `policy.networking.k8s.io/bundle-version` of deploy/crds/'s CRD.
@@ -105,9 +136,7 @@ fn network_policy_api_version() -> Result<String> {
 
 /// Where [`ensure_network_policy_api`] keeps the experimental CRD of `version`.
 pub fn experimental_crd_path(version: &str) -> PathBuf {
-    root()
-        .join(format!("network-policy-api-{version}"))
-        .join("policy.networking.k8s.io_clusternetworkpolicies.experimental.yaml")
+    crd_path(version, "experimental")
 }
 
 pub fn go() -> Result<PathBuf> {

@@ -19,6 +19,7 @@ mod peers;
 mod results;
 mod setup;
 mod structure;
+mod suites;
 mod test;
 
 use clap::{Parser, Subcommand};
@@ -53,15 +54,38 @@ enum Command {
     Test,
     /// The upstream netpol scenarios on both dataplanes, both lab modes and both lab
     /// topologies, all of them (the test step runs the bridge topology on a subset).
+    /// With --suite: instead the field's own suite against weir's DaemonSet on a real
+    /// kubelet cluster (`weir-lab cluster`) on one dataplane, with the suite's own summary,
+    /// a result in docs/results/DATE/ and the cluster torn down after.
     Conformance {
+        /// e2e: Kubernetes' NetworkPolicy e2e (every `Feature:NetworkPolicy` and
+        /// `NetworkPolicy API` spec of the pinned release); npapi: network-policy-api's
+        /// conformance, ClusterNetworkPolicy profile, all features.
+        #[arg(long, value_enum)]
+        suite: Option<suites::Suite>,
+        /// --suite: the dataplane every node's weir runs.
+        #[arg(long, value_enum, requires = "suite", default_value = "ebpf")]
+        dataplane: suites::Dataplane,
+        /// --suite: kubelet nodes.
+        #[arg(long, requires = "suite", default_value_t = 2)]
+        nodes: usize,
+        /// --suite: e2e, a ginkgo focus regex instead of every NetworkPolicy spec; npapi, a
+        /// `go test -run` pattern below TestConformanceProfiles.
+        #[arg(long, requires = "suite", value_name = "REGEX")]
+        focus: Option<String>,
+        /// Instead: the short subset (2 nodes; on each dataplane one denying and one
+        /// allowing e2e spec and one ClusterNetworkPolicy conformance test), as CI could
+        /// run it; writes no result.
+        #[arg(long, conflicts_with_all = ["suite", "scenarios", "cells"])]
+        ci_subset: bool,
         /// Only the scenarios whose names start with this (repeatable), e.g. `cnp` for
         /// the ClusterNetworkPolicy ones.
-        #[arg(long = "scenarios", value_name = "PREFIX")]
+        #[arg(long = "scenarios", value_name = "PREFIX", conflicts_with = "suite")]
         scenarios: Vec<String>,
         /// Only these cells, as `dataplane/api/topology/proxy[/subset][/image][/variant]`
         /// separated by commas (e.g. `ebpf/server/routed/iptables`); the whole matrix
         /// without it.
-        #[arg(long, value_name = "CELLS")]
+        #[arg(long, value_name = "CELLS", conflicts_with = "suite")]
         cells: Option<String>,
     },
     /// Fuzz every cargo-fuzz target (agent/fuzz) from its seeds and dictionary, optimized,
@@ -211,7 +235,24 @@ fn main() {
         Command::Setup => setup::run(),
         Command::Build { release } => build::run(release),
         Command::Test => test::run(),
-        Command::Conformance { scenarios, cells } => conformance::run(&scenarios, cells.as_deref()),
+        Command::Conformance {
+            ci_subset: true, ..
+        } => suites::ci_subset(),
+        Command::Conformance {
+            suite: Some(suite),
+            dataplane,
+            nodes,
+            focus,
+            ..
+        } => suites::run(&suites::Options {
+            suite,
+            dataplane,
+            nodes,
+            focus,
+        }),
+        Command::Conformance {
+            scenarios, cells, ..
+        } => conformance::run(&scenarios, cells.as_deref()),
         Command::Structure => structure::run(),
         Command::Results { check } => results::run(check),
         Command::Fuzz {

@@ -7,7 +7,8 @@
 //! <!-- /results -->
 //! ```
 //!
-//! where FILE is relative to docs/ and TABLE one of [`TABLES`]. Without `--check` the
+//! where FILE is relative to the document's directory and TABLE one of [`TABLES`] (the
+//! `suites` table takes several files, separated by spaces). Without `--check` the
 //! tables are written anew; with it (what `cargo xtask test` runs) a table that differs
 //! from what its data makes is an error.
 //!
@@ -23,7 +24,13 @@ use serde_json::Value;
 use crate::cmd::workspace_root;
 
 /// The documents whose tables are made from data.
-const DOCUMENTS: &[&str] = &["docs/performance.md", "docs/kernels.md", "docs/peers.md"];
+const DOCUMENTS: &[&str] = &[
+    "docs/performance.md",
+    "docs/kernels.md",
+    "docs/peers.md",
+    "docs/cluster.md",
+    "README.md",
+];
 
 /// The tables a document can ask for, and what each is made of.
 pub const TABLES: &[(&str, &str)] = &[
@@ -52,6 +59,10 @@ pub const TABLES: &[(&str, &str)] = &[
         "bench --peers: weir's dataplanes and each peer (with its version) side by side: cold start, each change kind's p50 / p99, peak RSS, datapath ratios",
     ),
     ("kernels", "kernels: group × kernel, passed tests and time"),
+    (
+        "suites",
+        "conformance --suite: one row per run (any number of files): suite, dataplane, passed / run, skipped and why, date, versions",
+    ),
 ];
 
 const BEGIN: &str = "<!-- results ";
@@ -113,7 +124,11 @@ fn regenerate(text: &str, load: &dyn Fn(&str) -> Result<Value>) -> Result<(Strin
             .find(END)
             .map(|i| header_end + i)
             .with_context(|| format!("table `{header}` has no `{END}`"))?;
-        let data = load(file.trim())?;
+        let files: Vec<&str> = file.split_whitespace().collect();
+        let data = match files[..] {
+            [one] => load(one)?,
+            _ => Value::Array(files.iter().map(|f| load(f)).collect::<Result<_>>()?),
+        };
         let made = make(table, &data).with_context(|| format!("table {table} from {file}"))?;
         out.push_str(&rest[..header_end]);
         out.push('\n');
@@ -136,6 +151,7 @@ fn make(table: &str, data: &Value) -> Result<String> {
         "path-cost" => path_cost(report),
         "peers" => peers(report),
         "kernels" => kernels(data),
+        "suites" => suites(data),
         other => bail!(
             "no table {other}; one of {}",
             TABLES
@@ -673,6 +689,69 @@ fn kernel_cell(g: &Value) -> String {
     }
 }
 
+/// One row per `cargo xtask conformance --suite` result.
+fn suites(data: &Value) -> Result<String> {
+    let runs = match data {
+        Value::Array(runs) => runs.iter().collect(),
+        one => vec![one],
+    };
+    let mut out = String::from(
+        "| suite | dataplane | passed / run | skipped | date | versions |\n|---|---|---|---|---|---|\n",
+    );
+    for run in runs {
+        let r = &run["report"];
+        let count = |k: &str| r[k].as_array().map_or(0, Vec::len);
+        let (passed, failed, skipped) = (count("passed"), count("failed"), count("skipped"));
+        let suite = match r["suite"].as_str() {
+            Some("e2e") => "Kubernetes NetworkPolicy e2e",
+            Some("npapi") => "network-policy-api ClusterNetworkPolicy",
+            _ => bail!("a result with no known `suite`"),
+        };
+        let dataplane = match r["dataplane"].as_str() {
+            Some("ebpf") => "eBPF",
+            Some("iptables") => "iptables",
+            _ => bail!("a result with no known `dataplane`"),
+        };
+        let mut cell = format!("{passed} / {}", passed + failed);
+        let (sp, sf) = (
+            r["subtests_passed"].as_u64().unwrap_or(0),
+            r["subtests_failed"].as_u64().unwrap_or(0),
+        );
+        if sp + sf > 0 {
+            cell += &format!(" ({sp} / {} subtests)", sp + sf);
+        }
+        let why = r["skip_reasons"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+            .any(|w| w.contains("no SCTP"));
+        let skipped = match (skipped, why) {
+            (0, _) => "0".to_string(),
+            (n, true) => format!("{n} (SCTP: the kernel has none)"),
+            (n, false) => n.to_string(),
+        };
+        let v = &r["versions"];
+        out += &line(
+            suite,
+            [
+                dataplane.to_string(),
+                cell,
+                skipped,
+                run["date"].as_str().unwrap_or("?").to_string(),
+                format!(
+                    "{}, Kubernetes {}, containerd {}, weir {}",
+                    r["suite_version"].as_str().unwrap_or("?"),
+                    v["kubernetes"].as_str().unwrap_or("?"),
+                    v["containerd"].as_str().unwrap_or("?"),
+                    v["weir"].as_str().unwrap_or("?")
+                ),
+            ],
+        );
+    }
+    Ok(out)
+}
+
 fn kernels(data: &Value) -> Result<String> {
     let runs = data["report"]
         .as_array()
@@ -890,6 +969,30 @@ mod tests {
         assert_eq!(regenerate(&made, &load).expect("again").0, made);
         assert!(regenerate("<!-- results kernels k.json -->\n", &load).is_err());
         assert!(regenerate("<!-- results nosuch k.json -->\n<!-- /results -->", &load).is_err());
+    }
+
+    #[test]
+    fn a_suites_table_has_a_row_per_run() {
+        let run = |suite: &str, dp: &str, sub: u64| {
+            json!({"date": "2026-12-06", "report": {
+                "suite": suite, "dataplane": dp, "suite_version": "S v1",
+                "versions": {"kubernetes": "v1.34.4", "containerd": "v2.2.10", "weir": "abc"},
+                "passed": ["a", "b"], "failed": ["c"], "skipped": ["d"],
+                "skip_reasons": ["d: this kernel has no SCTP (...)"],
+                "subtests_passed": sub, "subtests_failed": 0}})
+        };
+        let t = suites(&Value::Array(vec![
+            run("e2e", "ebpf", 0),
+            run("npapi", "iptables", 9),
+        ]))
+        .unwrap();
+        assert_eq!(
+            t,
+            "| suite | dataplane | passed / run | skipped | date | versions |\n|---|---|---|---|---|---|\n\
+             | Kubernetes NetworkPolicy e2e | eBPF | 2 / 3 | 1 (SCTP: the kernel has none) | 2026-12-06 | S v1, Kubernetes v1.34.4, containerd v2.2.10, weir abc |\n\
+             | network-policy-api ClusterNetworkPolicy | iptables | 2 / 3 (9 / 9 subtests) | 1 (SCTP: the kernel has none) | 2026-12-06 | S v1, Kubernetes v1.34.4, containerd v2.2.10, weir abc |\n"
+        );
+        assert!(suites(&json!({"report": {}})).is_err());
     }
 
     #[test]

@@ -1,4 +1,4 @@
-//! ClusterNetworkPolicy (policy.networking.k8s.io/v1alpha2): the cluster-scoped Admin and
+//! ClusterNetworkPolicy (policy.networking.k8s.io/v1beta1 and v1alpha2): the cluster-scoped Admin and
 //! Baseline tiers around NetworkPolicies. [`crate::crd`] is the resource as served,
 //! [`validate`] mirrors its CRD, [`spec`] is the validated form the compiler turns into
 //! [`crate::desired::TierRule`]s.
@@ -13,6 +13,6 @@
 pub mod spec;
 mod validate;
 
-pub use crate::crd::ClusterNetworkPolicy;
+pub use crate::crd::{ClusterNetworkPolicy, ClusterNetworkPolicyV1beta1};
 pub use spec::{Action, ClusterPolicySpec, Subject, Tier, TierRuleSpec};
 pub use validate::parse_cluster_policy;

@@ -273,7 +273,7 @@ fn parse_peer(field: &str, peer: &api::EgressPeer) -> Result<Peers, FieldError> 
         return Err(FieldError::new(
             &format!("{field}.domainNames"),
             "not supported: weir does not resolve domain names (an experimental field of \
-             v1alpha2); use networks",
+             the API); use networks",
         ));
     }
     if let Some(ns) = &peer.namespaces {

@@ -4,7 +4,9 @@
 //!
 //! ClusterNetworkPolicy is a custom resource: where its CRD is not installed, its list
 //! fails with 404, which counts as listing none (once logged; the watcher keeps retrying
-//! with backoff, so a CRD installed later is picked up without a restart).
+//! with backoff, so a CRD installed later is picked up without a restart). It is watched at
+//! v1beta1 (network-policy-api v0.3.0's storage version) where that is served, else at
+//! v1alpha2 (all v0.2.0 serves); both have the same schema.
 //!
 //! The first batch is the complete initial state of all six kinds. A relist (after a
 //! 410 Gone, an API server restart or a watch that could not resume) is buffered until
@@ -22,7 +24,7 @@ use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::runtime::watcher::{self, watcher};
 use kube::runtime::WatchStreamExt;
 use kube::{Api, Client};
-use weir_policy::cluster_policy::ClusterNetworkPolicy;
+use weir_policy::cluster_policy::{ClusterNetworkPolicy, ClusterNetworkPolicyV1beta1};
 
 use crate::source::digest::StateDigest;
 use crate::source::event::{Batch, Event, EventSource, SourceError, SyncProgress};
@@ -118,6 +120,46 @@ where
         .boxed()
 }
 
+/// ClusterNetworkPolicies at v1beta1, or at v1alpha2 while v1beta1 is not served (a 404
+/// from one version switches to the other); a 404 from both is passed on, as the CRD's
+/// absence, and the next attempt starts again at v1beta1.
+fn cluster_policies(client: Client, config: watcher::Config) -> BoxStream<'static, Update> {
+    let versions = [
+        watch(
+            Api::<ClusterNetworkPolicyV1beta1>::all(client.clone()),
+            config.clone(),
+            Kind::ClusterNetworkPolicy,
+            |p| Object::ClusterNetworkPolicy(p.0),
+        ),
+        watch(
+            Api::<ClusterNetworkPolicy>::all(client),
+            config,
+            Kind::ClusterNetworkPolicy,
+            Object::ClusterNetworkPolicy,
+        ),
+    ];
+    const NAMES: [&str; 2] = ["v1beta1", "v1alpha2"];
+    futures::stream::unfold((versions, 0), |(mut versions, mut active)| async move {
+        loop {
+            let update = versions[active].next().await?;
+            match &update.1 {
+                Err(e) if not_served(e) => {
+                    active = (active + 1) % versions.len();
+                    if active != 0 {
+                        continue;
+                    }
+                }
+                Ok(watcher::Event::InitDone) => {
+                    tracing::info!(version = NAMES[active], "listed ClusterNetworkPolicies")
+                }
+                _ => {}
+            }
+            return Some((update, (versions, active)));
+        }
+    })
+    .boxed()
+}
+
 fn map_event<K>(e: watcher::Event<K>, wrap: fn(K) -> Object) -> watcher::Event<Arrival> {
     match e {
         watcher::Event::Apply(k) => watcher::Event::Apply(Arrival::upsert(wrap(k))),
@@ -174,12 +216,7 @@ impl KubeSource {
                 Kind::Node,
                 Object::Node,
             ),
-            watch(
-                Api::<ClusterNetworkPolicy>::all(client.clone()),
-                all.clone(),
-                Kind::ClusterNetworkPolicy,
-                Object::ClusterNetworkPolicy,
-            ),
+            cluster_policies(client.clone(), all.clone()),
             // Pods are the many: decoded lean, without the fields enforcement never reads.
             watch(
                 Api::<LeanPod>::all(client.clone()),
@@ -228,7 +265,7 @@ impl KubeSource {
             Err(e) if kind == Kind::ClusterNetworkPolicy && not_served(&e) => {
                 if !self.cluster_policies_absent {
                     tracing::warn!(
-                        "the ClusterNetworkPolicy CRD (clusternetworkpolicies.policy.networking.k8s.io, v1alpha2) is not installed: no Admin or Baseline tier is enforced; it is picked up once installed (deploy/crds/)"
+                        "the ClusterNetworkPolicy CRD (clusternetworkpolicies.policy.networking.k8s.io, v1beta1 or v1alpha2) is not installed: no Admin or Baseline tier is enforced; it is picked up once installed (deploy/crds/)"
                     );
                     self.cluster_policies_absent = true;
                 }

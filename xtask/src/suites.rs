@@ -1,0 +1,1234 @@
+//! `cargo xtask conformance --suite e2e|npapi --dataplane ebpf|iptables`: the field's own
+//! NetworkPolicy suites against weir as its DaemonSet on a real kubelet cluster
+//! (`weir-lab cluster`), one dataplane per run:
+//! - `e2e`: Kubernetes' `test/e2e/network/netpol` at the release in
+//!   deploy/kubernetes-version, as a test binary that links only that package and the e2e
+//!   framework (half the packages of the release's e2e.test), every `Feature:NetworkPolicy`
+//!   and `NetworkPolicy API` spec;
+//! - `npapi`: network-policy-api's conformance (the version in deploy/cluster-versions), the
+//!   ClusterNetworkPolicy profile with all features.
+//!
+//! Each run builds what is not cached, brings the cluster up with weir on the chosen
+//! dataplane, runs the suite with its output unchanged (its summary lines are the suite's
+//! own), writes `docs/results/DATE/conformance-SUITE-DATAPLANE.json` and tears the cluster
+//! down, also when something fails.
+use std::fs;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use serde_json::{json, Value};
+
+use crate::cluster::{self, Versions};
+use crate::cmd::{exec, is_root, output, workspace_root};
+use crate::components;
+
+/// The specs the e2e framework runs only when focused (it skips `[Feature:...]` otherwise).
+const E2E_FOCUS: &str = "Feature:NetworkPolicy|NetworkPolicy API";
+/// How long a whole suite may take: about 20 minutes when every e2e spec passes, about
+/// 3.5 minutes more per failing one (it retries its probes).
+const SUITE_TIMEOUT: Duration = Duration::from_secs(4 * 3600);
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Suite {
+    /// Kubernetes' NetworkPolicy e2e (test/e2e/network/netpol).
+    E2e,
+    /// network-policy-api's conformance, ClusterNetworkPolicy profile, all features.
+    Npapi,
+}
+
+impl Suite {
+    fn name(self) -> &'static str {
+        match self {
+            Suite::E2e => "e2e",
+            Suite::Npapi => "npapi",
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Dataplane {
+    Ebpf,
+    Iptables,
+}
+
+impl Dataplane {
+    fn name(self) -> &'static str {
+        match self {
+            Dataplane::Ebpf => "ebpf",
+            Dataplane::Iptables => "iptables",
+        }
+    }
+}
+
+/// The cluster's `--name`: one per suite and dataplane, apart from `weir-lab cluster`'s
+/// default and the real-cluster test's, so runs of different cells go side by side and
+/// never take over someone's cluster.
+fn cluster_name(suite: Suite, dataplane: Dataplane) -> String {
+    let suite = match suite {
+        Suite::E2e => "e2e",
+        Suite::Npapi => "np",
+    };
+    let dataplane = match dataplane {
+        Dataplane::Ebpf => "ebpf",
+        Dataplane::Iptables => "ipt",
+    };
+    format!("w{suite}{dataplane}")
+}
+
+pub struct Options {
+    pub suite: Suite,
+    pub dataplane: Dataplane,
+    pub nodes: usize,
+    /// e2e: a ginkgo focus instead of every NetworkPolicy spec; npapi: a `-run` pattern
+    /// for the conformance tests (subtests of `TestConformanceProfiles`).
+    pub focus: Option<String>,
+}
+
+pub fn run(o: &Options) -> Result<()> {
+    if !is_root() {
+        bail!("the suites run a kubelet cluster (namespaces, mounts, cgroups): run it as root");
+    }
+    let started = Instant::now();
+    // The weir this run tests: the commit as the image is built, not as the run ends.
+    let weir = weir_commit();
+    cluster::ensure()?;
+    let k8s = components::kubernetes_version()?;
+    let versions = cluster::versions()?;
+    let sctp = kernel_sctp();
+    let suite_bin = match o.suite {
+        Suite::E2e => ensure_e2e(&k8s)?,
+        Suite::Npapi => ensure_npapi(&versions.network_policy_api, sctp.is_ok())?,
+    };
+    crate::image::for_tests()?;
+    exec(crate::cmd::cargo().args(["build", "--package", "weir-lab"]))?;
+    let built = started.elapsed();
+    println!(
+        "conformance: everything built or cached in {:.0}s",
+        built.as_secs_f64()
+    );
+
+    let cluster_started = Instant::now();
+    let mut cluster = Cluster::up(&cluster_name(o.suite, o.dataplane), o.nodes)?;
+    cluster.deploy_weir(o.dataplane)?;
+    let cluster_seconds = cluster_started.elapsed().as_secs_f64();
+    println!(
+        "conformance: cluster up with weir on {} in {cluster_seconds:.0}s",
+        o.dataplane.name()
+    );
+
+    let run_started = Instant::now();
+    let outcome = match o.suite {
+        Suite::E2e => run_e2e(&cluster, &suite_bin, o.focus.as_deref(), &sctp),
+        Suite::Npapi => run_npapi(
+            &cluster,
+            &suite_bin,
+            &versions.network_policy_api,
+            &weir,
+            o.focus.as_deref(),
+            &sctp,
+        ),
+    };
+    let suite_seconds = run_started.elapsed().as_secs_f64();
+    // Whatever the suite said, the weir pods' logs go with a failure.
+    if outcome.as_ref().map_or(true, |r| !r.failed.is_empty()) {
+        cluster.print_weir_logs();
+    }
+    let down = cluster.down();
+    let result = outcome?;
+    down?;
+
+    let file = write_results(o, &k8s, &versions, &weir, &result, suite_seconds)?;
+    println!(
+        "conformance: {} on {}: {} passed, {} failed, {} skipped of {} {}; suite {suite_seconds:.0}s, \
+         cluster {cluster_seconds:.0}s, builds {:.0}s; {}",
+        o.suite.name(),
+        o.dataplane.name(),
+        result.passed.len(),
+        result.failed.len(),
+        result.skipped.len(),
+        result.total,
+        match o.suite {
+            Suite::E2e => "specs",
+            Suite::Npapi => "tests",
+        },
+        built.as_secs_f64(),
+        file.display()
+    );
+    if !result.failed.is_empty() || result.passed.is_empty() {
+        bail!(
+            "{} of {} run failed on {}",
+            result.failed.len(),
+            result.passed.len() + result.failed.len(),
+            o.dataplane.name()
+        );
+    }
+    Ok(())
+}
+
+/// The short subset: one e2e spec that denies and one that allows (TCP; their SCTP twins'
+/// texts say "using SCTP") ...
+const CI_E2E_FOCUS: &str =
+    "NetworkPolicy between server and client should support (a 'default-deny-ingress' policy|allow-all policy)";
+/// ... and one ClusterNetworkPolicy conformance test.
+const CI_NPAPI_TEST: &str = "CNPAdminTierIngressTCP$";
+
+/// The short subset for CI (`cargo xtask conformance --ci-subset`): on a 2-node cluster per
+/// dataplane, eBPF then iptables, one denying and one allowing spec of the e2e suite and one
+/// ClusterNetworkPolicy conformance test; fails on any failure. Writes no result file.
+pub fn ci_subset() -> Result<()> {
+    if !is_root() {
+        bail!("the suites run a kubelet cluster (namespaces, mounts, cgroups): run it as root");
+    }
+    let started = Instant::now();
+    let weir = weir_commit();
+    cluster::ensure()?;
+    let k8s = components::kubernetes_version()?;
+    let versions = cluster::versions()?;
+    let sctp = kernel_sctp();
+    let e2e = ensure_e2e(&k8s)?;
+    let npapi = ensure_npapi(&versions.network_policy_api, sctp.is_ok())?;
+    crate::image::for_tests()?;
+    exec(crate::cmd::cargo().args(["build", "--package", "weir-lab"]))?;
+    println!(
+        "conformance: everything built or cached in {:.0}s",
+        started.elapsed().as_secs_f64()
+    );
+    let mut failures = Vec::new();
+    for dataplane in [Dataplane::Ebpf, Dataplane::Iptables] {
+        let cell = Instant::now();
+        let name = match dataplane {
+            Dataplane::Ebpf => "wciebpf",
+            Dataplane::Iptables => "wciipt",
+        };
+        let mut cluster = Cluster::up(name, 2)?;
+        cluster.deploy_weir(dataplane)?;
+        let mut results = vec![("e2e", run_e2e(&cluster, &e2e, Some(CI_E2E_FOCUS), &sctp))];
+        results.push((
+            "npapi",
+            run_npapi(
+                &cluster,
+                &npapi,
+                &versions.network_policy_api,
+                &weir,
+                Some(CI_NPAPI_TEST),
+                &sctp,
+            ),
+        ));
+        let mut failed = false;
+        for (suite, r) in &results {
+            match r {
+                Ok(r) if r.failed.is_empty() && !r.passed.is_empty() => println!(
+                    "conformance: subset {suite} on {}: {} passed",
+                    dataplane.name(),
+                    r.passed.len()
+                ),
+                Ok(r) => {
+                    failed = true;
+                    failures.push(format!(
+                        "{suite} on {}: failed {:?}",
+                        dataplane.name(),
+                        r.failed
+                    ));
+                }
+                Err(e) => {
+                    failed = true;
+                    failures.push(format!("{suite} on {}: {e:#}", dataplane.name()));
+                }
+            }
+        }
+        if failed {
+            cluster.print_weir_logs();
+        }
+        cluster.down()?;
+        println!(
+            "conformance: subset on {} in {:.0}s",
+            dataplane.name(),
+            cell.elapsed().as_secs_f64()
+        );
+    }
+    println!(
+        "conformance: subset in {:.0}s in all",
+        started.elapsed().as_secs_f64()
+    );
+    if !failures.is_empty() {
+        bail!("the conformance subset failed: {}", failures.join("; "));
+    }
+    Ok(())
+}
+
+/// What a suite run came to.
+#[derive(Debug, Default)]
+struct SuiteResult {
+    passed: Vec<String>,
+    failed: Vec<String>,
+    /// Specs not run, each with why.
+    skipped: Vec<String>,
+    /// Specs the suite has (run or not).
+    total: usize,
+    /// The suite's own summary lines, as it printed them.
+    summary: Vec<String>,
+    /// What was left out, and why (the kernel's lack of SCTP, say).
+    skip_reasons: Vec<String>,
+    /// The filters the suite ran with.
+    args: Vec<String>,
+    /// Of the tests' own subtests (network-policy-api's), how many passed and failed.
+    subtests_passed: usize,
+    subtests_failed: usize,
+}
+
+// ---------------------------------------------------------------------------------------
+// The e2e suite
+
+/// The cached directory of the netpol e2e test binary of release `k8s`.
+fn e2e_dir(k8s: &str) -> PathBuf {
+    components::root().join(format!("netpol-e2e-{k8s}"))
+}
+
+/// The test program: the netpol package's specs, run by the e2e framework with its flags
+/// as the release's e2e.test registers them.
+const E2E_MAIN: &str = r#"// Kubernetes' NetworkPolicy e2e specs (test/e2e/network/netpol) and nothing else, run by
+// the e2e framework as the release's e2e.test runs them. Written by `cargo xtask conformance`.
+package netpole2e
+
+import (
+	"flag"
+	"os"
+	"testing"
+
+	"github.com/onsi/ginkgo/v2"
+	"github.com/onsi/gomega"
+
+	"k8s.io/component-base/logs"
+	"k8s.io/klog/v2"
+	"k8s.io/kubernetes/test/e2e/framework"
+	"k8s.io/kubernetes/test/e2e/framework/config"
+
+	_ "k8s.io/component-base/logs/testinit"
+	_ "k8s.io/kubernetes/test/e2e/framework/debug/init"
+	_ "k8s.io/kubernetes/test/e2e/framework/node/init"
+	_ "k8s.io/kubernetes/test/e2e/network/netpol"
+)
+
+func TestMain(m *testing.M) {
+	config.CopyFlags(config.Flags, flag.CommandLine)
+	framework.RegisterCommonFlags(flag.CommandLine)
+	framework.RegisterClusterFlags(flag.CommandLine)
+	flag.Parse()
+	framework.AfterReadingAllFlags(&framework.TestContext)
+	os.Exit(m.Run())
+}
+
+func TestNetpol(t *testing.T) {
+	logs.InitLogs()
+	defer logs.FlushLogs()
+	klog.EnableContextualLogging(true)
+	gomega.RegisterFailHandler(framework.Fail)
+	suiteConfig, reporterConfig := framework.CreateGinkgoConfig()
+	ginkgo.RunSpecs(t, "Kubernetes NetworkPolicy e2e", suiteConfig, reporterConfig)
+}
+"#;
+
+/// The netpol e2e test binary, built when not cached.
+fn ensure_e2e(k8s: &str) -> Result<PathBuf> {
+    let dir = e2e_dir(k8s);
+    let bin = dir.join("e2e.test");
+    if dir.join(".complete").exists() && bin.is_file() {
+        return Ok(bin);
+    }
+    println!("conformance: building the NetworkPolicy e2e test binary of {k8s} (a fresh machine pays this once)");
+    let started = Instant::now();
+    let go = components::go()?;
+    let module = dir.join("build");
+    fs::create_dir_all(&module).with_context(|| format!("create {}", module.display()))?;
+    let info = cluster::download(&go, &format!("k8s.io/kubernetes@{k8s}"))?;
+    let gomod = info["GoMod"].as_str().context("no GoMod file named")?;
+    let upstream = fs::read_to_string(gomod).with_context(|| format!("read {gomod}"))?;
+    let gomod = components::build_module(k8s, &upstream)?.replace(
+        "module weir.local/components",
+        "module weir.local/netpole2e",
+    );
+    fs::write(module.join("go.mod"), gomod)?;
+    fs::write(module.join("netpol_test.go"), E2E_MAIN)?;
+    exec(cluster::go_cmd(&go, &module).args(["mod", "tidy"]))?;
+    exec(
+        cluster::go_cmd(&go, &module)
+            .args(["test", "-c", "-trimpath", "-o"])
+            .arg(&bin)
+            .arg("."),
+    )?;
+    if !bin.is_file() {
+        bail!("go test -c finished but {} is missing", bin.display());
+    }
+    fs::write(dir.join(".complete"), k8s)?;
+    println!(
+        "conformance: built the NetworkPolicy e2e test binary in {:.0}s",
+        started.elapsed().as_secs_f64()
+    );
+    Ok(bin)
+}
+
+/// Whether this kernel has SCTP: `Err(reason)` when a socket of it cannot be made.
+fn kernel_sctp() -> std::result::Result<(), String> {
+    // SAFETY: socket has no preconditions; the descriptor is closed right away.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM, libc::IPPROTO_SCTP) };
+    if fd >= 0 {
+        // SAFETY: fd was just returned by socket.
+        unsafe { libc::close(fd) };
+        return Ok(());
+    }
+    Err(format!(
+        "this kernel has no SCTP (socket(AF_INET, SOCK_STREAM, IPPROTO_SCTP): {})",
+        std::io::Error::last_os_error()
+    ))
+}
+
+fn run_e2e(
+    cluster: &Cluster,
+    bin: &Path,
+    focus: Option<&str>,
+    sctp: &std::result::Result<(), String>,
+) -> Result<SuiteResult> {
+    let report = cluster.dir.join("e2e-report.json");
+    let _ = fs::remove_file(&report);
+    let mut skip = Vec::new();
+    let mut skip_reasons = Vec::new();
+    if let Err(reason) = sctp {
+        println!("conformance: skipping the specs tagged Feature:SCTPConnectivity: {reason}");
+        skip.push("SCTPConnectivity");
+        skip_reasons.push(format!("Feature:SCTPConnectivity: {reason}"));
+    }
+    let mut args = vec![
+        format!("--ginkgo.focus={}", focus.unwrap_or(E2E_FOCUS)),
+        "--ginkgo.no-color".to_string(),
+        format!("--ginkgo.timeout={}s", SUITE_TIMEOUT.as_secs()),
+    ];
+    if !skip.is_empty() {
+        args.push(format!("--ginkgo.skip={}", skip.join("|")));
+    }
+    let mut command = cluster.in_control_plane(bin);
+    command
+        .arg(format!("--kubeconfig={}", cluster.kubeconfig().display()))
+        .arg("--provider=skeleton")
+        .arg(format!("--ginkgo.json-report={}", report.display()))
+        .args(&args)
+        .current_dir(&cluster.dir);
+    let (status, summary) = stream(&mut command, SUITE_TIMEOUT, |l| {
+        l.starts_with("Ran ") || l.contains(" Passed | ")
+    })?;
+    let text = fs::read_to_string(&report).with_context(|| {
+        format!(
+            "the e2e binary ({status}) wrote no report at {}",
+            report.display()
+        )
+    })?;
+    let mut result = parse_ginkgo_report(&text)?;
+    result.summary = summary;
+    result.skip_reasons = skip_reasons;
+    result.args = args;
+    if result.failed.is_empty() && !status.success() {
+        bail!("the e2e binary failed ({status}) with no failed spec in its report");
+    }
+    Ok(result)
+}
+
+/// Passed, failed and skipped specs of a ginkgo JSON report (one suite).
+fn parse_ginkgo_report(text: &str) -> Result<SuiteResult> {
+    let reports: Value = serde_json::from_str(text).context("parsing ginkgo's JSON report")?;
+    let mut r = SuiteResult::default();
+    for suite in reports
+        .as_array()
+        .context("a ginkgo report is a list of suites")?
+    {
+        for spec in suite["SpecReports"].as_array().into_iter().flatten() {
+            // Suite-level nodes (BeforeSuite, ReportAfterSuite) are not specs.
+            if spec["LeafNodeType"] != "It" {
+                continue;
+            }
+            let name = [
+                spec["ContainerHierarchyTexts"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(Value::as_str)
+                    .collect::<Vec<_>>()
+                    .join(" "),
+                spec["LeafNodeText"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string(),
+            ]
+            .join(" ");
+            r.total += 1;
+            match spec["State"].as_str().unwrap_or_default() {
+                "passed" => r.passed.push(name),
+                "skipped" | "pending" => r.skipped.push(name),
+                _ => r.failed.push(name),
+            }
+        }
+    }
+    Ok(r)
+}
+
+// ---------------------------------------------------------------------------------------
+// network-policy-api's conformance suite
+
+/// The cached directory of network-policy-api `version`'s conformance test binary; a
+/// separate one for a kernel without SCTP, whose base manifests lack the SCTP servers.
+fn npapi_dir(version: &str, sctp: bool) -> PathBuf {
+    components::root().join(format!(
+        "network-policy-api-conformance-{version}{}",
+        if sctp { "" } else { "-no-sctp" }
+    ))
+}
+
+/// The conformance test binary of network-policy-api `version` (its `conformance`
+/// package), built when not cached. Without SCTP in the kernel, its base manifests are
+/// built in without their SCTP servers (`agnhost porter` on an SCTP port), which would
+/// never become ready and hold every test back.
+fn ensure_npapi(version: &str, sctp: bool) -> Result<PathBuf> {
+    let dir = npapi_dir(version, sctp);
+    let bin = dir.join("conformance.test");
+    if dir.join(".complete").exists() && bin.is_file() {
+        return Ok(bin);
+    }
+    println!(
+        "conformance: building network-policy-api {version}'s conformance suite (a fresh machine pays this once)"
+    );
+    let started = Instant::now();
+    let go = components::go()?;
+    let info = cluster::download(&go, &format!("sigs.k8s.io/network-policy-api@{version}"))?;
+    let module = PathBuf::from(info["Dir"].as_str().context("no module Dir named")?);
+    let src = dir.join("src");
+    let _ = fs::remove_dir_all(&src);
+    fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
+    // A writable copy: the module cache is read-only, and the manifests are embedded.
+    exec(Command::new("cp").arg("-r").arg(&module).arg(&src))?;
+    exec(Command::new("chmod").args(["-R", "u+w"]).arg(&src))?;
+    if !sctp {
+        let manifests = src.join("conformance/base/manifests.yaml");
+        let text = fs::read_to_string(&manifests)
+            .with_context(|| format!("read {}", manifests.display()))?;
+        fs::write(&manifests, without_sctp_servers(&text))?;
+    }
+    exec(
+        cluster::go_cmd(&go, &src)
+            .args(["test", "-c", "-trimpath", "-o"])
+            .arg(&bin)
+            .arg("./conformance"),
+    )?;
+    if !bin.is_file() {
+        bail!("go test -c finished but {} is missing", bin.display());
+    }
+    fs::write(dir.join(".complete"), version)?;
+    println!(
+        "conformance: built network-policy-api {version}'s conformance suite in {:.0}s",
+        started.elapsed().as_secs_f64()
+    );
+    Ok(bin)
+}
+
+/// `manifests` without the containers that serve SCTP (an env `SERVE_SCTP_PORT_...`).
+fn without_sctp_servers(manifests: &str) -> String {
+    let lines: Vec<&str> = manifests.lines().collect();
+    let indent = |l: &str| l.len() - l.trim_start().len();
+    let mut out = Vec::with_capacity(lines.len());
+    let mut i = 0;
+    while i < lines.len() {
+        let line = lines[i];
+        out.push(line);
+        i += 1;
+        if line.trim() != "containers:" {
+            continue;
+        }
+        // The list's items: `- ` lines at one indentation, each up to the next such line
+        // or a line indented less.
+        let Some(first) = lines[i..].iter().find(|l| !l.trim().is_empty()) else {
+            continue;
+        };
+        let item = indent(first);
+        if !first.trim_start().starts_with("- ") || item < indent(line) {
+            continue;
+        }
+        while i < lines.len() && lines[i].trim_start().starts_with("- ") && indent(lines[i]) == item
+        {
+            let start = i;
+            i += 1;
+            while i < lines.len() && (lines[i].trim().is_empty() || indent(lines[i]) > item) {
+                i += 1;
+            }
+            if !lines[start..i]
+                .iter()
+                .any(|l| l.contains("SERVE_SCTP_PORT"))
+            {
+                out.extend_from_slice(&lines[start..i]);
+            }
+        }
+    }
+    let mut text = out.join("\n");
+    text.push('\n');
+    text
+}
+
+/// The suite's tests that need SCTP: those that probe it (`PokeServer(..., "sctp", ...)`
+/// somewhere in their file; the `...SCTP` tests, and some that mix it with TCP and UDP),
+/// by `ShortName`, from its sources.
+fn npapi_sctp_tests(version: &str) -> Result<Vec<String>> {
+    let dir = npapi_dir(version, false).join("src/conformance/tests");
+    let dir = match dir.is_dir() {
+        true => dir,
+        false => npapi_dir(version, true).join("src/conformance/tests"),
+    };
+    let mut names = Vec::new();
+    for entry in fs::read_dir(&dir).with_context(|| format!("read {}", dir.display()))? {
+        let text = fs::read_to_string(entry?.path())?;
+        names.extend(sctp_tests_of(&text));
+    }
+    names.sort();
+    Ok(names)
+}
+
+/// The `ShortName`s of a test file's tests whose bodies probe SCTP.
+fn sctp_tests_of(source: &str) -> Vec<String> {
+    let mut names = Vec::new();
+    let mut current: Option<String> = None;
+    let mut probes = false;
+    for line in source.lines().chain(std::iter::once("ShortName: \"\"")) {
+        if let Some(name) = line.trim().strip_prefix("ShortName:") {
+            if let (Some(done), true) = (current.take(), probes) {
+                names.push(done);
+            }
+            let name = name.trim().trim_end_matches(',').trim_matches('"');
+            current = (!name.is_empty()).then(|| name.to_string());
+            probes = false;
+        } else if line.contains("\"sctp\"") {
+            probes = true;
+        }
+    }
+    names
+}
+
+fn run_npapi(
+    cluster: &Cluster,
+    bin: &Path,
+    version: &str,
+    weir: &str,
+    focus: Option<&str>,
+    sctp: &std::result::Result<(), String>,
+) -> Result<SuiteResult> {
+    // The suite refuses to run unless the installed CRD is its own release's; the
+    // experimental channel, for the features beyond the standard profile (named ports,
+    // egress node peers).
+    let crd = components::crd_path(version, "experimental");
+    cluster.kubectl(&[
+        "apply",
+        "--server-side",
+        "--force-conflicts",
+        "-f",
+        &crd.display().to_string(),
+    ])?;
+    cluster.kubectl(&[
+        "wait",
+        "--for=condition=Established",
+        "--timeout=60s",
+        "crd/clusternetworkpolicies.policy.networking.k8s.io",
+    ])?;
+    let report = cluster.dir.join("npapi-report.yaml");
+    let mut skip_reasons = Vec::new();
+    let mut skipped = Vec::new();
+    let mut args = vec![
+        format!(
+            "-test.run=TestConformanceProfiles{}",
+            focus.map(|f| format!("/{f}")).unwrap_or_default()
+        ),
+        "-test.v".to_string(),
+        format!("-test.timeout={}s", SUITE_TIMEOUT.as_secs()),
+        "--conformance-profiles=ClusterNetworkPolicy".to_string(),
+        "--all-features".to_string(),
+    ];
+    if let Err(reason) = sctp {
+        skipped = npapi_sctp_tests(version)?;
+        println!(
+            "conformance: skipping {} (and the suite's SCTP servers): {reason}",
+            skipped.join(", ")
+        );
+        skip_reasons.push(format!("{}: {reason}", skipped.join(", ")));
+        args.push(format!(
+            "-test.skip=TestConformanceProfiles/({})$",
+            skipped.join("|")
+        ));
+    }
+    let mut command = cluster.in_control_plane(bin);
+    command
+        .env("KUBECONFIG", cluster.kubeconfig())
+        .args(&args)
+        .args([
+            "--organization=weir",
+            "--project=weir",
+            "--url=https://github.com/weir",
+            &format!("--version={weir}"),
+            "--contact=weir",
+            "--additional-info=cargo xtask conformance --suite npapi",
+        ])
+        .arg(format!("--report-output={}", report.display()))
+        .current_dir(&cluster.dir);
+    let (status, lines) = stream(&mut command, SUITE_TIMEOUT, |l| {
+        l.starts_with("--- ") || l == "PASS" || l == "FAIL" || l.starts_with("ok ")
+    })?;
+    let mut result = parse_go_test(&lines);
+    result.skipped.extend(
+        skipped
+            .iter()
+            .map(|t| format!("TestConformanceProfiles/{t}")),
+    );
+    result.total += skipped.len();
+    result.summary = lines
+        .iter()
+        .filter(|l| !l.starts_with("--- PASS") && !l.starts_with("--- SKIP"))
+        .filter(|l| l.matches('/').count() <= 1)
+        .cloned()
+        .collect();
+    result.skip_reasons = skip_reasons;
+    result.args = args;
+    if result.passed.is_empty() && result.failed.is_empty() {
+        bail!("network-policy-api's suite ({status}) ran no test");
+    }
+    if result.failed.is_empty() && !status.success() {
+        bail!("network-policy-api's suite failed ({status}) with no failed test");
+    }
+    Ok(result)
+}
+
+/// The tests below TestConformanceProfiles (the suite's conformance tests, not their
+/// subtests) by `--- PASS|FAIL|SKIP: NAME (TIME)`, and the subtests' counts.
+fn parse_go_test(lines: &[String]) -> SuiteResult {
+    let mut r = SuiteResult::default();
+    for line in lines {
+        let Some((state, rest)) = line
+            .trim()
+            .strip_prefix("--- ")
+            .and_then(|l| l.split_once(": "))
+        else {
+            continue;
+        };
+        let name = rest.rsplit_once(" (").map_or(rest, |(n, _)| n).to_string();
+        match name.matches('/').count() {
+            1 => {}
+            n if n > 1 => {
+                match state {
+                    "PASS" => r.subtests_passed += 1,
+                    "FAIL" => r.subtests_failed += 1,
+                    _ => {}
+                }
+                continue;
+            }
+            _ => continue,
+        }
+        r.total += 1;
+        match state {
+            "PASS" => r.passed.push(name),
+            "SKIP" => r.skipped.push(name),
+            _ => r.failed.push(name),
+        }
+    }
+    r
+}
+
+// ---------------------------------------------------------------------------------------
+// The cluster
+
+/// A `weir-lab cluster` of this run; torn down when dropped, unless already down.
+struct Cluster {
+    name: String,
+    /// weir's image digest, of the archive imported into every node.
+    digest: String,
+    /// This run's copy of that archive, removed with the cluster.
+    archive: PathBuf,
+    dir: PathBuf,
+    lab: PathBuf,
+    nodes: Vec<String>,
+    down: bool,
+}
+
+impl Cluster {
+    fn up(name: &str, nodes: usize) -> Result<Cluster> {
+        let lab = workspace_root().join("target/debug/weir-lab");
+        let dir = PathBuf::from(format!("/var/tmp/weir-suite-{name}"));
+        if dir.join("cluster.json").exists() {
+            bail!(
+                "a suite's cluster is up in {} (another run of this suite and dataplane, or one \
+                 that was killed): `{} cluster --dir {} down` removes it",
+                dir.display(),
+                lab.display(),
+                dir.display()
+            );
+        }
+        // A copy of this run's, so that another run building the image meanwhile changes
+        // neither the archive imported nor the digest deployed.
+        let (built, digest) = weir_image()?;
+        let archive = workspace_root().join(format!("target/suites/{name}.oci.tar"));
+        fs::create_dir_all(archive.parent().expect("a file in a directory"))?;
+        fs::copy(&built, &archive)
+            .with_context(|| format!("copy {} to {}", built.display(), archive.display()))?;
+        let (_, digest_after) = weir_image()?;
+        if digest_after != digest {
+            bail!("weir's image changed while it was copied (another run building it?): run again");
+        }
+        let mut cluster = Cluster {
+            name: name.to_string(),
+            digest,
+            archive: archive.clone(),
+            dir,
+            lab,
+            nodes: Vec::new(),
+            down: false,
+        };
+        let up = cluster.lab(
+            &[
+                "up",
+                "--nodes",
+                &nodes.to_string(),
+                "--name",
+                name,
+                "--image",
+                &archive.display().to_string(),
+            ],
+            Duration::from_secs(600),
+        )?;
+        let up: Value = serde_json::from_str(&up).context("weir-lab cluster up's JSON")?;
+        cluster.nodes = up["nodes"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|n| n["name"].as_str().map(str::to_string))
+            .collect();
+        if cluster.nodes.len() != nodes {
+            bail!(
+                "weir-lab cluster up made {} nodes: {up}",
+                cluster.nodes.len()
+            );
+        }
+        Ok(cluster)
+    }
+
+    fn kubeconfig(&self) -> PathBuf {
+        self.dir.join("control-plane/kubeconfig-admin")
+    }
+
+    /// `program` in the control plane's network namespace, where the API server is.
+    fn in_control_plane(&self, program: &Path) -> Command {
+        let mut c = Command::new("nsenter");
+        c.arg(format!("--net=/run/netns/{}-cp", self.name))
+            .arg("--")
+            .arg(program);
+        c
+    }
+
+    fn lab(&self, args: &[&str], timeout: Duration) -> Result<String> {
+        let mut c = Command::new(&self.lab);
+        c.arg("cluster").arg("--dir").arg(&self.dir).args(args);
+        let out = run_timeout(&mut c, timeout)?;
+        if !out.status.success() {
+            bail!(
+                "weir-lab cluster {} failed ({}):\n{}{}",
+                args.join(" "),
+                out.status,
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    fn kubectl(&self, args: &[&str]) -> Result<String> {
+        let mut all = vec!["kubectl", "--timeout-secs", "240", "--"];
+        all.extend_from_slice(args);
+        self.lab(&all, Duration::from_secs(300))
+    }
+
+    /// deploy/ as it ships, its image pointed at the one imported into every node, every
+    /// node labelled with `dataplane`; returns once each node's weir reports that dataplane
+    /// converged.
+    fn deploy_weir(&self, dataplane: Dataplane) -> Result<()> {
+        for n in &self.nodes {
+            self.kubectl(&[
+                "label",
+                "node",
+                n,
+                "--overwrite",
+                &format!("weir.io/dataplane={}", dataplane.name()),
+            ])?;
+        }
+        let digest = &self.digest;
+        let overlay = self.dir.join("overlay");
+        fs::create_dir_all(&overlay)?;
+        let deploy = workspace_root().join("deploy").canonicalize()?;
+        // kustomize takes only relative paths to a base.
+        let up_to_root = "../".repeat(overlay.components().count() - 1);
+        fs::write(
+            overlay.join("kustomization.yaml"),
+            format!(
+                "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n- {up_to_root}{}\nimages:\n- name: registry.example/weir\n  newName: docker.io/library/weir\n  digest: {digest}\n",
+                deploy.display().to_string().trim_start_matches('/')
+            ),
+        )?;
+        self.kubectl(&["apply", "-k", &overlay.display().to_string()])?;
+        self.kubectl(&[
+            "rollout",
+            "status",
+            "-n",
+            "kube-system",
+            "daemonset/weir",
+            "--timeout=180s",
+        ])?;
+        let deadline = Instant::now() + Duration::from_secs(180);
+        loop {
+            match self.converged(dataplane) {
+                Ok(()) => return Ok(()),
+                Err(e) if Instant::now() > deadline => {
+                    return Err(e.context(format!(
+                        "weir did not report {} converged on every node within 180 s",
+                        dataplane.name()
+                    )))
+                }
+                Err(_) => std::thread::sleep(Duration::from_secs(2)),
+            }
+        }
+    }
+
+    fn weir_pods(&self) -> Result<Vec<String>> {
+        let out = self.kubectl(&[
+            "get",
+            "pods",
+            "-n",
+            "kube-system",
+            "-l",
+            "app.kubernetes.io/name=weir",
+            "-o",
+            "jsonpath={.items[*].metadata.name}",
+        ])?;
+        Ok(out.split_whitespace().map(str::to_string).collect())
+    }
+
+    fn converged(&self, dataplane: Dataplane) -> Result<()> {
+        let pods = self.weir_pods()?;
+        if pods.len() != self.nodes.len() {
+            bail!("{} weir pods for {} nodes", pods.len(), self.nodes.len());
+        }
+        for p in &pods {
+            let out = self.kubectl(&[
+                "exec",
+                "-n",
+                "kube-system",
+                p,
+                "--",
+                "/usr/local/bin/weir",
+                "status",
+                "--output",
+                "json",
+            ])?;
+            let status: Value = serde_json::from_str(&out).context("weir status --output json")?;
+            if status["dataplane"] != dataplane.name() || status["converged"] != true {
+                bail!("{p}: {status}");
+            }
+        }
+        Ok(())
+    }
+
+    /// Each weir pod's log, for a failed run (the suite prints only its own side).
+    fn print_weir_logs(&self) {
+        let Ok(pods) = self.weir_pods() else { return };
+        for p in pods {
+            match self.kubectl(&["logs", "-n", "kube-system", &p, "--tail=200"]) {
+                Ok(log) => println!("conformance: --- the log of {p} (last 200 lines)\n{log}"),
+                Err(e) => println!("conformance: --- no log of {p}: {e:#}"),
+            }
+        }
+    }
+
+    fn down(&mut self) -> Result<()> {
+        self.down = true;
+        let _ = fs::remove_file(&self.archive);
+        let out = self.lab(&["down"], Duration::from_secs(300))?;
+        let report: Value = serde_json::from_str(&out).context("weir-lab cluster down's JSON")?;
+        if report["left"] != json!([]) {
+            bail!("weir-lab cluster down left something: {report}");
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        if !self.down {
+            if let Err(e) = self.down() {
+                eprintln!("conformance: tearing the cluster down after a failure: {e:#}");
+            }
+        }
+    }
+}
+
+/// The archive and digest of weir's dev image (`cargo xtask image --dev`).
+fn weir_image() -> Result<(PathBuf, String)> {
+    let dir = workspace_root().join("target/image-dev");
+    let digest = fs::read_to_string(dir.join("digest"))
+        .with_context(|| format!("read {}/digest", dir.display()))?;
+    let archive = fs::read_dir(&dir)
+        .with_context(|| format!("read {}", dir.display()))?
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.to_string_lossy().ends_with(".oci.tar"))
+        .with_context(|| format!("no .oci.tar in {}", dir.display()))?;
+    Ok((archive, digest.trim().to_string()))
+}
+
+// ---------------------------------------------------------------------------------------
+// Processes
+
+/// Runs `cmd` to completion with its output captured; kills it after `timeout`.
+fn run_timeout(cmd: &mut Command, timeout: Duration) -> Result<Output> {
+    let shown = format!("{cmd:?}");
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("cannot start {shown}"))?;
+    let mut stdout = child.stdout.take().expect("piped");
+    let mut stderr = child.stderr.take().expect("piped");
+    let out = std::thread::spawn(move || {
+        let mut b = Vec::new();
+        let _ = std::io::Read::read_to_end(&mut stdout, &mut b);
+        b
+    });
+    let err = std::thread::spawn(move || {
+        let mut b = Vec::new();
+        let _ = std::io::Read::read_to_end(&mut stderr, &mut b);
+        b
+    });
+    let status = wait_timeout(&mut child, timeout, &shown)?;
+    Ok(Output {
+        status,
+        stdout: out.join().unwrap_or_default(),
+        stderr: err.join().unwrap_or_default(),
+    })
+}
+
+fn wait_timeout(
+    child: &mut std::process::Child,
+    timeout: Duration,
+    shown: &str,
+) -> Result<std::process::ExitStatus> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(status) = child.try_wait()? {
+            return Ok(status);
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            bail!("{shown} did not finish within {timeout:?}: killed");
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// Runs `cmd` with its stdout passed through line by line, unchanged; returns its status
+/// and the lines `keep` picked. Killed after `timeout`.
+fn stream(
+    cmd: &mut Command,
+    timeout: Duration,
+    keep: fn(&str) -> bool,
+) -> Result<(std::process::ExitStatus, Vec<String>)> {
+    let shown = format!("{cmd:?}");
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("cannot start {shown}"))?;
+    let stdout = child.stdout.take().expect("piped");
+    let reader = std::thread::spawn(move || {
+        let mut kept = Vec::new();
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            println!("{line}");
+            if keep(line.trim()) {
+                kept.push(line.trim().to_string());
+            }
+        }
+        kept
+    });
+    let status = wait_timeout(&mut child, timeout, &shown)?;
+    Ok((status, reader.join().unwrap_or_default()))
+}
+
+// ---------------------------------------------------------------------------------------
+// Results
+
+fn today() -> Result<String> {
+    Ok(output(Command::new("date").args(["-u", "+%F"]))
+        .context("date -u +%F")?
+        .trim()
+        .to_string())
+}
+
+/// `HEAD`'s short commit, with ` (with uncommitted changes)` when the tree differs.
+fn weir_commit() -> String {
+    let commit = output(
+        Command::new("git")
+            .args(["rev-parse", "--short", "HEAD"])
+            .current_dir(workspace_root()),
+    )
+    .unwrap_or_default();
+    let dirty = output(
+        Command::new("git")
+            .args(["status", "--porcelain", "--untracked-files=no"])
+            .current_dir(workspace_root()),
+    )
+    .is_some_and(|s| !s.trim().is_empty());
+    format!(
+        "{}{}",
+        commit.trim(),
+        if dirty {
+            " (with uncommitted changes)"
+        } else {
+            ""
+        }
+    )
+}
+
+fn write_results(
+    o: &Options,
+    k8s: &str,
+    v: &Versions,
+    weir: &str,
+    r: &SuiteResult,
+    seconds: f64,
+) -> Result<PathBuf> {
+    let date = today()?;
+    let suite_version = match o.suite {
+        Suite::E2e => format!("k8s.io/kubernetes/test/e2e/network/netpol {k8s}"),
+        Suite::Npapi => format!("sigs.k8s.io/network-policy-api {}", v.network_policy_api),
+    };
+    let data = json!({
+        "date": date,
+        "source": format!(
+            "cargo xtask conformance --suite {} --dataplane {} --nodes {}{} at weir {weir}",
+            o.suite.name(),
+            o.dataplane.name(),
+            o.nodes,
+            o.focus.as_ref().map(|f| format!(" --focus '{f}'")).unwrap_or_default(),
+        ),
+        "conditions": format!(
+            "weir-lab cluster: {} kubelet node(s) in network namespaces on one machine ({} cores, kernel {}), ptp CNI, kube-proxy iptables mode; weir's DaemonSet from deploy/ with its dev image",
+            o.nodes,
+            std::thread::available_parallelism().map_or(0, |n| n.get()),
+            output(Command::new("uname").arg("-r")).unwrap_or_default().trim()
+        ),
+        "report": {
+            "suite": o.suite.name(),
+            "suite_version": suite_version,
+            "dataplane": o.dataplane.name(),
+            "nodes": o.nodes,
+            "versions": {
+                "kubernetes": k8s,
+                "containerd": v.containerd,
+                "agnhost": v.agnhost[0],
+                "weir": weir,
+            },
+            "args": r.args,
+            "skip_reasons": r.skip_reasons,
+            "summary": r.summary,
+            "total": r.total,
+            "passed": r.passed,
+            "failed": r.failed,
+            "skipped": r.skipped,
+            "subtests_passed": r.subtests_passed,
+            "subtests_failed": r.subtests_failed,
+            "seconds": seconds.round(),
+        },
+    });
+    // A focused run is no measurement of the suite: kept out of docs/results/.
+    let dir = match o.focus {
+        Some(_) => workspace_root().join("target/suites").join(&date),
+        None => workspace_root().join("docs/results").join(&date),
+    };
+    fs::create_dir_all(&dir)?;
+    let file = dir.join(format!(
+        "conformance-{}-{}.json",
+        o.suite.name(),
+        o.dataplane.name()
+    ));
+    fs::write(&file, serde_json::to_string_pretty(&data)? + "\n")
+        .with_context(|| format!("write {}", file.display()))?;
+    Ok(file)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_ginkgo_report_gives_specs_by_state() {
+        let report = r#"[{"SpecReports":[
+            {"LeafNodeType":"SynchronizedBeforeSuite","State":"passed"},
+            {"LeafNodeType":"It","ContainerHierarchyTexts":["Netpol","NetworkPolicy between server and client"],
+             "LeafNodeText":"should support a 'default-deny-ingress' policy [Feature:NetworkPolicy]","LeafNodeLabels":["Feature:NetworkPolicy"],"State":"passed"},
+            {"LeafNodeType":"It","ContainerHierarchyTexts":["Netpol"],"LeafNodeText":"b","State":"failed"},
+            {"LeafNodeType":"It","ContainerHierarchyTexts":["Netpol"],"LeafNodeText":"c","State":"timedout"},
+            {"LeafNodeType":"It","ContainerHierarchyTexts":["Netpol"],"LeafNodeText":"d","State":"skipped"}
+        ]}]"#;
+        let r = parse_ginkgo_report(report).unwrap();
+        assert_eq!(r.total, 4);
+        assert_eq!(
+            r.passed,
+            vec!["Netpol NetworkPolicy between server and client should support a 'default-deny-ingress' policy [Feature:NetworkPolicy]"]
+        );
+        assert_eq!(r.failed, vec!["Netpol b", "Netpol c"]);
+        assert_eq!(r.skipped, vec!["Netpol d"]);
+        assert!(parse_ginkgo_report("{}").is_err());
+    }
+
+    #[test]
+    fn go_test_lines_give_tests_and_subtest_counts() {
+        let lines: Vec<String> = [
+            "--- FAIL: TestConformanceProfiles (120.00s)",
+            "--- PASS: TestConformanceProfiles/CNPAdminTierEgress (10.00s)",
+            "--- PASS: TestConformanceProfiles/CNPAdminTierEgress/Should_support_a_deny (1.00s)",
+            "--- FAIL: TestConformanceProfiles/CNPAdminTierIngress (30.00s)",
+            "--- FAIL: TestConformanceProfiles/CNPAdminTierIngress/a/b (3.00s)",
+            "--- SKIP: TestConformanceProfiles/CNPNamedPorts (0.00s)",
+            "FAIL",
+        ]
+        .map(String::from)
+        .to_vec();
+        let r = parse_go_test(&lines);
+        assert_eq!(r.passed, vec!["TestConformanceProfiles/CNPAdminTierEgress"]);
+        assert_eq!(
+            r.failed,
+            vec!["TestConformanceProfiles/CNPAdminTierIngress"]
+        );
+        assert_eq!(r.skipped, vec!["TestConformanceProfiles/CNPNamedPorts"]);
+        assert_eq!((r.total, r.subtests_passed, r.subtests_failed), (3, 1, 1));
+    }
+
+    #[test]
+    fn tests_that_probe_sctp_are_found_by_name() {
+        let source = "var A = suite.ConformanceTest{\n\tShortName: \"CNPA\",\n\tTest: func() {\n\t\tPokeServer(t, \"tcp\")\n\t\tPokeServer(t, \"sctp\",\n\t\t\tip)\n\t},\n}\nvar B = suite.ConformanceTest{\n\tShortName:   \"CNPB\",\n\tTest: func() { PokeServer(t, \"udp\") },\n}\nvar C = suite.ConformanceTest{\n\tShortName: \"CNPCSCTP\",\n\tTest: func() { PokeServer(t, \"sctp\") },\n}\n";
+        assert_eq!(sctp_tests_of(source), vec!["CNPA", "CNPCSCTP"]);
+    }
+
+    #[test]
+    fn sctp_servers_are_taken_out_of_the_manifests() {
+        let manifests = "kind: StatefulSet\nspec:\n  template:\n    spec:\n      containers:\n        - name: a-client\n          image: agnhost\n        - name: a-80\n          command: [\"/agnhost\"]\n          ports:\n            - containerPort: 80\n        - name: a-9003\n          command: [\"porter\"]\n          env:\n          - name: SERVE_SCTP_PORT_9003\n            value: \"foo\"\n        - name: a-9005\n          env:\n          - name: SERVE_SCTP_PORT_9005\n---\nkind: Namespace\n";
+        let made = without_sctp_servers(manifests);
+        assert!(!made.contains("SCTP"), "{made}");
+        assert!(made.contains("- name: a-client\n          image: agnhost\n        - name: a-80\n"));
+        assert!(
+            made.contains("            - containerPort: 80\n---\nkind: Namespace\n"),
+            "{made}"
+        );
+    }
+}
