@@ -66,7 +66,9 @@ pub struct AgentArgs {
     pub status_file: Option<PathBuf>,
 
     /// Dataplane when this node has no `weir.io/dataplane` label. auto = eBPF when the
-    /// kernel supports it, iptables otherwise.
+    /// kernel supports it, iptables otherwise. none = for benchmarks: watches, compiles and
+    /// reports status, programs no kernel state (and removes none); the node label is then
+    /// ignored.
     #[arg(long, env = "WEIR_DATAPLANE", value_enum, default_value_t = DataplaneChoice::Auto)]
     pub dataplane: DataplaneChoice,
 

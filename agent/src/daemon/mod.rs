@@ -111,7 +111,7 @@ async fn run_agent(args: AgentArgs) -> anyhow::Result<()> {
         select::DataplaneChoice::Ebpf => true,
         // The map and program types only, as the start checks them (not the verifier).
         select::DataplaneChoice::Auto => crate::dataplane::ebpf::probe_kernel().is_ok(),
-        select::DataplaneChoice::Iptables => false,
+        select::DataplaneChoice::Iptables | select::DataplaneChoice::None => false,
     };
     if ebpf_likely {
         backends.preload_ebpf();
