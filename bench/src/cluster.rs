@@ -54,6 +54,25 @@ pub struct Plan {
     pub pods: usize,
     pub policies: usize,
     pub changes: usize,
+    /// The largest N once more, its agents reading with the API server's streaming lists
+    /// (`weir agent --lists stream`): the same figures, before and after, in one run.
+    pub streaming_too: bool,
+}
+
+/// How the agents read each kind's whole state (`weir agent --lists`).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Lists {
+    Pages,
+    Stream,
+}
+
+impl Lists {
+    fn flag(self) -> &'static str {
+        match self {
+            Lists::Pages => "pages",
+            Lists::Stream => "stream",
+        }
+    }
 }
 
 /// The scenario name of N agents.
@@ -61,12 +80,16 @@ pub fn scenario(agents: usize, pods: usize) -> String {
     format!("cluster, {agents} agents, {pods} pods")
 }
 
+/// The suffix of a scenario whose agents read with streaming lists.
+pub const STREAMING: &str = ", streaming lists";
+
 pub fn notes(plan: &Plan) -> Vec<String> {
     vec![
         format!("cluster: the real etcd and kube-apiserver (the lab's, `weir-lab kube start`) in one network namespace, holding {} pods on {REMOTE_NODES} Node objects and {} NetworkPolicies, written through the API by `weir-lab kube apply` (each Pod created, then its status written); N `weir agent --dataplane none` (watch, compile and report, program nothing), agent i as Node remote-node-i with its own status file, metrics port and the DaemonSet's ServiceAccount; control plane, writer and bench pinned to CPU {CONTROL_CPU}, the agents to CPU {AGENT_CPU}; one control plane for the whole sweep (N = {:?}), in that order", plan.pods, plan.policies, plan.agents),
         "cluster convergence: from just before a change's first write request to the first poll (every 5 ms) of an agent's status file that names the server's state digest after the change; changes alternate a pod label change and a NetworkPolicy create or delete, the next written once every agent had the last; p50 / p99 over all (agent, change) pairs and over the slowest agent of each change".into(),
         "cluster cold start: all N agents started at once, the world already on the server; each agent's time from its start to its first convergence (its status file says converged: every kind listed, compiled, applied); the API server's CPU over that time and its peak RSS (VmRSS sampled every 100 ms)".into(),
         "cluster API server figures: CPU from /proc (user + system) of the kube-apiserver process; watch events and their bytes are the deltas of the sums of `apiserver_watch_events_total` and `apiserver_watch_events_sizes` (sum and count) over every resource; the writer's own requests (a change's writes, a list of the Nodes for the digest) are in the CPU figure. Bytes received: the agents' TCP connections to the API server (`ss` bytes_received, TLS included)".into(),
+        format!("cluster, streaming lists: the largest N again, after the others, its agents started with `--lists stream` (the API server's WatchList) instead of the default `--lists pages` (LIST requests of 5,000 objects); otherwise the same run{}", if plan.streaming_too { "" } else { " (not run this time)" }),
         "cluster restart: kube-apiserver stopped (SIGTERM) and started again on the same etcd, whose data it keeps; the figures after it are the first change written once the new server was ready, the bytes each agent received from the new server until it had that change, and the new server's CPU from its start to then".into(),
     ]
 }
@@ -96,10 +119,17 @@ pub fn run(weir: &Path, lab: &Path, run_dir: &Path, plan: &Plan) -> Vec<Row> {
             return rows;
         }
     };
-    for &n in &plan.agents {
-        let name = scenario(n, plan.pods);
+    let mut runs: Vec<(usize, Lists)> = plan.agents.iter().map(|&n| (n, Lists::Pages)).collect();
+    if let Some(&n) = plan.agents.iter().max().filter(|_| plan.streaming_too) {
+        runs.push((n, Lists::Stream));
+    }
+    for (n, lists) in runs {
+        let mut name = scenario(n, plan.pods);
+        if lists == Lists::Stream {
+            name.push_str(STREAMING);
+        }
         crate::progress(&name);
-        match bench.run_agents(weir, n, plan.changes) {
+        match bench.run_agents(weir, n, plan.changes, lists) {
             Ok(figures) => rows.extend(
                 figures
                     .into_iter()
@@ -237,7 +267,13 @@ impl Bench {
 
     /// One agent count: cold start, changes, a restart, memory. The agents are stopped at
     /// the end (or on an error).
-    fn run_agents(&mut self, weir: &Path, n: usize, changes: usize) -> Result<Figures> {
+    fn run_agents(
+        &mut self,
+        weir: &Path,
+        n: usize,
+        changes: usize,
+        lists: Lists,
+    ) -> Result<Figures> {
         let lab = self.cluster.lab.clone();
         let mut figures: Figures = Vec::new();
         let mut put = |figure: &str, value: f64, unit: &'static str| {
@@ -248,7 +284,7 @@ impl Bench {
         let before = self.api_sample(&lab)?;
         let started = Instant::now();
         let agents = (0..n)
-            .map(|i| AgentProc::spawn(weir, &self.netns, &self.dir, &self.api_dir(), i))
+            .map(|i| AgentProc::spawn(weir, &self.netns, &self.dir, &self.api_dir(), i, lists))
             .collect::<Result<Vec<_>>>()?;
         let (cold, peak) = wait_all(&agents, started, self.apiserver(), |s| {
             s["converged"] == true
@@ -496,7 +532,14 @@ struct AgentProc {
 }
 
 impl AgentProc {
-    fn spawn(weir: &Path, netns: &Netns, run: &Path, api: &Path, index: usize) -> Result<Self> {
+    fn spawn(
+        weir: &Path,
+        netns: &Netns,
+        run: &Path,
+        api: &Path,
+        index: usize,
+        lists: Lists,
+    ) -> Result<Self> {
         let dir = run.join(format!("agent-{index}"));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
@@ -523,6 +566,7 @@ impl AgentProc {
                 std::process::id()
             ))
             .args(["--verdict-log", "off", "--log-format", "text"])
+            .args(["--lists", lists.flag()])
             .env("KUBECONFIG", api.join("kubeconfig-agent"))
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)

@@ -86,6 +86,10 @@ struct Cli {
     #[arg(long, default_value_t = 10, requires = "cluster",
           value_parser = clap::value_parser!(u64).range(1..))]
     cluster_changes: u64,
+    /// --cluster: the largest N once more with the agents on streaming lists
+    /// (`weir agent --lists stream`).
+    #[arg(long, requires = "cluster")]
+    cluster_streaming_lists: bool,
     /// The kube-router binary (`cargo xtask peers` builds it).
     #[arg(long, requires = "peers")]
     kube_router: Option<PathBuf>,
@@ -284,6 +288,7 @@ fn run_cluster(cli: Cli) -> Result<()> {
         pods: cli.cluster_pods,
         policies: cli.cluster_policies,
         changes: cli.cluster_changes as usize,
+        streaming_too: cli.cluster_streaming_lists,
     };
     netns::sweep_stale();
     let started = Instant::now();

@@ -159,6 +159,7 @@ pub fn cluster(quick: bool, run: &ClusterRun) -> Result<()> {
         .arg("--out")
         .arg(root.join("target/bench/cluster.json"))
         .args(["--profile", profile, "--command", &command, "--cluster"])
+        .arg("--cluster-streaming-lists")
         .args(&options);
     if quick {
         bench.arg("--quick");

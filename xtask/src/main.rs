@@ -200,8 +200,8 @@ enum Command {
         /// Instead: N weir agents (`--dataplane none`, each a different node) against one
         /// real kube-apiserver, for N = 1, 10, 30 at 50,000 pods: the API server's CPU,
         /// memory and watch events, bytes per agent per change, convergence to every
-        /// agent, cold start of all at once, an API server restart; writes
-        /// target/bench/cluster.json. With --quick: N = 1, 2 at 500 pods (a smoke run).
+        /// agent, cold start of all at once, an API server restart; then the largest N
+        /// again with the agents on streaming lists; writes target/bench/cluster.json. With --quick: N = 1, 2 at 500 pods (a smoke run).
         #[arg(long, conflicts_with = "peers")]
         cluster: bool,
         /// --cluster: agent counts instead of 1,10,30 (comma-separated).

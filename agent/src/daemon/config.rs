@@ -120,6 +120,14 @@ pub struct AgentArgs {
           value_parser = clap::value_parser!(u32).range(1..))]
     pub list_page_size: u32,
 
+    /// Cluster mode: how each kind's whole state is read, at the start and on a relist.
+    /// pages = LIST requests of --list-page-size objects, then a watch; stream = one watch
+    /// that sends the current objects first (the API server's WatchList, beta and on by
+    /// default from Kubernetes 1.32), streamed from the server's watch cache instead of
+    /// built into pages.
+    #[arg(long, env = "WEIR_LISTS", value_enum, default_value_t = crate::source::kube::Lists::Pages)]
+    pub lists: crate::source::kube::Lists,
+
     /// The most table entries one NetworkPolicy may take per pod it selects, estimated
     /// from its spec (per rule, peers × port prefixes, an ipBlock's excepts counted as
     /// peers). A policy above it is refused before it is compiled, on either dataplane,

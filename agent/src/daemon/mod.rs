@@ -139,8 +139,12 @@ async fn run_agent(args: AgentArgs) -> anyhow::Result<()> {
                 .await
                 .context("connect to the Kubernetes API (in-cluster config or KUBECONFIG)")?;
             tracing::info!(%node, "cluster mode");
-            let source = crate::source::kube::KubeSource::new(client.clone(), args.list_page_size)
-                .with_progress(health.sync().clone());
+            let source = crate::source::kube::KubeSource::new(
+                client.clone(),
+                args.list_page_size,
+                args.lists,
+            )
+            .with_progress(health.sync().clone());
             let publisher = publish::KubePublisher::spawn(client, node);
             Daemon::new(opts, backends, metrics, health)
                 .with_reports(reports)
