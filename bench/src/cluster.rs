@@ -39,7 +39,7 @@ const CONTROL_CPU: usize = 0;
 /// Where every agent runs.
 const AGENT_CPU: usize = 1;
 /// Every agent must converge within this after its start, a change or the restart.
-const LIMIT: Duration = Duration::from_secs(300);
+const LIMIT: Duration = Duration::from_secs(600);
 /// Agent i serves its /metrics on this port + i (in the control plane's namespace).
 const METRICS_PORT_BASE: u16 = 19400;
 /// The API server's secure port, as the lab runs it.
