@@ -129,11 +129,12 @@ pub struct Agent {
 }
 
 /// The bench node's control plane (`weir-lab kube`), and what the agent must reach.
-struct Cluster {
+pub(crate) struct Cluster {
     /// The `weir-lab` binary that runs it.
-    lab: PathBuf,
+    pub(crate) lab: PathBuf,
     netns: String,
-    pids: Vec<u32>,
+    /// etcd's and kube-apiserver's, in that order.
+    pub(crate) pids: Vec<u32>,
     /// The state digest the agent reports once it applied the last write.
     expected: String,
     /// The `weir-lab kube apply` of the last change, until its digest is read.
@@ -141,14 +142,14 @@ struct Cluster {
 }
 
 impl Cluster {
-    fn api_dir(dir: &Path) -> PathBuf {
+    pub(crate) fn api_dir(dir: &Path) -> PathBuf {
         dir.join("api")
     }
 
     /// Starts `weir-lab kube apply` of `file` (against `previous`) and returns once the
     /// server acknowledged the last write, with the instant just before the first (and
     /// that instant in CLOCK_MONOTONIC ns).
-    fn write(
+    pub(crate) fn write(
         &mut self,
         dir: &Path,
         previous: Option<&Path>,
@@ -181,7 +182,7 @@ impl Cluster {
     }
 
     /// The digest of the last write, once its writer has computed it.
-    fn expected(&mut self) -> Result<&str> {
+    pub(crate) fn expected(&mut self) -> Result<&str> {
         if let Some((mut child, mut out)) = self.writer.take() {
             let mut line = String::new();
             out.read_line(&mut line)?;
@@ -603,7 +604,7 @@ impl Drop for Agent {
 
 /// Starts etcd and kube-apiserver in the node's namespace and writes the whole world
 /// there, before the agent starts: a cold start finds it on the server.
-fn start_cluster(lab: &Path, node: &Netns, dir: &Path) -> Result<Cluster> {
+pub(crate) fn start_cluster(lab: &Path, node: &Netns, dir: &Path) -> Result<Cluster> {
     let out = Command::new(lab)
         .args(["kube", "start", "--netns", node.name()])
         .arg("--dir")

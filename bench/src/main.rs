@@ -15,8 +15,11 @@
 //!   label changes, each kind observed by a probe (p50, p99, max);
 //! - memory: the agent's peak RSS and its kernel state, at M and at a larger M;
 //! - reset: many weir sets (some undeletable) and chains, removed by `weir reset`.
+//!
+//! `--cluster` measures instead N agents against one API server (see [`cluster`]).
 mod agent;
 mod bpf_maps;
+mod cluster;
 mod convergence;
 mod memory;
 mod netns;
@@ -69,6 +72,28 @@ struct Cli {
     /// the API server (needs --kube-router; --azure-npm adds Azure NPM).
     #[arg(long)]
     peers: bool,
+    /// Instead: N agents (`--dataplane none`, each a different node) against one real
+    /// kube-apiserver, for each N of --cluster-agents: the API server's cost, convergence
+    /// to every agent, cold start of all at once, an API server restart.
+    #[arg(long, conflicts_with = "peers")]
+    cluster: bool,
+    /// --cluster: the agent counts, in order, each a run on the same control plane.
+    #[arg(long, value_delimiter = ',', default_values_t = [1, 10, 30], requires = "cluster")]
+    cluster_agents: Vec<usize>,
+    /// --cluster: the world's pods (on 100 nodes).
+    #[arg(long, default_value_t = 50_000, requires = "cluster")]
+    cluster_pods: usize,
+    /// --cluster: the world's NetworkPolicies.
+    #[arg(long, default_value_t = 1000, requires = "cluster")]
+    cluster_policies: usize,
+    /// --cluster: changes measured per agent count.
+    #[arg(long, default_value_t = 10, requires = "cluster",
+          value_parser = clap::value_parser!(u64).range(1..))]
+    cluster_changes: u64,
+    /// --cluster: the largest N once more with the agents on streaming lists
+    /// (`weir agent --lists stream`).
+    #[arg(long, requires = "cluster")]
+    cluster_streaming_lists: bool,
     /// The kube-router binary (`cargo xtask peers` builds it).
     #[arg(long, requires = "peers")]
     kube_router: Option<PathBuf>,
@@ -179,6 +204,9 @@ fn run(cli: Cli) -> Result<()> {
             );
         }
     }
+    if cli.cluster {
+        return run_cluster(cli);
+    }
     let (quick, peers) = (cli.quick, cli.peers);
     let kube_router = match (peers, cli.kube_router) {
         (true, None) => {
@@ -274,6 +302,55 @@ fn run(cli: Cli) -> Result<()> {
         .find(|r| r.value.as_str().is_some_and(|v| v.starts_with("FAILED")))
     {
         bail!("{}: {}", row.scenario, row.value);
+    }
+    Ok(())
+}
+
+/// `--cluster`: its own report, written and checked as the others.
+fn run_cluster(cli: Cli) -> Result<()> {
+    if Command::new("ss").arg("--version").output().is_err() {
+        bail!("the cluster bench needs `ss` (iproute2) on PATH");
+    }
+    let plan = cluster::Plan {
+        agents: cli.cluster_agents,
+        pods: cli.cluster_pods,
+        policies: cli.cluster_policies,
+        changes: cli.cluster_changes as usize,
+        streaming_too: cli.cluster_streaming_lists,
+    };
+    netns::sweep_stale();
+    let started = Instant::now();
+    let mut report = Report {
+        command: cli
+            .command
+            .unwrap_or_else(|| std::env::args().collect::<Vec<_>>().join(" ")),
+        quick: cli.quick,
+        profile: cli.profile,
+        kernel: kernel_release(),
+        started_unix: SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()),
+        seconds: 0.0,
+        notes: cluster::notes(&plan),
+        versions: Default::default(),
+        rows: cluster::run(&cli.weir, &cli.lab, &cli.run_dir, &plan),
+    };
+    report.seconds = (started.elapsed().as_secs_f64() * 10.0).round() / 10.0;
+    report.write_json(&cli.out)?;
+    println!("\n{}", report.table());
+    println!(
+        "{} in {:.0}s ({} build); JSON: {}",
+        report.command,
+        report.seconds,
+        report.profile,
+        cli.out.display()
+    );
+    let failures = report.failures();
+    if !failures.is_empty() {
+        bail!(
+            "{} figure(s) could not be measured (see ERROR rows)",
+            failures.len()
+        );
     }
     Ok(())
 }

@@ -18,7 +18,7 @@ pub const SERVER_IP: Ipv4Addr = Ipv4Addr::new(10, 244, 0, 3);
 /// Remote pods get consecutive addresses from here (10.128.0.0/10 holds 4 million).
 const REMOTE_BASE: Ipv4Addr = Ipv4Addr::new(10, 128, 0, 0);
 const REMOTE_NAMESPACES: usize = 10;
-const REMOTE_NODES: usize = 100;
+pub const REMOTE_NODES: usize = 100;
 /// Label groups among remote pods; policy i allows peers of group i % GROUPS.
 const GROUPS: usize = 100;
 
@@ -126,6 +126,22 @@ impl World {
         }
     }
 
+    /// Adds the Node objects of the remote pods' nodes (each carries P / 100 of them): the
+    /// cluster bench runs its agents as those nodes.
+    pub fn with_remote_nodes(mut self) -> Self {
+        for n in 0..REMOTE_NODES {
+            let node = json!({
+                "apiVersion": "v1", "kind": "Node",
+                "metadata": {"name": remote_node_name(n)},
+                "status": {"addresses": [{"type": "InternalIP", "address": remote_node_ip(n).to_string()}]},
+            });
+            self.fixed.push_str("---\n");
+            self.fixed.push_str(&node.to_string());
+            self.fixed.push('\n');
+        }
+        self
+    }
+
     /// Adds `count` ClusterNetworkPolicies (see [`cluster_policy`]).
     pub fn with_cluster_policies(mut self, count: usize) -> Self {
         for i in 0..count {
@@ -192,6 +208,11 @@ fn namespace(name: &str, mut labels: Value) -> Value {
     json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels}})
 }
 
+/// The name of remote node `n`.
+pub fn remote_node_name(n: usize) -> String {
+    format!("remote-node-{n}")
+}
+
 /// The address of remote node `n` (no packet goes there).
 fn remote_node_ip(n: usize) -> Ipv4Addr {
     Ipv4Addr::new(10, 255, 0, n as u8)
@@ -239,7 +260,7 @@ fn remote_pod(i: usize) -> Value {
         &format!("remote-{}", i % REMOTE_NAMESPACES),
         &format!("r{i}"),
         (
-            &format!("remote-node-{}", i % REMOTE_NODES),
+            &remote_node_name(i % REMOTE_NODES),
             remote_node_ip(i % REMOTE_NODES),
         ),
         ip,

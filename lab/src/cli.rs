@@ -300,6 +300,21 @@ pub enum KubeAction {
         previous: Option<PathBuf>,
         file: PathBuf,
     },
+    /// Start kube-apiserver again on that control plane's files (after its process was
+    /// stopped; etcd still runs), wait until it is ready, and print its pid as JSON.
+    StartApiserver {
+        #[arg(long)]
+        netns: String,
+        #[arg(long)]
+        dir: PathBuf,
+    },
+    /// Print that server's /metrics (Prometheus text), read as the admin.
+    Metrics {
+        #[arg(long)]
+        netns: String,
+        #[arg(long)]
+        dir: PathBuf,
+    },
 }
 
 #[derive(Subcommand)]
@@ -415,6 +430,8 @@ pub fn run(args: LabArgs) -> anyhow::Result<()> {
                 previous,
                 file,
             } => ops::kube_apply(&netns, &dir, previous.as_deref(), &file),
+            KubeAction::StartApiserver { netns, dir } => ops::kube_start_apiserver(&netns, &dir),
+            KubeAction::Metrics { netns, dir } => ops::kube_metrics(&netns, &dir),
         }
         .context("weir-lab kube"),
         LabCommand::Cluster { dir, action } => super::cluster::cli::run(&dir, action),

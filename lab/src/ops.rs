@@ -256,6 +256,32 @@ pub fn kube_start(netns: &str, dir: &Path) -> Result<(), LabError> {
     Ok(())
 }
 
+/// `weir-lab kube start-apiserver`: the server alone, on the files and etcd of a
+/// control plane `kube start` made.
+pub fn kube_start_apiserver(netns: &str, dir: &Path) -> Result<(), LabError> {
+    let cp = ControlPlane::new(dir);
+    let apiserver = cp.start_apiserver(netns)?;
+    cp.wait_ready(netns, API_READY_WITHIN)?;
+    let pid = serde_json::json!({ "apiserver_pid": apiserver });
+    weir::stdout::println(&pid.to_string()).map_err(|e| LabError::io("writing to stdout", e))?;
+    Ok(())
+}
+
+/// `weir-lab kube metrics`: the server's /metrics text.
+pub fn kube_metrics(netns: &str, dir: &Path) -> Result<(), LabError> {
+    let text = ControlPlane::new(dir)
+        .block_on(netns, Identity::Admin, |client| async move {
+            let req = http::Request::get("/metrics")
+                .body(Vec::new())
+                .map_err(|e| e.to_string())?;
+            client.request_text(req).await.map_err(|e| e.to_string())
+        })
+        .and_then(|r| r)
+        .map_err(|e| LabError::invalid("the API server's /metrics", e))?;
+    weir::stdout::print(&text).map_err(|e| LabError::io("writing to stdout", e))?;
+    Ok(())
+}
+
 /// `weir-lab kube apply`: writes the difference, then computes the digest from the
 /// resourceVersions of what it wrote and a record of the rest (DIR/applied-versions.json),
 /// so that a change to one object of a large world does not list the whole world.

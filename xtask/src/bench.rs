@@ -1,4 +1,4 @@
-//! `cargo xtask bench [--quick] [--peers]`: builds the binaries the bench measures and the
+//! `cargo xtask bench [--quick] [--peers | --cluster]`: builds the binaries the bench measures and the
 //! bench itself (bench/, `weir-bench`), then runs it with the paths and flags that make its
 //! run this one; the JSON goes where it always went (target/bench/latest.json, or
 //! peers.json).
@@ -100,4 +100,69 @@ pub fn run(quick: bool, peer_run: Option<PeerRun>) -> Result<()> {
         }
     }
     exec(&mut bench).context("the bench")
+}
+
+/// `--cluster` and how its sweep differs from weir-bench's defaults (None: as them, or
+/// the smoke run's with --quick).
+pub struct ClusterRun {
+    pub agents: Option<String>,
+    pub pods: Option<usize>,
+    pub changes: Option<usize>,
+}
+
+/// `cargo xtask bench --cluster`: the release build's agents (their CPU and memory are the
+/// figures), or with --quick the debug build's, at a smoke run's size.
+pub fn cluster(quick: bool, run: &ClusterRun) -> Result<()> {
+    let profile = if quick { "debug" } else { "release" };
+    crate::build::run(!quick)?;
+    exec(cargo().args(["build", "--package", "weir-bench", "--bin", "weir-bench"]))?;
+    let root = workspace_root();
+    let bins = root.join("target").join(profile);
+    let smoke = |v: &str| quick.then(|| v.to_string());
+    let options: Vec<String> = [
+        (
+            "--cluster-agents",
+            run.agents.clone().or_else(|| smoke("1,2")),
+        ),
+        (
+            "--cluster-pods",
+            run.pods.map(|p| p.to_string()).or_else(|| smoke("500")),
+        ),
+        ("--cluster-policies", smoke("50")),
+        (
+            "--cluster-changes",
+            run.changes.map(|c| c.to_string()).or_else(|| smoke("3")),
+        ),
+    ]
+    .into_iter()
+    .filter_map(|(flag, value)| Some(format!("{flag}={}", value?)))
+    .collect();
+    let mut command = format!(
+        "cargo xtask bench --cluster{}",
+        if quick { " --quick" } else { "" }
+    );
+    for option in options
+        .iter()
+        .filter(|o| !o.starts_with("--cluster-policies"))
+    {
+        command.push(' ');
+        command.push_str(option);
+    }
+    let mut bench = Command::new(root.join("target/debug/weir-bench"));
+    bench
+        .arg("--weir")
+        .arg(bins.join("weir"))
+        .arg("--lab")
+        .arg(bins.join("weir-lab"))
+        .arg("--run-dir")
+        .arg(root.join("target/bench/run"))
+        .arg("--out")
+        .arg(root.join("target/bench/cluster.json"))
+        .args(["--profile", profile, "--command", &command, "--cluster"])
+        .arg("--cluster-streaming-lists")
+        .args(&options);
+    if quick {
+        bench.arg("--quick");
+    }
+    exec(&mut bench).context("the cluster bench")
 }

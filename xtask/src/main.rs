@@ -225,6 +225,22 @@ enum Command {
         /// --peers: changes of each kind per enforcer instead of the full bench's 25.
         #[arg(long, requires = "peers")]
         peer_changes: Option<usize>,
+        /// Instead: N weir agents (`--dataplane none`, each a different node) against one
+        /// real kube-apiserver, for N = 1, 10, 30 at 50,000 pods: the API server's CPU,
+        /// memory and watch events, bytes per agent per change, convergence to every
+        /// agent, cold start of all at once, an API server restart; then the largest N
+        /// again with the agents on streaming lists; writes target/bench/cluster.json. With --quick: N = 1, 2 at 500 pods (a smoke run).
+        #[arg(long, conflicts_with = "peers")]
+        cluster: bool,
+        /// --cluster: agent counts instead of 1,10,30 (comma-separated).
+        #[arg(long, requires = "cluster")]
+        cluster_agents: Option<String>,
+        /// --cluster: pods instead of 50,000.
+        #[arg(long, requires = "cluster")]
+        cluster_pods: Option<usize>,
+        /// --cluster: changes per agent count instead of 10.
+        #[arg(long, requires = "cluster")]
+        cluster_changes: Option<usize>,
     },
 }
 
@@ -287,11 +303,27 @@ fn main() {
         },
         Command::Bench {
             quick,
+            cluster: true,
+            cluster_agents,
+            cluster_pods,
+            cluster_changes,
+            ..
+        } => bench::cluster(
+            quick,
+            &bench::ClusterRun {
+                agents: cluster_agents,
+                pods: cluster_pods,
+                changes: cluster_changes,
+            },
+        ),
+        Command::Bench {
+            quick,
             peers,
             peer_change_limit,
             peer_policies,
             peer_remote_pods,
             peer_changes,
+            ..
         } => bench::run(
             quick,
             peers.then_some(bench::PeerRun {

@@ -58,6 +58,14 @@ pub const TABLES: &[(&str, &str)] = &[
         "peers",
         "bench --peers: weir's dataplanes and each peer (with its version) side by side: cold start, each change kind's p50 / p99, peak RSS, datapath ratios",
     ),
+    (
+        "cluster-scale",
+        "bench --cluster: each figure per agent count N (agents on the none dataplane against one kube-apiserver)",
+    ),
+    (
+        "cluster-extrapolation",
+        "bench --cluster: the largest N's per-agent and per-pod figures carried to 5,000 nodes and 150,000 pods, beside the peers' published figures",
+    ),
     ("kernels", "kernels: group × kernel, passed tests and time"),
     (
         "suites",
@@ -150,6 +158,8 @@ fn make(table: &str, data: &Value) -> Result<String> {
         "memory-large" => memory_large(report),
         "path-cost" => path_cost(report),
         "peers" => peers(report),
+        "cluster-scale" => cluster_scale(report),
+        "cluster-extrapolation" => cluster_extrapolation(report),
         "kernels" => kernels(data),
         "suites" => suites(data),
         other => bail!(
@@ -232,6 +242,182 @@ impl<'a> Rows<'a> {
             None => "–".into(),
         }
     }
+}
+
+/// The suffix of a cluster scenario whose agents read with streaming lists.
+const STREAMING: &str = ", streaming lists";
+
+/// The `cluster, N agents, P pods` scenarios: (N, P, scenario), in the report's order;
+/// those on streaming lists (`..., streaming lists`) only with `streaming`.
+fn cluster_scenarios<'a>(rows: &Rows<'a>, streaming: bool) -> Vec<(i64, i64, &'a str)> {
+    rows.scenarios()
+        .into_iter()
+        .filter(|s| s.starts_with("cluster, ") && (streaming || !s.ends_with(STREAMING)))
+        .filter_map(|s| Some((count_after(s, "cluster, ")?, count_after(s, "agents, ")?, s)))
+        .collect()
+}
+
+/// A figure's name without its ` (n=...)` detail.
+fn bare(figure: &str) -> &str {
+    figure.split(" (n=").next().unwrap_or(figure)
+}
+
+fn cluster_scale(report: &Value) -> Result<String> {
+    let rows = Rows::of(report)?;
+    let Some(&(_, pods, last)) = cluster_scenarios(&rows, false).last() else {
+        bail!("the report has no `cluster, N agents, P pods` scenario");
+    };
+    // A run that measured nothing (stopped, or failed before its first figure) has no column.
+    let runs: Vec<_> = cluster_scenarios(&rows, true)
+        .into_iter()
+        .filter(|(_, _, s)| {
+            rows.0
+                .iter()
+                .any(|r| r["scenario"] == *s && r["value"].is_number())
+        })
+        .collect();
+    let mut out = format!(
+        "| {} pods, N agents | {} |\n|---|{}\n",
+        thousands(pods),
+        runs.iter()
+            .map(|(n, _, s)| match s.ends_with(STREAMING) {
+                true => format!("N = {n}, streaming lists"),
+                false => format!("N = {n}"),
+            })
+            .collect::<Vec<_>>()
+            .join(" | "),
+        "---|".repeat(runs.len())
+    );
+    let mut figures: Vec<(&str, &str)> = Vec::new();
+    for r in rows.0.iter().filter(|r| r["scenario"] == last) {
+        if let (Some(f), Some(u)) = (r["figure"].as_str(), r["unit"].as_str()) {
+            figures.push((bare(f), u));
+        }
+    }
+    for (figure, unit) in figures {
+        let label = match unit {
+            "" => figure.to_string(),
+            unit => format!("{figure} ({unit})"),
+        };
+        out.push_str(&line(
+            &label,
+            runs.iter().map(|(_, _, s)| rows.value(s, "none", figure)),
+        ));
+    }
+    Ok(out)
+}
+
+fn cluster_extrapolation(report: &Value) -> Result<String> {
+    const NODES: f64 = 5000.0;
+    const PODS: f64 = 150_000.0;
+    /// Changes per second the extrapolation assumes (the convergence target's).
+    const RATE: f64 = 10.0;
+    let rows = Rows::of(report)?;
+    let runs = cluster_scenarios(&rows, false);
+    let (Some(&(n1, _, first)), Some(&(n, pods, last))) = (runs.first(), runs.last()) else {
+        bail!("the report has no `cluster, N agents, P pods` scenario");
+    };
+    let get = |s: &str, f: &str| -> Result<f64> {
+        rows.find(s, "none", f)
+            .and_then(|r| r["value"].as_f64())
+            .with_context(|| format!("{s}: no figure {f}"))
+    };
+    // What each agent added: the growth from the smallest N to the largest, per agent
+    // (the API server has watchers and background work of its own).
+    let marginal = |f: &str| -> Result<Option<f64>> {
+        let (a, b) = (get(first, f)?, get(last, f)?);
+        Ok((n > n1).then(|| (b - a) / (n - n1) as f64))
+    };
+    let events = marginal("API server watch events per change")?
+        .unwrap_or(get(last, "API server watch events per change")? / n as f64);
+    let bytes = get(last, "bytes received per agent per change (mean)")?;
+    let cpu_per_agent = marginal("API server CPU per change")?;
+    let list_cpu = marginal("cold start: API server CPU")?;
+    let rss = get(last, "agent peak RSS (mean)")?;
+    let restart = get(
+        last,
+        "restart: MiB received per agent from the new server (mean)",
+    )?;
+    let mut out = format!(
+        "| from N = {n}, {} pods | per agent (measured) | at 5,000 nodes, 150,000 pods, {RATE} changes/s | peers, as published |\n|---|---|---|---|\n",
+        thousands(pods)
+    );
+    out.push_str(&line(
+        "API server watch events",
+        [
+            format!("{} per change", number(events)),
+            format!("{} events/s", number(events * NODES * RATE)),
+            "Cilium: about 90,000/s at 1,000 nodes; its CFP-44774 (agents read from an etcd) cut them 95%".into(),
+        ],
+    ));
+    out.push_str(&line(
+        "bytes the API server sends per pod change",
+        [
+            format!("{} bytes per change", number(bytes)),
+            format!(
+                "{} MiB per change, {} MiB/s",
+                number(bytes * NODES / 1048576.0),
+                number(bytes * NODES * RATE / 1048576.0)
+            ),
+            "–".into(),
+        ],
+    ));
+    let peers_cpu = "Calico: Typha above about 100 nodes (one per 200), direct watches \"melt\" the API server; Cilium: CFP-44774 more than halved its CPU";
+    out.push_str(&line(
+        "API server CPU for the fan-out of a change",
+        match cpu_per_agent.filter(|c| *c > 0.0) {
+            Some(c) => [
+                format!("{} ms per change", number(c)),
+                format!("{} cores", number(c * NODES * RATE / 1e3)),
+                peers_cpu.into(),
+            ],
+            None => [
+                "not resolved: the per-change figure did not grow with N in this run (the writer's requests and the server's own background work dominate it)".into(),
+                "–".into(),
+                peers_cpu.into(),
+            ],
+        },
+    ));
+    if let Some(c) = list_cpu.filter(|c| *c > 0.0) {
+        out.push_str(&line(
+            "API server CPU for one agent's cold start (its lists and watches)",
+            [
+                format!("{} s at {} pods", number(c), thousands(pods)),
+                format!(
+                    "{} s per agent, {} CPU-hours for all 5,000 starting at once",
+                    number(c * PODS / pods as f64),
+                    number(c * PODS / pods as f64 * NODES / 3600.0)
+                ),
+                "–".into(),
+            ],
+        ));
+    }
+    out.push_str(&line(
+        "agent memory (every pod of the cluster held)",
+        [
+            format!(
+                "{} MiB at {} pods ({} KiB per pod)",
+                number(rss),
+                thousands(pods),
+                number(rss * 1024.0 / pods as f64)
+            ),
+            format!("{} MiB", number(rss * PODS / pods as f64)),
+            "Cilium: 10.5 KiB per cluster pod (1,538 MiB at 150,000)".into(),
+        ],
+    ));
+    out.push_str(&line(
+        "an API server restart (every agent lists again)",
+        [
+            format!("{} MiB received", number(restart)),
+            format!(
+                "{} GiB sent, at {} MiB per agent × 5,000",
+                number(restart * NODES * PODS / pods as f64 / 1024.0),
+                number(restart * PODS / pods as f64)
+            ),
+            "kube-network-policies and Antrea: agents do not watch every pod (a central tracker; each node's span)".into(),
+        ],
+    ));
+    Ok(out)
 }
 
 /// Three significant digits at most (no more than the noise allows), without trailing
@@ -808,6 +994,52 @@ mod tests {
     fn row(s: &str, dp: &str, f: &str, v: Value, ratio: Option<f64>) -> Value {
         json!({"scenario": s, "dataplane": dp, "figure": f, "value": v, "unit": "",
                "ratio": ratio, "reference": "none", "error": null})
+    }
+
+    #[test]
+    fn the_cluster_tables_put_each_n_in_a_column_and_extrapolate_from_the_largest() {
+        let mut rows = Vec::new();
+        for (s, n) in [
+            ("cluster, 1 agents, 1000 pods", 1.0),
+            ("cluster, 10 agents, 1000 pods", 10.0),
+            ("cluster, 10 agents, 1000 pods, streaming lists", 10.0),
+        ] {
+            for (f, v) in [
+                ("change to every agent p99 (n=30 agent-changes)", 50.0 * n),
+                ("API server watch events per change", 2.0 * n),
+                ("bytes received per agent per change (mean)", 1000.0),
+                ("API server CPU per change", 10.0 + n),
+                ("cold start: API server CPU", n),
+                ("agent peak RSS (mean)", 100.0),
+                (
+                    "restart: MiB received per agent from the new server (mean)",
+                    1.0,
+                ),
+            ] {
+                rows.push(row(s, "none", f, json!(v), None));
+            }
+        }
+        let report = json!({ "rows": rows });
+        let table = cluster_scale(&report).unwrap();
+        assert!(
+            table
+                .starts_with("| 1,000 pods, N agents | N = 1 | N = 10 | N = 10, streaming lists |"),
+            "{table}"
+        );
+        assert!(
+            table.contains("| change to every agent p99 | 50 | 500 | 500 |"),
+            "{table}"
+        );
+        let table = cluster_extrapolation(&report).unwrap();
+        // 2 events per agent per change, 5,000 agents, 10 changes/s.
+        assert!(
+            table.contains("| 2 per change | 100,000 events/s |"),
+            "{table}"
+        );
+        // 1 ms of API server CPU per agent per change, from the growth between N = 1 and 10.
+        assert!(table.contains("| 1 ms per change | 50 cores |"), "{table}");
+        // 100 MiB at 1,000 pods, carried to 150,000.
+        assert!(table.contains("15,000 MiB"), "{table}");
     }
 
     #[test]

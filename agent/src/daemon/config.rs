@@ -66,7 +66,9 @@ pub struct AgentArgs {
     pub status_file: Option<PathBuf>,
 
     /// Dataplane when this node has no `weir.io/dataplane` label. auto = eBPF when the
-    /// kernel supports it, iptables otherwise.
+    /// kernel supports it, iptables otherwise. none = for benchmarks: watches, compiles and
+    /// reports status, programs no kernel state (and removes none); the node label is then
+    /// ignored.
     #[arg(long, env = "WEIR_DATAPLANE", value_enum, default_value_t = DataplaneChoice::Auto)]
     pub dataplane: DataplaneChoice,
 
@@ -117,6 +119,14 @@ pub struct AgentArgs {
     #[arg(long, env = "WEIR_LIST_PAGE_SIZE", default_value_t = 5000,
           value_parser = clap::value_parser!(u32).range(1..))]
     pub list_page_size: u32,
+
+    /// Cluster mode: how each kind's whole state is read, at the start and on a relist.
+    /// pages = LIST requests of --list-page-size objects, then a watch; stream = one watch
+    /// that sends the current objects first (the API server's WatchList, beta and on by
+    /// default from Kubernetes 1.32), streamed from the server's watch cache instead of
+    /// built into pages.
+    #[arg(long, env = "WEIR_LISTS", value_enum, default_value_t = crate::source::kube::Lists::Pages)]
+    pub lists: crate::source::kube::Lists,
 
     /// The most table entries one NetworkPolicy may take per pod it selects, estimated
     /// from its spec (per rule, peers × port prefixes, an ipBlock's excepts counted as

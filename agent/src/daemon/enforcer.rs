@@ -141,9 +141,10 @@ impl<B: Backends> Enforcer<B> {
             verdicts: None,
         };
         enforcer.take(report);
+        // `none` (benchmarks) removes nothing either: not even Azure NPM's state.
         let cleanup = Cleanup {
-            dataplane: Some(other(enforcer.effective.kind)),
-            azure_npm: true,
+            dataplane: other(enforcer.effective.kind),
+            azure_npm: enforcer.effective.kind != DataplaneKind::None,
         };
         let cleaning = Instant::now();
         let outcome = Outcome {
@@ -268,7 +269,7 @@ impl<B: Backends> Enforcer<B> {
                 drop(fresh);
                 // Whatever the half-built dataplane installed goes; the old one still enforces.
                 let partial = Cleanup {
-                    dataplane: Some(next.kind),
+                    dataplane: installs(next.kind),
                     azure_npm: false,
                 };
                 outcome.cleanups.push(self.clean(partial));
@@ -298,7 +299,7 @@ impl<B: Backends> Enforcer<B> {
         }
         self.take(report);
         let old_state = Cleanup {
-            dataplane: Some(from),
+            dataplane: installs(from),
             azure_npm: false,
         };
         outcome.cleanups.push(self.clean(old_state));
@@ -333,6 +334,9 @@ impl<B: Backends> Enforcer<B> {
 
     /// Runs a cleanup; what could not be removed is kept for the next retry.
     fn clean(&mut self, what: Cleanup) -> CleanupReport {
+        if what.is_empty() {
+            return CleanupReport::default();
+        }
         let report = self.backends.cleanup(&what);
         for item in &report.undeletable {
             tracing::warn!(set = %item.object, reason = %item.reason, "could not destroy; will retry");
@@ -354,9 +358,16 @@ impl<B: Backends> Enforcer<B> {
 /// Prefix of the iptables dataplane's set names.
 const WEIR_SET_PREFIX: &str = "weir-";
 
-fn other(kind: DataplaneKind) -> DataplaneKind {
+/// The other dataplane, whose leftovers a start removes (none for `none`).
+fn other(kind: DataplaneKind) -> Option<DataplaneKind> {
     match kind {
-        DataplaneKind::Ebpf => DataplaneKind::Iptables,
-        DataplaneKind::Iptables => DataplaneKind::Ebpf,
+        DataplaneKind::Ebpf => Some(DataplaneKind::Iptables),
+        DataplaneKind::Iptables => Some(DataplaneKind::Ebpf),
+        DataplaneKind::None => None,
     }
+}
+
+/// A dataplane whose state a cleanup must remove (`none` has none).
+fn installs(kind: DataplaneKind) -> Option<DataplaneKind> {
+    (kind != DataplaneKind::None).then_some(kind)
 }

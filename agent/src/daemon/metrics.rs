@@ -185,7 +185,11 @@ impl Metrics {
     }
 
     pub fn set_effective(&self, e: &Effective) {
-        for kind in [DataplaneKind::Ebpf, DataplaneKind::Iptables] {
+        for kind in [
+            DataplaneKind::Ebpf,
+            DataplaneKind::Iptables,
+            DataplaneKind::None,
+        ] {
             let on = i64::from(kind == e.kind);
             self.dataplane
                 .get_or_create(&label("dataplane", kind.to_string()))

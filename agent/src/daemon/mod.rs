@@ -113,7 +113,7 @@ async fn run_agent(args: AgentArgs) -> anyhow::Result<()> {
         select::DataplaneChoice::Ebpf => true,
         // The map and program types only, as the start checks them (not the verifier).
         select::DataplaneChoice::Auto => crate::dataplane::ebpf::probe_kernel().is_ok(),
-        select::DataplaneChoice::Iptables => false,
+        select::DataplaneChoice::Iptables | select::DataplaneChoice::None => false,
     };
     if ebpf_likely {
         backends.preload_ebpf();
@@ -141,8 +141,12 @@ async fn run_agent(args: AgentArgs) -> anyhow::Result<()> {
                 .await
                 .context("connect to the Kubernetes API (in-cluster config or KUBECONFIG)")?;
             tracing::info!(%node, "cluster mode");
-            let source = crate::source::kube::KubeSource::new(client.clone(), args.list_page_size)
-                .with_progress(health.sync().clone());
+            let source = crate::source::kube::KubeSource::new(
+                client.clone(),
+                args.list_page_size,
+                args.lists,
+            )
+            .with_progress(health.sync().clone());
             let publisher = publish::KubePublisher::spawn(client, node);
             Daemon::new(opts, backends, metrics, health)
                 .with_reports(reports)

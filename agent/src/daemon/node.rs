@@ -144,6 +144,7 @@ impl Backends for NodeBackends {
                 pod_netns_dir: self.pod_netns_dir.clone(),
                 backend: self.iptables_backend,
             })?),
+            DataplaneKind::None => Box::<crate::dataplane::none::NoneDataplane>::default(),
         })
     }
 

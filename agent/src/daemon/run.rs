@@ -608,7 +608,9 @@ impl<B: Backends> Daemon<B> {
     }
 
     fn observe_node(&mut self, name: Option<&str>, labels: Option<&BTreeMap<String, String>>) {
-        if !self.is_this_node(name) {
+        // A benchmark's agent (--dataplane none) stays one: no label makes it program
+        // the machine it shares with the others.
+        if !self.is_this_node(name) || self.opts.default_choice == DataplaneChoice::None {
             return;
         }
         self.node_choice_error = None;

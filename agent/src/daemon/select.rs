@@ -20,6 +20,10 @@ pub enum DataplaneChoice {
     /// eBPF when the kernel supports it, iptables otherwise.
     #[default]
     Auto,
+    /// For benchmarks: watches, compiles and reports status, programs no kernel state
+    /// (and removes none). Never taken from the node label: a label cannot turn a node's
+    /// enforcement off.
+    None,
 }
 
 impl fmt::Display for DataplaneChoice {
@@ -28,6 +32,7 @@ impl fmt::Display for DataplaneChoice {
             DataplaneChoice::Ebpf => "ebpf",
             DataplaneChoice::Iptables => "iptables",
             DataplaneChoice::Auto => "auto",
+            DataplaneChoice::None => "none",
         })
     }
 }
@@ -107,6 +112,10 @@ pub fn resolve(
     probe_ebpf: impl FnOnce() -> Result<(), String>,
 ) -> Effective {
     match choice {
+        DataplaneChoice::None => Effective {
+            kind: DataplaneKind::None,
+            fallback: None,
+        },
         DataplaneChoice::Iptables => Effective {
             kind: DataplaneKind::Iptables,
             fallback: None,
@@ -152,6 +161,9 @@ mod tests {
                 fallback: None,
             }
         );
+        let e = resolve(DataplaneChoice::None, || panic!("none needs no probe"));
+        assert_eq!(e.kind, DataplaneKind::None);
+        assert!(e.fallback.is_none());
     }
 
     #[test]
@@ -166,5 +178,8 @@ mod tests {
         l.insert(DATAPLANE_LABEL.to_string(), "nft".to_string());
         let err = choice_from_labels(Some(&l)).unwrap().unwrap_err();
         assert!(err.contains("\"nft\"") && err.contains(DATAPLANE_LABEL));
+        // The benchmarks' dataplane is a flag only: a label cannot switch enforcement off.
+        l.insert(DATAPLANE_LABEL.to_string(), "none".to_string());
+        assert!(choice_from_labels(Some(&l)).unwrap().is_err());
     }
 }

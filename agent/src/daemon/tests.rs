@@ -24,13 +24,22 @@ struct World {
 }
 
 fn world(tag: &str, ebpf: Result<(), String>, undeletable: Vec<&'static str>) -> World {
+    world_choosing(tag, ebpf, undeletable, DataplaneChoice::Auto)
+}
+
+fn world_choosing(
+    tag: &str,
+    ebpf: Result<(), String>,
+    undeletable: Vec<&'static str>,
+    default_choice: DataplaneChoice,
+) -> World {
     let log: Log = Arc::default();
     let dir = std::env::temp_dir().join(format!("weir-daemon-{tag}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let status = dir.join("status.json");
     let health = Arc::new(Health::default());
     let opts = RunOptions {
-        default_choice: DataplaneChoice::Auto,
+        default_choice,
         node_name: None,
         status_file: Some(status.clone()),
         resync: Duration::from_secs(60),
@@ -180,6 +189,26 @@ fn a_bad_label_value_is_reported_and_the_default_applies() {
         "{:?}",
         s.errors
     );
+}
+
+#[test]
+fn the_none_dataplane_builds_nothing_else_removes_nothing_and_ignores_the_label() {
+    let mut w = world_choosing("none", Ok(()), vec!["azure-npm-1"], DataplaneChoice::None);
+    w.daemon.handle(batch(1, vec![node(Some("ebpf"))]));
+    assert_eq!(w.take_log(), ["build none", "reconcile none"]);
+    let s = w.status();
+    assert_eq!(
+        (s.converged, s.dataplane, s.errors.len()),
+        (true, Some(DataplaneKind::None), 0)
+    );
+    // Another label switches nothing; a resync retries no cleanup.
+    w.daemon.handle(batch(2, vec![node(Some("iptables"))]));
+    w.daemon.resync();
+    assert_eq!(w.take_log(), ["reconcile none"]);
+    assert!(w
+        .metrics
+        .encode()
+        .contains("weir_dataplane_active{dataplane=\"none\"} 1"));
 }
 
 #[test]

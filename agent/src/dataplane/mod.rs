@@ -10,6 +10,7 @@ pub mod iptables;
 pub mod netlink;
 pub mod new_pods;
 pub mod node_addresses;
+pub mod none;
 pub mod pod_ports;
 
 use std::collections::BTreeMap;
@@ -27,6 +28,10 @@ use crate::reset::iptables_save::SaveParseError;
 pub enum DataplaneKind {
     Ebpf,
     Iptables,
+    /// Programs nothing (`weir agent --dataplane none`, for benchmarks). Not a value of
+    /// the lab's `--dataplane`: the lab's nodes always enforce.
+    #[value(skip)]
+    None,
 }
 
 impl std::fmt::Display for DataplaneKind {
@@ -34,6 +39,7 @@ impl std::fmt::Display for DataplaneKind {
         f.write_str(match self {
             DataplaneKind::Ebpf => "ebpf",
             DataplaneKind::Iptables => "iptables",
+            DataplaneKind::None => "none",
         })
     }
 }

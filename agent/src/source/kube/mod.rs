@@ -170,6 +170,20 @@ fn map_event<K>(e: watcher::Event<K>, wrap: fn(K) -> Object) -> watcher::Event<A
     }
 }
 
+/// How the source reads a kind's whole state, at the start and on a relist
+/// (`weir agent --lists`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum Lists {
+    /// LIST requests of `--list-page-size` objects each, then a watch from their version.
+    #[default]
+    Pages,
+    /// One watch that first sends every object, then a bookmark (the API server's
+    /// WatchList, `sendInitialEvents`; beta and on by default from Kubernetes 1.32): the
+    /// server streams them from its watch cache, one event at a time, instead of building
+    /// whole pages.
+    Stream,
+}
+
 pub struct KubeSource {
     streams: SelectAll<BoxStream<'static, Update>>,
     /// Every object handed out and not deleted since, by kind (for relist deletes), with
@@ -200,9 +214,13 @@ fn not_served(e: &watcher::Error) -> bool {
 }
 
 impl KubeSource {
-    /// Watches with lists of `page_size` objects a request.
-    pub fn new(client: Client, page_size: u32) -> Self {
-        let all = watcher::Config::default().page_size(page_size);
+    /// Watches with lists of `page_size` objects a request, or (`lists` [`Lists::Stream`])
+    /// with the API server's streaming lists.
+    pub fn new(client: Client, page_size: u32, lists: Lists) -> Self {
+        let all = match lists {
+            Lists::Pages => watcher::Config::default().page_size(page_size),
+            Lists::Stream => watcher::Config::default().streaming_lists(),
+        };
         let streams = futures::stream::select_all([
             watch(
                 Api::<Namespace>::all(client.clone()),

@@ -1,0 +1,827 @@
+//! `weir-bench --cluster`: N weir agents, each as a different node and on the dataplane
+//! that programs nothing (`weir agent --dataplane none`: they watch, compile and report
+//! their status, so that N fit on one machine), against one real etcd and kube-apiserver
+//! holding P pods on 100 Node objects, written through the API (no kubelet). Per N it
+//! measures:
+//! - the cold start of all N agents at once: each agent's time to its first convergence,
+//!   the API server's CPU and peak RSS meanwhile;
+//! - changes (a pod label change and a policy create or delete, alternately, each written
+//!   once every agent had the previous one): from just before the first write request to
+//!   each agent's status file naming the state digest of the server after the change
+//!   (p50 / p99 over (agent, change) pairs, and of the slowest agent per change); the API
+//!   server's CPU and its `apiserver_watch_events_total` and `apiserver_watch_events_sizes`
+//!   per change; the bytes each agent received per change (its TCP connections to the API
+//!   server, `ss`); each agent's CPU per change;
+//! - an API server restart (etcd keeps running): the time to ready, then the first change
+//!   after it as above, the bytes each agent received from the new server (its relists)
+//!   and the new server's CPU until every agent had the change;
+//! - each agent's peak RSS (VmHWM) over all of it.
+//!
+//! The control plane, the writer and the bench itself run on CPU 0, the agents on CPU 1.
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use serde_json::Value;
+
+use super::agent::{start_cluster, Cluster};
+use super::netns::Netns;
+use super::report::Row;
+use super::traffic::percentile;
+use super::world::{remote_node_name, Toggle, World, REMOTE_NODES};
+
+/// Where the control plane, the writer and the bench run.
+const CONTROL_CPU: usize = 0;
+/// Where every agent runs.
+const AGENT_CPU: usize = 1;
+/// Every agent must converge within this after its start, a change or the restart.
+const LIMIT: Duration = Duration::from_secs(600);
+/// Agent i serves its /metrics on this port + i (in the control plane's namespace).
+const METRICS_PORT_BASE: u16 = 19400;
+/// The API server's secure port, as the lab runs it.
+const APISERVER_PORT: &str = ":6443";
+/// The dataplane column of the report.
+const DP: &str = "none";
+
+/// What `--cluster` sweeps.
+pub struct Plan {
+    /// Agent counts, each a run against the same control plane and world.
+    pub agents: Vec<usize>,
+    pub pods: usize,
+    pub policies: usize,
+    pub changes: usize,
+    /// The largest N once more, its agents reading with the API server's streaming lists
+    /// (`weir agent --lists stream`): the same figures, before and after, in one run.
+    pub streaming_too: bool,
+}
+
+/// How the agents read each kind's whole state (`weir agent --lists`).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Lists {
+    Pages,
+    Stream,
+}
+
+impl Lists {
+    fn flag(self) -> &'static str {
+        match self {
+            Lists::Pages => "pages",
+            Lists::Stream => "stream",
+        }
+    }
+}
+
+/// The scenario name of N agents.
+pub fn scenario(agents: usize, pods: usize) -> String {
+    format!("cluster, {agents} agents, {pods} pods")
+}
+
+/// The suffix of a scenario whose agents read with streaming lists.
+pub const STREAMING: &str = ", streaming lists";
+
+pub fn notes(plan: &Plan) -> Vec<String> {
+    vec![
+        format!("cluster: the real etcd and kube-apiserver (the lab's, `weir-lab kube start`) in one network namespace, holding {} pods on {REMOTE_NODES} Node objects and {} NetworkPolicies, written through the API by `weir-lab kube apply` (each Pod created, then its status written); N `weir agent --dataplane none` (watch, compile and report, program nothing), agent i as Node remote-node-i with its own status file, metrics port and the DaemonSet's ServiceAccount; control plane, writer and bench pinned to CPU {CONTROL_CPU}, the agents to CPU {AGENT_CPU}; one control plane for the whole sweep (N = {:?}), in that order", plan.pods, plan.policies, plan.agents),
+        "cluster convergence: from just before a change's first write request to the first poll (every 5 ms) of an agent's status file that names the server's state digest after the change; changes alternate a pod label change and a NetworkPolicy create or delete, the next written once every agent had the last; p50 / p99 over all (agent, change) pairs and over the slowest agent of each change".into(),
+        "cluster cold start: all N agents started at once, the world already on the server; each agent's time from its start to its first convergence (its status file says converged: every kind listed, compiled, applied); the API server's CPU over that time and its peak RSS (VmRSS sampled every 100 ms)".into(),
+        "cluster API server figures: CPU from /proc (user + system) of the kube-apiserver process; watch events and their bytes are the deltas of the sums of `apiserver_watch_events_total` and `apiserver_watch_events_sizes` (sum and count) over every resource; the writer's own requests (a change's writes, a list of the Nodes for the digest) are in the CPU figure. Bytes received: the agents' TCP connections to the API server (`ss` bytes_received, TLS included)".into(),
+        format!("cluster, streaming lists: the largest N again, after the others, its agents started with `--lists stream` (the API server's WatchList) instead of the default `--lists pages` (LIST requests of 5,000 objects); otherwise the same run{}", if plan.streaming_too { "" } else { " (not run this time)" }),
+        "cluster restart: kube-apiserver stopped (SIGTERM) and started again on the same etcd, whose data it keeps; the figures after it are the first change written once the new server was ready, the bytes each agent received from the new server until it had that change, and the new server's CPU from its start to then".into(),
+    ]
+}
+
+/// Runs the sweep; one scenario per agent count. A setup that fails fails every scenario.
+pub fn run(weir: &Path, lab: &Path, run_dir: &Path, plan: &Plan) -> Vec<Row> {
+    let mut rows = Vec::new();
+    let first = scenario(plan.agents.first().copied().unwrap_or(0), plan.pods);
+    let mut bench = match Bench::set_up(lab, run_dir, plan) {
+        Ok((bench, setup_rows)) => {
+            rows.extend(
+                setup_rows
+                    .into_iter()
+                    .map(|(figure, value, unit)| Row::number(&first, DP, &figure, value, unit)),
+            );
+            bench
+        }
+        Err(e) => {
+            for &n in &plan.agents {
+                rows.push(Row::failed(
+                    &scenario(n, plan.pods),
+                    DP,
+                    "all figures",
+                    format!("setup: {e:#}"),
+                ));
+            }
+            return rows;
+        }
+    };
+    let mut runs: Vec<(usize, Lists)> = plan.agents.iter().map(|&n| (n, Lists::Pages)).collect();
+    if let Some(&n) = plan.agents.iter().max().filter(|_| plan.streaming_too) {
+        runs.push((n, Lists::Stream));
+    }
+    for (n, lists) in runs {
+        let mut name = scenario(n, plan.pods);
+        if lists == Lists::Stream {
+            name.push_str(STREAMING);
+        }
+        crate::progress(&name);
+        match bench.run_agents(weir, n, plan.changes, lists) {
+            Ok(figures) => rows.extend(
+                figures
+                    .into_iter()
+                    .map(|(figure, value, unit)| Row::number(&name, DP, &figure, value, unit)),
+            ),
+            Err(e) => rows.push(Row::failed(&name, DP, "all figures", format!("{e:#}"))),
+        }
+    }
+    rows
+}
+
+type Figures = Vec<(String, f64, &'static str)>;
+
+struct Bench {
+    netns: Netns,
+    /// The world's files (manifests.yaml, the previous one) and the control plane's (api/).
+    dir: PathBuf,
+    cluster: Cluster,
+    world: World,
+    generation: u64,
+    /// Changes written so far (which kind the next one is).
+    changes: usize,
+}
+
+impl Drop for Bench {
+    fn drop(&mut self) {
+        for pid in &self.cluster.pids {
+            // SAFETY: kill only sends a signal; the control plane is this bench's.
+            unsafe { libc::kill(*pid as i32, libc::SIGKILL) };
+        }
+    }
+}
+
+impl Bench {
+    /// Pins the bench to the control plane's CPU (what it starts inherits it), starts the
+    /// control plane and writes the world. Returns the setup's own figures.
+    fn set_up(lab: &Path, run_dir: &Path, plan: &Plan) -> Result<(Bench, Figures)> {
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        if cpus <= AGENT_CPU {
+            bail!("the cluster bench pins the control plane and the agents to CPUs {CONTROL_CPU} and {AGENT_CPU}: this machine has {cpus}");
+        }
+        pin(CONTROL_CPU).context("pinning the bench to CPU 0")?;
+        let netns = Netns::create("cluster")?;
+        let dir = run_dir.join("cluster");
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        let world = World::new(plan.policies, plan.pods).with_remote_nodes();
+        world.write(&dir.join("manifests.yaml"), 1)?;
+        let started = Instant::now();
+        let cluster = start_cluster(lab, &netns, &dir)?;
+        let written = started.elapsed().as_secs_f64();
+        if cluster.pids.len() != 2 {
+            bail!("weir-lab kube start named no etcd and kube-apiserver pids");
+        }
+        let bench = Bench {
+            netns,
+            dir,
+            cluster,
+            world,
+            generation: 1,
+            changes: 0,
+        };
+        let rss = status_kib(bench.apiserver(), "VmRSS:")? as f64 / 1024.0;
+        Ok((
+            bench,
+            vec![
+                (
+                    "control plane started and the world written".into(),
+                    written,
+                    "s",
+                ),
+                ("API server RSS with the world, no agent".into(), rss, "MiB"),
+            ],
+        ))
+    }
+
+    fn apiserver(&self) -> u32 {
+        self.cluster.pids[1]
+    }
+
+    fn api_dir(&self) -> PathBuf {
+        Cluster::api_dir(&self.dir)
+    }
+
+    /// Writes the next change (or, `change` false, nothing: the digest of the server as it
+    /// is, its Nodes listed afresh); returns the instant before its first write request and
+    /// the state digest every agent must reach.
+    fn write(&mut self, change: bool) -> Result<(Instant, String)> {
+        if change {
+            if self.changes.is_multiple_of(2) {
+                self.world.client_granted = !self.world.client_granted;
+            } else {
+                self.world.toggle = match self.world.toggle {
+                    Toggle::Absent => Toggle::Allow,
+                    _ => Toggle::Absent,
+                };
+            }
+            self.changes += 1;
+        }
+        self.generation += 1;
+        let file = self.dir.join("manifests.yaml");
+        let previous = self.dir.join("manifests.previous.yaml");
+        std::fs::rename(&file, &previous)?;
+        self.world.write(&file, self.generation)?;
+        let (written, _) = self.cluster.write(&self.dir, Some(&previous), &file)?;
+        Ok((written, self.cluster.expected()?.to_string()))
+    }
+
+    /// The API server's CPU seconds and watch counters.
+    fn api_sample(&self, lab: &Path) -> Result<ApiSample> {
+        let mut command = Command::new(lab);
+        command
+            .args(["kube", "metrics", "--netns", self.netns.name(), "--dir"])
+            .arg(self.api_dir());
+        let out = output_within(&mut command, Duration::from_secs(30))?;
+        if !out.status.success() {
+            bail!(
+                "weir-lab kube metrics: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        let text = String::from_utf8_lossy(&out.stdout);
+        let sum = |name: &str| -> f64 {
+            text.lines()
+                .filter(|l| l.starts_with(name) && l[name.len()..].starts_with('{'))
+                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                .sum()
+        };
+        Ok(ApiSample {
+            cpu: cpu_seconds(self.apiserver())?,
+            events: sum("apiserver_watch_events_total"),
+            event_bytes: sum("apiserver_watch_events_sizes_sum"),
+        })
+    }
+
+    /// One agent count: cold start, changes, a restart, memory. The agents are stopped at
+    /// the end (or on an error).
+    fn run_agents(
+        &mut self,
+        weir: &Path,
+        n: usize,
+        changes: usize,
+        lists: Lists,
+    ) -> Result<Figures> {
+        let lab = self.cluster.lab.clone();
+        let mut figures: Figures = Vec::new();
+        let mut put = |figure: &str, value: f64, unit: &'static str| {
+            figures.push((figure.to_string(), value, unit));
+        };
+
+        // Cold start, all at once.
+        let before = self.api_sample(&lab)?;
+        let started = Instant::now();
+        let agents = (0..n)
+            .map(|i| AgentProc::spawn(weir, &self.netns, &self.dir, &self.api_dir(), i, lists))
+            .collect::<Result<Vec<_>>>()?;
+        let (cold, peak) = wait_all(&agents, started, self.apiserver(), |s| {
+            s["converged"] == true
+        })?;
+        let after = self.api_sample(&lab)?;
+        for a in &agents {
+            let status = a.status().unwrap_or_default();
+            if status["dataplane"] != DP {
+                bail!(
+                    "agent {} runs {} (not none): {status}",
+                    a.index,
+                    status["dataplane"]
+                );
+            }
+        }
+        let mut cold_ms: Vec<f64> = cold.iter().map(ms).collect();
+        put("cold start p50", percentile(&mut cold_ms, 50.0), "ms");
+        put(
+            "cold start, slowest agent",
+            percentile(&mut cold_ms, 100.0),
+            "ms",
+        );
+        put("cold start: API server CPU", after.cpu - before.cpu, "s");
+        put(
+            "cold start: API server peak RSS",
+            peak as f64 / 1024.0,
+            "MiB",
+        );
+        let agent_cpu: Vec<f64> = agents.iter().map(|a| a.cpu()).collect::<Result<_>>()?;
+        put("cold start: CPU per agent (mean)", mean(&agent_cpu), "s");
+
+        // Every agent at the server's state, its Node annotations included.
+        self.settle(&agents)?;
+
+        // Changes, one at a time.
+        let received0 = received_by_pid(self.netns.name())?;
+        let cpu0 = agent_cpu_now(&agents)?;
+        let before = self.api_sample(&lab)?;
+        let (mut pairs, mut slowest) = (Vec::new(), Vec::new());
+        for c in 0..changes {
+            // Changes land at varied offsets from the agents' timers.
+            std::thread::sleep(Duration::from_millis(100 + (c as u64 * 37) % 100));
+            let (written, digest) = self.write(true)?;
+            let (times, _) = wait_all(&agents, written, self.apiserver(), |s| {
+                s["converged"] == true && s["state_digest"].as_str() == Some(digest.as_str())
+            })?;
+            let times: Vec<f64> = times.iter().map(ms).collect();
+            slowest.push(times.iter().copied().fold(0.0, f64::max));
+            pairs.extend(times);
+        }
+        let after = self.api_sample(&lab)?;
+        let cpu1 = agent_cpu_now(&agents)?;
+        let received1 = received_by_pid(self.netns.name())?;
+        let per = |v: f64| v / changes.max(1) as f64;
+        let pairs_n = pairs.len();
+        put(
+            &format!("change to every agent p50 (n={pairs_n} agent-changes)"),
+            percentile(&mut pairs, 50.0),
+            "ms",
+        );
+        put(
+            &format!("change to every agent p99 (n={pairs_n} agent-changes)"),
+            percentile(&mut pairs, 99.0),
+            "ms",
+        );
+        put(
+            &format!("slowest agent per change p50 (n={changes})"),
+            percentile(&mut slowest, 50.0),
+            "ms",
+        );
+        put(
+            &format!("slowest agent per change p99 (n={changes})"),
+            percentile(&mut slowest, 99.0),
+            "ms",
+        );
+        put(
+            "API server watch events per change",
+            per(after.events - before.events),
+            "events",
+        );
+        put(
+            "API server watch event bytes per change",
+            per(after.event_bytes - before.event_bytes),
+            "bytes",
+        );
+        put(
+            "API server CPU per change",
+            per(after.cpu - before.cpu) * 1e3,
+            "ms",
+        );
+        let received: Vec<f64> = agents
+            .iter()
+            .map(|a| {
+                let pid = a.pid();
+                per(received1
+                    .get(&pid)
+                    .copied()
+                    .unwrap_or(0)
+                    .saturating_sub(received0.get(&pid).copied().unwrap_or(0))
+                    as f64)
+            })
+            .collect();
+        put(
+            "bytes received per agent per change (mean)",
+            mean(&received),
+            "bytes",
+        );
+        let cpu: Vec<f64> = cpu1
+            .iter()
+            .zip(&cpu0)
+            .map(|(a, b)| per(a - b) * 1e3)
+            .collect();
+        put("CPU per agent per change (mean)", mean(&cpu), "ms");
+
+        // An API server restart; etcd keeps the state.
+        let old = self.apiserver();
+        // SAFETY: kill only sends a signal; the server is this bench's.
+        unsafe { libc::kill(old as i32, libc::SIGTERM) };
+        let stopping = Instant::now();
+        while alive(old) {
+            if stopping.elapsed() > Duration::from_secs(30) {
+                // SAFETY: as above.
+                unsafe { libc::kill(old as i32, libc::SIGKILL) };
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let restarting = Instant::now();
+        let mut command = Command::new(&lab);
+        command
+            .args([
+                "kube",
+                "start-apiserver",
+                "--netns",
+                self.netns.name(),
+                "--dir",
+            ])
+            .arg(self.api_dir());
+        let out = output_within(&mut command, Duration::from_secs(180))?;
+        if !out.status.success() {
+            bail!(
+                "weir-lab kube start-apiserver: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        let pid: Value =
+            serde_json::from_slice(&out.stdout).context("weir-lab kube start-apiserver")?;
+        self.cluster.pids[1] = pid["apiserver_pid"]
+            .as_u64()
+            .context("weir-lab kube start-apiserver printed no pid")?
+            as u32;
+        put(
+            "restart: API server ready after",
+            restarting.elapsed().as_secs_f64(),
+            "s",
+        );
+        let (written, digest) = self.write(true)?;
+        let (times, _) = wait_all(&agents, written, self.apiserver(), |s| {
+            s["converged"] == true && s["state_digest"].as_str() == Some(digest.as_str())
+        })?;
+        let mut times: Vec<f64> = times.iter().map(ms).collect();
+        put(
+            "restart: the next change to every agent p50",
+            percentile(&mut times, 50.0),
+            "ms",
+        );
+        put(
+            "restart: the next change, slowest agent",
+            percentile(&mut times, 100.0),
+            "ms",
+        );
+        let received = received_by_pid(self.netns.name())?;
+        let received: Vec<f64> = agents
+            .iter()
+            .map(|a| received.get(&a.pid()).copied().unwrap_or(0) as f64 / (1024.0 * 1024.0))
+            .collect();
+        put(
+            "restart: MiB received per agent from the new server (mean)",
+            mean(&received),
+            "MiB",
+        );
+        put(
+            "restart: new API server CPU until every agent had the change",
+            cpu_seconds(self.apiserver())?,
+            "s",
+        );
+
+        // Memory over all of it.
+        let peaks: Vec<f64> = agents
+            .iter()
+            .map(|a| Ok(status_kib(a.pid(), "VmHWM:")? as f64 / 1024.0))
+            .collect::<Result<_>>()?;
+        put("agent peak RSS (mean)", mean(&peaks), "MiB");
+        put(
+            "agent peak RSS (max)",
+            peaks.iter().copied().fold(0.0, f64::max),
+            "MiB",
+        );
+        put(
+            "API server RSS at the end",
+            status_kib(self.apiserver(), "VmRSS:")? as f64 / 1024.0,
+            "MiB",
+        );
+        Ok(figures)
+    }
+
+    /// Waits until every agent reports the server's digest: each agent annotates its own
+    /// Node after its first convergence, which every agent then receives. A digest taken
+    /// before the last annotation landed is taken again.
+    fn settle(&mut self, agents: &[AgentProc]) -> Result<()> {
+        let mut last = String::new();
+        for _ in 0..5 {
+            std::thread::sleep(Duration::from_millis(500));
+            let (at, digest) = self.write(false)?;
+            let deadline = at + Duration::from_secs(20);
+            while Instant::now() < deadline {
+                if agents.iter().all(|a| {
+                    a.status()
+                        .is_some_and(|s| s["state_digest"].as_str() == Some(digest.as_str()))
+                }) {
+                    return Ok(());
+                }
+                for a in agents {
+                    a.check_running()?;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            last = digest;
+        }
+        bail!("the agents did not all reach the server's state digest {last} after their start")
+    }
+}
+
+/// The API server's CPU seconds and the sums of its watch counters.
+struct ApiSample {
+    cpu: f64,
+    events: f64,
+    event_bytes: f64,
+}
+
+/// One `weir agent --dataplane none`, stopped when dropped.
+struct AgentProc {
+    index: usize,
+    child: Child,
+    dir: PathBuf,
+}
+
+impl AgentProc {
+    fn spawn(
+        weir: &Path,
+        netns: &Netns,
+        run: &Path,
+        api: &Path,
+        index: usize,
+        lists: Lists,
+    ) -> Result<Self> {
+        let dir = run.join(format!("agent-{index}"));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        let log = File::create(dir.join("agent.log"))?;
+        let mut command = Command::new(weir);
+        command
+            .arg("agent")
+            .args([
+                "--dataplane",
+                "none",
+                "--node-name",
+                &remote_node_name(index),
+            ])
+            .arg("--status-file")
+            .arg(dir.join("status.json"))
+            .args([
+                "--listen",
+                &format!("127.0.0.1:{}", METRICS_PORT_BASE + index as u16),
+            ])
+            // Never made: the none dataplane pins nothing.
+            .arg("--bpf-root")
+            .arg(format!(
+                "/sys/fs/bpf/weir-bench-cluster{index}-{}",
+                std::process::id()
+            ))
+            .args(["--verdict-log", "off", "--log-format", "text"])
+            .args(["--lists", lists.flag()])
+            .env("KUBECONFIG", api.join("kubeconfig-agent"))
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log);
+        netns.command(&mut command)?;
+        // SAFETY: between fork and exec the child only calls sched_setaffinity, an
+        // async-signal-safe system call.
+        unsafe { command.pre_exec(|| pin(AGENT_CPU)) };
+        let child = command
+            .spawn()
+            .with_context(|| format!("starting agent {index}"))?;
+        Ok(AgentProc { index, child, dir })
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// The status file, when there is one that parses (it is replaced atomically).
+    fn status(&self) -> Option<Value> {
+        let text = std::fs::read_to_string(self.dir.join("status.json")).ok()?;
+        serde_json::from_str(&text).ok()
+    }
+
+    fn cpu(&self) -> Result<f64> {
+        cpu_seconds(self.pid())
+    }
+
+    fn check_running(&self) -> Result<()> {
+        if alive(self.pid()) {
+            return Ok(());
+        }
+        let log = std::fs::read_to_string(self.dir.join("agent.log")).unwrap_or_default();
+        let lines: Vec<&str> = log.lines().collect();
+        bail!(
+            "agent {} exited; last lines of its log:\n{}",
+            self.index,
+            lines[lines.len().saturating_sub(15)..].join("\n")
+        )
+    }
+}
+
+impl Drop for AgentProc {
+    fn drop(&mut self) {
+        // SAFETY: kill with a pid this process spawned and has not reaped yet.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while matches!(self.child.try_wait(), Ok(None)) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Polls every agent's status until `done` holds for each; returns, per agent, the time
+/// from `since` to the first poll that saw it, and the API server's peak VmRSS (KiB)
+/// sampled meanwhile.
+fn wait_all(
+    agents: &[AgentProc],
+    since: Instant,
+    apiserver: u32,
+    done: impl Fn(&Value) -> bool,
+) -> Result<(Vec<Duration>, u64)> {
+    let mut times: Vec<Option<Duration>> = vec![None; agents.len()];
+    let mut peak = status_kib(apiserver, "VmRSS:").unwrap_or(0);
+    let mut sampled = Instant::now();
+    while times.iter().any(Option::is_none) {
+        for (a, t) in agents.iter().zip(times.iter_mut()) {
+            if t.is_none() && a.status().is_some_and(|s| done(&s)) {
+                *t = Some(since.elapsed());
+            }
+        }
+        if sampled.elapsed() >= Duration::from_millis(100) {
+            peak = peak.max(status_kib(apiserver, "VmRSS:").unwrap_or(0));
+            sampled = Instant::now();
+            for a in agents {
+                a.check_running()?;
+            }
+        }
+        if since.elapsed() > LIMIT {
+            let late: Vec<String> = agents
+                .iter()
+                .zip(&times)
+                .filter(|(_, t)| t.is_none())
+                .map(|(a, _)| a.index.to_string())
+                .collect();
+            bail!("agents {} not there within {LIMIT:?}", late.join(", "));
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    Ok((times.into_iter().flatten().collect(), peak))
+}
+
+fn agent_cpu_now(agents: &[AgentProc]) -> Result<Vec<f64>> {
+    agents.iter().map(AgentProc::cpu).collect()
+}
+
+fn ms(d: &Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+fn mean(v: &[f64]) -> f64 {
+    v.iter().sum::<f64>() / v.len().max(1) as f64
+}
+
+/// Restricts the calling thread (and what it starts later) to one CPU.
+fn pin(cpu: usize) -> std::io::Result<()> {
+    // SAFETY: a zeroed cpu_set_t is the empty set; CPU_SET and sched_setaffinity only
+    // touch the set we own.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+fn alive(pid: u32) -> bool {
+    // A zombie has not gone yet, but it no longer runs.
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .is_ok_and(|s| s.rsplit(") ").next().is_some_and(|r| !r.starts_with('Z')))
+}
+
+/// A process's user + system CPU time, in seconds.
+fn cpu_seconds(pid: u32) -> Result<f64> {
+    let path = format!("/proc/{pid}/stat");
+    let text = std::fs::read_to_string(&path).with_context(|| format!("reading {path}"))?;
+    // After the command's name: state is field 3, utime 14, stime 15.
+    let fields: Vec<&str> = text
+        .rsplit_once(") ")
+        .map(|(_, rest)| rest.split_whitespace().collect())
+        .unwrap_or_default();
+    let tick = |i: usize| -> Result<f64> {
+        fields
+            .get(i)
+            .and_then(|f| f.parse::<f64>().ok())
+            .with_context(|| format!("{path}: field {}", i + 3))
+    };
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    Ok((tick(11)? + tick(12)?) / hz)
+}
+
+/// A `/proc/PID/status` line in KiB (VmRSS:, VmHWM:).
+fn status_kib(pid: u32, key: &str) -> Result<u64> {
+    let path = format!("/proc/{pid}/status");
+    let text = std::fs::read_to_string(&path).with_context(|| format!("reading {path}"))?;
+    text.lines()
+        .find_map(|l| l.strip_prefix(key))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .with_context(|| format!("{path} has no {key} line"))
+}
+
+/// Bytes received on each process's established TCP connections to the API server, by
+/// pid (`ss -tinp`; a connection closed since is no longer counted).
+fn received_by_pid(netns: &str) -> Result<BTreeMap<u32, u64>> {
+    let mut command = Command::new("ip");
+    command.args([
+        "netns",
+        "exec",
+        netns,
+        "ss",
+        "-tinpH",
+        "state",
+        "established",
+    ]);
+    command.args(["(", "dport", "=", APISERVER_PORT, ")"]);
+    let out = output_within(&mut command, Duration::from_secs(30))?;
+    if !out.status.success() {
+        bail!(
+            "ss in {netns}: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(parse_ss(&String::from_utf8_lossy(&out.stdout)))
+}
+
+/// `ss -tinp` output: a socket's line names its process (`users:(("weir",pid=N,fd=M))`),
+/// its details (on the same line or the next) its `bytes_received:N`.
+fn parse_ss(text: &str) -> BTreeMap<u32, u64> {
+    let mut by_pid = BTreeMap::new();
+    let mut pid = None;
+    for line in text.lines() {
+        if let Some(p) = line
+            .split("pid=")
+            .nth(1)
+            .and_then(|r| r.split([',', ')']).next())
+            .and_then(|p| p.parse::<u32>().ok())
+        {
+            pid = Some(p);
+        }
+        let received = line
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix("bytes_received:"))
+            .and_then(|n| n.parse::<u64>().ok());
+        if let (Some(p), Some(n)) = (pid, received) {
+            *by_pid.entry(p).or_default() += n;
+            pid = None;
+        }
+    }
+    by_pid
+}
+
+/// Runs `command` to completion, killing it after `limit`.
+fn output_within(command: &mut Command, limit: Duration) -> Result<Output> {
+    let mut child = command
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("starting {command:?}"))?;
+    let started = Instant::now();
+    // The output is read on threads, so a large one cannot block the child.
+    let mut stdout = child.stdout.take().context("stdout")?;
+    let mut stderr = child.stderr.take().context("stderr")?;
+    let out = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        let _ = std::io::Read::read_to_end(&mut stdout, &mut v);
+        v
+    });
+    let err = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        let _ = std::io::Read::read_to_end(&mut stderr, &mut v);
+        v
+    });
+    let status = loop {
+        if let Some(status) = child.try_wait()? {
+            break status;
+        }
+        if started.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            bail!("{command:?} did not finish within {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    Ok(Output {
+        status,
+        stdout: out.join().unwrap_or_default(),
+        stderr: err.join().unwrap_or_default(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_ss;
+
+    #[test]
+    fn ss_lines_are_summed_by_process() {
+        let text = "0 0 127.0.0.1:40000 127.0.0.1:6443 users:((\"weir\",pid=12,fd=9))\n\t cubic wscale:7,7 bytes_sent:100 bytes_received:5000 segs_out:3\n0 0 127.0.0.1:40002 127.0.0.1:6443 users:((\"weir\",pid=12,fd=10)) cubic bytes_received:7\n0 0 127.0.0.1:40004 127.0.0.1:6443 users:((\"weir\",pid=13,fd=9))\n\t cubic bytes_acked:1\n";
+        let by_pid = parse_ss(text);
+        assert_eq!(by_pid.get(&12), Some(&5007));
+        assert_eq!(by_pid.get(&13), None);
+    }
+}
