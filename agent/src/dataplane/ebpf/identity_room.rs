@@ -10,6 +10,7 @@
 //! the prefix is written. A held direction opens again only after its prefix is written,
 //! so no instant judges those addresses by the wrong entries with the allows in place.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
 
 use weir_common::{PolicyKey, IDENTITY_WORLD};
@@ -37,7 +38,16 @@ impl IdentityRoom {
     /// `want` as it can be written now: the unwritten prefixes left out, and no
     /// allowing entry in the held directions nor in `also_held` (directions held before,
     /// which open only once their prefixes are written).
-    pub fn staged(&self, want: &KernelState, also_held: &BTreeSet<PolicyGroup>) -> KernelState {
+    /// Borrowed when nothing is left out or held: the common case, at no copy of maps
+    /// that may hold a million prefixes.
+    pub fn staged<'a>(
+        &self,
+        want: &'a KernelState,
+        also_held: &BTreeSet<PolicyGroup>,
+    ) -> Cow<'a, KernelState> {
+        if self.unwritten.is_empty() && self.held.is_empty() && also_held.is_empty() {
+            return Cow::Borrowed(want);
+        }
         let mut staged = want.clone();
         staged
             .identity
@@ -46,7 +56,7 @@ impl IdentityRoom {
             let group = (key.endpoint_id, key.direction);
             !allows(*value) || !(self.held.contains_key(&group) || also_held.contains(&group))
         });
-        staged
+        Cow::Owned(staged)
     }
 }
 
@@ -247,7 +257,8 @@ mod tests {
         assert_eq!(room.kept[&prefix("10.9.0.7/32")], 21);
         let group = (1, Direction::Ingress as u8);
         assert_eq!(room.held, [(group, prefix("10.9.0.7/32"))].into());
-        let staged = room.staged(&want(), &BTreeSet::new());
+        let want = want();
+        let staged = room.staged(&want, &BTreeSet::new());
         assert!(!staged.identity.contains_key(&prefix("10.9.0.7/32")));
         // The deny stays; pod 1's allow goes; pod 2's stays.
         assert_eq!(staged.policy.len(), 2);

@@ -103,6 +103,18 @@ pub fn plan_policy_writes(
     for (k, v) in changed(have, want) {
         groups.entry(group_of(k)).or_default().push((*k, *v));
     }
+    // Everything fits (the common case): no share is counted.
+    let new_total = groups
+        .values()
+        .flatten()
+        .filter(|(k, _)| !have.contains_key(k))
+        .count();
+    if free.is_none_or(|free| new_total <= free) {
+        return PolicyPlan {
+            writes: groups.into_iter().collect(),
+            ..Default::default()
+        };
+    }
     let namespace_of = |group: &PolicyGroup| -> Option<&str> {
         shares
             .and_then(|s| s.namespace.get(&group.0))
@@ -366,11 +378,18 @@ impl KernelState {
         let free = maps
             .policy_capacity
             .map(|c| (c as usize).saturating_sub(self.policy.len()));
-        let shares = maps.policy_capacity.map(|c| Shares {
+        let shares = |c: u32| Shares {
             per_namespace: policy_share(c as usize, namespaces, want),
             namespace: namespaces.clone(),
-        });
-        let plan = plan_policy_writes(&self.policy, &want.policy, free, shares.as_ref());
+        };
+        // The shares are counted only when the map is short of room.
+        let plan = match plan_policy_writes(&self.policy, &want.policy, free, None) {
+            plan if plan.no_room.is_empty() => plan,
+            _ => {
+                let shares = maps.policy_capacity.map(shares);
+                plan_policy_writes(&self.policy, &want.policy, free, shares.as_ref())
+            }
+        };
         let mut closed = BTreeMap::new();
         // Room taken back from namespaces over their share, before anything is written.
         for (group, share) in plan.evicted {

@@ -45,6 +45,7 @@ mod probe;
 mod records;
 
 use std::{
+    borrow::Cow,
     collections::{BTreeMap, BTreeSet},
     sync::{Arc, Mutex},
 };
@@ -598,25 +599,21 @@ impl EbpfDataplane {
                 )
             })
             .collect();
-        let (target, closed) =
+        let (staged, closed) =
             self.write_additions(&target, &namespaces, &name_policy, &mut failures);
-        let attached = self.attach_placed(&placed, &target, &mut failures);
+        // What was written: the target, less what IDENTITY's room held back.
+        let target = staged.as_ref().unwrap_or(&target);
+        let attached = self.attach_placed(&placed, target, &mut failures);
         let left = self.detach_stale(attached, &pending.turned_pending, &mut failures);
-        self.converge_leaving(&target, &mut failures);
-        self.write_removals(
-            &target,
-            pending.released,
-            &left,
-            &name_policy,
-            &mut failures,
-        );
+        self.converge_leaving(target, &mut failures);
+        self.write_removals(target, pending.released, &left, &name_policy, &mut failures);
         // The removals may have made room: closed directions are tried again now, not at
         // the next change. Those still closed are reported.
         let closed = match closed.is_empty() {
             true => closed,
             false => self.kernel.upsert_policy(
                 &mut self.maps,
-                &target,
+                target,
                 &namespaces,
                 name_policy,
                 &mut failures,
@@ -733,7 +730,7 @@ impl EbpfDataplane {
         name_policy: &dyn Fn(&policy_map::PolicyEntry) -> String,
         errors: &mut Vec<ObjectError>,
     ) -> (
-        KernelState,
+        Option<KernelState>,
         BTreeMap<kernel_state::PolicyGroup, ObjectError>,
     ) {
         // First pass: the prefixes that fit now, every held direction still closed.
@@ -762,12 +759,13 @@ impl EbpfDataplane {
             let more = identity_room::refused(target, refused, &self.kernel.identity);
             let more_held: BTreeSet<_> = more.held.keys().copied().collect();
             self.hold(&more_held, name_policy, errors);
-            staged = more.staged(&staged, &BTreeSet::new());
+            let mut kept = more.staged(&staged, &BTreeSet::new()).into_owned();
             for prefix in more.unwritten.keys() {
                 if let Some(id) = self.kernel.identity.get(prefix) {
-                    staged.identity.insert(*prefix, *id);
+                    kept.identity.insert(*prefix, *id);
                 }
             }
+            staged = Cow::Owned(kept);
             room.held.extend(more.held);
         }
         closed.extend(self.kernel.upsert_policy(
@@ -784,6 +782,10 @@ impl EbpfDataplane {
         self.kernel.upsert_service(&mut self.maps, &staged, errors);
         self.kernel
             .upsert_endpoint_by_id(&mut self.maps, &staged, errors);
+        let staged = match staged {
+            Cow::Borrowed(_) => None,
+            Cow::Owned(staged) => Some(staged),
+        };
         (staged, closed)
     }
 
