@@ -570,22 +570,32 @@ impl Agent {
     }
 
     fn log_tail(&self) -> String {
-        let text = std::fs::read_to_string(self.dir.join("agent.log")).unwrap_or_default();
-        let lines: Vec<&str> = text.lines().collect();
-        lines[lines.len().saturating_sub(15)..].join("\n")
+        log_tail(&self.dir)
     }
+}
+
+/// The last lines of the agent log in `dir`.
+pub(crate) fn log_tail(dir: &Path) -> String {
+    let text = std::fs::read_to_string(dir.join("agent.log")).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(15)..].join("\n")
+}
+
+/// Stops a child this process spawned: SIGTERM, up to 5 s to exit, then SIGKILL; reaped.
+pub(crate) fn stop_child(child: &mut std::process::Child) {
+    // SAFETY: kill with a pid this process spawned and has not reaped yet.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while matches!(child.try_wait(), Ok(None)) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
 }
 
 impl Drop for Agent {
     fn drop(&mut self) {
-        // SAFETY: kill with a pid this process spawned and has not reaped yet.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while matches!(self.child.try_wait(), Ok(None)) && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        stop_child(&mut self.child);
         for helper in &mut self.helpers {
             let _ = helper.kill();
             let _ = helper.wait();

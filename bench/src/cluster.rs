@@ -599,26 +599,17 @@ impl AgentProc {
         if alive(self.pid()) {
             return Ok(());
         }
-        let log = std::fs::read_to_string(self.dir.join("agent.log")).unwrap_or_default();
-        let lines: Vec<&str> = log.lines().collect();
         bail!(
             "agent {} exited; last lines of its log:\n{}",
             self.index,
-            lines[lines.len().saturating_sub(15)..].join("\n")
+            crate::agent::log_tail(&self.dir)
         )
     }
 }
 
 impl Drop for AgentProc {
     fn drop(&mut self) {
-        // SAFETY: kill with a pid this process spawned and has not reaped yet.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while matches!(self.child.try_wait(), Ok(None)) && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        crate::agent::stop_child(&mut self.child);
     }
 }
 
