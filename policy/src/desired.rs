@@ -361,6 +361,11 @@ pub struct Desired {
     /// Every Service frontend in the cluster.
     #[serde(default)]
     pub frontends: BTreeSet<Frontend>,
+    /// The namespace of each frontend's Service (the first by name, where two share
+    /// one): a table short of room for them all shares it out by namespace. Derived
+    /// from the Services, not serialized (JSON maps need string keys).
+    #[serde(skip)]
+    pub frontend_namespaces: BTreeMap<Frontend, String>,
 }
 
 /// Changes to one endpoint that already existed.

@@ -299,6 +299,7 @@ impl Engine {
         self.registry
             .settle(&self.model, &mut self.desired, &mut Change::default());
         self.desired.frontends = self.all_frontends();
+        self.desired.frontend_namespaces = self.frontend_namespaces();
         before.diff(&self.desired)
     }
 
@@ -327,6 +328,7 @@ impl Engine {
             return Default::default();
         }
         let frontends = self.all_frontends();
+        self.desired.frontend_namespaces = self.frontend_namespaces();
         if frontends == self.desired.frontends {
             return Default::default();
         }
@@ -346,6 +348,17 @@ impl Engine {
 
     fn all_frontends(&self) -> BTreeSet<Frontend> {
         self.services.values().flatten().copied().collect()
+    }
+
+    fn frontend_namespaces(&self) -> BTreeMap<Frontend, String> {
+        let mut out = BTreeMap::new();
+        for (service, frontends) in &self.services {
+            let namespace = service.split_once('/').map_or("", |(ns, _)| ns);
+            for f in frontends {
+                out.entry(*f).or_insert_with(|| namespace.to_string());
+            }
+        }
+        out
     }
 
     fn apply_pod(&mut self, key: &str, new: Option<PodInfo>, change: &mut Change) {

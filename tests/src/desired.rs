@@ -80,7 +80,7 @@ pub fn desired(sets: Vec<AddressSet>, endpoints: Vec<Endpoint>) -> Desired {
     Desired {
         sets: sets.into_iter().map(|s| (s.id, s)).collect(),
         endpoints: endpoints.into_iter().map(|e| (e.pod.clone(), e)).collect(),
-        frontends: Default::default(),
+        ..Default::default()
     }
 }
 

@@ -224,6 +224,17 @@ pub struct AgentArgs {
     #[arg(long, env = "WEIR_EBPF_IDENTITY_ENTRIES", value_name = "N", default_value_t = crate::dataplane::ebpf::DEFAULT_IDENTITY_ENTRIES, value_parser = clap::value_parser!(u32).range(16..))]
     pub ebpf_identity_entries: u32,
 
+    /// Entries of the eBPF dataplane's SERVICE map: every Service frontend in the cluster
+    /// (each clusterIP, externalIP and load-balancer IP with each port, and each nodePort).
+    /// When they do not all fit, nodePorts and frontends on the node's own addresses go
+    /// first, then each namespace's up to an equal share; the frontends left out are
+    /// reported, and pods whose traffic is judged (isolated, or under
+    /// ClusterNetworkPolicy tiers) are refused at them, since the backend that decides is
+    /// unknown before kube-proxy's DNAT. A changed size replaces the pinned maps on the
+    /// next start.
+    #[arg(long, env = "WEIR_EBPF_SERVICE_ENTRIES", value_name = "N", default_value_t = crate::dataplane::ebpf::DEFAULT_SERVICE_ENTRIES, value_parser = clap::value_parser!(u32).range(16..))]
+    pub ebpf_service_entries: u32,
+
     /// Which iptables backend the iptables dataplane writes. auto: the one the node's
     /// other rules use (kubelet's and kube-proxy's chains; nft when there are none).
     /// legacy or nft forces it: weir's rules then live where the others may not look.

@@ -106,7 +106,8 @@ async fn run_agent(args: AgentArgs) -> anyhow::Result<()> {
         .with_new_pods(args.new_pods())
         .with_pod_netns_dir(args.pod_netns_dir.clone())
         .with_variants(args.ebpf_attach.mode(), args.iptables_backend.backend())
-        .with_identity_entries(args.ebpf_identity_entries);
+        .with_identity_entries(args.ebpf_identity_entries)
+        .with_service_entries(args.ebpf_service_entries);
     // The verifier's second at a node's first start overlaps the lists when eBPF is the
     // likely choice (the node's label, read with the lists, may still choose iptables).
     let ebpf_likely = match args.dataplane {

@@ -22,6 +22,8 @@ pub struct NodeBackends {
     iptables_backend: Option<Backend>,
     /// Entries of the IDENTITY trie (`--ebpf-identity-entries`).
     identity_entries: u32,
+    /// Entries of the SERVICE hash (`--ebpf-service-entries`).
+    service_entries: u32,
     /// The eBPF programs loading while the cluster is listed ([`NodeBackends::preload_ebpf`]).
     preload: std::sync::Mutex<Option<ebpf::Preload>>,
 }
@@ -35,6 +37,7 @@ impl NodeBackends {
             attach_mode: None,
             iptables_backend: None,
             identity_entries: ebpf::DEFAULT_IDENTITY_ENTRIES,
+            service_entries: ebpf::DEFAULT_SERVICE_ENTRIES,
             preload: std::sync::Mutex::new(None),
         }
     }
@@ -55,6 +58,7 @@ impl NodeBackends {
             attach_mode: self.attach_mode,
             iptables_backend: self.iptables_backend,
             identity_entries: self.identity_entries,
+            service_entries: self.service_entries,
             ..Default::default()
         }
     }
@@ -73,6 +77,12 @@ impl NodeBackends {
     /// `--ebpf-identity-entries`.
     pub fn with_identity_entries(mut self, entries: u32) -> Self {
         self.identity_entries = entries;
+        self
+    }
+
+    /// `--ebpf-service-entries`.
+    pub fn with_service_entries(mut self, entries: u32) -> Self {
+        self.service_entries = entries;
         self
     }
 

@@ -81,6 +81,11 @@ pub const fn is_host(identity: u32) -> bool {
 }
 /// Identity used in POLICY keys of rules whose peer is "any address".
 pub const IDENTITY_ANY: u32 = 0;
+/// A Service frontend's address that the SERVICE map had no room for: a pod's traffic to
+/// it would be judged before kube-proxy picks a backend, on the frontend's address, so a
+/// direction that is judged at all drops it (fails closed) instead. It has no POLICY
+/// entries.
+pub const IDENTITY_UNLISTED_FRONTEND: u32 = 3;
 /// First identity handed out for a set-membership signature.
 pub const IDENTITY_FIRST_DYNAMIC: u32 = 16;
 
@@ -109,8 +114,12 @@ pub const COUNTER_NEIGHBOR_DISCOVERY: u32 = 10;
 pub const COUNTER_FRAGMENT_FOLLOWED: u32 = 11;
 /// Packets from a pod to a Service frontend, passed on to be judged after DNAT.
 pub const COUNTER_SERVICE_DEFERRED: u32 = 12;
+/// Drops: a judged direction's packet with a frontend the SERVICE map had no room for.
+pub const COUNTER_UNLISTED_FRONTEND: u32 = 14;
 pub const RULE_ID_FIRST: u32 = 16;
 const _: () = assert!(COUNTER_DEFAULT_DENY_EGRESS < RULE_ID_FIRST);
+const _: () = assert!(COUNTER_UNLISTED_FRONTEND < RULE_ID_FIRST);
+const _: () = assert!(IDENTITY_UNLISTED_FRONTEND < IDENTITY_FIRST_DYNAMIC);
 
 /// Set in a POLICY value whose rule is an audit rule (what it allows, audit-mode policies
 /// would drop): the programs report it as [`Verdict::Audit`], always, and count it at the
@@ -389,6 +398,8 @@ pub enum Reason {
     Malformed = 10,
     /// Allowed: a packet to a Service frontend, to be judged after DNAT.
     ServiceDeferred = 11,
+    /// Dropped: a Service frontend the SERVICE map had no room for, in a judged direction.
+    UnlistedFrontend = 12,
 }
 
 /// A byte that names no variant of the enum it was read as.
@@ -413,7 +424,7 @@ macro_rules! decode_u8 {
 decode_u8!(Direction: Ingress, Egress);
 decode_u8!(Verdict: Drop, Allow, Audit);
 decode_u8!(Reason: PolicyDeny, PolicyAllow, Reply, NotIsolated, IcmpError, Host, Spoofed,
-    Tagged, Established, Malformed, ServiceDeferred);
+    Tagged, Established, Malformed, ServiceDeferred, UnlistedFrontend);
 
 /// One verdict sent to user space through EVENTS.
 #[repr(C)]

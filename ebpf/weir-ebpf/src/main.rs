@@ -661,6 +661,16 @@ fn judge(
         identity = IDENTITY_WORLD;
     }
     v.identity = identity;
+    if identity == IDENTITY_UNLISTED_FRONTEND {
+        // A frontend SERVICE had no room for: its backend, which decides, is unknown here.
+        return v.drop(
+            ctx,
+            &pkt.tuple,
+            COUNTER_UNLISTED_FRONTEND,
+            Reason::UnlistedFrontend,
+            now,
+        );
+    }
     let host = is_host(identity);
     let rule = if host {
         host_policy_value(id, identity, direction, &pkt.tuple)

@@ -11,6 +11,8 @@ pub const DEFAULT_PIN_ROOT: &str = "/sys/fs/bpf/weir";
 
 /// Entries of the IDENTITY trie unless `--ebpf-identity-entries` says otherwise.
 pub const DEFAULT_IDENTITY_ENTRIES: u32 = 1 << 20;
+/// Entries of the SERVICE hash unless `--ebpf-service-entries` says otherwise.
+pub const DEFAULT_SERVICE_ENTRIES: u32 = 65536;
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct EbpfConfig {
@@ -20,6 +22,9 @@ pub struct EbpfConfig {
     pub identity_entries: u32,
     /// Entries of the ENDPOINT hash (local pods).
     pub endpoint_entries: u32,
+    /// Entries of the SERVICE hash (every Service frontend in the cluster).
+    #[serde(default = "default_service_entries")]
+    pub service_entries: u32,
     /// Entries of the POLICY trie (sum over pods of rules × identities × port prefixes).
     pub policy_entries: u32,
     /// Entries of the conntrack LRU (flows).
@@ -56,6 +61,10 @@ pub struct EbpfConfig {
     pub pod_netns_dir: PathBuf,
 }
 
+fn default_service_entries() -> u32 {
+    DEFAULT_SERVICE_ENTRIES
+}
+
 fn default_pod_netns_dir() -> PathBuf {
     PathBuf::from(crate::dataplane::pod_ports::DEFAULT_POD_NETNS_DIR)
 }
@@ -68,6 +77,7 @@ impl Default for EbpfConfig {
             // 100,000 remote pods need more than 65,536 prefixes.
             identity_entries: DEFAULT_IDENTITY_ENTRIES,
             endpoint_entries: 4096,
+            service_entries: DEFAULT_SERVICE_ENTRIES,
             policy_entries: 65536,
             ct_entries: 262144,
             ct_overflow_entries: 65536,

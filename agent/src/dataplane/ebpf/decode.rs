@@ -9,7 +9,8 @@ use std::collections::BTreeMap;
 use std::net::IpAddr;
 
 use weir_common::{
-    is_host, PolicyKey, IDENTITY_ANY, IDENTITY_WORLD, POLICY_PREFIX_FULL, TIER_DENY_BIT,
+    is_host, PolicyKey, IDENTITY_ANY, IDENTITY_UNLISTED_FRONTEND, IDENTITY_WORLD,
+    POLICY_PREFIX_FULL, TIER_DENY_BIT,
 };
 use weir_policy::desired::{is_ipv4_mapped, Desired, Direction, PodKey, Protocol};
 
@@ -95,6 +96,9 @@ impl Encoded {
             return true;
         }
         let identity = self.identity_of(peer);
+        if identity == IDENTITY_UNLISTED_FRONTEND {
+            return false;
+        }
         if is_host(identity) {
             // The node: its own entries, only where tiers judge the pod's egress to it.
             let rule = match direction {

@@ -32,6 +32,7 @@ fn reason(code: u8) -> &'static str {
         Reason::Established => "established",
         Reason::Malformed => "malformed",
         Reason::ServiceDeferred => "service-deferred",
+        Reason::UnlistedFrontend => "unlisted-frontend",
     }
 }
 

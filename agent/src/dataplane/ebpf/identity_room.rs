@@ -13,7 +13,7 @@
 use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
 
-use weir_common::{PolicyKey, IDENTITY_WORLD};
+use weir_common::{PolicyKey, IDENTITY_UNLISTED_FRONTEND, IDENTITY_WORLD};
 
 use super::identities::Prefix;
 use super::kernel_state::{allows, KernelState, PolicyGroup};
@@ -176,7 +176,9 @@ fn entries_by_identity(
 
 /// The pod directions whose own entries for `should` and for `kept` differ: those judge
 /// an address of `should`'s signature that is matched as `kept` by other rules. The
-/// world has no own entries (the programs look only at the any-peer ones for it).
+/// world has no own entries (the programs look only at the any-peer ones for it). An
+/// unlisted frontend's address is dropped by every judged direction: each that allows
+/// anything could admit it under another identity.
 fn misjudging(
     entries: &BTreeMap<u32, BTreeMap<PolicyGroup, BTreeSet<Judgement>>>,
     should: u32,
@@ -184,6 +186,16 @@ fn misjudging(
 ) -> Vec<PolicyGroup> {
     if should == kept {
         return Vec::new();
+    }
+    if should == IDENTITY_UNLISTED_FRONTEND {
+        return entries
+            .values()
+            .flatten()
+            .filter(|(_, judged)| judged.iter().any(|(_, _, value)| allows(*value)))
+            .map(|(group, _)| *group)
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .collect();
     }
     let empty = BTreeMap::new();
     let own = |id: u32| match id {

@@ -518,7 +518,18 @@ impl KernelState {
         want: &KernelState,
         errors: &mut Vec<ObjectError>,
     ) {
-        for prefix in gone(&self.identity, &want.identity) {
+        let gone = gone(&self.identity, &want.identity);
+        self.remove_identity(maps, &gone, errors);
+    }
+
+    /// Removes `prefixes` from IDENTITY now.
+    pub fn remove_identity<'a>(
+        &mut self,
+        maps: &mut Maps,
+        prefixes: impl IntoIterator<Item = &'a Prefix>,
+        errors: &mut Vec<ObjectError>,
+    ) {
+        for &prefix in prefixes {
             let (key, len) = prefix.trie_key();
             match maps.identity.remove(&Key::new(len, key)) {
                 Ok(()) => {
@@ -647,6 +658,26 @@ impl KernelState {
                  frontend's address: egress rules naming the backends (an Admin Deny by their \
                  labels too) do not hold through it",
             );
+        }
+    }
+
+    /// Removes `keys` from SERVICE now (frontends left out for room).
+    pub fn evict_service(
+        &mut self,
+        maps: &mut Maps,
+        keys: &BTreeSet<ServiceKey>,
+        errors: &mut Vec<ObjectError>,
+    ) {
+        for key in keys {
+            if !self.service.contains_key(key) {
+                continue;
+            }
+            match maps.service.remove(key) {
+                Ok(()) => {
+                    self.service.remove(key);
+                }
+                Err(e) => errors.push(failure(service_object(key), e)),
+            }
         }
     }
 

@@ -34,6 +34,8 @@ pub struct Maps {
     pub policy_capacity: Option<u32>,
     /// IDENTITY's max_entries (`None`: unreadable), likewise.
     pub identity_capacity: Option<u32>,
+    /// SERVICE's max_entries (`None`: unreadable), which its frontends are planned against.
+    pub service_capacity: Option<u32>,
     pub counters: PerCpuArray<MapData, Counter>,
     pub records: RecordsMap,
 }
@@ -172,9 +174,10 @@ pub fn fingerprint(config: &EbpfConfig) -> String {
 }
 
 /// The configured max_entries of the maps whose size the configuration sets.
-pub fn max_entries(config: &EbpfConfig) -> [(&'static str, u32); 11] {
+pub fn max_entries(config: &EbpfConfig) -> [(&'static str, u32); 12] {
     [
         (map_names::IDENTITY, config.identity_entries),
+        (map_names::SERVICE, config.service_entries),
         (map_names::ENDPOINT, config.endpoint_entries),
         (map_names::ENDPOINT_BY_ID, config.endpoint_entries),
         (map_names::POLICY, config.policy_entries),
@@ -370,6 +373,7 @@ impl Maps {
             policy: typed!(path, map_names::POLICY),
             policy_capacity: pinned_max_entries(&path(map_names::POLICY)),
             identity_capacity: pinned_max_entries(&path(map_names::IDENTITY)),
+            service_capacity: pinned_max_entries(&path(map_names::SERVICE)),
             counters: typed!(path, map_names::COUNTERS),
             records: typed!(path, map_names::RECORDS),
         })

@@ -43,6 +43,7 @@ mod pins;
 mod policy_map;
 mod probe;
 mod records;
+mod service_room;
 
 use std::{
     borrow::Cow,
@@ -56,7 +57,7 @@ use weir_common::{
 };
 
 pub use attach::tcx_missing;
-pub use config::{EbpfConfig, DEFAULT_IDENTITY_ENTRIES, DEFAULT_PIN_ROOT};
+pub use config::{EbpfConfig, DEFAULT_IDENTITY_ENTRIES, DEFAULT_PIN_ROOT, DEFAULT_SERVICE_ENTRIES};
 pub use hooks::{AttachMode, Role, PENDING_ENDPOINT_ID};
 pub use loader::{Preload, OBJECT as EMBEDDED_OBJECT};
 pub use migrate::{expected as expected_map_shapes, Shape as MapShape};
@@ -104,6 +105,11 @@ pub struct EbpfDataplane {
     /// Pod directions held closed because an IDENTITY prefix they tell apart had no room
     /// (see `identity_room`): they open only after it is written.
     held_for_identity: BTreeSet<kernel_state::PolicyGroup>,
+    /// Frontends SERVICE has no room for (see `service_room`): their addresses are
+    /// marked in IDENTITY before their entries leave SERVICE.
+    unlisted_frontends: BTreeSet<ServiceKey>,
+    /// Their marks whose frontends are listed again: removed once SERVICE holds those.
+    lingering_unlisted: BTreeSet<identities::Prefix>,
     _link_watch: Option<link_watch::LinkWatch>,
     /// The node's iptables backend, which holds `deferred_to_node`'s chain.
     iptables_backend: crate::netfilter::backend::Backend,
@@ -252,6 +258,8 @@ impl EbpfDataplane {
             pod_netns_dir: config.pod_netns_dir.clone(),
             records_checked_for_bridges: std::cell::Cell::new(false),
             held_for_identity: BTreeSet::new(),
+            unlisted_frontends: BTreeSet::new(),
+            lingering_unlisted: BTreeSet::new(),
             _link_watch: link_watch,
             iptables_backend: config
                 .iptables_backend
@@ -578,6 +586,16 @@ impl EbpfDataplane {
         let mut failures = Vec::new();
         let placed = self.place_endpoints(desired, &mut failures);
         let (mut target, owner) = self.target(desired, &placed);
+        let services = service_room::fit_frontends(
+            desired,
+            &self.host,
+            self.maps.service_capacity,
+            &self.kernel,
+            &mut target,
+        );
+        services.report(&mut failures);
+        self.unlisted_frontends = services.unlisted.into_keys().collect();
+        self.lingering_unlisted = services.lingering;
         let pending = self.keep_pending(&mut target);
         let name_policy = |e: &policy_map::PolicyEntry| {
             let id = e.1.endpoint_id;
@@ -779,7 +797,24 @@ impl EbpfDataplane {
         self.held_for_identity = room.held.keys().copied().collect();
         self.kernel.upsert_endpoint(&mut self.maps, &staged, errors);
         self.kernel.upsert_local(&mut self.maps, &staged, errors);
+        // Frontends left out for room go before the others are added (their addresses
+        // are marked in IDENTITY by now), so that the map has room for those.
+        self.kernel
+            .evict_service(&mut self.maps, &self.unlisted_frontends, errors);
         self.kernel.upsert_service(&mut self.maps, &staged, errors);
+        // (Only those SERVICE now holds a frontend of: a refused write keeps the mark.)
+        let in_service: BTreeSet<u128> = self
+            .kernel
+            .service
+            .keys()
+            .map(|k| u128::from_be_bytes(k.addr))
+            .collect();
+        let listed_again: Vec<identities::Prefix> = std::mem::take(&mut self.lingering_unlisted)
+            .into_iter()
+            .filter(|p| in_service.contains(&p.addr))
+            .collect();
+        self.kernel
+            .remove_identity(&mut self.maps, &listed_again, errors);
         self.kernel
             .upsert_endpoint_by_id(&mut self.maps, &staged, errors);
         let staged = match staged {
@@ -1440,7 +1475,7 @@ mod tests {
                 .map(|s| (s.id, s))
                 .collect(),
             endpoints: [("x/server".to_string(), server)].into_iter().collect(),
-            frontends: Default::default(),
+            ..Default::default()
         }
     }
 
