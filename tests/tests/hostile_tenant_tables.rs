@@ -17,6 +17,12 @@
 //!    green/db's policy allows: it is still denied (its address, left out of the trie,
 //!    would be judged as the ipBlock's), and once the tenant leaves, every policy holds
 //!    again.
+//! 5. A namespace's policies together are bounded (`--max-entries-per-namespace`).
+//! 6. A tenant fills the SERVICE map (a small one, `--ebpf-service-entries`) with its own
+//!    Service's frontends; then green/db gets a Service: an Admin ClusterNetworkPolicy
+//!    that denies namespace evil's egress to green/db still holds through that Service
+//!    (a frontend left out would be judged on its own address, before kube-proxy's DNAT,
+//!    where no rule names it), and a pod nothing restricts still connects through it.
 
 use serde_json::Value;
 use weir_tests::lab::{manifest, Lab, Matrix};
@@ -721,4 +727,164 @@ fn a_namespaces_policies_together_are_bounded_ebpf() {
 #[test]
 fn a_namespaces_policies_together_are_bounded_iptables() {
     namespace_budget("iptables");
+}
+
+/// The SERVICE map's size in scenario 6, on both dataplanes (iptables ignores it).
+const SMALL_SERVICE: &str = "--agent-arg=--ebpf-service-entries=16";
+
+/// green/db behind no Service yet; an Admin ClusterNetworkPolicy denies namespace evil's
+/// egress to it; shop/free is restricted by nothing (the control).
+const SERVICE_WORLD: &str = r#"
+apiVersion: v1
+kind: Namespace
+metadata: {name: green, labels: {ns: green}}
+---
+apiVersion: v1
+kind: Namespace
+metadata: {name: evil, labels: {ns: evil}}
+---
+apiVersion: v1
+kind: Namespace
+metadata: {name: shop, labels: {ns: shop}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: db, namespace: green, labels: {app: db}}
+spec: {containers: [{name: c, ports: [{containerPort: 5432, protocol: TCP}]}]}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: intruder, namespace: evil, labels: {app: intruder}}
+spec: {containers: [{name: c}]}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: free, namespace: shop, labels: {app: free}}
+spec: {containers: [{name: c}]}
+---
+apiVersion: policy.networking.k8s.io/v1alpha2
+kind: ClusterNetworkPolicy
+metadata: {name: evil-off-db}
+spec:
+  tier: Admin
+  priority: 10
+  subject: {namespaces: {matchLabels: {ns: evil}}}
+  egress:
+  - {name: off-db, action: Deny, to: [{pods: {namespaceSelector: {matchLabels: {ns: green}}, podSelector: {matchLabels: {app: db}}}}]}
+"#;
+
+/// green/db's Service.
+const GREEN_DB_SERVICE: &str = r#"
+apiVersion: v1
+kind: Service
+metadata: {name: db, namespace: green}
+spec:
+  selector: {app: db}
+  ports: [{port: 5432, protocol: TCP}]
+"#;
+
+/// The tenant's Service of `ports` ports that select nothing: frontends only.
+fn filler_service(ports: u16) -> String {
+    let mut yaml = String::from(
+        "apiVersion: v1\nkind: Service\nmetadata: {name: filler, namespace: evil}\nspec:\n  \
+         selector: {app: nothing}\n  ports:\n",
+    );
+    for p in 0..ports {
+        yaml.push_str(&format!(
+            "  - {{name: p{p}, port: {}, protocol: TCP}}\n",
+            1000 + p
+        ));
+    }
+    yaml
+}
+
+/// Scenario 6 on `dataplane`: the tenant fills SERVICE (a small one,
+/// `--ebpf-service-entries`) with its own frontends; then green/db gets its Service.
+/// Through it, evil/intruder must stay denied (the Admin Deny names the backend, which
+/// only a packet judged after DNAT shows), and shop/free must connect.
+fn full_service_map_then_service(dataplane: &str) {
+    let lab = Lab::new(&format!("tenant-svc-{dataplane}"));
+    let world = manifest(&lab, "world.yaml", SERVICE_WORLD);
+    lab.weir(&[
+        "up",
+        "--dataplane",
+        dataplane,
+        "--proxy",
+        "iptables",
+        SMALL_SERVICE,
+        world.to_str().unwrap(),
+    ])
+    .unwrap_or_else(|e| panic!("{dataplane}: lab up: {e}"));
+    let filler = manifest(&lab, "filler.yaml", &filler_service(20));
+    let errors = apply(&lab, &filler);
+    if dataplane == "ebpf" {
+        assert!(
+            errors.contains("map WEIR_SERVICE (namespace evil)")
+                && errors.contains("Service frontends of namespace evil not written"),
+            "{dataplane}: the tenant's frontends left out unreported: {errors}"
+        );
+    }
+    let service = manifest(&lab, "db-service.yaml", GREEN_DB_SERVICE);
+    let errors = apply(&lab, &service);
+    assert!(
+        !errors.contains("namespace green") && !errors.contains("namespace shop"),
+        "{dataplane}: another namespace's frontend was left out: {errors}"
+    );
+    let via = |matrix: &Matrix, from: &str| connected(matrix, from, "green/db", 5432);
+    // kube-proxy takes the Service in on its own time: the control decides when.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let routes = loop {
+        let routes = lab.probe_routes("both").expect("probe --via both");
+        if via(&routes.service, "shop/free") || std::time::Instant::now() > deadline {
+            break routes;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(500));
+    };
+    assert_eq!(routes.dataplane, dataplane);
+    agent_alive(&lab);
+    assert!(
+        via(&routes.service, "shop/free"),
+        "{dataplane}: control: shop/free reaches green/db through its Service: {:#?} {:?} {:#?}",
+        routes.service,
+        routes.skipped,
+        status(&lab)
+    );
+    assert!(
+        !via(&routes.pod, "evil/intruder"),
+        "{dataplane}: the Admin Deny holds on the pod's address"
+    );
+    assert!(
+        !via(&routes.service, "evil/intruder"),
+        "{dataplane}: the Admin Deny let evil/intruder reach green/db through its Service's \
+         frontend, judged before DNAT"
+    );
+    if dataplane == "ebpf" {
+        let (used, capacity) = map_pressure(&lab, "WEIR_SERVICE").expect("WEIR_SERVICE");
+        assert_eq!(capacity, 16, "{dataplane}: {SMALL_SERVICE}");
+        assert!(used <= capacity, "{dataplane}: {used} of {capacity}");
+    }
+    // Without the tenant's Service, nothing is left out.
+    let errors = change(&lab, "delete", &filler);
+    assert!(
+        errors.is_empty(),
+        "{dataplane}: errors without the tenant: {errors}"
+    );
+    assert!(
+        refused(&lab).is_empty(),
+        "{dataplane}: {:#?}",
+        refused(&lab)
+    );
+    let routes = lab.probe_routes("service").expect("probe --via service");
+    assert!(via(&routes.service, "shop/free"), "{dataplane}");
+    assert!(!via(&routes.service, "evil/intruder"), "{dataplane}");
+}
+
+#[test]
+fn a_full_service_map_never_opens_an_admin_deny_ebpf() {
+    full_service_map_then_service("ebpf");
+}
+
+#[test]
+fn a_full_service_map_never_opens_an_admin_deny_iptables() {
+    full_service_map_then_service("iptables");
 }

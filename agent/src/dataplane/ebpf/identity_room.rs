@@ -289,6 +289,21 @@ mod tests {
     }
 
     #[test]
+    fn an_unlisted_frontend_left_out_holds_every_direction_that_allows_anything() {
+        // Pod 2 allows any peer: under the world's identity the frontend's address would
+        // pass it, where the unlisted mark drops it. Pod 1 allows the /16 (where the
+        // address falls) and denies 20.
+        let mut want = want();
+        want.identity.insert(prefix("10.9.0.9/32"), IDENTITY_UNLISTED_FRONTEND);
+        let mut have = want.clone();
+        have.identity.remove(&prefix("10.9.0.9/32"));
+        let room = plan_identity_room(&have, &want, Some(0));
+        let groups: Vec<PolicyGroup> = room.held.keys().copied().collect();
+        let ingress = Direction::Ingress as u8;
+        assert_eq!(groups, [(1, ingress), (2, ingress)]);
+    }
+
+    #[test]
     fn an_address_keeps_its_longest_match() {
         let mut trie = BTreeMap::new();
         trie.insert(prefix("10.0.0.0/8"), 30);

@@ -651,7 +651,8 @@ impl KernelState {
             service_object,
             errors,
         );
-        // What a frontend left out means (ARCHITECTURE.md: the SERVICE map is not shared).
+        // A refusal despite `service_room`'s planning (SERVICE's size unreadable, or
+        // another kernel error): the frontend is neither deferred nor marked.
         for e in &mut errors[before..] {
             e.reason.push_str(
                 "; pods' traffic to it is judged before kube-proxy picks a backend, on the \

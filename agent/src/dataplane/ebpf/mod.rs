@@ -1370,6 +1370,16 @@ impl Dataplane for EbpfDataplane {
         if let Some(why) = &self.deferred_to_node_error {
             details.push(("service_traffic_to_node_not_judged".into(), why.clone()));
         }
+        if !self.unlisted_frontends.is_empty() {
+            details.push((
+                "service_frontends_unlisted".into(),
+                format!(
+                    "{} (no room in {}: judged pods are refused at them)",
+                    self.unlisted_frontends.len(),
+                    map_names::SERVICE
+                ),
+            ));
+        }
         if self.isolator.is_some() {
             let pending = self
                 .maps
@@ -1391,6 +1401,7 @@ impl Dataplane for EbpfDataplane {
             (map_names::IDENTITY, self.kernel.identity.len()),
             (map_names::ENDPOINT, self.kernel.endpoint.len()),
             (map_names::POLICY, self.kernel.policy.len()),
+            (map_names::SERVICE, self.kernel.service.len()),
         ] {
             if let Some(cap) = loader::capacity(&self.layout, name) {
                 details.push((
