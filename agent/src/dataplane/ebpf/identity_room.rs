@@ -294,7 +294,8 @@ mod tests {
         // pass it, where the unlisted mark drops it. Pod 1 allows the /16 (where the
         // address falls) and denies 20.
         let mut want = want();
-        want.identity.insert(prefix("10.9.0.9/32"), IDENTITY_UNLISTED_FRONTEND);
+        want.identity
+            .insert(prefix("10.9.0.9/32"), IDENTITY_UNLISTED_FRONTEND);
         let mut have = want.clone();
         have.identity.remove(&prefix("10.9.0.9/32"));
         let room = plan_identity_room(&have, &want, Some(0));
