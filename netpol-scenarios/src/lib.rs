@@ -917,6 +917,72 @@ fn cluster_policy_scenarios(ips: &Addresses) -> Vec<Scenario> {
         )
     };
 
+    // A tier long enough that a dataplane may index it by port (iptables does from 16
+    // rules): sixteen Deny rules on ports nothing serves, then rules whose port ranges
+    // overlap, in an order that decides (Accept before Deny on TCP 80, Pass before Deny
+    // on UDP 81). The same for the Baseline tier on y's egress.
+    let fillers = |base: u16, dir: &str| -> Vec<String> {
+        (0..16)
+            .map(|i| {
+                rule(
+                    "Deny",
+                    dir,
+                    "{namespaces: {}}",
+                    &format!("{{tcp: {{destinationPort: {{number: {}}}}}}}", base + i),
+                )
+            })
+            .collect()
+    };
+    let mut admin_rules = fillers(1000, "from");
+    admin_rules.extend([
+        rule(
+            "Accept",
+            "from",
+            &ns("z"),
+            "{tcp: {destinationPort: {range: {start: 80, end: 81}}}}",
+        ),
+        rule(
+            "Deny",
+            "from",
+            "{namespaces: {}}",
+            "{tcp: {destinationPort: {number: 80}}}",
+        ),
+        rule(
+            "Pass",
+            "from",
+            &ns("y"),
+            "{udp: {destinationPort: {number: 81}}}",
+        ),
+        rule(
+            "Deny",
+            "from",
+            "{namespaces: {}}",
+            "{udp: {destinationPort: {range: {start: 79, end: 85}}}}",
+        ),
+        rule(
+            "Deny",
+            "from",
+            &ns("y"),
+            "{sctp: {destinationPort: {number: 81}}}",
+        ),
+    ]);
+    let many_admin = admin_x("many-admin", "ingress", &admin_rules);
+    let mut baseline_rules = fillers(2000, "to");
+    baseline_rules.push(rule(
+        "Deny",
+        "to",
+        &ns("x"),
+        "{tcp: {destinationPort: {number: 81}}}",
+    ));
+    let baseline_rules: Vec<&str> = baseline_rules.iter().map(String::as_str).collect();
+    let many_baseline = cluster_policy(
+        "many-baseline",
+        &format!(
+            "tier: Baseline\npriority: 3\nsubject: {{namespaces: {{matchLabels: {{ns: y}}}}}}\n{}",
+            rule_list("egress", &baseline_rules)
+        ),
+    );
+
     // CNPAdminTierIngress{TCP,UDP,SCTP}: rule order for y, port rules for z/a and z/b.
     let tcp80 = "{tcp: {destinationPort: {number: 80}}}";
     let (acc_y, den_y, pas_y) = (
@@ -1367,6 +1433,20 @@ fn cluster_policy_scenarios(ips: &Addresses) -> Vec<Scenario> {
                     },
                 },
             ],
+        },
+        Scenario {
+            name: "cnp tiers of many rules: every rule in order, whatever indexes them",
+            steps: one(vec![apply(many_admin), apply(many_baseline)], |p| {
+                let into_x = match (p.port, p.protocol) {
+                    (80, "TCP") => p.from_ns == "z",
+                    (81, "UDP") => p.from_ns == "y",
+                    (80, "UDP") => false,
+                    (81, "SCTP") => p.from_ns != "y",
+                    _ => true,
+                };
+                let out_of_y = !(p.to_ns == "x" && p.on(81, "TCP"));
+                (p.to_ns != "x" || into_x) && (p.from_ns != "y" || out_of_y)
+            }),
         },
     ]
 }

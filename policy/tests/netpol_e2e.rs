@@ -340,6 +340,11 @@ fn explain_names_the_deciding_rule_on_every_cluster_policy_scenario() {
         ("cnp baseline gress: both directions in one policy, every protocol", 3, "z/a", "x/a", 81, "UDP", true, &[]),
         ("cnp baseline gress: both directions in one policy, every protocol", 3, "x/a", "y/a", 80, "TCP", false, &["egress decided Baseline default-gress egress[0] Deny"]),
         ("cnp baseline gress: both directions in one policy, every protocol", 3, "y/a", "x/a", 80, "TCP", false, &[]),
+        ("cnp tiers of many rules: every rule in order, whatever indexes them", 1, "z/a", "x/a", 80, "TCP", true, &["ingress decided Admin many-admin ingress[16] Accept"]),
+        ("cnp tiers of many rules: every rule in order, whatever indexes them", 1, "y/a", "x/a", 80, "TCP", false, &["ingress decided Admin many-admin ingress[17] Deny"]),
+        ("cnp tiers of many rules: every rule in order, whatever indexes them", 1, "y/a", "x/a", 81, "UDP", true, &["ingress passed Admin many-admin ingress[18]"]),
+        ("cnp tiers of many rules: every rule in order, whatever indexes them", 1, "z/a", "x/a", 81, "UDP", false, &["ingress decided Admin many-admin ingress[19] Deny"]),
+        ("cnp tiers of many rules: every rule in order, whatever indexes them", 1, "y/a", "x/b", 81, "TCP", false, &["egress decided Baseline many-baseline egress[16] Deny"]),
     ];
     let addresses = world_addresses();
     let world: Vec<Object> = objects(WORLD)

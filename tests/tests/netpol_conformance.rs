@@ -79,6 +79,7 @@ const PROXY_SUBSET: &[&str] = &[
     "cnp baseline, and a network policy over it",
     "cnp admin gress: both directions in one policy, every protocol",
     "cnp baseline gress: both directions in one policy, every protocol",
+    "cnp tiers of many rules: every rule in order, whatever indexes them",
 ];
 
 /// Labs running at once: each probes 432 pairs per step with sub-second timeouts, on

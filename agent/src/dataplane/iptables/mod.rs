@@ -29,6 +29,7 @@ pub mod rules;
 pub mod sets;
 pub mod spoof;
 mod tables;
+mod tier_index;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write;

@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 
 use crate::netfilter::{WEIR_CHAIN_PREFIX, WEIR_SET_PREFIX};
-use weir_policy::desired::{Direction, PodKey, SetId};
+use weir_policy::desired::{Direction, PodKey, SetId, Tier};
 
 use crate::netfilter::backend::Family;
 
@@ -192,18 +192,41 @@ pub fn passed_chain(hash: u64, direction: Direction) -> String {
     format!("{WEIR_CHAIN_PREFIX}{d}-{hash:016x}")
 }
 
-/// The direction of an [`endpoint_chain`] or a [`passed_chain`]; `None` for any other
-/// chain.
+/// `WEIR-<I|E><A|B><4 hex>-<16 hex>`: chain `n` of an endpoint direction's Admin (`A`)
+/// or Baseline (`B`) tier index (see [`super::tier_index`]).
+pub fn tier_index_chain(hash: u64, direction: Direction, tier: Tier, n: usize) -> String {
+    let d = match direction {
+        Direction::Ingress => 'I',
+        Direction::Egress => 'E',
+    };
+    let t = match tier {
+        Tier::Admin => 'A',
+        Tier::Baseline => 'B',
+    };
+    format!("{WEIR_CHAIN_PREFIX}{d}{t}{n:04x}-{hash:016x}")
+}
+
+/// The direction of an [`endpoint_chain`], a [`passed_chain`] or a
+/// [`tier_index_chain`]; `None` for any other chain.
 pub fn chain_direction(chain: &str) -> Option<Direction> {
     let rest = chain.strip_prefix(WEIR_CHAIN_PREFIX)?;
     let (d, hash) = rest.split_once('-')?;
     if hash.len() != 16 || !hash.bytes().all(|b| b.is_ascii_hexdigit()) {
         return None;
     }
+    let index = |t: &str| {
+        t.len() == 5
+            && matches!(t.as_bytes()[0], b'A' | b'B')
+            && t[1..].bytes().all(|b| b.is_ascii_hexdigit())
+    };
     match d {
         "I" | "IP" => Some(Direction::Ingress),
         "E" | "EP" => Some(Direction::Egress),
-        _ => None,
+        _ => match d.split_at_checked(1)? {
+            ("I", t) if index(t) => Some(Direction::Ingress),
+            ("E", t) if index(t) => Some(Direction::Egress),
+            _ => None,
+        },
     }
 }
 
@@ -219,6 +242,13 @@ mod tests {
             assert!(staging_set_name(id, f).len() <= MAX_SET_NAME);
         }
         assert!(endpoint_chain(u64::MAX, Direction::Ingress).len() <= MAX_CHAIN_NAME);
+        let index = tier_index_chain(u64::MAX, Direction::Egress, Tier::Baseline, 0xfff);
+        assert!(index.len() <= MAX_CHAIN_NAME, "{index}");
+        assert_eq!(chain_direction(&index), Some(Direction::Egress));
+        let index = tier_index_chain(7, Direction::Ingress, Tier::Admin, 3);
+        assert_eq!(index, "WEIR-IA0003-0000000000000007");
+        assert_eq!(chain_direction(&index), Some(Direction::Ingress));
+        assert_eq!(chain_direction("WEIR-IX0003-0000000000000007"), None);
         assert!(DISPATCH_CHAIN.len() <= MAX_CHAIN_NAME);
         assert!(TO_NODE_CHAIN.len() <= MAX_CHAIN_NAME);
         assert_eq!(set_name(SetId(0xab), Family::V6), "weir-00000000000000ab-6");

@@ -10,6 +10,11 @@
 //! [`passed_chain`], which holds what follows them: there a RETURN goes back to the
 //! dispatch chain, as from the endpoint chain.
 //!
+//! A tier of many rules is indexed by protocol and destination port
+//! ([`super::tier_index`]): its rules move into a tree of chains
+//! ([`tier_index_chain`]) whose leaves hold the rules that can match one port interval,
+//! so that a new connection's cost grows with the tree's depth, not the tier's length.
+//!
 //! Before each drop (and before the audit rule, which passes what an audit-mode policy
 //! would drop) an NFLOG rule sends the packet's headers to the agent's verdict stream. Its
 //! prefix carries the rule's identity ([`LogPrefix`]), and a kernel-side limit bounds what
@@ -25,7 +30,8 @@ use weir_policy::desired::{
 use super::names::SPOOF_CHAIN;
 #[cfg(doc)]
 use super::names::TO_NODE_CHAIN;
-use super::names::{endpoint_chain, node_set_name, passed_chain, set_name};
+use super::names::{endpoint_chain, node_set_name, passed_chain, set_name, tier_index_chain};
+use super::tier_index::{self, Step};
 use crate::netfilter::backend::Family;
 
 /// Longest comment kept on a rule (the kernel allows 256 bytes).
@@ -131,8 +137,11 @@ pub fn log_rule(matches: &str, prefix: LogPrefix) -> String {
 pub struct EndpointChains {
     /// The [`endpoint_chain`]'s.
     pub main: Vec<String>,
-    /// The [`passed_chain`]'s, when an Admin Pass goes there.
+    /// The [`passed_chain`]'s, when an Admin Pass goes there (or the Admin tier is
+    /// indexed: its leaves go there too).
     pub passed: Option<Vec<String>>,
+    /// The tiers' index chains ([`tier_index_chain`]), each after every chain it names.
+    pub index: Vec<(String, Vec<String>)>,
 }
 
 /// Whether the endpoint's `direction` in `family` has a chain: a NetworkPolicy isolates
@@ -157,14 +166,32 @@ pub fn endpoint_rules(
     }
     let policy = ep.direction(direction);
     let log = log.then_some(hash);
-    let rest = rest_rules(ep, policy, direction, family, log);
+    let mut index = Vec::new();
+    let tiers = TierChains {
+        direction,
+        family,
+        log,
+        hash,
+    };
+    let rest = rest_rules(ep, policy, &tiers, &mut index);
     if policy.admin.is_empty() {
         return Some(EndpointChains {
             main: rest,
             passed: None,
+            index,
         });
     }
     let passed = passed_chain(hash, direction);
+    if let Some(head) = tiers.indexed(&policy.admin, Tier::Admin, &passed, &mut index) {
+        // The leaves end in the passed chain: what follows the Admin tier is there.
+        let mut main = head;
+        main.push(format!("-g {passed}"));
+        return Some(EndpointChains {
+            main,
+            passed: Some(rest),
+            index,
+        });
+    }
     let mut main = Vec::new();
     for rule in &policy.admin {
         main.extend(tier_rule_specs(
@@ -181,10 +208,79 @@ pub fn endpoint_rules(
         return Some(EndpointChains {
             main,
             passed: Some(rest),
+            index,
         });
     }
     main.extend(rest);
-    Some(EndpointChains { main, passed: None })
+    Some(EndpointChains {
+        main,
+        passed: None,
+        index,
+    })
+}
+
+/// What a tier's chains are rendered for: one endpoint's direction in one family.
+struct TierChains {
+    direction: Direction,
+    family: Family,
+    log: Option<u64>,
+    hash: u64,
+}
+
+impl TierChains {
+    /// The head of `rules` (`tier`'s, whose Pass and leaves' end go to `passed`; an empty
+    /// `passed`: nothing follows, a leaf's end falls through) when the tier is indexed,
+    /// its index chains added to `index`; `None`: it stays linear.
+    fn indexed(
+        &self,
+        rules: &[TierRule],
+        tier: Tier,
+        passed: &str,
+        index: &mut Vec<(String, Vec<String>)>,
+    ) -> Option<Vec<String>> {
+        let ports: Vec<Ports> = rules.iter().map(|r| r.ports).collect();
+        let tree = tier_index::index(&ports)?;
+        let name = |n: usize| tier_index_chain(self.hash, self.direction, tier, n);
+        let render = |steps: &[Step]| -> Vec<String> {
+            let mut specs = Vec::new();
+            for step in steps {
+                match *step {
+                    Step::Rule(i) => specs.extend(tier_rule_specs(
+                        &rules[i],
+                        tier,
+                        self.direction,
+                        self.family,
+                        self.log,
+                        passed,
+                    )),
+                    Step::Protocol(p, c) => {
+                        specs.push(format!("-p {} -g {}", protocol_name(p), name(c)))
+                    }
+                    Step::Ports(p, first, last, c) => specs.push(format!(
+                        "{}-g {}",
+                        match_spec(
+                            Peer::Any,
+                            Ports::Protocol {
+                                protocol: p,
+                                range: Some(weir_policy::desired::PortRange { first, last }),
+                            },
+                            self.direction,
+                            self.family,
+                        ),
+                        name(c)
+                    )),
+                    Step::Goto(c) => specs.push(format!("-g {}", name(c))),
+                    Step::Continue if passed.is_empty() => {}
+                    Step::Continue => specs.push(format!("-g {passed}")),
+                }
+            }
+            specs
+        };
+        for n in tree.children_first() {
+            index.push((name(n), render(&tree.chains[n])));
+        }
+        Some(render(&tree.head))
+    }
 }
 
 /// What follows the Admin rules: the NetworkPolicies' rules and default deny when they
@@ -192,11 +288,15 @@ pub fn endpoint_rules(
 fn rest_rules(
     ep: &Endpoint,
     policy: &DirectionPolicy,
-    direction: Direction,
-    family: Family,
-    log: Option<u64>,
+    tiers: &TierChains,
+    index: &mut Vec<(String, Vec<String>)>,
 ) -> Vec<String> {
+    let (direction, family, log) = (tiers.direction, tiers.family, tiers.log);
     if !policy.isolated {
+        // Nothing follows the Baseline tier: a leaf's end falls through, allowed.
+        if let Some(head) = tiers.indexed(&policy.baseline, Tier::Baseline, "", index) {
+            return head;
+        }
         return policy
             .baseline
             .iter()

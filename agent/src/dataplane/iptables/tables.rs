@@ -5,7 +5,7 @@
 //! a chain (`:CHAIN - [0:0]`) creates or flushes it, and each table commits atomically,
 //! so no packet sees a half-written chain.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write;
 
 use crate::netfilter::WEIR_CHAIN_PREFIX;
@@ -19,7 +19,9 @@ use super::names::{
     TO_NODE_CHAIN,
 };
 use super::rules::conntrack_rules;
-use super::rules::{dispatch_rules, endpoint_rules, pod_tunnel_rules, to_node_chain, to_node_rule};
+use super::rules::{
+    dispatch_rules, endpoint_rules, pod_tunnel_rules, to_node_chain, to_node_rule, EndpointChains,
+};
 use crate::dataplane::new_pods::NewPodIsolation;
 use crate::netfilter::backend::Family;
 
@@ -390,11 +392,16 @@ fn full(
         to_node.extend(to_node_rule(ep, hash, family));
         for d in DIRECTIONS {
             if let Some(chains) = endpoint_rules(ep, d, family, hash, node.verdict_log) {
-                // The passed chain first: the endpoint chain's `-g` names it.
+                // The passed chain first: the endpoint chain's `-g` names it, and so do
+                // the index chains', which come before the endpoint chain.
                 if let Some(passed) = &chains.passed {
                     let chain = passed_chain(hash, d);
                     write_chain(out, &chain, passed);
                     wanted.insert(chain);
+                }
+                for (chain, rules) in &chains.index {
+                    write_chain(out, chain, rules);
+                    wanted.insert(chain.clone());
                 }
                 let chain = endpoint_chain(hash, d);
                 write_chain(out, &chain, &chains.main);
@@ -515,12 +522,30 @@ fn delta(
                 was.as_ref().and_then(|c| c.passed.as_ref()),
                 is.as_ref().and_then(|c| c.passed.as_ref()),
             );
-            // The passed chain before the endpoint chain that names it; removed after.
+            // The passed chain before the index and endpoint chains that name it; each
+            // removed after.
             match (was_passed, is_passed) {
                 (was, Some(is)) if was != Some(is) => write_chain(out, &passed, is),
                 (Some(_), None) => removed_chains.push(passed),
                 _ => {}
             }
+            let index = |c: &Option<EndpointChains>| -> BTreeMap<String, Vec<String>> {
+                c.as_ref()
+                    .map(|c| c.index.iter().cloned().collect())
+                    .unwrap_or_default()
+            };
+            let (was_index, is_index) = (index(&was), index(&is));
+            // Children first, as `index` lists them.
+            for (chain, rules) in is.iter().flat_map(|c| &c.index) {
+                if was_index.get(chain) != Some(rules) {
+                    write_chain(out, chain, rules);
+                }
+            }
+            removed_chains.extend(
+                was_index
+                    .into_keys()
+                    .filter(|chain| !is_index.contains_key(chain)),
+            );
             match (was.map(|c| c.main), is.map(|c| c.main)) {
                 (was, Some(is)) if was.as_ref() != Some(&is) => write_chain(out, &main, &is),
                 (Some(_), None) => removed_chains.push(main),
