@@ -149,6 +149,9 @@ struct Cli {
 enum Only {
     PathCost,
     Convergence,
+    /// The datapath with 10, 100 and 1,000 ClusterNetworkPolicies (file mode, every
+    /// dataplane and no enforcement), as the full run measures it.
+    ClusterDatapath,
 }
 
 /// What `--peers` measures differently for a peer, which reports no convergence.
@@ -437,25 +440,7 @@ fn run_scenarios(env: &Env, report: &mut Report) {
             converge_and_measure(env, report, &mut setups, &convergence, &memory);
         }
     }
-    for &c in scale.cluster_policy_counts {
-        let datapath =
-            format!("datapath, {max} policies + {c} cluster policies, {remote} remote pods");
-        progress(&datapath);
-        let world = || World::new(max, remote).with_cluster_policies(c);
-        let tag = format!("c{c}");
-        datapath_setups(
-            env,
-            report,
-            &[&datapath],
-            &tag,
-            world,
-            Source::File,
-            Lineup {
-                enforcers: &Dataplane::ALL,
-                noop_hooks: false,
-            },
-        );
-    }
+    cluster_datapath(env, report);
     // The second memory world through the API server too, as the 20,000-pod one: the lab
     // writes it 16 requests at a time (about 100 s per 20,000 pods here).
     let large = scale.large_remote_pods;
@@ -482,9 +467,38 @@ fn run_scenarios(env: &Env, report: &mut Report) {
     report.rows.extend(reset::rows(&env.weir, scale, &reset));
 }
 
+/// The datapath under each count of ClusterNetworkPolicies over the largest world (file
+/// mode): every dataplane against no enforcement, in interleaved rounds.
+fn cluster_datapath(env: &Env, report: &mut Report) {
+    let scale = &env.scale;
+    let (max, remote) = (scale.max_policies(), scale.remote_pods);
+    for &c in scale.cluster_policy_counts {
+        let datapath =
+            format!("datapath, {max} policies + {c} cluster policies, {remote} remote pods");
+        progress(&datapath);
+        let world = || World::new(max, remote).with_cluster_policies(c);
+        let tag = format!("c{c}");
+        datapath_setups(
+            env,
+            report,
+            &[&datapath],
+            &tag,
+            world,
+            Source::File,
+            Lineup {
+                enforcers: &Dataplane::ALL,
+                noop_hooks: false,
+            },
+        );
+    }
+}
+
 /// `--only`: the largest world's enforcing setups through the API server, as the full run
 /// makes them, and only the scenarios asked for.
 fn run_only(env: &Env, report: &mut Report, only: &[Only], dataplane: Option<&str>) {
+    if only.contains(&Only::ClusterDatapath) {
+        cluster_datapath(env, report);
+    }
     let scale = &env.scale;
     let (max, remote) = (scale.max_policies(), scale.remote_pods);
     let path_cost = format!("per-path cost, {max} policies, {remote} remote pods");
@@ -497,6 +511,9 @@ fn run_only(env: &Env, report: &mut Report, only: &[Only], dataplane: Option<&st
     .filter(|(o, _)| only.contains(o))
     .map(|(_, s)| s)
     .collect();
+    if planned.is_empty() {
+        return;
+    }
     let enforcers: &[Dataplane] = match only.contains(&Only::Convergence) {
         true => &Dataplane::ALL,
         false => &[Dataplane::Ebpf],

@@ -31,7 +31,7 @@ use super::names::SPOOF_CHAIN;
 #[cfg(doc)]
 use super::names::TO_NODE_CHAIN;
 use super::names::{endpoint_chain, node_set_name, passed_chain, set_name, tier_index_chain};
-use super::tier_index::{self, Step};
+use super::tier_index::{self, Step, Target};
 use crate::netfilter::backend::Family;
 
 /// Longest comment kept on a rule (the kernel allows 256 bytes).
@@ -241,6 +241,13 @@ impl TierChains {
         let ports: Vec<Ports> = rules.iter().map(|r| r.ports).collect();
         let tree = tier_index::index(&ports)?;
         let name = |n: usize| tier_index_chain(self.hash, self.direction, tier, n);
+        // What follows the tier: its continuation chain, or (nothing follows) a RETURN,
+        // which leaves the endpoint chain as its fall-through would.
+        let jump = |t: Target| match (t, passed) {
+            (Target::Chain(n), _) => format!("-g {}", name(n)),
+            (Target::Continue, "") => "-j RETURN".to_string(),
+            (Target::Continue, passed) => format!("-g {passed}"),
+        };
         let render = |steps: &[Step]| -> Vec<String> {
             let mut specs = Vec::new();
             for step in steps {
@@ -253,11 +260,11 @@ impl TierChains {
                         self.log,
                         passed,
                     )),
-                    Step::Protocol(p, c) => {
-                        specs.push(format!("-p {} -g {}", protocol_name(p), name(c)))
+                    Step::Protocol(p, t) => {
+                        specs.push(format!("-p {} {}", protocol_name(p), jump(t)))
                     }
-                    Step::Ports(p, first, last, c) => specs.push(format!(
-                        "{}-g {}",
+                    Step::Ports(p, first, last, t) => specs.push(format!(
+                        "{}{}",
                         match_spec(
                             Peer::Any,
                             Ports::Protocol {
@@ -267,11 +274,9 @@ impl TierChains {
                             self.direction,
                             self.family,
                         ),
-                        name(c)
+                        jump(t)
                     )),
-                    Step::Goto(c) => specs.push(format!("-g {}", name(c))),
-                    Step::Continue if passed.is_empty() => {}
-                    Step::Continue => specs.push(format!("-g {passed}")),
+                    Step::Goto(t) => specs.push(jump(t)),
                 }
             }
             specs
@@ -758,6 +763,55 @@ mod tests {
                 rule_name: None,
             },
         }
+    }
+
+    #[test]
+    fn a_long_admin_tier_is_indexed_by_port_and_its_leaves_continue_in_the_passed_chain() {
+        let tcp = |port| Ports::Protocol {
+            protocol: Protocol::Tcp,
+            range: Some(PortRange {
+                first: port,
+                last: port,
+            }),
+        };
+        let mut ep = endpoint(vec![rule(Peer::Set(SetId(1)), Ports::All)]);
+        ep.ingress.admin = (0..20)
+            .map(|i| tier_rule(Peer::Set(SetId(2)), tcp(1000 + i as u16), Action::Deny, i))
+            .collect();
+        ep.ingress
+            .admin
+            .push(tier_rule(Peer::Any, Ports::All, Action::Accept, 20));
+        let chains = endpoint_rules(&ep, Direction::Ingress, Family::V4, 0xab, false).unwrap();
+        let passed = "WEIR-IP-00000000000000ab";
+        assert_eq!(
+            chains.main,
+            [
+                "-p tcp -g WEIR-IA0000-00000000000000ab".to_string(),
+                "-m comment --comment \"cnp Admin guard rule 20 Accept\" -j RETURN".to_string(),
+                format!("-g {passed}"),
+            ]
+        );
+        assert_eq!(chains.passed.as_ref().map(Vec::len), Some(2));
+        // Each chain is listed after every chain it names, and names fit the kernel.
+        let mut defined = std::collections::BTreeSet::from([passed.to_string()]);
+        for (name, rules) in &chains.index {
+            assert!(name.len() <= super::super::names::MAX_CHAIN_NAME, "{name}");
+            for rule in rules {
+                if let Some(target) = rule.split("-g ").nth(1) {
+                    assert!(defined.contains(target), "{name}: {rule} before {target}");
+                }
+            }
+            defined.insert(name.clone());
+        }
+        // A leaf: port 1005's Deny, then the any-port Accept, then what follows the tier.
+        let leaf = chains
+            .index
+            .iter()
+            .find(|(_, rules)| rules.iter().any(|r| r.contains("--dport 1005 ")))
+            .expect("port 1005's leaf");
+        assert_eq!(leaf.1.len(), 3, "{leaf:#?}");
+        assert!(leaf.1[1].contains("rule 20 Accept"), "{leaf:#?}");
+        assert_eq!(leaf.1[2], format!("-g {passed}"));
     }
 
     #[test]

@@ -30,19 +30,26 @@ const MAX_CHAINS: usize = 0x1000;
 
 const PROTOCOLS: [Protocol; 3] = [Protocol::Tcp, Protocol::Udp, Protocol::Sctp];
 
+/// Where a jump of the index goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Target {
+    /// The index chain at this position.
+    Chain(usize),
+    /// What follows the tier (a leaf that no rule matches needs no chain of its own).
+    Continue,
+}
+
 /// One rule of an index chain.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Step {
     /// The tier's rule at this position.
     Rule(usize),
-    /// `-p P -g CHAIN`.
-    Protocol(Protocol, usize),
-    /// `-p P --dport FIRST:LAST -g CHAIN`.
-    Ports(Protocol, u16, u16, usize),
-    /// `-g CHAIN`.
-    Goto(usize),
-    /// `-g` what follows the tier.
-    Continue,
+    /// `-p P` to the target.
+    Protocol(Protocol, Target),
+    /// `-p P --dport FIRST:LAST` to the target.
+    Ports(Protocol, u16, u16, Target),
+    /// To the target, whatever the packet.
+    Goto(Target),
 }
 
 /// A tier as a head (in the chain that held the tier, before what follows it) and its
@@ -144,15 +151,21 @@ fn intervals(ports: &[Ports], protocol: Protocol) -> Vec<Interval> {
     out
 }
 
-/// The chain (its position in `chains`) that sends a packet of `protocol` in `leaves`
-/// to its leaf: a node splits the intervals in two halves.
-fn tree(protocol: Protocol, leaves: &[Interval], chains: &mut Vec<Vec<Step>>) -> usize {
+/// Where a packet of `protocol` in `leaves` goes to meet its leaf's rules: a chain
+/// (its position in `chains`) that splits the intervals in two halves, or the leaf's;
+/// a leaf without rules is what follows the tier.
+fn tree(protocol: Protocol, leaves: &[Interval], chains: &mut Vec<Vec<Step>>) -> Target {
+    if let [leaf] = leaves {
+        if leaf.rules.is_empty() {
+            return Target::Continue;
+        }
+    }
     let me = chains.len();
     chains.push(Vec::new());
     chains[me] = match leaves {
         [leaf] => {
             let mut steps: Vec<Step> = leaf.rules.iter().map(|i| Step::Rule(*i)).collect();
-            steps.push(Step::Continue);
+            steps.push(Step::Goto(Target::Continue));
             steps
         }
         _ => {
@@ -163,7 +176,7 @@ fn tree(protocol: Protocol, leaves: &[Interval], chains: &mut Vec<Vec<Step>>) ->
             vec![Step::Ports(protocol, first, last, l), Step::Goto(r)]
         }
     };
-    me
+    Target::Chain(me)
 }
 
 #[cfg(test)]
@@ -197,28 +210,28 @@ mod tests {
             hops += 1;
             assert!(hops < 64, "a loop in the index");
             for step in chain {
-                match *step {
+                let target = match *step {
                     Step::Rule(i) => {
                         if peer[i] && matches(&ports[i], packet) {
                             return Some(i);
                         }
+                        continue;
                     }
-                    Step::Protocol(p, c) if packet.0 == Some(p) => {
-                        chain = &index.chains[c];
-                        continue 'chain;
-                    }
-                    Step::Ports(p, first, last, c)
+                    Step::Protocol(p, t) if packet.0 == Some(p) => t,
+                    Step::Ports(p, first, last, t)
                         if packet.0 == Some(p) && first <= packet.1 && packet.1 <= last =>
                     {
+                        t
+                    }
+                    Step::Goto(t) => t,
+                    _ => continue,
+                };
+                match target {
+                    Target::Chain(c) => {
                         chain = &index.chains[c];
                         continue 'chain;
                     }
-                    Step::Goto(c) => {
-                        chain = &index.chains[c];
-                        continue 'chain;
-                    }
-                    Step::Continue => return None,
-                    _ => {}
+                    Target::Continue => return None,
                 }
             }
             return None;
@@ -293,11 +306,13 @@ mod tests {
             for step in chain {
                 tested += 1;
                 match *step {
-                    Step::Protocol(_, c) => next = Some(c),
-                    Step::Ports(_, first, last, c) if (first..=last).contains(&20500) => {
+                    Step::Protocol(_, Target::Chain(c)) => next = Some(c),
+                    Step::Ports(_, first, last, Target::Chain(c))
+                        if (first..=last).contains(&20500) =>
+                    {
                         next = Some(c)
                     }
-                    Step::Goto(c) => next = Some(c),
+                    Step::Goto(Target::Chain(c)) => next = Some(c),
                     Step::Rule(i) => {
                         assert_eq!(i, 500);
                         next = None;
