@@ -339,7 +339,7 @@ mod tests {
                 last: 80,
             }),
         };
-        assert_eq!(index(&vec![one; INDEX_FROM_RULES - 1]), None);
-        assert_eq!(index(&vec![Ports::All; 100]), None);
+        assert_eq!(index(&[one; INDEX_FROM_RULES - 1]), None);
+        assert_eq!(index(&[Ports::All; 100]), None);
     }
 }
