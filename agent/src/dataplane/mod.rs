@@ -7,7 +7,6 @@ pub mod ebpf;
 use serde::{Deserialize, Serialize};
 
 pub mod iptables;
-pub mod netlink;
 pub mod new_pods;
 pub mod node_addresses;
 pub mod none;

@@ -53,23 +53,12 @@ pub fn interface_for(addr: IpAddr) -> Result<(String, u32), String> {
 }
 
 pub fn ifindex(name: &str) -> Option<u32> {
-    let c = std::ffi::CString::new(name).ok()?;
-    // SAFETY: c is a valid NUL-terminated string.
-    let i = unsafe { libc::if_nametoindex(c.as_ptr()) };
-    (i != 0).then_some(i)
+    crate::sys::interfaces::index(name)
 }
 
 /// The name of interface `ifindex`, if it exists.
 pub fn ifname(ifindex: u32) -> Option<String> {
-    let mut buf = [0 as libc::c_char; libc::IF_NAMESIZE];
-    // SAFETY: buf has IF_NAMESIZE bytes, as if_indextoname requires.
-    let p = unsafe { libc::if_indextoname(ifindex, buf.as_mut_ptr()) };
-    if p.is_null() {
-        return None;
-    }
-    // SAFETY: on success buf holds a NUL-terminated name.
-    let name = unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) };
-    Some(name.to_string_lossy().into_owned())
+    crate::sys::interfaces::name(ifindex)
 }
 
 /// Interfaces that have a pinned TCX link under the pin root.

@@ -2,9 +2,9 @@
 //! [`NFLOG_GROUP`] (nfnetlink_log, in the agent's network namespace) and turns each packet
 //! into a [`VerdictRecord`], naming the pod from the hash in the rule's prefix.
 
-use std::os::fd::AsRawFd;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::Duration;
 
 use netlink_packet_core::{NetlinkMessage, NetlinkPayload};
 use netlink_packet_netfilter::nflog::{
@@ -99,13 +99,10 @@ pub fn tap(pods: PodsByHash, tx: Arc<VerdictTx>) -> Result<VerdictTap, Dataplane
     VerdictTap::spawn("weir-nflog-tap", move |stop| {
         let mut buf = vec![0u8; 1 << 16];
         while !stop.load(Ordering::Relaxed) {
-            let mut pfd = libc::pollfd {
-                fd: socket.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            };
-            // SAFETY: pfd is a valid pollfd for the duration of the call.
-            if unsafe { libc::poll(&mut pfd, 1, 200) } <= 0 {
+            if !matches!(
+                crate::sys::poll::readable(&socket, Duration::from_millis(200)),
+                Ok(true)
+            ) {
                 continue;
             }
             let n = match socket.recv(&mut &mut buf[..], libc::MSG_DONTWAIT) {
