@@ -25,7 +25,7 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use aya::maps::{MapData, MapInfo};
+use aya::maps::{MapData, MapError, MapInfo};
 use aya_obj::{maps::PinningType, Object};
 
 use super::{config::EbpfConfig, loader, pins::PinLayout};
@@ -50,10 +50,10 @@ impl Shape {
             && self.value_size == other.value_size
     }
 
-    pub fn of_pin(path: &Path) -> Result<Shape, String> {
-        let info = MapInfo::from_pin(path).map_err(|e| e.to_string())?;
+    pub fn of_pin(path: &Path) -> Result<Shape, MapError> {
+        let info = MapInfo::from_pin(path)?;
         Ok(Shape {
-            map_type: info.map_type().map_err(|e| e.to_string())? as u32,
+            map_type: info.map_type()? as u32,
             key_size: info.key_size(),
             value_size: info.value_size(),
             max_entries: info.max_entries(),
