@@ -16,6 +16,7 @@ use netlink_sys::{constants::NETLINK_NETFILTER, Socket};
 use super::names::PodsByHash;
 use super::rules::{LogKind, LogPrefix, NFLOG_GROUP};
 use crate::dataplane::DataplaneError;
+use crate::exec::modules::ModuleError;
 use crate::verdicts::{VerdictRecord, VerdictTap, VerdictTx};
 
 /// Bytes of each packet the kernel copies: IPv6's header and the ports are enough.
@@ -25,7 +26,7 @@ const COPY_RANGE: u32 = 128;
 /// /proc/net/ip_tables_*, which exists once ip_tables is loaded: built-in kernels), loaded,
 /// or loadable. `Err` says why not: the log rules are then left out, and enforcement goes
 /// on without them.
-pub fn available() -> Result<(), String> {
+pub fn available() -> Result<(), ModuleError> {
     let registered = |list: &str, name: &str| {
         std::fs::read_to_string(format!("/proc/net/{list}"))
             .is_ok_and(|text| text.lines().any(|l| l.trim() == name))
