@@ -5,7 +5,9 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::select::{resolve, DataplaneChoice, Effective, Fallback, FallbackCause};
+use super::select::{
+    resolve, DataplaneChoice, EbpfUnavailable, Effective, Fallback, FallbackCause,
+};
 use crate::dataplane::{ApplyReport, Dataplane, DataplaneError, DataplaneKind, Scope};
 use crate::verdicts::{VerdictTap, VerdictTx};
 use weir_policy::desired::Desired;
@@ -42,11 +44,11 @@ pub struct CleanupReport {
 /// dataplanes and calls the shared reset; tests can supply their own.
 pub trait Backends: Send {
     /// Whether this kernel can run the eBPF programs; the reason when not.
-    fn probe_ebpf(&self) -> Result<(), String>;
+    fn probe_ebpf(&self) -> Result<(), EbpfUnavailable>;
     /// The same without what building the eBPF dataplane proves anyway (the verifier's
     /// verdict on the programs, which costs a second load of them): for the start, where a
     /// failed build falls back to iptables with the kernel's reason.
-    fn probe_ebpf_before_build(&self) -> Result<(), String> {
+    fn probe_ebpf_before_build(&self) -> Result<(), EbpfUnavailable> {
         self.probe_ebpf()
     }
     fn build(&self, kind: DataplaneKind) -> Result<Box<dyn Dataplane>, DataplaneError>;

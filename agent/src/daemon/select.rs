@@ -105,11 +105,22 @@ impl FallbackCause {
     }
 }
 
+/// Why the eBPF dataplane cannot run on this node.
+#[derive(Debug, thiserror::Error)]
+pub enum EbpfUnavailable {
+    /// The kernel lacks what the programs need, or the verifier refuses them.
+    #[error(transparent)]
+    Kernel(#[from] crate::dataplane::ebpf::ProbeError),
+    /// Another agent's rules use the packet mark bits the programs use.
+    #[error(transparent)]
+    MarkBits(#[from] crate::netfilter::marks::MarkBitsTaken),
+}
+
 /// Resolves a choice against the kernel. An explicit `ebpf` on a kernel that cannot run
 /// the programs falls back to iptables as well: enforcing something beats enforcing nothing.
 pub fn resolve(
     choice: DataplaneChoice,
-    probe_ebpf: impl FnOnce() -> Result<(), String>,
+    probe_ebpf: impl FnOnce() -> Result<(), EbpfUnavailable>,
 ) -> Effective {
     match choice {
         DataplaneChoice::None => Effective {
@@ -146,10 +157,14 @@ mod tests {
             resolve(DataplaneChoice::Auto, || Ok(())).kind,
             DataplaneKind::Ebpf
         );
-        let e = resolve(DataplaneChoice::Auto, || Err("no BTF".into()));
+        let lacks = |map_type| Err(crate::dataplane::ebpf::ProbeError::NoMapType(map_type).into());
+        let e = resolve(DataplaneChoice::Auto, || lacks("RINGBUF"));
         assert_eq!(e.kind, DataplaneKind::Iptables);
-        assert!(e.fallback_reason().unwrap().contains("no BTF"));
-        let e = resolve(DataplaneChoice::Ebpf, || Err("no clsact".into()));
+        assert!(e
+            .fallback_reason()
+            .unwrap()
+            .contains("eBPF unavailable: BPF map type RINGBUF is not supported"));
+        let e = resolve(DataplaneChoice::Ebpf, || lacks("LPM_TRIE"));
         assert_eq!(e.kind, DataplaneKind::Iptables);
         let e = resolve(DataplaneChoice::Iptables, || {
             panic!("iptables needs no probe")

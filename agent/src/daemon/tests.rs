@@ -23,13 +23,13 @@ struct World {
     daemon: Daemon<RecordingNode>,
 }
 
-fn world(tag: &str, ebpf: Result<(), String>, undeletable: Vec<&'static str>) -> World {
+fn world(tag: &str, ebpf: Result<(), &'static str>, undeletable: Vec<&'static str>) -> World {
     world_choosing(tag, ebpf, undeletable, DataplaneChoice::Auto)
 }
 
 fn world_choosing(
     tag: &str,
-    ebpf: Result<(), String>,
+    ebpf: Result<(), &'static str>,
     undeletable: Vec<&'static str>,
     default_choice: DataplaneChoice,
 ) -> World {
@@ -142,11 +142,14 @@ fn status_says_when_the_applied_change_was_received() {
 
 #[test]
 fn fallback_reason_reaches_the_status() {
-    let mut w = world("fallback", Err("no BTF".into()), vec![]);
+    let mut w = world("fallback", Err("RINGBUF"), vec![]);
     w.daemon.handle(batch(1, vec![]));
     let s = w.status();
     assert_eq!(s.dataplane, Some(DataplaneKind::Iptables));
-    assert!(s.fallback_reason.unwrap().contains("no BTF"));
+    assert!(s
+        .fallback_reason
+        .unwrap()
+        .contains("BPF map type RINGBUF is not supported"));
     assert_eq!(
         w.take_log(),
         ["build iptables", "reconcile iptables", "cleanup ebpf+npm"]

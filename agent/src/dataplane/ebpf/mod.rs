@@ -61,7 +61,7 @@ pub use config::{EbpfConfig, DEFAULT_IDENTITY_ENTRIES, DEFAULT_PIN_ROOT, DEFAULT
 pub use hooks::{AttachMode, Role, PENDING_ENDPOINT_ID};
 pub use loader::{Preload, OBJECT as EMBEDDED_OBJECT};
 pub use migrate::{expected as expected_map_shapes, Shape as MapShape};
-pub use probe::{kernel_lacks, probe, probe_kernel, MIN_KERNEL};
+pub use probe::{kernel_lacks, probe, probe_kernel, ProbeError, MIN_KERNEL};
 
 use self::{
     kernel_state::KernelState,
