@@ -36,6 +36,7 @@ use super::{
     pins::PinLayout,
 };
 use crate::dataplane::new_pods::NewPodIsolation;
+use crate::dataplane::DataplaneError;
 use crate::sys::netlink::{self, RTMGRP_LINK, RTM_DELLINK, RTM_NEWLINK};
 
 /// No address either: anything it sends is also a spoof.
@@ -61,7 +62,7 @@ pub struct Isolator {
 impl Isolator {
     /// Isolates interface `ifindex` unless it has an ENDPOINT entry already (a known pod,
     /// or isolated before). Returns whether it did.
-    pub fn isolate(&self, ifname: &str, ifindex: u32) -> Result<bool, String> {
+    pub fn isolate(&self, ifname: &str, ifindex: u32) -> Result<bool, DataplaneError> {
         if !self.filter.applies_to(ifname) {
             return Ok(false);
         }
@@ -74,7 +75,7 @@ impl Isolator {
             Err(MapError::SyscallError(e)) if e.io_error.raw_os_error() == Some(libc::EEXIST) => {
                 return Ok(false)
             }
-            Err(e) => return Err(format!("pending ENDPOINT entry: {e}")),
+            Err(e) => return Err(DataplaneError::map("pending ENDPOINT entry", e)),
         }
         // Always a netlink clsact filter, even where the endpoints get TCX links: both
         // hooks take about 0.3 ms, where each TCX link waits for an RCU grace period
@@ -92,7 +93,7 @@ impl Isolator {
         ) {
             // An entry without programs would only mislead: the next scan retries.
             let _ = endpoint.remove(&ifindex);
-            return Err(e.to_string());
+            return Err(e);
         }
         tracing::info!(
             interface = ifname,
@@ -107,7 +108,7 @@ impl Isolator {
     /// through it is judged after DNAT from its first packet, not from the next converge
     /// (which records the interface, attaches its TCX link where the kernel has TCX, and
     /// removes the filter). Returns whether it attached.
-    pub fn cover_leaving(&self, ifname: &str, ifindex: u32) -> Result<bool, String> {
+    pub fn cover_leaving(&self, ifname: &str, ifindex: u32) -> Result<bool, DataplaneError> {
         if ifname == "lo"
             || self.filter.applies_to(ifname)
             || self.layout.link(ifindex, "egress").exists()
@@ -132,8 +133,7 @@ impl Isolator {
             AttachMode::Netlink,
             Role::Leaving,
             false,
-        )
-        .map_err(|e| e.to_string())?;
+        )?;
         Ok(true)
     }
 
@@ -149,7 +149,7 @@ impl Isolator {
     }
 
     /// Isolates every matching interface of this namespace that has no entry yet.
-    pub fn scan(&self) -> Vec<(String, String)> {
+    pub fn scan(&self) -> Vec<(String, DataplaneError)> {
         let mut errors = Vec::new();
         for (ifindex, ifname) in interfaces() {
             if let Err(e) = self.isolate(&ifname, ifindex) {
