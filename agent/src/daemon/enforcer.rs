@@ -91,7 +91,7 @@ pub struct Enforcer<B: Backends> {
     /// Why the last switch did not happen, until one succeeds.
     switch_error: Option<String>,
     /// Where the active dataplane's verdicts go, and its reader (`Err`: why it has none).
-    verdicts: Option<(Arc<VerdictTx>, Result<VerdictTap, String>)>,
+    verdicts: Option<(Arc<VerdictTx>, Result<VerdictTap, DataplaneError>)>,
 }
 
 impl<B: Backends> Enforcer<B> {
@@ -167,7 +167,7 @@ impl<B: Backends> Enforcer<B> {
         self.verdicts = Some((tx, tap));
     }
 
-    fn open_tap(&self, tx: &Arc<VerdictTx>) -> Result<VerdictTap, String> {
+    fn open_tap(&self, tx: &Arc<VerdictTx>) -> Result<VerdictTap, DataplaneError> {
         let kind = self.effective.kind;
         match self.active.verdict_tap(tx.clone()) {
             Ok(tap) => {
@@ -176,13 +176,13 @@ impl<B: Backends> Enforcer<B> {
             }
             Err(e) => {
                 tracing::warn!(dataplane = %kind, error = %e, "no verdict stream from this dataplane; enforcement is unaffected");
-                Err(e.to_string())
+                Err(e)
             }
         }
     }
 
     /// Why the active dataplane's verdicts are not read, when they are not.
-    pub fn verdict_tap_error(&self) -> Option<&str> {
+    pub fn verdict_tap_error(&self) -> Option<&DataplaneError> {
         match &self.verdicts {
             Some((_, Err(e))) => Some(e),
             _ => None,
