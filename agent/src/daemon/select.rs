@@ -37,16 +37,19 @@ impl fmt::Display for DataplaneChoice {
     }
 }
 
+/// A node's dataplane label value that is not a choice.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("label {DATAPLANE_LABEL}={0:?} is not one of ebpf, iptables, auto")]
+pub struct LabelValueError(pub String);
+
 impl FromStr for DataplaneChoice {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = LabelValueError;
+    fn from_str(s: &str) -> Result<Self, LabelValueError> {
         match s {
             "ebpf" => Ok(DataplaneChoice::Ebpf),
             "iptables" => Ok(DataplaneChoice::Iptables),
             "auto" => Ok(DataplaneChoice::Auto),
-            other => Err(format!(
-                "label {DATAPLANE_LABEL}={other:?} is not one of ebpf, iptables, auto"
-            )),
+            other => Err(LabelValueError(other.to_string())),
         }
     }
 }
@@ -54,7 +57,7 @@ impl FromStr for DataplaneChoice {
 /// The choice a node's labels make, `None` when the label is absent.
 pub fn choice_from_labels(
     labels: Option<&BTreeMap<String, String>>,
-) -> Option<Result<DataplaneChoice, String>> {
+) -> Option<Result<DataplaneChoice, LabelValueError>> {
     labels
         .and_then(|l| l.get(DATAPLANE_LABEL))
         .map(|v| v.parse())
@@ -191,7 +194,10 @@ mod tests {
             Some(Ok(DataplaneChoice::Iptables))
         );
         l.insert(DATAPLANE_LABEL.to_string(), "nft".to_string());
-        let err = choice_from_labels(Some(&l)).unwrap().unwrap_err();
+        let err = choice_from_labels(Some(&l))
+            .unwrap()
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("\"nft\"") && err.contains(DATAPLANE_LABEL));
         // The benchmarks' dataplane is a flag only: a label cannot switch enforcement off.
         l.insert(DATAPLANE_LABEL.to_string(), "none".to_string());

@@ -371,7 +371,7 @@ fn resync_before_the_first_complete_state_touches_nothing() {
         !w.status.exists(),
         "a status was published before the first sync"
     );
-    let reason = w.health.readiness().unwrap_err();
+    let reason = w.health.readiness().unwrap_err().to_string();
     assert!(
         reason.contains("waiting for the first complete"),
         "{reason}"
@@ -396,14 +396,14 @@ fn readiness_names_the_kinds_still_listing_then_the_dataplane_error() {
     ));
     let health = Health::new(progress.clone(), Duration::from_secs(5));
     progress.done("namespaces");
-    let reason = health.readiness().unwrap_err();
+    let reason = health.readiness().unwrap_err().to_string();
     assert!(
         reason.contains("list of pods, networkpolicies, node;"),
         "{reason}"
     );
     progress.complete();
     assert_eq!(
-        health.readiness().unwrap_err(),
+        health.readiness().unwrap_err().to_string(),
         "the dataplane has not converged yet"
     );
 }
@@ -415,7 +415,10 @@ fn liveness_fails_when_the_loop_stops_turning() {
     let t0 = Instant::now();
     health.beat_at(t0);
     assert!(health.liveness_at(t0 + Duration::from_secs(4)).is_ok());
-    let stuck = health.liveness_at(t0 + Duration::from_secs(6)).unwrap_err();
+    let stuck = health
+        .liveness_at(t0 + Duration::from_secs(6))
+        .unwrap_err()
+        .to_string();
     assert!(stuck.contains("has not turned"), "{stuck}");
     // The loop turns again: live again.
     health.beat_at(t0 + Duration::from_secs(6));
