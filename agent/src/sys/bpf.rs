@@ -215,3 +215,22 @@ pub fn read_pod<T: aya::Pod>(bytes: &[u8]) -> Option<T> {
     // invalid bit patterns.
     Some(unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast::<T>()) })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pods_are_read_from_records_long_enough() {
+        let event = weir_common::Counter {
+            packets: 7,
+            bytes: 1500,
+        };
+        let mut bytes = vec![0u8];
+        bytes.extend_from_slice(&7u64.to_ne_bytes());
+        bytes.extend_from_slice(&1500u64.to_ne_bytes());
+        // Unaligned on purpose: the record starts at an odd offset.
+        assert_eq!(read_pod::<weir_common::Counter>(&bytes[1..]), Some(event));
+        assert!(read_pod::<weir_common::Counter>(&bytes[1..16]).is_none());
+    }
+}

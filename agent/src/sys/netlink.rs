@@ -240,4 +240,68 @@ mod tests {
             vec![(RTM_NEWLINK, 7, Some("lxc1".to_string()))]
         );
     }
+
+    /// An RTM_NEWNSID answer: nlmsghdr(16) + rtgenmsg(4) + the given attributes.
+    fn nsid_answer(attrs: &[(u16, i32)]) -> Vec<u8> {
+        let len = 20 + 8 * attrs.len();
+        let mut m = Vec::new();
+        m.extend_from_slice(&(len as u32).to_ne_bytes());
+        m.extend_from_slice(&RTM_NEWNSID.to_ne_bytes());
+        m.extend_from_slice(&[0; 10]);
+        m.extend_from_slice(&[0; 4]);
+        for (kind, value) in attrs {
+            m.extend_from_slice(&8u16.to_ne_bytes());
+            m.extend_from_slice(&kind.to_ne_bytes());
+            m.extend_from_slice(&value.to_ne_bytes());
+        }
+        m
+    }
+
+    #[test]
+    fn parses_nsid_answers_and_errors() {
+        assert_eq!(
+            parse_nsid(&nsid_answer(&[(NETNSA_NSID, 3)])).unwrap(),
+            Some(3)
+        );
+        // Another attribute first, then the id.
+        assert_eq!(
+            parse_nsid(&nsid_answer(&[(2, 9), (NETNSA_NSID, 0)])).unwrap(),
+            Some(0)
+        );
+        // -1: the namespace has no id here.
+        assert_eq!(
+            parse_nsid(&nsid_answer(&[(NETNSA_NSID, -1)])).unwrap(),
+            None
+        );
+        assert_eq!(parse_nsid(&nsid_answer(&[])).unwrap(), None);
+        // NLMSG_ERROR carries the negated errno after the header.
+        let mut error = vec![0u8; 20];
+        error[0..4].copy_from_slice(&20u32.to_ne_bytes());
+        error[4..6].copy_from_slice(&(libc::NLMSG_ERROR as u16).to_ne_bytes());
+        error[16..20].copy_from_slice(&(-libc::EINVAL).to_ne_bytes());
+        assert_eq!(
+            parse_nsid(&error).unwrap_err().raw_os_error(),
+            Some(libc::EINVAL)
+        );
+        assert_eq!(
+            parse_nsid(&[1, 2]).unwrap_err().kind(),
+            io::ErrorKind::InvalidData
+        );
+    }
+
+    #[test]
+    fn nsid_requests_are_one_netlink_message() {
+        let req = nsid_request(42);
+        assert_eq!(req.len(), 28);
+        assert_eq!(u32::from_ne_bytes(req[0..4].try_into().unwrap()), 28);
+        assert_eq!(
+            u16::from_ne_bytes(req[4..6].try_into().unwrap()),
+            RTM_GETNSID
+        );
+        assert_eq!(
+            u16::from_ne_bytes(req[22..24].try_into().unwrap()),
+            NETNSA_FD
+        );
+        assert_eq!(u32::from_ne_bytes(req[24..28].try_into().unwrap()), 42);
+    }
 }

@@ -20,3 +20,18 @@ pub fn readable(fd: impl AsFd, timeout: Duration) -> io::Result<bool> {
     }
     Ok(rc > 0)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+    use std::os::unix::net::UnixStream;
+
+    #[test]
+    fn readable_once_written_to() {
+        let (mut a, b) = UnixStream::pair().unwrap();
+        assert!(!readable(&b, Duration::ZERO).unwrap());
+        a.write_all(b"x").unwrap();
+        assert!(readable(&b, Duration::from_secs(5)).unwrap());
+    }
+}
