@@ -211,18 +211,18 @@ pub fn watch(isolator: Arc<Isolator>) -> io::Result<LinkWatch> {
                     Ok(n) => n,
                     Err(e) => {
                         match e.raw_os_error() {
-                        Some(libc::EAGAIN | libc::EINTR) => {}
-                        // Events were lost: look at every interface instead.
-                        Some(libc::ENOBUFS) => {
-                            for (ifname, e) in isolator.scan() {
-                                tracing::warn!(interface = ifname, "not isolated: {e}");
+                            Some(libc::EAGAIN | libc::EINTR) => {}
+                            // Events were lost: look at every interface instead.
+                            Some(libc::ENOBUFS) => {
+                                for (ifname, e) in isolator.scan() {
+                                    tracing::warn!(interface = ifname, "not isolated: {e}");
+                                }
+                            }
+                            _ => {
+                                tracing::warn!("link watch failed: {e}");
+                                std::thread::sleep(Duration::from_millis(200));
                             }
                         }
-                        _ => {
-                            tracing::warn!("link watch failed: {e}");
-                            std::thread::sleep(Duration::from_millis(200));
-                        }
-                    }
                         continue;
                     }
                 };
