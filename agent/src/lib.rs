@@ -22,4 +22,5 @@ pub mod reset;
 pub mod source;
 pub mod status_cli;
 pub mod stdout;
+pub mod sys;
 pub mod verdicts;

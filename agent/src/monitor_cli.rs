@@ -4,7 +4,7 @@
 use std::io::{BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
@@ -40,18 +40,8 @@ pub struct MonitorArgs {
 
 const DEFAULT_ADDRESS: &str = "127.0.0.1:9402";
 
-static STOP: AtomicBool = AtomicBool::new(false);
-
-extern "C" fn on_signal(_: libc::c_int) {
-    STOP.store(true, Ordering::SeqCst);
-}
-
 pub fn run(args: MonitorArgs) -> anyhow::Result<()> {
-    // SAFETY: the handler only stores to an atomic.
-    unsafe {
-        libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
-        libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);
-    }
+    crate::sys::process::catch_stop_signals();
     if let Some(root) = &args.bpf_root {
         return ring(root, &args);
     }
@@ -76,7 +66,12 @@ pub fn run(args: MonitorArgs) -> anyhow::Result<()> {
 }
 
 fn ring(root: &std::path::Path, args: &MonitorArgs) -> anyhow::Result<()> {
-    crate::dataplane::ebpf::monitor::run(root, args.output, args.allow, &STOP)?;
+    crate::dataplane::ebpf::monitor::run(
+        root,
+        args.output,
+        args.allow,
+        crate::sys::process::stop_flag(),
+    )?;
     Ok(())
 }
 
@@ -95,7 +90,7 @@ fn from_agent(mut stream: TcpStream, addr: SocketAddr, args: &MonitorArgs) -> an
     let mut line = String::new();
     let mut in_head = true;
     let stdout = std::io::stdout();
-    while !STOP.load(Ordering::SeqCst) {
+    while !crate::sys::process::stop_flag().load(Ordering::SeqCst) {
         match reader.read_line(&mut line) {
             Ok(0) => {
                 if in_head {

@@ -132,7 +132,7 @@ impl ObjectSet {
 
 /// A protocol name as Kubernetes spells it (`TCP`, `UDP`, `SCTP`).
 pub fn parse_protocol(name: &str) -> Result<Protocol, String> {
-    weir_policy::model::parse_protocol(Some(name))
+    weir_policy::model::parse_protocol(Some(name)).map_err(|e| e.to_string())
 }
 
 fn set_namespace(object: &mut Object, namespace: Option<&str>) {

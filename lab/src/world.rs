@@ -109,7 +109,7 @@ fn create_bridge(node: &str, net: &PodNetwork) -> Result<(), LabError> {
     // A module in distribution kernels, not loaded by creating a bridge (kubelet loads it).
     if !std::path::Path::new("/proc/sys/net/bridge").exists() {
         weir::exec::modules::load("br_netfilter")
-            .map_err(|why| LabError::invalid("--topology bridge", why))?;
+            .map_err(|why| LabError::invalid("--topology bridge", why.to_string()))?;
     }
     for key in [
         "net.bridge.bridge-nf-call-iptables",

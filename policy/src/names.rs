@@ -69,10 +69,22 @@ pub fn port_name_problem(name: &str) -> Option<String> {
 }
 
 /// Parses a CIDR as the API server does; host bits are allowed and cleared.
-pub fn parse_cidr(text: &str) -> Result<IpNet, String> {
+pub fn parse_cidr(text: &str) -> Result<IpNet, CidrError> {
     text.parse::<IpNet>()
         .map(|net| net.trunc())
-        .map_err(|_| format!("invalid CIDR {text:?}"))
+        .map_err(|source| CidrError {
+            text: text.to_owned(),
+            source,
+        })
+}
+
+/// A CIDR that does not parse.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("invalid CIDR {text:?}")]
+pub struct CidrError {
+    pub text: String,
+    #[source]
+    source: ipnet::AddrParseError,
 }
 
 #[cfg(test)]

@@ -157,11 +157,11 @@ fn parse_peer(
             ));
         }
         let cidr = parse_cidr(&block.cidr)
-            .map_err(|r| FieldError::new(&format!("{field}.ipBlock.cidr"), r))?;
+            .map_err(|e| FieldError::new(&format!("{field}.ipBlock.cidr"), e.to_string()))?;
         let mut except = BTreeSet::new();
         for (k, text) in block.except.iter().flatten().enumerate() {
             let f = format!("{field}.ipBlock.except[{k}]");
-            let net = parse_cidr(text).map_err(|r| FieldError::new(&f, r))?;
+            let net = parse_cidr(text).map_err(|e| FieldError::new(&f, e.to_string()))?;
             if !(cidr.contains(&net) && net.prefix_len() > cidr.prefix_len()) {
                 return Err(FieldError::new(
                     &f,
@@ -192,7 +192,7 @@ fn parse_peer(
 
 fn parse_port(field: &str, port: &NetworkPolicyPort) -> Result<PortSpec, FieldError> {
     let protocol = parse_protocol(port.protocol.as_deref())
-        .map_err(|r| FieldError::new(&format!("{field}.protocol"), r))?;
+        .map_err(|e| FieldError::new(&format!("{field}.protocol"), e.to_string()))?;
     let in_range = |n: i32, f: &str| {
         u16::try_from(n).ok().filter(|n| *n != 0).ok_or_else(|| {
             FieldError::new(

@@ -415,7 +415,9 @@ fn another_agents_mark_bits_keep_the_node_off_ebpf() {
     };
     let probe = |ns: &str| {
         weir_tests::pods::run_in(ns, || {
-            weir::daemon::node::NodeBackends::new("/sys/fs/bpf/weir-unused".into()).probe_ebpf()
+            weir::daemon::node::NodeBackends::new("/sys/fs/bpf/weir-unused".into())
+                .probe_ebpf()
+                .map_err(|e| e.to_string())
         })
     };
     iptables(&["-t", "nat", "-N", "KUBE-MARK-MASQ"]);

@@ -13,6 +13,8 @@
 //!   module. The check reads the source text rather than the compiler's resolution (a
 //!   file's `#[cfg(test)]` part is left out); it is the paths this project writes, and a
 //!   miss errs towards a cycle going unreported, never towards a false one.
+//! - Leaf modules use none of their siblings: the agent's `sys` (raw OS interfaces) is
+//!   below everything else in the agent.
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -56,6 +58,15 @@ const CRATES: &[&str] = &[
 /// and so does an entry here that is gone or has changed, so that this list stays exactly
 /// what remains.
 const KNOWN: &[(&str, &str, &[&str], &str)] = &[];
+
+/// Modules that must use none of their siblings: (crate directory, parent module, module,
+/// what it is).
+const LEAVES: &[(&str, &str, &str, &str)] = &[(
+    "agent/src",
+    "crate",
+    "sys",
+    "raw OS interfaces, below everything else in the agent",
+)];
 
 pub fn run() -> Result<()> {
     let impure = impure_dependencies()?;
@@ -118,6 +129,23 @@ pub fn run() -> Result<()> {
                 }
             }
         }
+        for (_, parent, leaf, what) in LEAVES.iter().filter(|l| l.0 == *dir) {
+            let graph = graphs.iter().find(|(path, _)| match path.is_empty() {
+                true => *parent == "crate",
+                false => path.join("::") == *parent,
+            });
+            match graph.and_then(|(_, g)| g.get(*leaf)) {
+                None => failures.push(format!(
+                    "{dir}: in {parent}: no module {leaf}: update structure.rs's LEAVES"
+                )),
+                Some(uses) if !uses.is_empty() => failures.push(format!(
+                    "{dir}: in {parent}: {leaf} ({what}) must use none of its siblings, but \
+                     uses {}",
+                    uses.iter().cloned().collect::<Vec<_>>().join(", ")
+                )),
+                Some(_) => println!("{dir}: in {parent}: {leaf} uses none of its siblings"),
+            }
+        }
         for k in known {
             failures.push(format!(
                 "{dir}: in {}: the known cycle of {} is gone or changed: update structure.rs's \
@@ -138,7 +166,7 @@ pub fn run() -> Result<()> {
     if !failures.is_empty() {
         bail!(
             "modules use their siblings in a cycle (move what both need into one module \
-             that both import):\n  {}",
+             that both import) or a leaf uses a sibling (move the use out of it):\n  {}",
             failures.join("\n  ")
         );
     }

@@ -5,7 +5,9 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::select::{resolve, DataplaneChoice, Effective, Fallback, FallbackCause};
+use super::select::{
+    resolve, DataplaneChoice, EbpfUnavailable, Effective, Fallback, FallbackCause,
+};
 use crate::dataplane::{ApplyReport, Dataplane, DataplaneError, DataplaneKind, Scope};
 use crate::verdicts::{VerdictTap, VerdictTx};
 use weir_policy::desired::Desired;
@@ -42,11 +44,11 @@ pub struct CleanupReport {
 /// dataplanes and calls the shared reset; tests can supply their own.
 pub trait Backends: Send {
     /// Whether this kernel can run the eBPF programs; the reason when not.
-    fn probe_ebpf(&self) -> Result<(), String>;
+    fn probe_ebpf(&self) -> Result<(), EbpfUnavailable>;
     /// The same without what building the eBPF dataplane proves anyway (the verifier's
     /// verdict on the programs, which costs a second load of them): for the start, where a
     /// failed build falls back to iptables with the kernel's reason.
-    fn probe_ebpf_before_build(&self) -> Result<(), String> {
+    fn probe_ebpf_before_build(&self) -> Result<(), EbpfUnavailable> {
         self.probe_ebpf()
     }
     fn build(&self, kind: DataplaneKind) -> Result<Box<dyn Dataplane>, DataplaneError>;
@@ -89,7 +91,7 @@ pub struct Enforcer<B: Backends> {
     /// Why the last switch did not happen, until one succeeds.
     switch_error: Option<String>,
     /// Where the active dataplane's verdicts go, and its reader (`Err`: why it has none).
-    verdicts: Option<(Arc<VerdictTx>, Result<VerdictTap, String>)>,
+    verdicts: Option<(Arc<VerdictTx>, Result<VerdictTap, DataplaneError>)>,
 }
 
 impl<B: Backends> Enforcer<B> {
@@ -165,7 +167,7 @@ impl<B: Backends> Enforcer<B> {
         self.verdicts = Some((tx, tap));
     }
 
-    fn open_tap(&self, tx: &Arc<VerdictTx>) -> Result<VerdictTap, String> {
+    fn open_tap(&self, tx: &Arc<VerdictTx>) -> Result<VerdictTap, DataplaneError> {
         let kind = self.effective.kind;
         match self.active.verdict_tap(tx.clone()) {
             Ok(tap) => {
@@ -174,13 +176,13 @@ impl<B: Backends> Enforcer<B> {
             }
             Err(e) => {
                 tracing::warn!(dataplane = %kind, error = %e, "no verdict stream from this dataplane; enforcement is unaffected");
-                Err(e.to_string())
+                Err(e)
             }
         }
     }
 
     /// Why the active dataplane's verdicts are not read, when they are not.
-    pub fn verdict_tap_error(&self) -> Option<&str> {
+    pub fn verdict_tap_error(&self) -> Option<&DataplaneError> {
         match &self.verdicts {
             Some((_, Err(e))) => Some(e),
             _ => None,

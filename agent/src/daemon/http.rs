@@ -124,22 +124,14 @@ fn respond(
         }
         return response;
     }
-    let text = |result: Result<(), String>, ok: &str| match result {
-        Ok(()) => (StatusCode::OK, "text/plain", format!("{ok}\n")),
-        Err(reason) => (
-            StatusCode::SERVICE_UNAVAILABLE,
-            "text/plain",
-            format!("{reason}\n"),
-        ),
-    };
     let (code, content_type, body) = match path {
         "/metrics" => (
             StatusCode::OK,
             "application/openmetrics-text; version=1.0.0; charset=utf-8",
             metrics.encode(),
         ),
-        "/healthz" => text(health.liveness(), "ok"),
-        "/readyz" => text(health.readiness(), "ready"),
+        "/healthz" => health_text(health.liveness(), "ok"),
+        "/readyz" => health_text(health.readiness(), "ready"),
         "/status" => {
             let report = reports.latest().unwrap_or_else(|| starting_report(health));
             match serde_json::to_string_pretty(&report) {
@@ -243,6 +235,21 @@ async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
             }
             other => return other,
         }
+    }
+}
+
+/// A health endpoint's answer: `ok` with 200, or why not with 503.
+fn health_text(
+    result: Result<(), impl std::fmt::Display>,
+    ok: &str,
+) -> (StatusCode, &'static str, String) {
+    match result {
+        Ok(()) => (StatusCode::OK, "text/plain", format!("{ok}\n")),
+        Err(reason) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "text/plain",
+            format!("{reason}\n"),
+        ),
     }
 }
 

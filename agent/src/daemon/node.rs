@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use super::enforcer::{Backends, Cleanup, CleanupReport};
+use super::select::EbpfUnavailable;
 use crate::dataplane::ebpf::{self, AttachMode, EbpfConfig, EbpfDataplane};
 use crate::dataplane::iptables::{IptablesConfig, IptablesDataplane};
 use crate::dataplane::new_pods::NewPodIsolation;
@@ -117,7 +118,7 @@ impl NodeBackends {
     /// The node's other rules leave the eBPF dataplane's packet mark bits alone (see
     /// [`crate::netfilter::marks`]); weir's chains and Azure NPM's, which the start-up
     /// cleanup removes, do not count.
-    fn ebpf_mark_bits_free(&self) -> Result<(), String> {
+    fn ebpf_mark_bits_free(&self) -> Result<(), crate::netfilter::marks::MarkBitsTaken> {
         let backend = self
             .iptables_backend
             .unwrap_or_else(crate::netfilter::backend::detect);
@@ -129,14 +130,14 @@ impl NodeBackends {
 }
 
 impl Backends for NodeBackends {
-    fn probe_ebpf(&self) -> Result<(), String> {
+    fn probe_ebpf(&self) -> Result<(), EbpfUnavailable> {
         ebpf::probe()?;
-        self.ebpf_mark_bits_free()
+        Ok(self.ebpf_mark_bits_free()?)
     }
 
-    fn probe_ebpf_before_build(&self) -> Result<(), String> {
+    fn probe_ebpf_before_build(&self) -> Result<(), EbpfUnavailable> {
         ebpf::probe_kernel()?;
-        self.ebpf_mark_bits_free()
+        Ok(self.ebpf_mark_bits_free()?)
     }
 
     fn build(&self, kind: DataplaneKind) -> Result<Box<dyn Dataplane>, DataplaneError> {

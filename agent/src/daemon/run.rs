@@ -87,12 +87,12 @@ impl Health {
 
     /// `Ok` when ready, else why not: the source still listing (with its last error), or
     /// the dataplane not converged (with its error).
-    pub fn readiness(&self) -> Result<(), String> {
+    pub fn readiness(&self) -> Result<(), NotReady> {
         if self.is_ready() {
             return Ok(());
         }
         if let Some(reason) = self.sync.reason() {
-            return Err(reason);
+            return Err(NotReady::Syncing(reason));
         }
         let converging = self
             .not_converged
@@ -100,8 +100,8 @@ impl Health {
             .unwrap_or_else(|e| e.into_inner())
             .clone();
         Err(match converging {
-            Some(e) => format!("the dataplane has not converged: {e}"),
-            None => "the dataplane has not converged yet".to_string(),
+            Some(e) => NotReady::Failed(e),
+            None => NotReady::Converging,
         })
     }
 
@@ -120,23 +120,47 @@ impl Health {
     }
 
     /// `Ok` while the run loop turned within the bound; else how long it has been stuck.
-    pub fn liveness(&self) -> Result<(), String> {
+    pub fn liveness(&self) -> Result<(), Stalled> {
         self.liveness_at(Instant::now())
     }
 
-    pub(crate) fn liveness_at(&self, now: Instant) -> Result<(), String> {
+    pub(crate) fn liveness_at(&self, now: Instant) -> Result<(), Stalled> {
         let last = self.started + Duration::from_millis(self.heartbeat_ms.load(Ordering::Relaxed));
         let since = now.saturating_duration_since(last);
         if since > self.stall_after {
-            return Err(format!(
-                "the run loop has not turned for {:.0}s (bound {}s, --liveness-seconds): \
-                 a dataplane write or the source is stuck",
-                since.as_secs_f64(),
-                self.stall_after.as_secs()
-            ));
+            return Err(Stalled {
+                since,
+                bound: self.stall_after,
+            });
         }
         Ok(())
     }
+}
+
+/// Why the agent is not ready (`/readyz`).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum NotReady {
+    /// The source has not delivered its first complete state (its progress, in words).
+    #[error("{0}")]
+    Syncing(String),
+    /// The dataplane's last attempt failed (its error, as the status has it).
+    #[error("the dataplane has not converged: {0}")]
+    Failed(String),
+    #[error("the dataplane has not converged yet")]
+    Converging,
+}
+
+/// The run loop has not turned within the liveness bound (`/healthz`).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "the run loop has not turned for {:.0}s (bound {}s, --liveness-seconds): a dataplane \
+     write or the source is stuck",
+    since.as_secs_f64(),
+    bound.as_secs()
+)]
+pub struct Stalled {
+    pub since: Duration,
+    pub bound: Duration,
 }
 
 /// Notified after each status change: cluster mode publishes the node annotation and

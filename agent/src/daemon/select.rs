@@ -37,16 +37,19 @@ impl fmt::Display for DataplaneChoice {
     }
 }
 
+/// A node's dataplane label value that is not a choice.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("label {DATAPLANE_LABEL}={0:?} is not one of ebpf, iptables, auto")]
+pub struct LabelValueError(pub String);
+
 impl FromStr for DataplaneChoice {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = LabelValueError;
+    fn from_str(s: &str) -> Result<Self, LabelValueError> {
         match s {
             "ebpf" => Ok(DataplaneChoice::Ebpf),
             "iptables" => Ok(DataplaneChoice::Iptables),
             "auto" => Ok(DataplaneChoice::Auto),
-            other => Err(format!(
-                "label {DATAPLANE_LABEL}={other:?} is not one of ebpf, iptables, auto"
-            )),
+            other => Err(LabelValueError(other.to_string())),
         }
     }
 }
@@ -54,7 +57,7 @@ impl FromStr for DataplaneChoice {
 /// The choice a node's labels make, `None` when the label is absent.
 pub fn choice_from_labels(
     labels: Option<&BTreeMap<String, String>>,
-) -> Option<Result<DataplaneChoice, String>> {
+) -> Option<Result<DataplaneChoice, LabelValueError>> {
     labels
         .and_then(|l| l.get(DATAPLANE_LABEL))
         .map(|v| v.parse())
@@ -105,11 +108,22 @@ impl FallbackCause {
     }
 }
 
+/// Why the eBPF dataplane cannot run on this node.
+#[derive(Debug, thiserror::Error)]
+pub enum EbpfUnavailable {
+    /// The kernel lacks what the programs need, or the verifier refuses them.
+    #[error(transparent)]
+    Kernel(#[from] crate::dataplane::ebpf::ProbeError),
+    /// Another agent's rules use the packet mark bits the programs use.
+    #[error(transparent)]
+    MarkBits(#[from] crate::netfilter::marks::MarkBitsTaken),
+}
+
 /// Resolves a choice against the kernel. An explicit `ebpf` on a kernel that cannot run
 /// the programs falls back to iptables as well: enforcing something beats enforcing nothing.
 pub fn resolve(
     choice: DataplaneChoice,
-    probe_ebpf: impl FnOnce() -> Result<(), String>,
+    probe_ebpf: impl FnOnce() -> Result<(), EbpfUnavailable>,
 ) -> Effective {
     match choice {
         DataplaneChoice::None => Effective {
@@ -146,10 +160,14 @@ mod tests {
             resolve(DataplaneChoice::Auto, || Ok(())).kind,
             DataplaneKind::Ebpf
         );
-        let e = resolve(DataplaneChoice::Auto, || Err("no BTF".into()));
+        let lacks = |map_type| Err(crate::dataplane::ebpf::ProbeError::NoMapType(map_type).into());
+        let e = resolve(DataplaneChoice::Auto, || lacks("RINGBUF"));
         assert_eq!(e.kind, DataplaneKind::Iptables);
-        assert!(e.fallback_reason().unwrap().contains("no BTF"));
-        let e = resolve(DataplaneChoice::Ebpf, || Err("no clsact".into()));
+        assert!(e
+            .fallback_reason()
+            .unwrap()
+            .contains("eBPF unavailable: BPF map type RINGBUF is not supported"));
+        let e = resolve(DataplaneChoice::Ebpf, || lacks("LPM_TRIE"));
         assert_eq!(e.kind, DataplaneKind::Iptables);
         let e = resolve(DataplaneChoice::Iptables, || {
             panic!("iptables needs no probe")
@@ -176,7 +194,10 @@ mod tests {
             Some(Ok(DataplaneChoice::Iptables))
         );
         l.insert(DATAPLANE_LABEL.to_string(), "nft".to_string());
-        let err = choice_from_labels(Some(&l)).unwrap().unwrap_err();
+        let err = choice_from_labels(Some(&l))
+            .unwrap()
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("\"nft\"") && err.contains(DATAPLANE_LABEL));
         // The benchmarks' dataplane is a flag only: a label cannot switch enforcement off.
         l.insert(DATAPLANE_LABEL.to_string(), "none".to_string());

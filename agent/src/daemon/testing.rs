@@ -5,6 +5,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use super::enforcer::{Backends, Cleanup, CleanupReport};
+use super::select::EbpfUnavailable;
 use crate::dataplane::{
     ApplyReport, Dataplane, DataplaneError, DataplaneKind, DataplaneStatus, Scope, VerdictCounts,
 };
@@ -67,7 +68,8 @@ impl Dataplane for Recording {
 }
 
 pub struct RecordingNode {
-    pub ebpf: Result<(), String>,
+    /// `Err(map type)`: the kernel lacks that BPF map type.
+    pub ebpf: Result<(), &'static str>,
     pub undeletable: Vec<&'static str>,
     pub log: Log,
     pub given: Given,
@@ -76,8 +78,9 @@ pub struct RecordingNode {
 }
 
 impl Backends for RecordingNode {
-    fn probe_ebpf(&self) -> Result<(), String> {
-        self.ebpf.clone()
+    fn probe_ebpf(&self) -> Result<(), EbpfUnavailable> {
+        self.ebpf
+            .map_err(|map_type| crate::dataplane::ebpf::ProbeError::NoMapType(map_type).into())
     }
     fn build(&self, kind: DataplaneKind) -> Result<Box<dyn Dataplane>, DataplaneError> {
         self.log.lock().unwrap().push(format!("build {kind}"));

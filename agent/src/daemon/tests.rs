@@ -23,13 +23,13 @@ struct World {
     daemon: Daemon<RecordingNode>,
 }
 
-fn world(tag: &str, ebpf: Result<(), String>, undeletable: Vec<&'static str>) -> World {
+fn world(tag: &str, ebpf: Result<(), &'static str>, undeletable: Vec<&'static str>) -> World {
     world_choosing(tag, ebpf, undeletable, DataplaneChoice::Auto)
 }
 
 fn world_choosing(
     tag: &str,
-    ebpf: Result<(), String>,
+    ebpf: Result<(), &'static str>,
     undeletable: Vec<&'static str>,
     default_choice: DataplaneChoice,
 ) -> World {
@@ -142,11 +142,14 @@ fn status_says_when_the_applied_change_was_received() {
 
 #[test]
 fn fallback_reason_reaches_the_status() {
-    let mut w = world("fallback", Err("no BTF".into()), vec![]);
+    let mut w = world("fallback", Err("RINGBUF"), vec![]);
     w.daemon.handle(batch(1, vec![]));
     let s = w.status();
     assert_eq!(s.dataplane, Some(DataplaneKind::Iptables));
-    assert!(s.fallback_reason.unwrap().contains("no BTF"));
+    assert!(s
+        .fallback_reason
+        .unwrap()
+        .contains("BPF map type RINGBUF is not supported"));
     assert_eq!(
         w.take_log(),
         ["build iptables", "reconcile iptables", "cleanup ebpf+npm"]
@@ -368,7 +371,7 @@ fn resync_before_the_first_complete_state_touches_nothing() {
         !w.status.exists(),
         "a status was published before the first sync"
     );
-    let reason = w.health.readiness().unwrap_err();
+    let reason = w.health.readiness().unwrap_err().to_string();
     assert!(
         reason.contains("waiting for the first complete"),
         "{reason}"
@@ -393,14 +396,14 @@ fn readiness_names_the_kinds_still_listing_then_the_dataplane_error() {
     ));
     let health = Health::new(progress.clone(), Duration::from_secs(5));
     progress.done("namespaces");
-    let reason = health.readiness().unwrap_err();
+    let reason = health.readiness().unwrap_err().to_string();
     assert!(
         reason.contains("list of pods, networkpolicies, node;"),
         "{reason}"
     );
     progress.complete();
     assert_eq!(
-        health.readiness().unwrap_err(),
+        health.readiness().unwrap_err().to_string(),
         "the dataplane has not converged yet"
     );
 }
@@ -412,7 +415,10 @@ fn liveness_fails_when_the_loop_stops_turning() {
     let t0 = Instant::now();
     health.beat_at(t0);
     assert!(health.liveness_at(t0 + Duration::from_secs(4)).is_ok());
-    let stuck = health.liveness_at(t0 + Duration::from_secs(6)).unwrap_err();
+    let stuck = health
+        .liveness_at(t0 + Duration::from_secs(6))
+        .unwrap_err()
+        .to_string();
     assert!(stuck.contains("has not turned"), "{stuck}");
     // The loop turns again: live again.
     health.beat_at(t0 + Duration::from_secs(6));

@@ -7,7 +7,6 @@ pub mod ebpf;
 use serde::{Deserialize, Serialize};
 
 pub mod iptables;
-pub mod netlink;
 pub mod new_pods;
 pub mod node_addresses;
 pub mod none;
@@ -72,9 +71,15 @@ pub enum DataplaneError {
     /// The kernel lacks what this dataplane needs (a module, TCX, a map type).
     #[error("kernel feature missing: {0}")]
     Unsupported(String),
+    /// A kernel module this dataplane needs that cannot be loaded.
+    #[error("kernel feature missing: {0}")]
+    Module(#[from] crate::exec::modules::ModuleError),
     /// The dataplane's configuration is invalid (named field and why).
     #[error("invalid configuration: {0}")]
     Config(String),
+    /// The new-pod isolation's interface names are invalid.
+    #[error("invalid configuration: {0}")]
+    NewPods(#[from] new_pods::NewPodsConfigError),
     #[error("{context}: {source}")]
     Io {
         context: String,

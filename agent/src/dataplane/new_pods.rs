@@ -40,6 +40,15 @@ impl Default for NewPodIsolation {
     }
 }
 
+/// An interface name of the new-pod isolation that iptables could not express.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum NewPodsConfigError {
+    #[error("pod interface prefix {0:?}: 1 to 15 characters of an interface name")]
+    Prefix(String),
+    #[error("exempt interface {0:?}: an interface name, or a prefix followed by `*`")]
+    Exempt(String),
+}
+
 impl NewPodIsolation {
     pub fn off() -> Self {
         NewPodIsolation {
@@ -61,20 +70,16 @@ impl NewPodIsolation {
     }
 
     /// Rejects what iptables could not express (and names longer than an interface's).
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), NewPodsConfigError> {
         for p in &self.prefixes {
             if p.is_empty() || p.len() > 15 || !valid_ifname_chars(p) {
-                return Err(format!(
-                    "pod interface prefix {p:?}: 1 to 15 characters of an interface name"
-                ));
+                return Err(NewPodsConfigError::Prefix(p.clone()));
             }
         }
         for e in &self.exempt {
             let stem = e.strip_suffix('*').unwrap_or(e);
             if stem.is_empty() || stem.len() > 15 || !valid_ifname_chars(stem) {
-                return Err(format!(
-                    "exempt interface {e:?}: an interface name, or a prefix followed by `*`"
-                ));
+                return Err(NewPodsConfigError::Exempt(e.clone()));
             }
         }
         Ok(())

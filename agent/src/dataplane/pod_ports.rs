@@ -17,7 +17,6 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs::File;
 use std::net::IpAddr;
-use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -347,7 +346,8 @@ fn claims_in(dir: &Path, node: &NodeLinks) -> Result<BTreeMap<IpAddr, Vec<Claim>
         let Ok(file) = File::open(&path) else {
             continue;
         };
-        let nsid = match nsid_of(&file) {
+        // Every namespace a veth of this one leads to has an id here.
+        let nsid = match crate::sys::netlink::nsid_of(&file) {
             Ok(Some(id)) if port_nsids.contains(&i64::from(id)) => i64::from(id),
             Ok(_) => continue, // no port of ours leads there
             Err(e) => {
@@ -393,101 +393,13 @@ fn claims_in(dir: &Path, node: &NodeLinks) -> Result<BTreeMap<IpAddr, Vec<Claim>
 fn addresses_in(file: &File) -> Result<Vec<Link>, PortError> {
     std::thread::scope(|s| {
         s.spawn(|| {
-            // SAFETY: setns on an open namespace file only moves this (scoped) thread.
-            if unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
-                return Err(PortError::Enter(Arc::new(std::io::Error::last_os_error())));
-            }
+            // Only this (scoped) thread moves.
+            crate::sys::netns::enter_net(file).map_err(|e| PortError::Enter(Arc::new(e)))?;
             ip_json(ADDR_SHOW, &["-j", "addr", "show"])
         })
         .join()
         .unwrap_or(Err(PortError::Panicked))
     })
-}
-
-const RTM_NEWNSID: u16 = 88;
-const RTM_GETNSID: u16 = 90;
-const NETNSA_NSID: u16 = 1;
-const NETNSA_FD: u16 = 3;
-
-/// The id the calling thread's namespace gives the namespace `file` is (RTM_GETNSID), if
-/// it gave it one: every namespace a veth of this one leads to has one.
-fn nsid_of(file: &File) -> std::io::Result<Option<i32>> {
-    // nlmsghdr (16) + rtgenmsg (1, aligned to 4) + NETNSA_FD (4 + 4).
-    let mut req = Vec::with_capacity(28);
-    req.extend_from_slice(&28u32.to_ne_bytes());
-    req.extend_from_slice(&RTM_GETNSID.to_ne_bytes());
-    req.extend_from_slice(&(libc::NLM_F_REQUEST as u16).to_ne_bytes());
-    req.extend_from_slice(&1u32.to_ne_bytes()); // sequence
-    req.extend_from_slice(&0u32.to_ne_bytes()); // port: the kernel
-    req.extend_from_slice(&[libc::AF_UNSPEC as u8, 0, 0, 0]);
-    req.extend_from_slice(&8u16.to_ne_bytes());
-    req.extend_from_slice(&NETNSA_FD.to_ne_bytes());
-    req.extend_from_slice(&(file.as_raw_fd() as u32).to_ne_bytes());
-    let socket = super::netlink::route_socket(0, std::time::Duration::from_secs(1), None)?;
-    // SAFETY: req is valid for reads of its length.
-    let sent = unsafe {
-        libc::send(
-            socket.as_raw_fd(),
-            req.as_ptr() as *const libc::c_void,
-            req.len(),
-            0,
-        )
-    };
-    if sent < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    let mut buf = [0u8; 1024];
-    // SAFETY: buf is valid for writes of its length.
-    let n = unsafe {
-        libc::recv(
-            socket.as_raw_fd(),
-            buf.as_mut_ptr() as *mut libc::c_void,
-            buf.len(),
-            0,
-        )
-    };
-    if n < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    parse_nsid(&buf[..n as usize])
-}
-
-/// The NETNSA_NSID of an RTM_NEWNSID answer (`None`: not assigned), or the error (the
-/// kernel's errno, or `InvalidData` for an answer that is not one).
-fn parse_nsid(msg: &[u8]) -> std::io::Result<Option<i32>> {
-    use std::io::{Error, ErrorKind};
-    let field = |at: usize| -> Option<[u8; 4]> { msg.get(at..at + 4)?.try_into().ok() };
-    let kind = msg
-        .get(4..6)
-        .map(|b| u16::from_ne_bytes([b[0], b[1]]))
-        .ok_or_else(|| Error::new(ErrorKind::InvalidData, "short netlink answer"))?;
-    if kind == libc::NLMSG_ERROR as u16 {
-        let errno = field(16).map(i32::from_ne_bytes).unwrap_or(0);
-        return Err(Error::from_raw_os_error(-errno));
-    }
-    if kind != RTM_NEWNSID {
-        return Err(Error::new(
-            ErrorKind::InvalidData,
-            format!("RTM_GETNSID answered with netlink message type {kind}"),
-        ));
-    }
-    let len = field(0).map(u32::from_ne_bytes).unwrap_or(0) as usize;
-    let mut at = 20; // header + rtgenmsg
-    while at + 4 <= len.min(msg.len()) {
-        let alen = u16::from_ne_bytes([msg[at], msg[at + 1]]) as usize;
-        let atype = u16::from_ne_bytes([msg[at + 2], msg[at + 3]]);
-        if alen < 4 {
-            break;
-        }
-        if atype == NETNSA_NSID {
-            let id = field(at + 4)
-                .map(i32::from_ne_bytes)
-                .ok_or_else(|| Error::new(ErrorKind::InvalidData, "short NETNSA_NSID"))?;
-            return Ok((id >= 0).then_some(id));
-        }
-        at += alen.div_ceil(4) * 4;
-    }
-    Ok(None)
 }
 
 #[cfg(test)]

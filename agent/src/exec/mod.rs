@@ -161,9 +161,7 @@ fn wait_bounded(child: &mut Child, timeout: Duration) -> std::io::Result<Option<
     }
     // The child leads its own process group (process_group(0) above): kill the group,
     // so that nothing it started keeps the output pipes open.
-    let pgid = child.id() as libc::pid_t;
-    // SAFETY: kill only sends a signal, to the process group this call created.
-    unsafe { libc::kill(-pgid, libc::SIGKILL) };
+    crate::sys::process::kill_group(child.id());
     let _ = child.kill();
     child.wait()?;
     Ok(None)

@@ -4,6 +4,7 @@
 //! it is missing.
 use std::time::Duration;
 
+use super::ExecError;
 use crate::kernel::{module_present, modules_dir};
 
 /// How long `modprobe` may take.
@@ -76,17 +77,44 @@ pub fn why_missing(module: &str) -> String {
     }
 }
 
-/// Loads `module` (as kubelet does for br_netfilter); the error says why it cannot be.
-pub fn load(module: &str) -> Result<(), String> {
-    modprobe(module).map_err(|_| why_missing(module))
+/// A kernel module that could not be loaded: the text says why (see [`why_missing`]),
+/// the source is the first `modprobe`'s failure.
+#[derive(Debug, thiserror::Error)]
+#[error("{why}")]
+pub struct ModuleError {
+    pub module: String,
+    why: String,
+    #[source]
+    source: ModprobeError,
 }
 
-fn modprobe(module: &str) -> Result<(), String> {
-    match super::run_with_timeout("modprobe", &[module], None, MODPROBE_TIMEOUT) {
-        Ok(out) if out.success => Ok(()),
-        Ok(out) => Err(format!("`modprobe {module}`: {}", out.stderr.trim())),
-        Err(e) => Err(e.to_string()),
+/// `modprobe MODULE` failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ModprobeError {
+    #[error("`modprobe {module}`: {stderr}")]
+    Refused { module: String, stderr: String },
+    #[error(transparent)]
+    Run(#[from] ExecError),
+}
+
+/// Loads `module` (as kubelet does for br_netfilter); the error says why it cannot be.
+pub fn load(module: &str) -> Result<(), ModuleError> {
+    modprobe(module).map_err(|source| ModuleError {
+        module: module.to_string(),
+        why: why_missing(module),
+        source,
+    })
+}
+
+fn modprobe(module: &str) -> Result<(), ModprobeError> {
+    let out = super::run_with_timeout("modprobe", &[module], None, MODPROBE_TIMEOUT)?;
+    if out.success {
+        return Ok(());
     }
+    Err(ModprobeError::Refused {
+        module: module.to_string(),
+        stderr: out.stderr.trim().to_string(),
+    })
 }
 
 #[cfg(test)]

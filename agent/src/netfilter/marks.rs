@@ -122,7 +122,7 @@ pub fn uses(saved: &str, family: Family, mask: u32, skip: &dyn Fn(&str) -> bool)
 /// Whether the eBPF dataplane's mark bits are free on this node (outside the chains
 /// `skip` names): `Err` names the rules (at most three) that use them. A family whose
 /// rules cannot be read is not in the way.
-pub fn check_ebpf_bits(backend: Backend, skip: &dyn Fn(&str) -> bool) -> Result<(), String> {
+pub fn check_ebpf_bits(backend: Backend, skip: &dyn Fn(&str) -> bool) -> Result<(), MarkBitsTaken> {
     let ours = weir_common::DEFER_MARK_ALL;
     let found: Vec<MarkUse> = Family::ALL
         .iter()
@@ -132,14 +132,25 @@ pub fn check_ebpf_bits(backend: Backend, skip: &dyn Fn(&str) -> bool) -> Result<
     if found.is_empty() {
         return Ok(());
     }
-    let named: Vec<String> = found.iter().take(3).map(ToString::to_string).collect();
-    Err(format!(
-        "packet mark bits {ours:#010x}, which the eBPF dataplane uses to carry a Service \
-         client's identity, are used by {} rule(s) of another agent: {}{}",
-        found.len(),
-        named.join("; "),
-        if found.len() > 3 { "; ..." } else { "" }
-    ))
+    Err(MarkBitsTaken {
+        bits: ours,
+        uses: found,
+    })
+}
+
+/// The eBPF dataplane's mark bits are used by other rules on this node.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "packet mark bits {bits:#010x}, which the eBPF dataplane uses to carry a Service \
+     client's identity, are used by {} rule(s) of another agent: {}{}",
+    uses.len(),
+    uses.iter().take(3).map(ToString::to_string).collect::<Vec<_>>().join("; "),
+    if uses.len() > 3 { "; ..." } else { "" }
+)]
+pub struct MarkBitsTaken {
+    pub bits: u32,
+    /// Every rule that uses them (the text names the first three).
+    pub uses: Vec<MarkUse>,
 }
 
 #[cfg(test)]

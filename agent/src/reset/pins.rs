@@ -3,8 +3,7 @@
 //! The kind of each pin is read from the kernel (`/proc/self/fdinfo` of the object).
 
 use std::fs;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::os::unix::ffi::OsStrExt;
+use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -49,7 +48,7 @@ pub fn inventory(root: &Path) -> std::io::Result<PinInventory> {
 
 /// Opens the pinned object (BPF_OBJ_GET) and reads its kind from fdinfo.
 fn kind_of(path: &Path) -> PinKind {
-    let Some(fd) = obj_get(path) else {
+    let Ok(fd) = crate::sys::bpf::obj_get(path) else {
         return PinKind::Other;
     };
     let info = fs::read_to_string(format!("/proc/self/fdinfo/{}", fd.as_raw_fd()));
@@ -67,40 +66,6 @@ pub fn parse_fdinfo_kind(text: &str) -> PinKind {
     } else {
         PinKind::Other
     }
-}
-
-fn obj_get(path: &Path) -> Option<OwnedFd> {
-    const BPF_OBJ_GET: libc::c_long = 7;
-    // struct bpf_attr's BPF_OBJ_GET part: pathname, bpf_fd, file_flags, path_fd.
-    #[repr(C)]
-    struct ObjGetAttr {
-        pathname: u64,
-        bpf_fd: u32,
-        file_flags: u32,
-        path_fd: i32,
-        _pad: u32,
-    }
-    let mut c_path = path.as_os_str().as_bytes().to_vec();
-    c_path.push(0);
-    let attr = ObjGetAttr {
-        pathname: c_path.as_ptr() as u64,
-        bpf_fd: 0,
-        file_flags: 0,
-        path_fd: 0,
-        _pad: 0,
-    };
-    // SAFETY: `attr` is a valid, fully initialised bpf_attr prefix that outlives the
-    // call, and `c_path` is NUL-terminated; the kernel only reads them.
-    let fd = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            BPF_OBJ_GET,
-            &attr as *const ObjGetAttr,
-            std::mem::size_of::<ObjGetAttr>(),
-        )
-    };
-    // SAFETY: a non-negative return of BPF_OBJ_GET is a new fd that we now own.
-    (fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd as i32) })
 }
 
 #[cfg(test)]

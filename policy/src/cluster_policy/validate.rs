@@ -307,7 +307,7 @@ fn parse_peer(field: &str, peer: &api::EgressPeer) -> Result<Peers, FieldError> 
                     format!("may not be longer than {MAX_CIDR_LENGTH} characters"),
                 ));
             }
-            let cidr = parse_cidr(text).map_err(|r| FieldError::new(&f, r))?;
+            let cidr = parse_cidr(text).map_err(|e| FieldError::new(&f, e.to_string()))?;
             if !seen.insert(text.as_str()) {
                 return Err(FieldError::new(&f, format!("duplicate value {text:?}")));
             }

@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 
 pub use index::LabelIndex;
 pub use object::{Kind, Object, ObjectRef, DEFAULT_NAMESPACE};
-pub use pod::{parse_protocol, ContainerPort, PodInfo};
+pub use pod::{parse_protocol, ContainerPort, PodInfo, ProtocolError};
 
 /// `namespace/name` of a pod.
 pub type PodKey = String;

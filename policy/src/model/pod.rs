@@ -87,7 +87,7 @@ impl PodInfo {
                         )
                     })?;
                 let protocol = parse_protocol(port.protocol.as_deref())
-                    .map_err(|reason| FieldError::new(&format!("{field}.protocol"), reason))?;
+                    .map_err(|e| FieldError::new(&format!("{field}.protocol"), e.to_string()))?;
                 info.ports.push(ContainerPort {
                     name: port.name.clone(),
                     number,
@@ -125,13 +125,16 @@ impl PodInfo {
 }
 
 /// A Kubernetes protocol name; absent means TCP, as the API server defaults it.
-pub fn parse_protocol(text: Option<&str>) -> Result<Protocol, String> {
+pub fn parse_protocol(text: Option<&str>) -> Result<Protocol, ProtocolError> {
     match text {
         None | Some("TCP") => Ok(Protocol::Tcp),
         Some("UDP") => Ok(Protocol::Udp),
         Some("SCTP") => Ok(Protocol::Sctp),
-        Some(other) => Err(format!(
-            "unsupported value {other:?}: supported values \"TCP\", \"UDP\", \"SCTP\""
-        )),
+        Some(other) => Err(ProtocolError(other.to_owned())),
     }
 }
+
+/// A protocol name Kubernetes does not have.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("unsupported value {0:?}: supported values \"TCP\", \"UDP\", \"SCTP\"")]
+pub struct ProtocolError(pub String);

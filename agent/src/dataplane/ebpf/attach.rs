@@ -11,6 +11,7 @@ use serde::Deserialize;
 use super::hooks::{AttachMode, Attachment, Role};
 use super::{loader::Programs, pins::PinLayout};
 use crate::dataplane::DataplaneError;
+use crate::exec::ExecError;
 use aya::programs::{
     links::{FdLink, Link, PinnedLink},
     tc::{self, NlOptions, SchedClassifierLink, TcAttachOptions, TcHandle},
@@ -38,38 +39,46 @@ struct RouteGet {
     dev: Option<String>,
 }
 
+/// Why a pod's interface was not found.
+#[derive(Debug, thiserror::Error)]
+pub enum LocateError {
+    #[error("pod has no address yet")]
+    NoAddress,
+    /// `ip route get` did not run or refused.
+    #[error(transparent)]
+    Route(#[from] ExecError),
+    #[error("parse `ip -j route get {addr}`: {source}")]
+    RouteOutput {
+        addr: IpAddr,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("no route with a device to {0}")]
+    NoDevice(IpAddr),
+    #[error("interface {0} vanished")]
+    Vanished(String),
+}
+
 /// The interface that routes `addr` in this network namespace, with its index.
-pub fn interface_for(addr: IpAddr) -> Result<(String, u32), String> {
-    let out = crate::exec::run_ok("ip", &["-j", "route", "get", &addr.to_string()], None)
-        .map_err(|e| e.to_string())?;
+pub fn interface_for(addr: IpAddr) -> Result<(String, u32), LocateError> {
+    let out = crate::exec::run_ok("ip", &["-j", "route", "get", &addr.to_string()], None)?;
     let routes: Vec<RouteGet> =
-        serde_json::from_str(&out).map_err(|e| format!("parse `ip -j route get {addr}`: {e}"))?;
+        serde_json::from_str(&out).map_err(|source| LocateError::RouteOutput { addr, source })?;
     let dev = routes
         .into_iter()
         .find_map(|r| r.dev)
-        .ok_or_else(|| format!("no route with a device to {addr}"))?;
-    let ifindex = ifindex(&dev).ok_or_else(|| format!("interface {dev} vanished"))?;
+        .ok_or(LocateError::NoDevice(addr))?;
+    let ifindex = ifindex(&dev).ok_or_else(|| LocateError::Vanished(dev.clone()))?;
     Ok((dev, ifindex))
 }
 
 pub fn ifindex(name: &str) -> Option<u32> {
-    let c = std::ffi::CString::new(name).ok()?;
-    // SAFETY: c is a valid NUL-terminated string.
-    let i = unsafe { libc::if_nametoindex(c.as_ptr()) };
-    (i != 0).then_some(i)
+    crate::sys::interfaces::index(name)
 }
 
 /// The name of interface `ifindex`, if it exists.
 pub fn ifname(ifindex: u32) -> Option<String> {
-    let mut buf = [0 as libc::c_char; libc::IF_NAMESIZE];
-    // SAFETY: buf has IF_NAMESIZE bytes, as if_indextoname requires.
-    let p = unsafe { libc::if_indextoname(ifindex, buf.as_mut_ptr()) };
-    if p.is_null() {
-        return None;
-    }
-    // SAFETY: on success buf holds a NUL-terminated name.
-    let name = unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) };
-    Some(name.to_string_lossy().into_owned())
+    crate::sys::interfaces::name(ifindex)
 }
 
 /// Interfaces that have a pinned TCX link under the pin root.

@@ -17,7 +17,7 @@
 
 use std::{
     io,
-    os::fd::{AsRawFd, OwnedFd},
+    os::fd::OwnedFd,
     sync::{
         atomic::{AtomicBool, Ordering},
         Arc, Mutex,
@@ -36,6 +36,8 @@ use super::{
     pins::PinLayout,
 };
 use crate::dataplane::new_pods::NewPodIsolation;
+use crate::dataplane::DataplaneError;
+use crate::sys::netlink::{self, RTMGRP_LINK, RTM_DELLINK, RTM_NEWLINK};
 
 /// No address either: anything it sends is also a spoof.
 pub const PENDING: EndpointInfo = EndpointInfo {
@@ -60,7 +62,7 @@ pub struct Isolator {
 impl Isolator {
     /// Isolates interface `ifindex` unless it has an ENDPOINT entry already (a known pod,
     /// or isolated before). Returns whether it did.
-    pub fn isolate(&self, ifname: &str, ifindex: u32) -> Result<bool, String> {
+    pub fn isolate(&self, ifname: &str, ifindex: u32) -> Result<bool, DataplaneError> {
         if !self.filter.applies_to(ifname) {
             return Ok(false);
         }
@@ -73,7 +75,7 @@ impl Isolator {
             Err(MapError::SyscallError(e)) if e.io_error.raw_os_error() == Some(libc::EEXIST) => {
                 return Ok(false)
             }
-            Err(e) => return Err(format!("pending ENDPOINT entry: {e}")),
+            Err(e) => return Err(DataplaneError::map("pending ENDPOINT entry", e)),
         }
         // Always a netlink clsact filter, even where the endpoints get TCX links: both
         // hooks take about 0.3 ms, where each TCX link waits for an RCU grace period
@@ -91,7 +93,7 @@ impl Isolator {
         ) {
             // An entry without programs would only mislead: the next scan retries.
             let _ = endpoint.remove(&ifindex);
-            return Err(e.to_string());
+            return Err(e);
         }
         tracing::info!(
             interface = ifname,
@@ -106,7 +108,7 @@ impl Isolator {
     /// through it is judged after DNAT from its first packet, not from the next converge
     /// (which records the interface, attaches its TCX link where the kernel has TCX, and
     /// removes the filter). Returns whether it attached.
-    pub fn cover_leaving(&self, ifname: &str, ifindex: u32) -> Result<bool, String> {
+    pub fn cover_leaving(&self, ifname: &str, ifindex: u32) -> Result<bool, DataplaneError> {
         if ifname == "lo"
             || self.filter.applies_to(ifname)
             || self.layout.link(ifindex, "egress").exists()
@@ -131,8 +133,7 @@ impl Isolator {
             AttachMode::Netlink,
             Role::Leaving,
             false,
-        )
-        .map_err(|e| e.to_string())?;
+        )?;
         Ok(true)
     }
 
@@ -148,7 +149,7 @@ impl Isolator {
     }
 
     /// Isolates every matching interface of this namespace that has no entry yet.
-    pub fn scan(&self) -> Vec<(String, String)> {
+    pub fn scan(&self) -> Vec<(String, DataplaneError)> {
         let mut errors = Vec::new();
         for (ifindex, ifname) in interfaces() {
             if let Err(e) = self.isolate(&ifname, ifindex) {
@@ -174,22 +175,7 @@ pub fn release_pins(layout: &PinLayout, ifindex: u32) {
 
 /// All interfaces of the calling thread's network namespace.
 pub(super) fn interfaces() -> Vec<(u32, String)> {
-    let mut out = Vec::new();
-    // SAFETY: if_nameindex returns an array terminated by a zero entry, freed below.
-    unsafe {
-        let list = libc::if_nameindex();
-        if list.is_null() {
-            return out;
-        }
-        let mut p = list;
-        while (*p).if_index != 0 {
-            let name = std::ffi::CStr::from_ptr((*p).if_name);
-            out.push(((*p).if_index, name.to_string_lossy().into_owned()));
-            p = p.add(1);
-        }
-        libc::if_freenameindex(list);
-    }
-    out
+    crate::sys::interfaces::all()
 }
 
 /// The watch: a thread reading link events until dropped.
@@ -207,48 +193,8 @@ impl Drop for LinkWatch {
     }
 }
 
-const RTMGRP_LINK: u32 = 1;
-const RTM_NEWLINK: u16 = 16;
-const RTM_DELLINK: u16 = 17;
-const IFLA_IFNAME: u16 = 3;
-
 fn netlink_socket() -> io::Result<OwnedFd> {
-    crate::dataplane::netlink::route_socket(RTMGRP_LINK, Duration::from_millis(200), Some(1 << 20))
-}
-
-/// (message type, ifindex, name) of each link message in a netlink datagram.
-fn link_messages(buf: &[u8]) -> Vec<(u16, u32, Option<String>)> {
-    let mut out = Vec::new();
-    let mut at = 0;
-    while at + 16 <= buf.len() {
-        let len = u32::from_ne_bytes(buf[at..at + 4].try_into().expect("4 bytes")) as usize;
-        let kind = u16::from_ne_bytes(buf[at + 4..at + 6].try_into().expect("2 bytes"));
-        if len < 16 || at + len > buf.len() {
-            break;
-        }
-        let msg = &buf[at + 16..at + len];
-        if (kind == RTM_NEWLINK || kind == RTM_DELLINK) && msg.len() >= 16 {
-            let ifindex = i32::from_ne_bytes(msg[4..8].try_into().expect("4 bytes")) as u32;
-            let mut name = None;
-            let mut a = 16;
-            while a + 4 <= msg.len() {
-                let alen = u16::from_ne_bytes(msg[a..a + 2].try_into().expect("2")) as usize;
-                let atype = u16::from_ne_bytes(msg[a + 2..a + 4].try_into().expect("2"));
-                if alen < 4 || a + alen > msg.len() {
-                    break;
-                }
-                if atype == IFLA_IFNAME {
-                    let raw = &msg[a + 4..a + alen];
-                    let end = raw.iter().position(|b| *b == 0).unwrap_or(raw.len());
-                    name = Some(String::from_utf8_lossy(&raw[..end]).into_owned());
-                }
-                a += alen.div_ceil(4) * 4;
-            }
-            out.push((kind, ifindex, name));
-        }
-        at += len.div_ceil(4) * 4;
-    }
-    out
+    netlink::route_socket(RTMGRP_LINK, Duration::from_millis(200), Some(1 << 20))
 }
 
 /// Starts watching this namespace's links (the socket is subscribed before returning).
@@ -261,33 +207,26 @@ pub fn watch(isolator: Arc<Isolator>) -> io::Result<LinkWatch> {
         .spawn(move || {
             let mut buf = vec![0u8; 64 * 1024];
             while !s.load(Ordering::SeqCst) {
-                // SAFETY: buf is valid for writes of its length.
-                let n = unsafe {
-                    libc::recv(
-                        socket.as_raw_fd(),
-                        buf.as_mut_ptr() as *mut libc::c_void,
-                        buf.len(),
-                        0,
-                    )
-                };
-                if n < 0 {
-                    let e = io::Error::last_os_error();
-                    match e.raw_os_error() {
-                        Some(libc::EAGAIN | libc::EINTR) => {}
-                        // Events were lost: look at every interface instead.
-                        Some(libc::ENOBUFS) => {
-                            for (ifname, e) in isolator.scan() {
-                                tracing::warn!(interface = ifname, "not isolated: {e}");
+                let n = match netlink::recv(&socket, &mut buf) {
+                    Ok(n) => n,
+                    Err(e) => {
+                        match e.raw_os_error() {
+                            Some(libc::EAGAIN | libc::EINTR) => {}
+                            // Events were lost: look at every interface instead.
+                            Some(libc::ENOBUFS) => {
+                                for (ifname, e) in isolator.scan() {
+                                    tracing::warn!(interface = ifname, "not isolated: {e}");
+                                }
+                            }
+                            _ => {
+                                tracing::warn!("link watch failed: {e}");
+                                std::thread::sleep(Duration::from_millis(200));
                             }
                         }
-                        _ => {
-                            tracing::warn!("link watch failed: {e}");
-                            std::thread::sleep(Duration::from_millis(200));
-                        }
+                        continue;
                     }
-                    continue;
-                }
-                for (kind, ifindex, name) in link_messages(&buf[..n as usize]) {
+                };
+                for (kind, ifindex, name) in netlink::link_messages(&buf[..n]) {
                     match (kind, name) {
                         (RTM_NEWLINK, Some(name)) => {
                             if let Err(e) = isolator.isolate(&name, ifindex) {
@@ -318,29 +257,4 @@ pub fn watch(isolator: Arc<Isolator>) -> io::Result<LinkWatch> {
         stop,
         thread: Some(thread),
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn parses_link_messages() {
-        // nlmsghdr(16) + ifinfomsg(16) + IFLA_IFNAME "lxc1\0" (4 + 5, padded to 12).
-        let mut m = Vec::new();
-        m.extend_from_slice(&44u32.to_ne_bytes());
-        m.extend_from_slice(&RTM_NEWLINK.to_ne_bytes());
-        m.extend_from_slice(&[0; 10]);
-        m.extend_from_slice(&[0, 0, 0, 0]);
-        m.extend_from_slice(&7i32.to_ne_bytes());
-        m.extend_from_slice(&[0; 8]);
-        m.extend_from_slice(&9u16.to_ne_bytes());
-        m.extend_from_slice(&IFLA_IFNAME.to_ne_bytes());
-        m.extend_from_slice(b"lxc1\0\0\0\0");
-        assert_eq!(m.len(), 44);
-        assert_eq!(
-            link_messages(&m),
-            vec![(RTM_NEWLINK, 7, Some("lxc1".to_string()))]
-        );
-    }
 }

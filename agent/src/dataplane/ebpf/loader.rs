@@ -2,6 +2,7 @@
 //! so maps keep their contents and programs keep their ids across agent restarts.
 
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use aya::{
     maps::{HashMap, LpmTrie, Map, MapData, PerCpuArray},
@@ -45,19 +46,11 @@ pub struct Maps {
 /// charge the memory cgroup instead). Without CAP_SYS_RESOURCE this fails; then a kernel
 /// that charges the limit refuses the maps, and that refusal is the error reported.
 pub fn raise_memlock_limit() -> Result<(), std::io::Error> {
-    let unlimited = libc::rlimit {
-        rlim_cur: libc::RLIM_INFINITY,
-        rlim_max: libc::RLIM_INFINITY,
-    };
-    // SAFETY: setrlimit reads the struct it is given.
-    if unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &unlimited) } != 0 {
-        let e = std::io::Error::last_os_error();
+    crate::sys::process::unlimit_memlock().inspect_err(|e| {
         tracing::debug!(
             "cannot lift RLIMIT_MEMLOCK ({e}); kernels before 5.11 may refuse the maps"
         );
-        return Err(e);
-    }
-    Ok(())
+    })
 }
 
 /// Why the object could not be loaded: the error with its sources (aya's own message
@@ -282,13 +275,7 @@ pub fn forward_kernel_logs(programs: &Programs) -> Result<(), DataplaneError> {
     std::thread::Builder::new()
         .name("weir-bpf-log".into())
         .spawn(move || loop {
-            let mut pfd = libc::pollfd {
-                fd: std::os::fd::AsRawFd::as_raw_fd(&logger),
-                events: libc::POLLIN,
-                revents: 0,
-            };
-            // SAFETY: pfd is a valid pollfd for the duration of the call.
-            unsafe { libc::poll(&mut pfd, 1, 1000) };
+            let _ = crate::sys::poll::readable(&logger, Duration::from_secs(1));
             logger.flush();
         })
         .map_err(|source| DataplaneError::Io {

@@ -22,15 +22,15 @@
 use std::{
     collections::BTreeMap,
     io,
-    os::fd::{AsFd, AsRawFd},
     path::{Path, PathBuf},
 };
 
-use aya::maps::{MapData, MapInfo};
+use aya::maps::{MapData, MapError, MapInfo};
 use aya_obj::{maps::PinningType, Object};
 
 use super::{config::EbpfConfig, loader, pins::PinLayout};
 use crate::dataplane::DataplaneError;
+use crate::sys::bpf::RawMap;
 
 /// What the kernel checks a map by, besides its contents.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -50,10 +50,10 @@ impl Shape {
             && self.value_size == other.value_size
     }
 
-    pub fn of_pin(path: &Path) -> Result<Shape, String> {
-        let info = MapInfo::from_pin(path).map_err(|e| e.to_string())?;
+    pub fn of_pin(path: &Path) -> Result<Shape, MapError> {
+        let info = MapInfo::from_pin(path)?;
         Ok(Shape {
-            map_type: info.map_type().map_err(|e| e.to_string())? as u32,
+            map_type: info.map_type()? as u32,
             key_size: info.key_size(),
             value_size: info.value_size(),
             max_entries: info.max_entries(),
@@ -248,7 +248,7 @@ impl Migration {
                     continue;
                 }
             };
-            match copy_entries(old, &new, &m.want, flags) {
+            match copy_entries(old, &new, flags) {
                 Ok((n, lost)) => {
                     *self.copied.entry(m.name.clone()).or_default() += n;
                     if lost > 0 {
@@ -325,10 +325,7 @@ const AGENT_WRITTEN: [&str; 8] = [
     weir_common::map_names::SETTINGS,
 ];
 
-// bpf(2) commands and map types used here (stable kernel ABI).
-const BPF_MAP_LOOKUP_ELEM: libc::c_long = 1;
-const BPF_MAP_UPDATE_ELEM: libc::c_long = 2;
-const BPF_MAP_GET_NEXT_KEY: libc::c_long = 4;
+// bpf(2) flags and map types used here (stable kernel ABI).
 const BPF_NOEXIST: u64 = 1;
 const HASH: u32 = 1;
 const ARRAY: u32 = 2;
@@ -345,94 +342,36 @@ fn iterable(map_type: u32) -> bool {
     )
 }
 
-fn per_cpu(map_type: u32) -> bool {
-    matches!(map_type, PERCPU_HASH | PERCPU_ARRAY | LRU_PERCPU_HASH)
-}
-
-/// The `bpf_attr` of the element commands.
-#[repr(C)]
-struct ElemAttr {
-    map_fd: u32,
-    _pad: u32,
-    key: u64,
-    value: u64,
-    flags: u64,
-}
-
-fn bpf(cmd: libc::c_long, attr: &mut ElemAttr) -> io::Result<()> {
-    // SAFETY: attr is a valid, initialised bpf_attr prefix for the element commands; the
-    // buffers it points to are sized from the map's key and value sizes by the caller.
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            cmd,
-            attr as *mut ElemAttr,
-            std::mem::size_of::<ElemAttr>() as u32,
-        )
-    };
-    if rc < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(())
+/// Copies all entries of `old` into `new` (of one layout: same type, key and value
+/// sizes); returns how many were written and how many the new map refused (full, or an
+/// index past its end).
+fn copy_entries(old: &MapData, new: &MapData, flags: u64) -> io::Result<(usize, usize)> {
+    let old = RawMap::new(old)?;
+    let new = RawMap::new(new)?;
+    if (old.map_type(), old.key_size(), old.value_size())
+        != (new.map_type(), new.key_size(), new.value_size())
+    {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "the old and new maps' layouts differ",
+        ));
     }
-}
-
-/// Copies all entries of `old` into `new` (both of `shape`'s layout); returns how many
-/// were written and how many the new map refused (full, or an index past its end).
-fn copy_entries(
-    old: &MapData,
-    new: &MapData,
-    shape: &Shape,
-    flags: u64,
-) -> io::Result<(usize, usize)> {
-    let key_size = shape.key_size as usize;
-    let value_size = if per_cpu(shape.map_type) {
-        let cpus = aya::util::nr_cpus().map_err(|(_, e)| e)?;
-        (shape.value_size as usize).div_ceil(8) * 8 * cpus
-    } else {
-        shape.value_size as usize
-    };
-    let old_fd = old.fd().as_fd().as_raw_fd() as u32;
-    let new_fd = new.fd().as_fd().as_raw_fd() as u32;
-    let mut key = vec![0u8; key_size.max(1)];
-    let mut next = vec![0u8; key_size.max(1)];
-    let mut value = vec![0u8; value_size.max(1)];
+    let mut key = vec![0u8; old.key_size().max(1)];
+    let mut next = vec![0u8; old.key_size().max(1)];
+    let mut value = vec![0u8; old.value_size().max(1)];
     let (mut written, mut lost) = (0, 0);
     let mut first = true;
     loop {
-        let mut attr = ElemAttr {
-            map_fd: old_fd,
-            _pad: 0,
-            key: if first { 0 } else { key.as_ptr() as u64 },
-            value: next.as_mut_ptr() as u64,
-            flags: 0,
-        };
-        match bpf(BPF_MAP_GET_NEXT_KEY, &mut attr) {
-            Ok(()) => {}
-            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => break,
-            Err(e) => return Err(e),
+        if !old.next_key((!first).then_some(&key[..]), &mut next)? {
+            break;
         }
         first = false;
         std::mem::swap(&mut key, &mut next);
-        let mut attr = ElemAttr {
-            map_fd: old_fd,
-            _pad: 0,
-            key: key.as_ptr() as u64,
-            value: value.as_mut_ptr() as u64,
-            flags: 0,
-        };
         // Deleted meanwhile (an LRU eviction): skip it.
-        if bpf(BPF_MAP_LOOKUP_ELEM, &mut attr).is_err() {
+        if old.lookup(&key, &mut value).is_err() {
             continue;
         }
-        let mut attr = ElemAttr {
-            map_fd: new_fd,
-            _pad: 0,
-            key: key.as_ptr() as u64,
-            value: value.as_mut_ptr() as u64,
-            flags,
-        };
-        match bpf(BPF_MAP_UPDATE_ELEM, &mut attr) {
+        match new.update(&key, &value, flags) {
             Ok(()) => written += 1,
             Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {}
             Err(_) => lost += 1,

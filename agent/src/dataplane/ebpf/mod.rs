@@ -61,7 +61,7 @@ pub use config::{EbpfConfig, DEFAULT_IDENTITY_ENTRIES, DEFAULT_PIN_ROOT, DEFAULT
 pub use hooks::{AttachMode, Role, PENDING_ENDPOINT_ID};
 pub use loader::{Preload, OBJECT as EMBEDDED_OBJECT};
 pub use migrate::{expected as expected_map_shapes, Shape as MapShape};
-pub use probe::{kernel_lacks, probe, probe_kernel, MIN_KERNEL};
+pub use probe::{kernel_lacks, probe, probe_kernel, ProbeError, MIN_KERNEL};
 
 use self::{
     kernel_state::KernelState,
@@ -213,7 +213,7 @@ impl EbpfDataplane {
         let host = node_prefixes()?;
         let programs = Arc::new(Mutex::new(programs));
         let (isolator, link_watch) = if config.new_pods.enabled() {
-            config.new_pods.validate().map_err(DataplaneError::Config)?;
+            config.new_pods.validate()?;
             let endpoint_pin = match &migration {
                 Some(m) => m.map_path(&layout, map_names::ENDPOINT),
                 None => layout.map(map_names::ENDPOINT),
@@ -504,11 +504,14 @@ impl EbpfDataplane {
         let mut bridged: BTreeMap<String, Vec<std::net::IpAddr>> = BTreeMap::new();
         let mut bridge_of: BTreeMap<PodKey, String> = BTreeMap::new();
         for (pod, ep) in to_locate {
-            let located = locate(ep).and_then(|(ifname, ifindex)| match &links {
-                Ok(l) if l.is_bridge(&ifname) => Ok(Err(ifname)),
-                Ok(_) => Ok(Ok((ifname, ifindex))),
-                Err(e) => Err(format!("interfaces not listed: {e}")),
-            });
+            // The reason is the pod's report (ObjectError): text from here on.
+            let located = locate(ep)
+                .map_err(|e| e.to_string())
+                .and_then(|(ifname, ifindex)| match &links {
+                    Ok(l) if l.is_bridge(&ifname) => Ok(Err(ifname)),
+                    Ok(_) => Ok(Ok((ifname, ifindex))),
+                    Err(e) => Err(format!("interfaces not listed: {e}")),
+                });
             match located {
                 Ok(Ok(iface)) => {
                     found.insert(pod.clone(), iface);
@@ -1292,12 +1295,12 @@ fn endpoint_addrs(ep: &Endpoint) -> Vec<std::net::IpAddr> {
 
 /// The interface the route to the pod's address leads to: the pod's own veth on a routed
 /// node, the bridge on a bridged one.
-fn locate(ep: &Endpoint) -> Result<(String, u32), String> {
+fn locate(ep: &Endpoint) -> Result<(String, u32), attach::LocateError> {
     let addr = ep
         .ipv4
         .map(std::net::IpAddr::V4)
         .or(ep.ipv6.map(std::net::IpAddr::V6))
-        .ok_or_else(|| "pod has no address yet".to_string())?;
+        .ok_or(attach::LocateError::NoAddress)?;
     attach::interface_for(addr)
 }
 

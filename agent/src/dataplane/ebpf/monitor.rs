@@ -5,7 +5,7 @@
 
 use std::{
     io::Write,
-    os::fd::AsRawFd,
+    os::fd::AsFd,
     path::Path,
     sync::{
         atomic::{AtomicBool, Ordering},
@@ -98,16 +98,7 @@ impl Monitor {
         timeout: Duration,
         mut f: impl FnMut(VerdictRecord),
     ) -> Result<(), DataplaneError> {
-        let mut pfd = libc::pollfd {
-            fd: self.ring.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
-        // SAFETY: pfd is a valid pollfd for the duration of the call.
-        let rc = unsafe { libc::poll(&mut pfd, 1, ms) };
-        if rc < 0 {
-            let e = std::io::Error::last_os_error();
+        if let Err(e) = crate::sys::poll::readable(self.ring.as_fd(), timeout) {
             if e.kind() != std::io::ErrorKind::Interrupted {
                 return Err(DataplaneError::Io {
                     context: "poll the events ring buffer".into(),
@@ -117,9 +108,9 @@ impl Monitor {
         }
         let mut raw = Vec::new();
         while let Some(item) = self.ring.next() {
-            if item.len() >= std::mem::size_of::<VerdictEvent>() {
-                // SAFETY: the kernel wrote a VerdictEvent (plain old data); read unaligned.
-                raw.push(unsafe { std::ptr::read_unaligned(item.as_ptr().cast::<VerdictEvent>()) });
+            // The kernel wrote a VerdictEvent; a shorter record is not one.
+            if let Some(ev) = crate::sys::bpf::read_pod::<VerdictEvent>(&item) {
+                raw.push(ev);
             }
         }
         for ev in raw {

@@ -9,7 +9,6 @@
 //! ```
 
 use std::{
-    ffi::CString,
     io,
     path::{Path, PathBuf},
 };
@@ -73,19 +72,8 @@ fn bpffs_mount_point(root: &Path) -> &Path {
     }
 }
 
-fn statfs_type(path: &Path) -> io::Result<i64> {
-    let c = CString::new(path.as_os_str().as_encoded_bytes())
-        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
-    let mut buf: libc::statfs = unsafe { std::mem::zeroed() };
-    // SAFETY: c is a valid NUL-terminated path and buf a properly sized out-parameter.
-    if unsafe { libc::statfs(c.as_ptr(), &mut buf) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(buf.f_type)
-}
-
 pub fn is_bpffs(path: &Path) -> Result<bool, DataplaneError> {
-    match statfs_type(path) {
+    match crate::sys::mount::statfs_type(path) {
         Ok(t) => Ok(t == BPF_FS_MAGIC),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
         Err(source) => Err(DataplaneError::Io {
@@ -100,28 +88,10 @@ fn mount_bpffs(at: &Path) -> Result<(), DataplaneError> {
         context: format!("create {}", at.display()),
         source,
     })?;
-    let target =
-        CString::new(at.as_os_str().as_encoded_bytes()).map_err(|e| DataplaneError::Io {
-            context: format!("mount bpffs at {}", at.display()),
-            source: std::io::Error::new(std::io::ErrorKind::InvalidInput, e),
-        })?;
-    let fstype = c"bpf";
-    // SAFETY: all pointers are valid NUL-terminated strings; data is null.
-    let rc = unsafe {
-        libc::mount(
-            fstype.as_ptr(),
-            target.as_ptr(),
-            fstype.as_ptr(),
-            0,
-            std::ptr::null(),
-        )
-    };
-    if rc != 0 {
-        return Err(DataplaneError::Io {
-            context: format!("mount bpffs at {}", at.display()),
-            source: io::Error::last_os_error(),
-        });
-    }
+    crate::sys::mount::mount_bpffs(at).map_err(|source| DataplaneError::Io {
+        context: format!("mount bpffs at {}", at.display()),
+        source,
+    })?;
     tracing::info!(at = %at.display(), "mounted bpffs");
     Ok(())
 }

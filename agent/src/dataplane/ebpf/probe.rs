@@ -3,20 +3,63 @@
 
 use aya::{
     maps::MapType,
-    programs::ProgramType,
-    sys::{is_map_supported, is_program_supported},
+    programs::{ProgramError, ProgramType},
+    sys::{is_map_supported, is_program_supported, SyscallError},
     util::KernelVersion,
     EbpfLoader,
 };
 use weir_common::program_names;
 
 use super::pins::PinLayout;
+use crate::dataplane::DataplaneError;
 
 /// The oldest kernel the programs are built for.
 pub const MIN_KERNEL: (u8, u8) = (5, 10);
 
+/// Why this kernel cannot run the programs.
+#[derive(Debug, thiserror::Error)]
+pub enum ProbeError {
+    /// aya's version reader returns an error type that cannot be named: its text is kept.
+    #[error("kernel version unknown: {0}")]
+    KernelVersion(String),
+    #[error("kernel {have} is older than {}.{}", MIN_KERNEL.0, MIN_KERNEL.1)]
+    TooOld { have: KernelVersion },
+    /// The probe for the classifier program type itself failed.
+    #[error(transparent)]
+    ProgramTypeProbe(Box<ProgramError>),
+    #[error("BPF_PROG_TYPE_SCHED_CLS is not supported")]
+    NoSchedCls,
+    #[error("probe map {name}: {source}")]
+    MapTypeProbe {
+        name: &'static str,
+        #[source]
+        source: Box<SyscallError>,
+    },
+    #[error("BPF map type {0} is not supported")]
+    NoMapType(&'static str),
+    /// The scratch pin directory the verifier check loads into.
+    #[error(transparent)]
+    Scratch(Box<DataplaneError>),
+    /// `detail` adds the source chain and the RLIMIT_MEMLOCK hint where it applies.
+    #[error("load eBPF object: {detail}")]
+    Load {
+        detail: String,
+        #[source]
+        source: Box<aya::EbpfError>,
+    },
+    #[error("program {0} missing")]
+    MissingProgram(&'static str),
+    #[error("verifier rejected {name}: {message}")]
+    Verifier {
+        name: &'static str,
+        message: String,
+        #[source]
+        source: Box<ProgramError>,
+    },
+}
+
 /// `Ok` when the eBPF dataplane can run here; otherwise why not, for logs and status.
-pub fn probe() -> Result<(), String> {
+pub fn probe() -> Result<(), ProbeError> {
     probe_kernel()?;
     verifier_accepts()
 }
@@ -24,16 +67,15 @@ pub fn probe() -> Result<(), String> {
 /// [`probe`] without loading the programs: the kernel's version, program and map types.
 /// What the agent checks before building the dataplane, whose own load of the programs
 /// gives the verifier's verdict (loading them twice cost the cold start 0.7 s).
-pub fn probe_kernel() -> Result<(), String> {
-    let v = KernelVersion::current().map_err(|e| format!("kernel version unknown: {e}"))?;
+pub fn probe_kernel() -> Result<(), ProbeError> {
+    let v = KernelVersion::current().map_err(|e| ProbeError::KernelVersion(e.to_string()))?;
     if v < KernelVersion::new(MIN_KERNEL.0, MIN_KERNEL.1, 0) {
-        return Err(format!(
-            "kernel {v} is older than {}.{}",
-            MIN_KERNEL.0, MIN_KERNEL.1
-        ));
+        return Err(ProbeError::TooOld { have: v });
     }
-    if !is_program_supported(ProgramType::SchedClassifier).map_err(|e| e.to_string())? {
-        return Err("BPF_PROG_TYPE_SCHED_CLS is not supported".into());
+    if !is_program_supported(ProgramType::SchedClassifier)
+        .map_err(|e| ProbeError::ProgramTypeProbe(Box::new(e)))?
+    {
+        return Err(ProbeError::NoSchedCls);
     }
     for (t, name) in [
         (MapType::LpmTrie, "LPM_TRIE"),
@@ -41,8 +83,11 @@ pub fn probe_kernel() -> Result<(), String> {
         (MapType::PerCpuArray, "PERCPU_ARRAY"),
         (MapType::RingBuf, "RINGBUF"),
     ] {
-        if !is_map_supported(t).map_err(|e| format!("probe map {name}: {e}"))? {
-            return Err(format!("BPF map type {name} is not supported"));
+        if !is_map_supported(t).map_err(|e| ProbeError::MapTypeProbe {
+            name,
+            source: Box::new(e),
+        })? {
+            return Err(ProbeError::NoMapType(name));
         }
     }
     Ok(())
@@ -67,27 +112,28 @@ pub fn kernel_lacks() -> Vec<String> {
 
 /// Loads both programs with their maps pinned in a scratch directory that is removed
 /// afterwards, so the real pin root is never touched.
-fn verifier_accepts() -> Result<(), String> {
+fn verifier_accepts() -> Result<(), ProbeError> {
     let memlock = super::loader::raise_memlock_limit();
     let scratch = PinLayout::new(format!("/sys/fs/bpf/weir-probe-{}", std::process::id()));
-    scratch.prepare().map_err(|e| e.to_string())?;
+    scratch
+        .prepare()
+        .map_err(|e| ProbeError::Scratch(Box::new(e)))?;
     let result = (|| {
         let mut ebpf = EbpfLoader::new()
             .default_map_pin_directory(scratch.maps())
             .load(super::loader::OBJECT)
-            .map_err(|e| {
-                format!(
-                    "load eBPF object: {}",
-                    super::loader::load_error(&e, &memlock)
-                )
+            .map_err(|e| ProbeError::Load {
+                detail: super::loader::load_error(&e, &memlock),
+                source: Box::new(e),
             })?;
         for name in program_names::ALL {
             super::loader::load_program(&mut ebpf, name).map_err(|e| match e {
-                None => format!("program {name} missing"),
-                Some(e) => format!(
-                    "verifier rejected {name}: {}",
-                    super::loader::verifier_message(&e)
-                ),
+                None => ProbeError::MissingProgram(name),
+                Some(e) => ProbeError::Verifier {
+                    name,
+                    message: super::loader::verifier_message(&e),
+                    source: Box::new(e),
+                },
             })?;
         }
         Ok(())

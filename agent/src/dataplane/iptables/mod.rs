@@ -92,7 +92,7 @@ pub struct IptablesDataplane {
     /// Chains the last write declared (made or made again) in iptables.
     last_write_chains: usize,
     /// Whether drops and audit verdicts are logged (NFLOG rules); why not when not.
-    verdict_log: Result<(), String>,
+    verdict_log: Result<(), crate::exec::modules::ModuleError>,
     /// What rules counted before a write made their chains again (which restarts their
     /// counters): [`Dataplane::verdict_counts`] adds it, so the counts only grow.
     carried: VerdictCounts,
@@ -115,11 +115,11 @@ impl IptablesDataplane {
     /// [`reconcile`](Dataplane::reconcile) does).
     pub fn new(config: IptablesConfig) -> Result<Self, DataplaneError> {
         let backend = config.backend.unwrap_or_else(backend::detect);
-        config.new_pods.validate().map_err(DataplaneError::Config)?;
+        config.new_pods.validate()?;
         // Loaded by alias on first use, unless the node's modprobe configuration stops
         // that: load it by name, as kube-proxy does its modules.
         if !crate::kernel::module_present("ip_set") {
-            crate::exec::modules::load("ip_set").map_err(DataplaneError::Unsupported)?;
+            crate::exec::modules::load("ip_set")?;
         }
         let tools = Family::ALL
             .iter()

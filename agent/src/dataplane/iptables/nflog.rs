@@ -2,9 +2,9 @@
 //! [`NFLOG_GROUP`] (nfnetlink_log, in the agent's network namespace) and turns each packet
 //! into a [`VerdictRecord`], naming the pod from the hash in the rule's prefix.
 
-use std::os::fd::AsRawFd;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::Duration;
 
 use netlink_packet_core::{NetlinkMessage, NetlinkPayload};
 use netlink_packet_netfilter::nflog::{
@@ -16,6 +16,7 @@ use netlink_sys::{constants::NETLINK_NETFILTER, Socket};
 use super::names::PodsByHash;
 use super::rules::{LogKind, LogPrefix, NFLOG_GROUP};
 use crate::dataplane::DataplaneError;
+use crate::exec::modules::ModuleError;
 use crate::verdicts::{VerdictRecord, VerdictTap, VerdictTx};
 
 /// Bytes of each packet the kernel copies: IPv6's header and the ports are enough.
@@ -25,7 +26,7 @@ const COPY_RANGE: u32 = 128;
 /// /proc/net/ip_tables_*, which exists once ip_tables is loaded: built-in kernels), loaded,
 /// or loadable. `Err` says why not: the log rules are then left out, and enforcement goes
 /// on without them.
-pub fn available() -> Result<(), String> {
+pub fn available() -> Result<(), ModuleError> {
     let registered = |list: &str, name: &str| {
         std::fs::read_to_string(format!("/proc/net/{list}"))
             .is_ok_and(|text| text.lines().any(|l| l.trim() == name))
@@ -99,13 +100,10 @@ pub fn tap(pods: PodsByHash, tx: Arc<VerdictTx>) -> Result<VerdictTap, Dataplane
     VerdictTap::spawn("weir-nflog-tap", move |stop| {
         let mut buf = vec![0u8; 1 << 16];
         while !stop.load(Ordering::Relaxed) {
-            let mut pfd = libc::pollfd {
-                fd: socket.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            };
-            // SAFETY: pfd is a valid pollfd for the duration of the call.
-            if unsafe { libc::poll(&mut pfd, 1, 200) } <= 0 {
+            if !matches!(
+                crate::sys::poll::readable(&socket, Duration::from_millis(200)),
+                Ok(true)
+            ) {
                 continue;
             }
             let n = match socket.recv(&mut &mut buf[..], libc::MSG_DONTWAIT) {
