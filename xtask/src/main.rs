@@ -60,10 +60,13 @@ enum Command {
     Conformance {
         /// e2e: Kubernetes' NetworkPolicy e2e (every `Feature:NetworkPolicy` and
         /// `NetworkPolicy API` spec of the pinned release); npapi: network-policy-api's
-        /// conformance, ClusterNetworkPolicy profile, all features.
+        /// conformance, ClusterNetworkPolicy profile, all features; rolling-switch: pods on
+        /// every node probing each other while each node's dataplane is switched in turn
+        /// (fails on any denied probe connecting or allowed one failing).
         #[arg(long, value_enum)]
         suite: Option<suites::Suite>,
-        /// --suite: the dataplane every node's weir runs.
+        /// --suite: the dataplane every node's weir runs (rolling-switch: node 1's at the
+        /// start, the other nodes on the other one).
         #[arg(long, value_enum, requires = "suite", default_value = "ebpf")]
         dataplane: suites::Dataplane,
         /// --suite: kubelet nodes.

@@ -25,6 +25,8 @@ use crate::cluster::{self, Versions};
 use crate::cmd::{exec, is_root, output, workspace_root};
 use crate::components;
 
+mod rolling;
+
 /// The specs the e2e framework runs only when focused (it skips `[Feature:...]` otherwise).
 const E2E_FOCUS: &str = "Feature:NetworkPolicy|NetworkPolicy API";
 /// How long a whole suite may take: about 20 minutes when every e2e spec passes, about
@@ -37,6 +39,10 @@ pub enum Suite {
     E2e,
     /// network-policy-api's conformance, ClusterNetworkPolicy profile, all features.
     Npapi,
+    /// Not a suite of the field's: across nodes, node 1 on `--dataplane` and the others on
+    /// the other one, every pod probing every other while each node's dataplane is switched
+    /// in turn; no denied connect may get through, no allowed one fail.
+    RollingSwitch,
 }
 
 impl Suite {
@@ -44,6 +50,7 @@ impl Suite {
         match self {
             Suite::E2e => "e2e",
             Suite::Npapi => "npapi",
+            Suite::RollingSwitch => "rolling-switch",
         }
     }
 }
@@ -61,6 +68,13 @@ impl Dataplane {
             Dataplane::Iptables => "iptables",
         }
     }
+
+    fn other(self) -> Dataplane {
+        match self {
+            Dataplane::Ebpf => Dataplane::Iptables,
+            Dataplane::Iptables => Dataplane::Ebpf,
+        }
+    }
 }
 
 /// The cluster's `--name`: one per suite and dataplane, apart from `weir-lab cluster`'s
@@ -70,6 +84,7 @@ fn cluster_name(suite: Suite, dataplane: Dataplane) -> String {
     let suite = match suite {
         Suite::E2e => "e2e",
         Suite::Npapi => "np",
+        Suite::RollingSwitch => "rs",
     };
     let dataplane = match dataplane {
         Dataplane::Ebpf => "ebpf",
@@ -91,6 +106,9 @@ pub fn run(o: &Options) -> Result<()> {
     if !is_root() {
         bail!("the suites run a kubelet cluster (namespaces, mounts, cgroups): run it as root");
     }
+    if o.suite == Suite::RollingSwitch {
+        return rolling::run(o);
+    }
     let started = Instant::now();
     // The weir this run tests: the commit as the image is built, not as the run ends.
     let weir = weir_commit();
@@ -101,6 +119,7 @@ pub fn run(o: &Options) -> Result<()> {
     let suite_bin = match o.suite {
         Suite::E2e => ensure_e2e(&k8s)?,
         Suite::Npapi => ensure_npapi(&versions.network_policy_api, sctp.is_ok())?,
+        Suite::RollingSwitch => bail!("the rolling switch has no suite binary"),
     };
     crate::image::for_tests()?;
     exec(crate::cmd::cargo().args(["build", "--package", "weir-lab"]))?;
@@ -130,6 +149,7 @@ pub fn run(o: &Options) -> Result<()> {
             o.focus.as_deref(),
             &sctp,
         ),
+        Suite::RollingSwitch => Err(anyhow::anyhow!("the rolling switch is no suite run")),
     };
     let suite_seconds = run_started.elapsed().as_secs_f64();
     // Whatever the suite said, the weir pods' logs go with a failure.
@@ -152,7 +172,7 @@ pub fn run(o: &Options) -> Result<()> {
         result.total,
         match o.suite {
             Suite::E2e => "specs",
-            Suite::Npapi => "tests",
+            Suite::Npapi | Suite::RollingSwitch => "tests",
         },
         built.as_secs_f64(),
         file.display()
@@ -852,14 +872,22 @@ impl Cluster {
     /// node labelled with `dataplane`; returns once each node's weir reports that dataplane
     /// converged.
     fn deploy_weir(&self, dataplane: Dataplane) -> Result<()> {
-        for n in &self.nodes {
-            self.kubectl(&[
-                "label",
-                "node",
-                n,
-                "--overwrite",
-                &format!("weir.io/dataplane={}", dataplane.name()),
-            ])?;
+        let every: Vec<Dataplane> = self.nodes.iter().map(|_| dataplane).collect();
+        self.deploy_weir_on(&every)
+    }
+
+    /// As [`Cluster::deploy_weir`], node I (in `nodes`' order) labelled with
+    /// `dataplanes[I]`.
+    fn deploy_weir_on(&self, dataplanes: &[Dataplane]) -> Result<()> {
+        if dataplanes.len() != self.nodes.len() {
+            bail!(
+                "{} dataplanes for {} nodes",
+                dataplanes.len(),
+                self.nodes.len()
+            );
+        }
+        for (n, dataplane) in self.nodes.iter().zip(dataplanes) {
+            self.label_dataplane(n, *dataplane)?;
         }
         let digest = &self.digest;
         let overlay = self.dir.join("overlay");
@@ -883,13 +911,32 @@ impl Cluster {
             "daemonset/weir",
             "--timeout=180s",
         ])?;
+        for (n, dataplane) in self.nodes.iter().zip(dataplanes) {
+            self.wait_converged(n, *dataplane)?;
+        }
+        Ok(())
+    }
+
+    fn label_dataplane(&self, node: &str, dataplane: Dataplane) -> Result<()> {
+        self.kubectl(&[
+            "label",
+            "node",
+            node,
+            "--overwrite",
+            &format!("weir.io/dataplane={}", dataplane.name()),
+        ])?;
+        Ok(())
+    }
+
+    /// Returns once `node`'s weir reports `dataplane` converged (`weir status` in its pod).
+    fn wait_converged(&self, node: &str, dataplane: Dataplane) -> Result<()> {
         let deadline = Instant::now() + Duration::from_secs(180);
         loop {
-            match self.converged(dataplane) {
+            match self.converged(node, dataplane) {
                 Ok(()) => return Ok(()),
                 Err(e) if Instant::now() > deadline => {
                     return Err(e.context(format!(
-                        "weir did not report {} converged on every node within 180 s",
+                        "weir on {node} did not report {} converged within 180 s",
                         dataplane.name()
                     )))
                 }
@@ -912,27 +959,42 @@ impl Cluster {
         Ok(out.split_whitespace().map(str::to_string).collect())
     }
 
-    fn converged(&self, dataplane: Dataplane) -> Result<()> {
-        let pods = self.weir_pods()?;
-        if pods.len() != self.nodes.len() {
-            bail!("{} weir pods for {} nodes", pods.len(), self.nodes.len());
+    /// The weir pod that `node`'s kubelet runs.
+    fn weir_pod_on(&self, node: &str) -> Result<String> {
+        let out = self.kubectl(&[
+            "get",
+            "pods",
+            "-n",
+            "kube-system",
+            "-l",
+            "app.kubernetes.io/name=weir",
+            "--field-selector",
+            &format!("spec.nodeName={node}"),
+            "-o",
+            "jsonpath={.items[*].metadata.name}",
+        ])?;
+        match out.split_whitespace().collect::<Vec<_>>()[..] {
+            [one] => Ok(one.to_string()),
+            ref pods => bail!("{} weir pods on {node}: {pods:?}", pods.len()),
         }
-        for p in &pods {
-            let out = self.kubectl(&[
-                "exec",
-                "-n",
-                "kube-system",
-                p,
-                "--",
-                "/usr/local/bin/weir",
-                "status",
-                "--output",
-                "json",
-            ])?;
-            let status: Value = serde_json::from_str(&out).context("weir status --output json")?;
-            if status["dataplane"] != dataplane.name() || status["converged"] != true {
-                bail!("{p}: {status}");
-            }
+    }
+
+    fn converged(&self, node: &str, dataplane: Dataplane) -> Result<()> {
+        let p = self.weir_pod_on(node)?;
+        let out = self.kubectl(&[
+            "exec",
+            "-n",
+            "kube-system",
+            &p,
+            "--",
+            "/usr/local/bin/weir",
+            "status",
+            "--output",
+            "json",
+        ])?;
+        let status: Value = serde_json::from_str(&out).context("weir status --output json")?;
+        if status["dataplane"] != dataplane.name() || status["converged"] != true {
+            bail!("{p} on {node}: {status}");
         }
         Ok(())
     }
@@ -1111,6 +1173,7 @@ fn write_results(
     let suite_version = match o.suite {
         Suite::E2e => format!("k8s.io/kubernetes/test/e2e/network/netpol {k8s}"),
         Suite::Npapi => format!("sigs.k8s.io/network-policy-api {}", v.network_policy_api),
+        Suite::RollingSwitch => "weir's rolling dataplane switch".to_string(),
     };
     let data = json!({
         "date": date,
