@@ -283,21 +283,19 @@ pub(super) fn run(o: &Options) -> Result<()> {
         .collect();
     let cluster_started = Instant::now();
     let mut cluster = Cluster::up(&cluster_name(o.suite, o.dataplane), o.nodes)?;
-    let outcome = cluster
-        .deploy_weir_on(&start)
-        .and_then(|()| {
-            println!(
-                "rolling-switch: cluster up with weir on {} in {:.0}s",
-                start
-                    .iter()
-                    .zip(&cluster.nodes)
-                    .map(|(d, n)| format!("{n}: {}", d.name()))
-                    .collect::<Vec<_>>()
-                    .join(", "),
-                cluster_started.elapsed().as_secs_f64()
-            );
-            probe_while_switching(&cluster, &start)
-        });
+    let outcome = cluster.deploy_weir_on(&start).and_then(|()| {
+        println!(
+            "rolling-switch: cluster up with weir on {} in {:.0}s",
+            start
+                .iter()
+                .zip(&cluster.nodes)
+                .map(|(d, n)| format!("{n}: {}", d.name()))
+                .collect::<Vec<_>>()
+                .join(", "),
+            cluster_started.elapsed().as_secs_f64()
+        );
+        probe_while_switching(&cluster, &start)
+    });
     if outcome.as_ref().map_or(true, |r| !r.wrong.is_empty()) {
         cluster.print_weir_logs();
     }
@@ -503,7 +501,9 @@ fn probe_while_switching(cluster: &Cluster, start: &[Dataplane]) -> Result<Run> 
     let settle_deadline = Instant::now() + SETTLE;
     let t0 = loop {
         let since = now();
-        std::thread::sleep(Duration::from_secs(u64::from(2 * PROBE_TIMEOUT_SECONDS + 3)));
+        std::thread::sleep(Duration::from_secs(u64::from(
+            2 * PROBE_TIMEOUT_SECONDS + 3,
+        )));
         let probes = collect()?;
         let mut wrong = Vec::new();
         let c = count(&probes, &roles, since, f64::MAX, &mut wrong);
@@ -606,7 +606,10 @@ mod tests {
     fn probe_lines_are_parsed_and_judged_by_the_source_role() {
         let log = "netexec started\nprobe 100.5 1 other-2 OK\nprobe 101.0 1 client-2 TIMEOUT\n\
                    probe 102.0 2 client-1 OTHER: connect: no route to host\nprobe x 1 a OK\n";
-        let a = parse_probes("client-1", "probe 100.0 1 other-1 OK\nprobe 100.1 1 other-2 REFUSED\n");
+        let a = parse_probes(
+            "client-1",
+            "probe 100.0 1 other-1 OK\nprobe 100.1 1 other-2 REFUSED\n",
+        );
         let b = parse_probes("other-1", log);
         assert_eq!(a.len(), 2);
         assert_eq!(b.len(), 3);
