@@ -896,6 +896,7 @@ fn suites(data: &Value) -> Result<String> {
         let suite = match r["suite"].as_str() {
             Some("e2e") => "Kubernetes NetworkPolicy e2e",
             Some("npapi") => "network-policy-api ClusterNetworkPolicy",
+            Some("cyclonus") => "cyclonus generated cases",
             _ => bail!("a result with no known `suite`"),
         };
         let dataplane = match r["dataplane"].as_str() {

@@ -43,6 +43,9 @@ pub enum Suite {
     /// the other one, every pod probing every other while each node's dataplane is switched
     /// in turn; no denied connect may get through, no allowed one fail.
     RollingSwitch,
+    /// cyclonus's generated cases (the release in deploy/cluster-versions), as cyclonus
+    /// runs them by default; `--focus TAGS` is its `--include`.
+    Cyclonus,
 }
 
 impl Suite {
@@ -51,6 +54,7 @@ impl Suite {
             Suite::E2e => "e2e",
             Suite::Npapi => "npapi",
             Suite::RollingSwitch => "rolling-switch",
+            Suite::Cyclonus => "cyclonus",
         }
     }
 }
@@ -85,6 +89,7 @@ fn cluster_name(suite: Suite, dataplane: Dataplane) -> String {
         Suite::E2e => "e2e",
         Suite::Npapi => "np",
         Suite::RollingSwitch => "rs",
+        Suite::Cyclonus => "cy",
     };
     let dataplane = match dataplane {
         Dataplane::Ebpf => "ebpf",
@@ -119,6 +124,7 @@ pub fn run(o: &Options) -> Result<()> {
     let suite_bin = match o.suite {
         Suite::E2e => ensure_e2e(&k8s)?,
         Suite::Npapi => ensure_npapi(&versions.network_policy_api, sctp.is_ok())?,
+        Suite::Cyclonus => ensure_cyclonus(&versions.cyclonus)?,
         Suite::RollingSwitch => bail!("the rolling switch has no suite binary"),
     };
     crate::image::for_tests()?;
@@ -149,6 +155,7 @@ pub fn run(o: &Options) -> Result<()> {
             o.focus.as_deref(),
             &sctp,
         ),
+        Suite::Cyclonus => run_cyclonus(&cluster, &suite_bin, o.focus.as_deref(), &sctp),
         Suite::RollingSwitch => Err(anyhow::anyhow!("the rolling switch is no suite run")),
     };
     let suite_seconds = run_started.elapsed().as_secs_f64();
@@ -173,6 +180,7 @@ pub fn run(o: &Options) -> Result<()> {
         match o.suite {
             Suite::E2e => "specs",
             Suite::Npapi | Suite::RollingSwitch => "tests",
+            Suite::Cyclonus => "cases",
         },
         built.as_secs_f64(),
         file.display()
@@ -757,6 +765,175 @@ fn parse_go_test(lines: &[String]) -> SuiteResult {
 }
 
 // ---------------------------------------------------------------------------------------
+// cyclonus
+
+/// The cyclonus binary of release `version`, built when not cached.
+fn ensure_cyclonus(version: &str) -> Result<PathBuf> {
+    let dir = components::root().join(format!("cyclonus-{version}"));
+    let bin = dir.join("cyclonus");
+    if dir.join(".complete").exists() && bin.is_file() {
+        return Ok(bin);
+    }
+    println!("conformance: building cyclonus {version} (a fresh machine pays this once)");
+    let started = Instant::now();
+    let go = components::go()?;
+    let info = cluster::download(&go, &format!("github.com/mattfenwick/cyclonus@{version}"))?;
+    let module = PathBuf::from(info["Dir"].as_str().context("no module Dir named")?);
+    let src = dir.join("src");
+    let _ = fs::remove_dir_all(&src);
+    fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
+    // A writable copy: the module cache is read-only, and go may complete go.sum.
+    exec(Command::new("cp").arg("-r").arg(&module).arg(&src))?;
+    exec(Command::new("chmod").args(["-R", "u+w"]).arg(&src))?;
+    exec(
+        cluster::go_cmd(&go, &src)
+            .args(["build", "-trimpath", "-o"])
+            .arg(&bin)
+            .arg("./cmd/cyclonus"),
+    )?;
+    if !bin.is_file() {
+        bail!("go build finished but {} is missing", bin.display());
+    }
+    fs::write(dir.join(".complete"), version)?;
+    println!(
+        "conformance: built cyclonus {version} in {:.0}s",
+        started.elapsed().as_secs_f64()
+    );
+    Ok(bin)
+}
+
+/// cyclonus's own default `--exclude` (v0.5.6's `DefaultExcludeTags`): passing
+/// `--exclude` replaces it, so it is named again beside `sctp`.
+const CYCLONUS_DEFAULT_EXCLUDE: &str =
+    "multi-peer,upstream-e2e,example,end-port,namespaces-by-default-label";
+
+/// The descriptions of the cases `cyclonus generate ARGS` would run, from a dry run
+/// against its mock cluster (no cluster needed).
+fn cyclonus_cases(bin: &Path, args: &[String]) -> Result<Vec<String>> {
+    let out = run_timeout(
+        Command::new(bin).args(args).args(["--mock", "--dry-run"]),
+        Duration::from_secs(120),
+    )?;
+    if !out.status.success() {
+        bail!(
+            "cyclonus --mock --dry-run failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(dry_run_cases(&String::from_utf8_lossy(&out.stdout)))
+}
+
+/// `test #N: DESCRIPTION` lines of a cyclonus dry run.
+fn dry_run_cases(text: &str) -> Vec<String> {
+    text.lines()
+        .filter_map(|l| l.strip_prefix("test #")?.split_once(": "))
+        .map(|(_, d)| d.to_string())
+        .collect()
+}
+
+fn run_cyclonus(
+    cluster: &Cluster,
+    bin: &Path,
+    focus: Option<&str>,
+    sctp: &std::result::Result<(), String>,
+) -> Result<SuiteResult> {
+    let junit = cluster.dir.join("cyclonus-junit.xml");
+    let _ = fs::remove_file(&junit);
+    // No cluster DNS here: cases probe Services by IP, not by name.
+    let mut args = vec![
+        "generate".to_string(),
+        "--destination-type=service-ip".to_string(),
+    ];
+    if let Some(tags) = focus {
+        args.push(format!("--include={tags}"));
+    }
+    let mut exclude = CYCLONUS_DEFAULT_EXCLUDE.to_string();
+    let mut skipped = Vec::new();
+    let mut skip_reasons = Vec::new();
+    match sctp {
+        Ok(()) => args.push("--server-protocol=TCP,UDP,SCTP".to_string()),
+        Err(reason) => {
+            let mut with_sctp = args.clone();
+            with_sctp.push(format!("--exclude={exclude}"));
+            exclude += ",sctp";
+            let mut without = args.clone();
+            without.push(format!("--exclude={exclude}"));
+            let running = cyclonus_cases(bin, &without)?;
+            skipped = cyclonus_cases(bin, &with_sctp)?
+                .into_iter()
+                .filter(|c| !running.contains(c))
+                .collect();
+            println!(
+                "conformance: skipping cyclonus's {} SCTP cases (tag sctp) and its SCTP servers: {reason}",
+                skipped.len()
+            );
+            skip_reasons.push(format!(
+                "cyclonus tag sctp ({} cases): {reason}",
+                skipped.len()
+            ));
+            args.push("--server-protocol=TCP,UDP".to_string());
+        }
+    }
+    args.push(format!("--exclude={exclude}"));
+    args.push("--cleanup-namespaces".to_string());
+    let mut command = cluster.in_control_plane(bin);
+    command
+        .env("KUBECONFIG", cluster.kubeconfig())
+        .args(&args)
+        .arg(format!("--junit-results-file={}", junit.display()))
+        .current_dir(&cluster.dir);
+    // cyclonus's pass/fail tables (by feature and by tag) mark each row with ✅ or ❌.
+    let (status, summary) = stream(&mut command, SUITE_TIMEOUT, |l| {
+        l.contains('\u{2705}') || l.contains('\u{274c}')
+    })?;
+    let text = fs::read_to_string(&junit).with_context(|| {
+        format!(
+            "cyclonus ({status}) wrote no JUnit results at {}",
+            junit.display()
+        )
+    })?;
+    let mut result = parse_cyclonus_junit(&text);
+    if !status.success() {
+        bail!("cyclonus failed ({status})");
+    }
+    if result.passed.is_empty() && result.failed.is_empty() {
+        bail!("cyclonus ran no case");
+    }
+    result.total += skipped.len();
+    result.skipped = skipped;
+    result.summary = summary;
+    result.skip_reasons = skip_reasons;
+    result.args = args;
+    Ok(result)
+}
+
+/// Passed and failed cases of cyclonus's JUnit file (a `<testcase name=...>` each, with a
+/// `<failure>` inside when it failed).
+fn parse_cyclonus_junit(xml: &str) -> SuiteResult {
+    let mut r = SuiteResult::default();
+    for case in xml.split("<testcase").skip(1) {
+        let case = case.split("</testcase>").next().unwrap_or(case);
+        let name = case
+            .split_once("name=\"")
+            .and_then(|(_, rest)| rest.split_once('"'))
+            .map_or("", |(n, _)| n)
+            .replace("&#34;", "\"")
+            .replace("&quot;", "\"")
+            .replace("&#39;", "'")
+            .replace("&lt;", "<")
+            .replace("&gt;", ">")
+            .replace("&amp;", "&");
+        r.total += 1;
+        match case.contains("<failure") {
+            true => r.failed.push(name),
+            false => r.passed.push(name),
+        }
+    }
+    r
+}
+
+// ---------------------------------------------------------------------------------------
 // The cluster
 
 /// A `weir-lab cluster` of this run; torn down when dropped, unless already down.
@@ -1173,6 +1350,7 @@ fn write_results(
     let suite_version = match o.suite {
         Suite::E2e => format!("k8s.io/kubernetes/test/e2e/network/netpol {k8s}"),
         Suite::Npapi => format!("sigs.k8s.io/network-policy-api {}", v.network_policy_api),
+        Suite::Cyclonus => format!("github.com/mattfenwick/cyclonus {}", v.cyclonus),
         Suite::RollingSwitch => "weir's rolling dataplane switch".to_string(),
     };
     let data = json!({
@@ -1281,6 +1459,26 @@ mod tests {
     fn tests_that_probe_sctp_are_found_by_name() {
         let source = "var A = suite.ConformanceTest{\n\tShortName: \"CNPA\",\n\tTest: func() {\n\t\tPokeServer(t, \"tcp\")\n\t\tPokeServer(t, \"sctp\",\n\t\t\tip)\n\t},\n}\nvar B = suite.ConformanceTest{\n\tShortName:   \"CNPB\",\n\tTest: func() { PokeServer(t, \"udp\") },\n}\nvar C = suite.ConformanceTest{\n\tShortName: \"CNPCSCTP\",\n\tTest: func() { PokeServer(t, \"sctp\") },\n}\n";
         assert_eq!(sctp_tests_of(source), vec!["CNPA", "CNPCSCTP"]);
+    }
+
+    #[test]
+    fn cyclonus_cases_come_from_its_dry_run_and_its_junit_file() {
+        let dry = "testing 2 cases\n\ntest #1: ingress: empty peers\n - tags: any-peer\ntest #2: set pod selector to [\"a: b\"]\n";
+        assert_eq!(
+            dry_run_cases(dry),
+            vec!["ingress: empty peers", "set pod selector to [\"a: b\"]"]
+        );
+        let xml = r#"<testsuite tests="0" failures="1" time="" name="cyclonus">
+    <properties></properties>
+    <testcase classname="" name="ingress: empty peers" time=""></testcase>
+    <testcase classname="" name="set pod selector to [&#34;a&#34;]" time="">
+        <failure message="" type=""></failure>
+    </testcase>
+</testsuite>"#;
+        let r = parse_cyclonus_junit(xml);
+        assert_eq!(r.passed, vec!["ingress: empty peers"]);
+        assert_eq!(r.failed, vec!["set pod selector to [\"a\"]"]);
+        assert_eq!(r.total, 2);
     }
 
     #[test]
