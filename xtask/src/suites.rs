@@ -915,7 +915,8 @@ fn parse_cyclonus_junit(xml: &str) -> SuiteResult {
     for case in xml.split("<testcase").skip(1) {
         let case = case.split("</testcase>").next().unwrap_or(case);
         let name = case
-            .split_once("name=\"")
+            // ` name=`: `classname=` comes first and ends the same.
+            .split_once(" name=\"")
             .and_then(|(_, rest)| rest.split_once('"'))
             .map_or("", |(n, _)| n)
             .replace("&#34;", "\"")
