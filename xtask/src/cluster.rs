@@ -61,6 +61,8 @@ pub struct Versions {
     /// The network-policy-api release whose conformance suite `cargo xtask conformance
     /// --suite npapi` runs.
     pub network_policy_api: String,
+    /// The cyclonus release `cargo xtask conformance --suite cyclonus` runs.
+    pub cyclonus: String,
 }
 
 pub fn versions() -> Result<Versions> {
@@ -86,6 +88,7 @@ fn parse_versions(text: &str) -> Result<Versions> {
         pause: get("pause")?,
         agnhost,
         network_policy_api: get("network-policy-api")?,
+        cyclonus: get("cyclonus")?,
     })
 }
 
@@ -478,13 +481,14 @@ mod tests {
     #[test]
     fn versions_are_read_from_the_pins() {
         let v = parse_versions(
-            "# c\ncontainerd v2.2.10\npause 3.10.1\nagnhost 2.56,2.45\nnetwork-policy-api v0.3.0\n",
+            "# c\ncontainerd v2.2.10\npause 3.10.1\nagnhost 2.56,2.45\nnetwork-policy-api v0.3.0\ncyclonus v0.5.6\n",
         )
         .unwrap();
         assert_eq!(v.containerd, "v2.2.10");
         assert_eq!(v.pause, "3.10.1");
         assert_eq!(v.agnhost, vec!["2.56", "2.45"]);
         assert_eq!(v.network_policy_api, "v0.3.0");
+        assert_eq!(v.cyclonus, "v0.5.6");
         assert!(parse_versions("pause 3.10.1\n").is_err());
     }
 

@@ -60,17 +60,22 @@ enum Command {
     Conformance {
         /// e2e: Kubernetes' NetworkPolicy e2e (every `Feature:NetworkPolicy` and
         /// `NetworkPolicy API` spec of the pinned release); npapi: network-policy-api's
-        /// conformance, ClusterNetworkPolicy profile, all features.
+        /// conformance, ClusterNetworkPolicy profile, all features; cyclonus: cyclonus's
+        /// generated cases (about an hour per dataplane); rolling-switch: pods on
+        /// every node probing each other while each node's dataplane is switched in turn
+        /// (fails on any denied probe connecting or allowed one failing).
         #[arg(long, value_enum)]
         suite: Option<suites::Suite>,
-        /// --suite: the dataplane every node's weir runs.
+        /// --suite: the dataplane every node's weir runs (rolling-switch: node 1's at the
+        /// start, the other nodes on the other one).
         #[arg(long, value_enum, requires = "suite", default_value = "ebpf")]
         dataplane: suites::Dataplane,
         /// --suite: kubelet nodes.
         #[arg(long, requires = "suite", default_value_t = 2)]
         nodes: usize,
         /// --suite: e2e, a ginkgo focus regex instead of every NetworkPolicy spec; npapi, a
-        /// `go test -run` pattern below TestConformanceProfiles.
+        /// `go test -run` pattern below TestConformanceProfiles; cyclonus, its `--include`
+        /// tags (comma-separated).
         #[arg(long, requires = "suite", value_name = "REGEX")]
         focus: Option<String>,
         /// Instead: the short subset (2 nodes; on each dataplane one denying and one

@@ -71,6 +71,10 @@ pub const TABLES: &[(&str, &str)] = &[
         "suites",
         "conformance --suite: one row per run (any number of files): suite, dataplane, passed / run, skipped and why, date, versions",
     ),
+    (
+        "rolling-switch",
+        "conformance --suite rolling-switch: per run (any number of files) one row per phase (before the first flip, each node's flip): probes, across nodes, allowed failed, denied connected",
+    ),
 ];
 
 const BEGIN: &str = "<!-- results ";
@@ -162,6 +166,7 @@ fn make(table: &str, data: &Value) -> Result<String> {
         "cluster-extrapolation" => cluster_extrapolation(report),
         "kernels" => kernels(data),
         "suites" => suites(data),
+        "rolling-switch" => rolling_switch(data),
         other => bail!(
             "no table {other}; one of {}",
             TABLES
@@ -891,6 +896,7 @@ fn suites(data: &Value) -> Result<String> {
         let suite = match r["suite"].as_str() {
             Some("e2e") => "Kubernetes NetworkPolicy e2e",
             Some("npapi") => "network-policy-api ClusterNetworkPolicy",
+            Some("cyclonus") => "cyclonus generated cases",
             _ => bail!("a result with no known `suite`"),
         };
         let dataplane = match r["dataplane"].as_str() {
@@ -934,6 +940,80 @@ fn suites(data: &Value) -> Result<String> {
                 ),
             ],
         );
+    }
+    Ok(out)
+}
+
+/// Per `cargo xtask conformance --suite rolling-switch` result, one row per phase.
+fn rolling_switch(data: &Value) -> Result<String> {
+    let runs = match data {
+        Value::Array(runs) => runs.iter().collect(),
+        one => vec![one],
+    };
+    let mut out = String::from(
+        "| run | phase | seconds | probes (across nodes) | allowed probes failed | denied probes connected |\n|---|---|---|---|---|---|\n",
+    );
+    for run in runs {
+        let r = &run["report"];
+        let start = r["start"]
+            .as_object()
+            .context("a rolling-switch result with no `start`")?;
+        let label = format!(
+            "{}; {}, weir {}",
+            start
+                .iter()
+                .map(|(node, dp)| format!("{node} {}", dp.as_str().unwrap_or("?")))
+                .collect::<Vec<_>>()
+                .join(", "),
+            run["date"].as_str().unwrap_or("?"),
+            r["versions"]["weir"].as_str().unwrap_or("?")
+        );
+        let phases = r["phases"]
+            .as_array()
+            .context("a rolling-switch result with no `phases`")?;
+        let flips = r["flips"].as_array().cloned().unwrap_or_default();
+        let mut rows = vec![];
+        for p in phases {
+            let c = &p["counts"];
+            let n = |k: &str| c[k].as_u64().unwrap_or(0);
+            let mut phase = p["phase"].as_str().unwrap_or("?").to_string();
+            // A flip's phase names how long its node took to report the new dataplane.
+            if let Some(f) = flips.iter().find(|f| {
+                f["node"]
+                    .as_str()
+                    .is_some_and(|node| phase.contains(&format!("{node}:")))
+            }) {
+                phase += &format!(
+                    " (reported converged after {} s)",
+                    f["seconds_to_converged"]
+                );
+            }
+            rows.push((
+                phase,
+                [
+                    p["seconds"].to_string(),
+                    format!("{} ({})", n("probes"), n("cross_node")),
+                    format!("{} of {}", n("allowed_failed"), n("allowed")),
+                    format!("{} of {}", n("denied_connected"), n("denied")),
+                ],
+            ));
+        }
+        let t = &r["total"];
+        let n = |k: &str| t[k].as_u64().unwrap_or(0);
+        rows.push((
+            "**in all**".to_string(),
+            [
+                String::new(),
+                format!("{} ({})", n("probes"), n("cross_node")),
+                format!("{} of {}", n("allowed_failed"), n("allowed")),
+                format!("{} of {}", n("denied_connected"), n("denied")),
+            ],
+        ));
+        // The run is named on its first row only.
+        for (k, (phase, cells)) in rows.into_iter().enumerate() {
+            let run = if k == 0 { label.as_str() } else { "" };
+            out += &line(run, std::iter::once(phase).chain(cells));
+        }
     }
     Ok(out)
 }
@@ -1225,6 +1305,30 @@ mod tests {
              | network-policy-api ClusterNetworkPolicy | iptables | 2 / 3 (9 / 9 subtests) | 1 (SCTP: the kernel has none) | 2026-12-06 | S v1, Kubernetes v1.34.4, containerd v2.2.10, weir abc |\n"
         );
         assert!(suites(&json!({"report": {}})).is_err());
+    }
+
+    #[test]
+    fn a_rolling_switch_table_has_a_row_per_phase_and_the_totals() {
+        let counts = |p: u64, f: u64| {
+            json!({"probes": p, "cross_node": p - 1, "allowed": p - 2, "allowed_failed": f,
+                   "denied": 2, "denied_connected": 0, "unjudged": 0})
+        };
+        let run = json!({"date": "2026-12-06", "report": {
+            "start": {"n-1": "ebpf", "n-2": "iptables"},
+            "versions": {"weir": "abc"},
+            "flips": [{"node": "n-1", "from": "ebpf", "to": "iptables", "seconds_to_converged": 0.8}],
+            "phases": [
+                {"phase": "before the first flip (mixed dataplanes)", "seconds": 20.5, "counts": counts(10, 0)},
+                {"phase": "flip n-1: ebpf -> iptables", "seconds": 21.0, "counts": counts(12, 1)}],
+            "total": counts(22, 1)}});
+        assert_eq!(
+            rolling_switch(&run).unwrap(),
+            "| run | phase | seconds | probes (across nodes) | allowed probes failed | denied probes connected |\n|---|---|---|---|---|---|\n\
+             | n-1 ebpf, n-2 iptables; 2026-12-06, weir abc | before the first flip (mixed dataplanes) | 20.5 | 10 (9) | 0 of 8 | 0 of 2 |\n\
+             |  | flip n-1: ebpf -> iptables (reported converged after 0.8 s) | 21.0 | 12 (11) | 1 of 10 | 0 of 2 |\n\
+             |  | **in all** |  | 22 (21) | 1 of 20 | 0 of 2 |\n"
+        );
+        assert!(rolling_switch(&json!({"report": {}})).is_err());
     }
 
     #[test]

@@ -25,6 +25,8 @@ use crate::cluster::{self, Versions};
 use crate::cmd::{exec, is_root, output, workspace_root};
 use crate::components;
 
+mod rolling;
+
 /// The specs the e2e framework runs only when focused (it skips `[Feature:...]` otherwise).
 const E2E_FOCUS: &str = "Feature:NetworkPolicy|NetworkPolicy API";
 /// How long a whole suite may take: about 20 minutes when every e2e spec passes, about
@@ -37,6 +39,13 @@ pub enum Suite {
     E2e,
     /// network-policy-api's conformance, ClusterNetworkPolicy profile, all features.
     Npapi,
+    /// Not a suite of the field's: across nodes, node 1 on `--dataplane` and the others on
+    /// the other one, every pod probing every other while each node's dataplane is switched
+    /// in turn; no denied connect may get through, no allowed one fail.
+    RollingSwitch,
+    /// cyclonus's generated cases (the release in deploy/cluster-versions), as cyclonus
+    /// runs them by default; `--focus TAGS` is its `--include`.
+    Cyclonus,
 }
 
 impl Suite {
@@ -44,6 +53,8 @@ impl Suite {
         match self {
             Suite::E2e => "e2e",
             Suite::Npapi => "npapi",
+            Suite::RollingSwitch => "rolling-switch",
+            Suite::Cyclonus => "cyclonus",
         }
     }
 }
@@ -61,6 +72,13 @@ impl Dataplane {
             Dataplane::Iptables => "iptables",
         }
     }
+
+    fn other(self) -> Dataplane {
+        match self {
+            Dataplane::Ebpf => Dataplane::Iptables,
+            Dataplane::Iptables => Dataplane::Ebpf,
+        }
+    }
 }
 
 /// The cluster's `--name`: one per suite and dataplane, apart from `weir-lab cluster`'s
@@ -70,6 +88,8 @@ fn cluster_name(suite: Suite, dataplane: Dataplane) -> String {
     let suite = match suite {
         Suite::E2e => "e2e",
         Suite::Npapi => "np",
+        Suite::RollingSwitch => "rs",
+        Suite::Cyclonus => "cy",
     };
     let dataplane = match dataplane {
         Dataplane::Ebpf => "ebpf",
@@ -91,6 +111,9 @@ pub fn run(o: &Options) -> Result<()> {
     if !is_root() {
         bail!("the suites run a kubelet cluster (namespaces, mounts, cgroups): run it as root");
     }
+    if o.suite == Suite::RollingSwitch {
+        return rolling::run(o);
+    }
     let started = Instant::now();
     // The weir this run tests: the commit as the image is built, not as the run ends.
     let weir = weir_commit();
@@ -101,6 +124,8 @@ pub fn run(o: &Options) -> Result<()> {
     let suite_bin = match o.suite {
         Suite::E2e => ensure_e2e(&k8s)?,
         Suite::Npapi => ensure_npapi(&versions.network_policy_api, sctp.is_ok())?,
+        Suite::Cyclonus => ensure_cyclonus(&versions.cyclonus)?,
+        Suite::RollingSwitch => bail!("the rolling switch has no suite binary"),
     };
     crate::image::for_tests()?;
     exec(crate::cmd::cargo().args(["build", "--package", "weir-lab"]))?;
@@ -130,6 +155,8 @@ pub fn run(o: &Options) -> Result<()> {
             o.focus.as_deref(),
             &sctp,
         ),
+        Suite::Cyclonus => run_cyclonus(&cluster, &suite_bin, o.focus.as_deref(), &sctp),
+        Suite::RollingSwitch => Err(anyhow::anyhow!("the rolling switch is no suite run")),
     };
     let suite_seconds = run_started.elapsed().as_secs_f64();
     // Whatever the suite said, the weir pods' logs go with a failure.
@@ -152,7 +179,8 @@ pub fn run(o: &Options) -> Result<()> {
         result.total,
         match o.suite {
             Suite::E2e => "specs",
-            Suite::Npapi => "tests",
+            Suite::Npapi | Suite::RollingSwitch => "tests",
+            Suite::Cyclonus => "cases",
         },
         built.as_secs_f64(),
         file.display()
@@ -737,6 +765,176 @@ fn parse_go_test(lines: &[String]) -> SuiteResult {
 }
 
 // ---------------------------------------------------------------------------------------
+// cyclonus
+
+/// The cyclonus binary of release `version`, built when not cached.
+fn ensure_cyclonus(version: &str) -> Result<PathBuf> {
+    let dir = components::root().join(format!("cyclonus-{version}"));
+    let bin = dir.join("cyclonus");
+    if dir.join(".complete").exists() && bin.is_file() {
+        return Ok(bin);
+    }
+    println!("conformance: building cyclonus {version} (a fresh machine pays this once)");
+    let started = Instant::now();
+    let go = components::go()?;
+    let info = cluster::download(&go, &format!("github.com/mattfenwick/cyclonus@{version}"))?;
+    let module = PathBuf::from(info["Dir"].as_str().context("no module Dir named")?);
+    let src = dir.join("src");
+    let _ = fs::remove_dir_all(&src);
+    fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
+    // A writable copy: the module cache is read-only, and go may complete go.sum.
+    exec(Command::new("cp").arg("-r").arg(&module).arg(&src))?;
+    exec(Command::new("chmod").args(["-R", "u+w"]).arg(&src))?;
+    exec(
+        cluster::go_cmd(&go, &src)
+            .args(["build", "-trimpath", "-o"])
+            .arg(&bin)
+            .arg("./cmd/cyclonus"),
+    )?;
+    if !bin.is_file() {
+        bail!("go build finished but {} is missing", bin.display());
+    }
+    fs::write(dir.join(".complete"), version)?;
+    println!(
+        "conformance: built cyclonus {version} in {:.0}s",
+        started.elapsed().as_secs_f64()
+    );
+    Ok(bin)
+}
+
+/// cyclonus's own default `--exclude` (v0.5.6's `DefaultExcludeTags`): passing
+/// `--exclude` replaces it, so it is named again beside `sctp`.
+const CYCLONUS_DEFAULT_EXCLUDE: &str =
+    "multi-peer,upstream-e2e,example,end-port,namespaces-by-default-label";
+
+/// The descriptions of the cases `cyclonus generate ARGS` would run, from a dry run
+/// against its mock cluster (no cluster needed).
+fn cyclonus_cases(bin: &Path, args: &[String]) -> Result<Vec<String>> {
+    let out = run_timeout(
+        Command::new(bin).args(args).args(["--mock", "--dry-run"]),
+        Duration::from_secs(120),
+    )?;
+    if !out.status.success() {
+        bail!(
+            "cyclonus --mock --dry-run failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(dry_run_cases(&String::from_utf8_lossy(&out.stdout)))
+}
+
+/// `test #N: DESCRIPTION` lines of a cyclonus dry run.
+fn dry_run_cases(text: &str) -> Vec<String> {
+    text.lines()
+        .filter_map(|l| l.strip_prefix("test #")?.split_once(": "))
+        .map(|(_, d)| d.to_string())
+        .collect()
+}
+
+fn run_cyclonus(
+    cluster: &Cluster,
+    bin: &Path,
+    focus: Option<&str>,
+    sctp: &std::result::Result<(), String>,
+) -> Result<SuiteResult> {
+    let junit = cluster.dir.join("cyclonus-junit.xml");
+    let _ = fs::remove_file(&junit);
+    // No cluster DNS here: cases probe Services by IP, not by name.
+    let mut args = vec![
+        "generate".to_string(),
+        "--destination-type=service-ip".to_string(),
+    ];
+    if let Some(tags) = focus {
+        args.push(format!("--include={tags}"));
+    }
+    let mut exclude = CYCLONUS_DEFAULT_EXCLUDE.to_string();
+    let mut skipped = Vec::new();
+    let mut skip_reasons = Vec::new();
+    match sctp {
+        Ok(()) => args.push("--server-protocol=TCP,UDP,SCTP".to_string()),
+        Err(reason) => {
+            let mut with_sctp = args.clone();
+            with_sctp.push(format!("--exclude={exclude}"));
+            exclude += ",sctp";
+            let mut without = args.clone();
+            without.push(format!("--exclude={exclude}"));
+            let running = cyclonus_cases(bin, &without)?;
+            skipped = cyclonus_cases(bin, &with_sctp)?
+                .into_iter()
+                .filter(|c| !running.contains(c))
+                .collect();
+            println!(
+                "conformance: skipping cyclonus's {} SCTP cases (tag sctp) and its SCTP servers: {reason}",
+                skipped.len()
+            );
+            skip_reasons.push(format!(
+                "cyclonus tag sctp ({} cases): {reason}",
+                skipped.len()
+            ));
+            args.push("--server-protocol=TCP,UDP".to_string());
+        }
+    }
+    args.push(format!("--exclude={exclude}"));
+    args.push("--cleanup-namespaces".to_string());
+    let mut command = cluster.in_control_plane(bin);
+    command
+        .env("KUBECONFIG", cluster.kubeconfig())
+        .args(&args)
+        .arg(format!("--junit-results-file={}", junit.display()))
+        .current_dir(&cluster.dir);
+    // cyclonus's pass/fail tables (by feature and by tag) mark each row with ✅ or ❌.
+    let (status, summary) = stream(&mut command, SUITE_TIMEOUT, |l| {
+        l.contains('\u{2705}') || l.contains('\u{274c}')
+    })?;
+    let text = fs::read_to_string(&junit).with_context(|| {
+        format!(
+            "cyclonus ({status}) wrote no JUnit results at {}",
+            junit.display()
+        )
+    })?;
+    let mut result = parse_cyclonus_junit(&text);
+    if !status.success() {
+        bail!("cyclonus failed ({status})");
+    }
+    if result.passed.is_empty() && result.failed.is_empty() {
+        bail!("cyclonus ran no case");
+    }
+    result.total += skipped.len();
+    result.skipped = skipped;
+    result.summary = summary;
+    result.skip_reasons = skip_reasons;
+    result.args = args;
+    Ok(result)
+}
+
+/// Passed and failed cases of cyclonus's JUnit file (a `<testcase name=...>` each, with a
+/// `<failure>` inside when it failed).
+fn parse_cyclonus_junit(xml: &str) -> SuiteResult {
+    let mut r = SuiteResult::default();
+    for case in xml.split("<testcase").skip(1) {
+        let case = case.split("</testcase>").next().unwrap_or(case);
+        let name = case
+            // ` name=`: `classname=` comes first and ends the same.
+            .split_once(" name=\"")
+            .and_then(|(_, rest)| rest.split_once('"'))
+            .map_or("", |(n, _)| n)
+            .replace("&#34;", "\"")
+            .replace("&quot;", "\"")
+            .replace("&#39;", "'")
+            .replace("&lt;", "<")
+            .replace("&gt;", ">")
+            .replace("&amp;", "&");
+        r.total += 1;
+        match case.contains("<failure") {
+            true => r.failed.push(name),
+            false => r.passed.push(name),
+        }
+    }
+    r
+}
+
+// ---------------------------------------------------------------------------------------
 // The cluster
 
 /// A `weir-lab cluster` of this run; torn down when dropped, unless already down.
@@ -852,14 +1050,22 @@ impl Cluster {
     /// node labelled with `dataplane`; returns once each node's weir reports that dataplane
     /// converged.
     fn deploy_weir(&self, dataplane: Dataplane) -> Result<()> {
-        for n in &self.nodes {
-            self.kubectl(&[
-                "label",
-                "node",
-                n,
-                "--overwrite",
-                &format!("weir.io/dataplane={}", dataplane.name()),
-            ])?;
+        let every: Vec<Dataplane> = self.nodes.iter().map(|_| dataplane).collect();
+        self.deploy_weir_on(&every)
+    }
+
+    /// As [`Cluster::deploy_weir`], node I (in `nodes`' order) labelled with
+    /// `dataplanes[I]`.
+    fn deploy_weir_on(&self, dataplanes: &[Dataplane]) -> Result<()> {
+        if dataplanes.len() != self.nodes.len() {
+            bail!(
+                "{} dataplanes for {} nodes",
+                dataplanes.len(),
+                self.nodes.len()
+            );
+        }
+        for (n, dataplane) in self.nodes.iter().zip(dataplanes) {
+            self.label_dataplane(n, *dataplane)?;
         }
         let digest = &self.digest;
         let overlay = self.dir.join("overlay");
@@ -883,13 +1089,32 @@ impl Cluster {
             "daemonset/weir",
             "--timeout=180s",
         ])?;
+        for (n, dataplane) in self.nodes.iter().zip(dataplanes) {
+            self.wait_converged(n, *dataplane)?;
+        }
+        Ok(())
+    }
+
+    fn label_dataplane(&self, node: &str, dataplane: Dataplane) -> Result<()> {
+        self.kubectl(&[
+            "label",
+            "node",
+            node,
+            "--overwrite",
+            &format!("weir.io/dataplane={}", dataplane.name()),
+        ])?;
+        Ok(())
+    }
+
+    /// Returns once `node`'s weir reports `dataplane` converged (`weir status` in its pod).
+    fn wait_converged(&self, node: &str, dataplane: Dataplane) -> Result<()> {
         let deadline = Instant::now() + Duration::from_secs(180);
         loop {
-            match self.converged(dataplane) {
+            match self.converged(node, dataplane) {
                 Ok(()) => return Ok(()),
                 Err(e) if Instant::now() > deadline => {
                     return Err(e.context(format!(
-                        "weir did not report {} converged on every node within 180 s",
+                        "weir on {node} did not report {} converged within 180 s",
                         dataplane.name()
                     )))
                 }
@@ -912,27 +1137,42 @@ impl Cluster {
         Ok(out.split_whitespace().map(str::to_string).collect())
     }
 
-    fn converged(&self, dataplane: Dataplane) -> Result<()> {
-        let pods = self.weir_pods()?;
-        if pods.len() != self.nodes.len() {
-            bail!("{} weir pods for {} nodes", pods.len(), self.nodes.len());
+    /// The weir pod that `node`'s kubelet runs.
+    fn weir_pod_on(&self, node: &str) -> Result<String> {
+        let out = self.kubectl(&[
+            "get",
+            "pods",
+            "-n",
+            "kube-system",
+            "-l",
+            "app.kubernetes.io/name=weir",
+            "--field-selector",
+            &format!("spec.nodeName={node}"),
+            "-o",
+            "jsonpath={.items[*].metadata.name}",
+        ])?;
+        match out.split_whitespace().collect::<Vec<_>>()[..] {
+            [one] => Ok(one.to_string()),
+            ref pods => bail!("{} weir pods on {node}: {pods:?}", pods.len()),
         }
-        for p in &pods {
-            let out = self.kubectl(&[
-                "exec",
-                "-n",
-                "kube-system",
-                p,
-                "--",
-                "/usr/local/bin/weir",
-                "status",
-                "--output",
-                "json",
-            ])?;
-            let status: Value = serde_json::from_str(&out).context("weir status --output json")?;
-            if status["dataplane"] != dataplane.name() || status["converged"] != true {
-                bail!("{p}: {status}");
-            }
+    }
+
+    fn converged(&self, node: &str, dataplane: Dataplane) -> Result<()> {
+        let p = self.weir_pod_on(node)?;
+        let out = self.kubectl(&[
+            "exec",
+            "-n",
+            "kube-system",
+            &p,
+            "--",
+            "/usr/local/bin/weir",
+            "status",
+            "--output",
+            "json",
+        ])?;
+        let status: Value = serde_json::from_str(&out).context("weir status --output json")?;
+        if status["dataplane"] != dataplane.name() || status["converged"] != true {
+            bail!("{p} on {node}: {status}");
         }
         Ok(())
     }
@@ -1111,6 +1351,8 @@ fn write_results(
     let suite_version = match o.suite {
         Suite::E2e => format!("k8s.io/kubernetes/test/e2e/network/netpol {k8s}"),
         Suite::Npapi => format!("sigs.k8s.io/network-policy-api {}", v.network_policy_api),
+        Suite::Cyclonus => format!("github.com/mattfenwick/cyclonus {}", v.cyclonus),
+        Suite::RollingSwitch => "weir's rolling dataplane switch".to_string(),
     };
     let data = json!({
         "date": date,
@@ -1218,6 +1460,26 @@ mod tests {
     fn tests_that_probe_sctp_are_found_by_name() {
         let source = "var A = suite.ConformanceTest{\n\tShortName: \"CNPA\",\n\tTest: func() {\n\t\tPokeServer(t, \"tcp\")\n\t\tPokeServer(t, \"sctp\",\n\t\t\tip)\n\t},\n}\nvar B = suite.ConformanceTest{\n\tShortName:   \"CNPB\",\n\tTest: func() { PokeServer(t, \"udp\") },\n}\nvar C = suite.ConformanceTest{\n\tShortName: \"CNPCSCTP\",\n\tTest: func() { PokeServer(t, \"sctp\") },\n}\n";
         assert_eq!(sctp_tests_of(source), vec!["CNPA", "CNPCSCTP"]);
+    }
+
+    #[test]
+    fn cyclonus_cases_come_from_its_dry_run_and_its_junit_file() {
+        let dry = "testing 2 cases\n\ntest #1: ingress: empty peers\n - tags: any-peer\ntest #2: set pod selector to [\"a: b\"]\n";
+        assert_eq!(
+            dry_run_cases(dry),
+            vec!["ingress: empty peers", "set pod selector to [\"a: b\"]"]
+        );
+        let xml = r#"<testsuite tests="0" failures="1" time="" name="cyclonus">
+    <properties></properties>
+    <testcase classname="" name="ingress: empty peers" time=""></testcase>
+    <testcase classname="" name="set pod selector to [&#34;a&#34;]" time="">
+        <failure message="" type=""></failure>
+    </testcase>
+</testsuite>"#;
+        let r = parse_cyclonus_junit(xml);
+        assert_eq!(r.passed, vec!["ingress: empty peers"]);
+        assert_eq!(r.failed, vec!["set pod selector to [\"a\"]"]);
+        assert_eq!(r.total, 2);
     }
 
     #[test]
