@@ -206,7 +206,9 @@ fn handover_while_probing(
 
 /// Runs `act` (a lab command that returns once the change is enforced) while a thread
 /// probes without pause. Returns the wrong probes (leaked, failed) of the rounds that
-/// started before `act` returned and of those after.
+/// started after `act` began and before it returned, and of those after. The rounds
+/// before it began, under the old enforcer alone (a crash-looping NPM's restarts drop
+/// what they like), judge nothing of the change.
 fn while_probing(
     lab: &Lab,
     expected: &Matrix,
@@ -215,7 +217,7 @@ fn while_probing(
 ) -> Result<[(Vec<String>, Vec<String>); 2]> {
     let rounds: Mutex<Vec<(Instant, Matrix)>> = Mutex::new(Vec::new());
     let stop = AtomicBool::new(false);
-    let enforced = std::thread::scope(|s| -> Result<Instant> {
+    let (asked, enforced) = std::thread::scope(|s| -> Result<(Instant, Instant)> {
         let prober = s.spawn(|| -> Result<()> {
             while !stop.load(Ordering::Relaxed) {
                 let started = Instant::now();
@@ -251,20 +253,21 @@ fn while_probing(
         stop.store(true, Ordering::Relaxed);
         prober.join().expect("the prober panicked")?;
         handed?;
-        Ok(enforced)
+        Ok((asked, enforced))
     })?;
     let rounds = rounds.into_inner().unwrap();
     let mut out: [(Vec<String>, Vec<String>); 2] = Default::default();
-    for (started, got) in &rounds {
+    for (started, got) in rounds.iter().filter(|(t, _)| *t >= asked) {
         let (leaked, failed) = wrong(expected, got);
         let phase = &mut out[usize::from(*started >= enforced)];
         phase.0.extend(leaked);
         phase.1.extend(failed);
     }
     say(format!(
-        "{} probe rounds during {what}, {} of them after weir enforced",
-        rounds.len(),
-        rounds.iter().filter(|(t, _)| *t >= enforced).count()
+        "{} probe rounds during {what}, {} of them after weir enforced ({} before it began, not judged)",
+        rounds.iter().filter(|(t, _)| *t >= asked).count(),
+        rounds.iter().filter(|(t, _)| *t >= enforced).count(),
+        rounds.iter().filter(|(t, _)| *t < asked).count()
     ));
     Ok(out)
 }
