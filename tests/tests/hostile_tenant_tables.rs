@@ -438,12 +438,20 @@ fn a_full_policy_map_never_opens_an_admin_deny_iptables() {
 }
 
 /// Scenario 3 on `dataplane`: 10,000 ipBlocks (120,000 entries per selected pod) are
-/// refused; the agent stays up and green's policy keeps being enforced.
+/// refused; the agent, run from weir's image under the DaemonSet's memory limit, stays up
+/// and green's policy keeps being enforced.
 fn ten_thousand_blocks(dataplane: &str) {
     let lab = Lab::new(&format!("tenant-10k-{dataplane}"));
     let world = manifest(&lab, "world.yaml", &format!("{WORLD}---\n{GREEN_DB}"));
-    lab.weir(&["up", "--dataplane", dataplane, world.to_str().unwrap()])
-        .unwrap_or_else(|e| panic!("{dataplane}: lab up: {e}"));
+    lab.weir(&[
+        "up",
+        "--dataplane",
+        dataplane,
+        "--agent-image",
+        &weir_tests::agent_image(),
+        world.to_str().unwrap(),
+    ])
+    .unwrap_or_else(|e| panic!("{dataplane}: lab up: {e}"));
     let huge = manifest(
         &lab,
         "huge.yaml",
