@@ -806,13 +806,17 @@ impl EbpfDataplane {
             .evict_service(&mut self.maps, &self.unlisted_frontends, errors);
         self.kernel.upsert_service(&mut self.maps, &staged, errors);
         // (Only those SERVICE now holds a frontend of: a refused write keeps the mark.)
-        let in_service: BTreeSet<u128> = self
-            .kernel
-            .service
-            .keys()
-            .map(|k| u128::from_be_bytes(k.addr))
-            .collect();
-        let listed_again: Vec<identities::Prefix> = std::mem::take(&mut self.lingering_unlisted)
+        let lingering = std::mem::take(&mut self.lingering_unlisted);
+        let in_service: BTreeSet<u128> = match lingering.is_empty() {
+            true => BTreeSet::new(),
+            false => self
+                .kernel
+                .service
+                .keys()
+                .map(|k| u128::from_be_bytes(k.addr))
+                .collect(),
+        };
+        let listed_again: Vec<identities::Prefix> = lingering
             .into_iter()
             .filter(|p| in_service.contains(&p.addr))
             .collect();

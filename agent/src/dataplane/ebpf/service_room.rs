@@ -128,18 +128,23 @@ pub fn fit_frontends(
             target.identity.insert(prefix, IDENTITY_UNLISTED_FRONTEND);
         }
     }
-    let listed: BTreeSet<u128> = target
+    // Looked up by the listed frontends' addresses, not by a walk of IDENTITY (which may
+    // hold a million prefixes): this runs at every convergence.
+    let listed: BTreeSet<Prefix> = target
         .service
         .keys()
-        .map(|k| u128::from_be_bytes(k.addr))
+        .filter(|k| k.addr != [0; 16])
+        .map(|k| Prefix {
+            addr: u128::from_be_bytes(k.addr),
+            len: 128,
+        })
         .collect();
-    for (prefix, id) in &kernel.identity {
-        if *id == IDENTITY_UNLISTED_FRONTEND
-            && !target.identity.contains_key(prefix)
-            && listed.contains(&prefix.addr)
+    for prefix in listed {
+        if kernel.identity.get(&prefix) == Some(&IDENTITY_UNLISTED_FRONTEND)
+            && !target.identity.contains_key(&prefix)
         {
-            target.identity.insert(*prefix, IDENTITY_UNLISTED_FRONTEND);
-            room.lingering.insert(*prefix);
+            target.identity.insert(prefix, IDENTITY_UNLISTED_FRONTEND);
+            room.lingering.insert(prefix);
         }
     }
     room
@@ -304,6 +309,34 @@ mod tests {
             errors[0].reason.contains("6 Service frontends"),
             "{:?}",
             errors[0]
+        );
+    }
+
+    #[test]
+    fn a_mark_whose_frontend_is_listed_again_lingers_until_service_holds_it() {
+        use std::net::{IpAddr, Ipv4Addr};
+        use weir_policy::desired::{Frontend, Protocol};
+        let f = Frontend {
+            addr: Some(IpAddr::V4(Ipv4Addr::new(10, 96, 0, 1))),
+            protocol: Protocol::Tcp,
+            port: 80,
+        };
+        let mut desired = Desired::default();
+        desired.frontends.insert(f);
+        let mut target = KernelState::default();
+        target.service.insert(super::super::service_key(&f), 1);
+        let mark = Prefix {
+            addr: u128::from_be_bytes(Ipv4Addr::new(10, 96, 0, 1).to_ipv6_mapped().octets()),
+            len: 128,
+        };
+        let mut kernel = KernelState::default();
+        kernel.identity.insert(mark, IDENTITY_UNLISTED_FRONTEND);
+        let room = fit_frontends(&desired, &[], Some(16), &kernel, &mut target);
+        assert!(room.unlisted.is_empty());
+        assert_eq!(room.lingering, BTreeSet::from([mark]));
+        assert_eq!(
+            target.identity.get(&mark),
+            Some(&IDENTITY_UNLISTED_FRONTEND)
         );
     }
 }
