@@ -1,5 +1,11 @@
-//! Header parsing with bpf_skb_load_bytes (bounds are the helper's, which keeps the
-//! verifier simple on old kernels). IPv4 addresses become IPv4-mapped IPv6.
+//! Header parsing. IPv4 addresses become IPv4-mapped IPv6.
+//!
+//! The common frame (untagged Ethernet, IPv4 with no options and not a fragment or IPv6
+//! with no extension header, then TCP or UDP) is read straight from the packet's linear
+//! data: one bounds check, no helper call ([`parse_linear`]). Every other frame, and one
+//! whose headers are not all in the linear data, is read with bpf_skb_load_bytes, one
+//! call per field (bounds are the helper's, which keeps the verifier simple on old
+//! kernels). Both fill [`Packet`] alike for the frames the first one takes.
 //!
 //! IPv6 extension headers (hop-by-hop, routing, fragment, destination options, AH) are
 //! walked, at most [`MAX_EXT_HEADERS`] of them; a packet with more is unreadable. IPv4
@@ -154,6 +160,9 @@ enum Icmp {
 /// Ethernet header). The tuple is cleared for anything that is not IP.
 #[inline(always)]
 pub fn parse(ctx: &SkBuff, pkt: &mut Packet) -> Result<Frame, ()> {
+    if parse_linear(ctx, pkt) {
+        return Ok(Frame::Ip);
+    }
     clear(pkt);
     let ethertype = u16::from_be(ctx.load::<u16>(12).map_err(|_| ())?);
     let family = match ethertype {
@@ -171,6 +180,106 @@ pub fn parse(ctx: &SkBuff, pkt: &mut Packet) -> Result<Frame, ()> {
         _ => return Ok(Frame::NotIp),
     };
     parse_ip(ctx, pkt, ETH_HLEN, family)
+}
+
+/// The header bytes [`parse_linear`] needs, from the frame's start: Ethernet, then IPv4
+/// (20) or IPv6 (40), then UDP's ports and length (8) or TCP up to its flags byte (14).
+const LINEAR_V4_UDP: usize = ETH_HLEN + 20 + 8;
+const LINEAR_V4_TCP: usize = ETH_HLEN + 20 + 14;
+const LINEAR_V6_UDP: usize = ETH_HLEN + 40 + 8;
+const LINEAR_V6_TCP: usize = ETH_HLEN + 40 + 14;
+
+/// Reads `T` at `offset` of the linear data that starts at `data`; the caller has checked
+/// that `data + offset + size_of::<T>()` is within it.
+#[inline(always)]
+unsafe fn read_at<T: Copy>(data: usize, offset: usize) -> T {
+    // SAFETY: per the caller; packet data has no alignment.
+    unsafe { core::ptr::read_unaligned((data + offset) as *const T) }
+}
+
+/// The fast path of [`parse`]: fills `pkt` as the helper-based parse would and returns
+/// true for an untagged Ethernet frame with IPv4 (header of 20 bytes, not a fragment) or
+/// IPv6 (no extension header) carrying TCP or UDP, when all those headers are in the
+/// packet's linear data. Returns false, having written nothing that parse does not
+/// clear, for everything else. Only TC programs call it: a socket filter may not read
+/// packet data directly.
+#[inline(always)]
+fn parse_linear(ctx: &SkBuff, pkt: &mut Packet) -> bool {
+    // SAFETY: the skb pointer is the program's context.
+    let (data, data_end) = unsafe { ((*ctx.skb).data as usize, (*ctx.skb).data_end as usize) };
+    // The shortest frame taken here; each case checks its own length before reading more.
+    // A frame that fails a check takes the helper path.
+    if data + LINEAR_V4_UDP > data_end {
+        return false;
+    }
+    // SAFETY (each read_at): the offset and size are within a length checked before it.
+    let ethertype = u16::from_be(unsafe { read_at::<u16>(data, 12) });
+    let t = &mut pkt.tuple;
+    match ethertype {
+        ETH_P_IP => {
+            let l3 = ETH_HLEN;
+            let vihl: u8 = unsafe { read_at(data, l3) };
+            let flags_offset = u16::from_be(unsafe { read_at::<u16>(data, l3 + 6) });
+            let protocol: u8 = unsafe { read_at(data, l3 + 9) };
+            // Options, fragments (more to come, or a later one): the helper path.
+            if vihl != 0x45 || flags_offset & 0x3fff != 0 {
+                return false;
+            }
+            let l4 = l3 + 20;
+            if protocol == IPPROTO_TCP {
+                if data + LINEAR_V4_TCP > data_end {
+                    return false;
+                }
+                pkt.tcp_flags = unsafe { read_at(data, l4 + 13) };
+            } else if protocol == IPPROTO_UDP {
+                pkt.tcp_flags = 0;
+            } else {
+                return false;
+            }
+            t.saddr = mapped(unsafe { read_at::<[u8; 4]>(data, l3 + 12) });
+            t.daddr = mapped(unsafe { read_at::<[u8; 4]>(data, l3 + 16) });
+            t.sport = u16::from_be(unsafe { read_at::<u16>(data, l4) });
+            t.dport = u16::from_be(unsafe { read_at::<u16>(data, l4 + 2) });
+            t.protocol = protocol;
+            t.family = 4;
+            pkt.hop_limit = 0;
+        }
+        ETH_P_IPV6 => {
+            if data + LINEAR_V6_UDP > data_end {
+                return false;
+            }
+            let l3 = ETH_HLEN;
+            let next: u8 = unsafe { read_at(data, l3 + 6) };
+            let l4 = l3 + 40;
+            if next == IPPROTO_TCP {
+                if data + LINEAR_V6_TCP > data_end {
+                    return false;
+                }
+                pkt.tcp_flags = unsafe { read_at(data, l4 + 13) };
+            } else if next == IPPROTO_UDP {
+                pkt.tcp_flags = 0;
+            } else {
+                return false;
+            }
+            t.saddr = unsafe { read_at::<[u8; 16]>(data, l3 + 8) };
+            t.daddr = unsafe { read_at::<[u8; 16]>(data, l3 + 24) };
+            t.sport = u16::from_be(unsafe { read_at::<u16>(data, l4) });
+            t.dport = u16::from_be(unsafe { read_at::<u16>(data, l4 + 2) });
+            t.protocol = next;
+            t.family = 6;
+            pkt.hop_limit = unsafe { read_at(data, l3 + 7) };
+        }
+        _ => return false,
+    }
+    t.policy_port = t.dport;
+    pkt.is_icmp_error = false;
+    pkt.neighbor_discovery = false;
+    pkt.nd_type = 0;
+    pkt.frag = Frag {
+        kind: FRAG_NONE,
+        id: 0,
+    };
+    true
 }
 
 /// Fills `pkt` from a packet whose IP header is at offset 0: netfilter's view, where the
