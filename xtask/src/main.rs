@@ -83,6 +83,10 @@ enum Command {
         /// run it; writes no result.
         #[arg(long, conflicts_with_all = ["suite", "scenarios", "cells"])]
         ci_subset: bool,
+        /// With --ci-subset: only build (or find cached) what it runs, the cluster's
+        /// components and the two suites' binaries; run nothing.
+        #[arg(long, requires = "ci_subset")]
+        build_only: bool,
         /// Only the scenarios whose names start with this (repeatable), e.g. `cnp` for
         /// the ClusterNetworkPolicy ones.
         #[arg(long = "scenarios", value_name = "PREFIX", conflicts_with = "suite")]
@@ -257,8 +261,10 @@ fn main() {
         Command::Build { release } => build::run(release),
         Command::Test => test::run(),
         Command::Conformance {
-            ci_subset: true, ..
-        } => suites::ci_subset(),
+            ci_subset: true,
+            build_only,
+            ..
+        } => suites::ci_subset(build_only),
         Command::Conformance {
             suite: Some(suite),
             dataplane,

@@ -206,7 +206,9 @@ const CI_NPAPI_TEST: &str = "CNPAdminTierIngressTCP$";
 /// The short subset for CI (`cargo xtask conformance --ci-subset`): on a 2-node cluster per
 /// dataplane, eBPF then iptables, one denying and one allowing spec of the e2e suite and one
 /// ClusterNetworkPolicy conformance test; fails on any failure. Writes no result file.
-pub fn ci_subset() -> Result<()> {
+/// With `build_only`, only what it runs is built (`cargo xtask test` does that beside its
+/// integration tests, then runs the subset at its end).
+pub fn ci_subset(build_only: bool) -> Result<()> {
     if !is_root() {
         bail!("the suites run a kubelet cluster (namespaces, mounts, cgroups): run it as root");
     }
@@ -218,6 +220,13 @@ pub fn ci_subset() -> Result<()> {
     let sctp = kernel_sctp();
     let e2e = ensure_e2e(&k8s)?;
     let npapi = ensure_npapi(&versions.network_policy_api, sctp.is_ok())?;
+    if build_only {
+        println!(
+            "conformance: the subset's components and suites built or cached in {:.0}s",
+            started.elapsed().as_secs_f64()
+        );
+        return Ok(());
+    }
     crate::image::for_tests()?;
     exec(crate::cmd::cargo().args(["build", "--package", "weir-lab"]))?;
     println!(

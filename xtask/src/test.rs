@@ -1,7 +1,8 @@
 //! `cargo xtask test`, the CI command: formatting, clippy with warnings as errors, unit
 //! tests, then the integration tests against the real kernel, the quick groups on Debian's
-//! 5.10 kernel in a virtme-ng guest, then the fuzz targets from their seeds and the quick
-//! bench.
+//! 5.10 kernel in a virtme-ng guest, then the fuzz targets from their seeds, the quick
+//! bench, and the field's suites' short subset on 2-node kubelet clusters (built beside the
+//! integration tests: [`SubsetBuild`]).
 //! It ends with one line naming what ran. An ignored test fails the run: nothing may pass
 //! by skipping, and so does a test that leaves or removes weir state on the host
 //! (`host_guard`).
@@ -26,8 +27,84 @@ const CI_FUZZ: crate::fuzz::FuzzOptions = crate::fuzz::FuzzOptions {
 };
 
 /// Free disk a run needs: a cold run's build directories peaked at 10.7 GiB (2026-12-03,
-/// 8.2 GiB target/ and 2.3 GiB agent/fuzz/target/, line tables only), plus 30%.
-const COLD_RUN_DISK: u64 = 14 << 30;
+/// 8.2 GiB target/ and 2.3 GiB agent/fuzz/target/, line tables only), plus 30%, plus the
+/// conformance subset's Go builds (the cluster's components, the suites' binaries and
+/// their caches, about 4 GiB).
+const COLD_RUN_DISK: u64 = 18 << 30;
+
+/// The conformance subset's builds (kubelet, controller-manager, scheduler, containerd,
+/// the e2e and network-policy-api suites: about a quarter of an hour of CPU on a fresh
+/// machine), run as `cargo xtask conformance --ci-subset --build-only` in a child process
+/// at the lowest CPU priority while the integration tests run: those mostly wait on the
+/// kernel and the API server, and the builds take the CPU they leave. Its output goes to
+/// a log (target/ci-subset-build.log), shown if it fails. Dropped before it ends (a step
+/// failed), it kills the build's whole process group.
+struct SubsetBuild {
+    child: Option<std::process::Child>,
+    log: PathBuf,
+}
+
+impl SubsetBuild {
+    fn start() -> Result<SubsetBuild> {
+        use std::os::unix::process::CommandExt;
+        let log = workspace_root().join("target/ci-subset-build.log");
+        let out =
+            std::fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
+        let xtask = std::env::current_exe().context("finding xtask's own binary")?;
+        let child = Command::new("nice")
+            .args(["-n", "19"])
+            .arg(xtask)
+            .args(["conformance", "--ci-subset", "--build-only"])
+            .current_dir(workspace_root())
+            .stdin(Stdio::null())
+            .stdout(out.try_clone()?)
+            .stderr(out)
+            .process_group(0)
+            .spawn()
+            .context("cannot start the conformance subset's build (nice, xtask)")?;
+        println!(
+            "xtask test: building the conformance subset's components in the background (pid {}, log {})",
+            child.id(),
+            log.display()
+        );
+        Ok(SubsetBuild {
+            child: Some(child),
+            log,
+        })
+    }
+
+    /// Waits for the build; fails with its log's last lines if it failed.
+    fn wait(mut self) -> Result<()> {
+        let Some(mut child) = self.child.take() else {
+            return Ok(());
+        };
+        let status = child
+            .wait()
+            .context("waiting for the conformance subset's build")?;
+        if status.success() {
+            return Ok(());
+        }
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        for line in &lines[lines.len().saturating_sub(40)..] {
+            eprintln!("  {line}");
+        }
+        bail!(
+            "the conformance subset's build failed ({status}); its log: {}",
+            self.log.display()
+        )
+    }
+}
+
+impl Drop for SubsetBuild {
+    fn drop(&mut self) {
+        if let Some(child) = &mut self.child {
+            // SAFETY: kill(2) on the process group the child leads; no memory involved.
+            unsafe { libc::kill(-(child.id() as i32), libc::SIGKILL) };
+            let _ = child.wait();
+        }
+    }
+}
 
 /// Where a run builds: the workspace's target directory and the fuzz workspace's.
 fn build_dirs() -> Vec<PathBuf> {
@@ -184,6 +261,7 @@ pub fn run() -> Result<()> {
     // seed incident's short form Azure NPM v1.5.36 (from its source archive).
     crate::peers::ensure(Some(&["kube-router", "azure-npm@v1.5.36"]))
         .context("building the peers the tests run")?;
+    let subset_build = SubsetBuild::start()?;
     steps.start("integration tests (real kernel)");
     let host_before = crate::host_guard::snapshot()?;
     let conformance_table = workspace_root().join("target/conformance/latest.txt");
@@ -218,6 +296,16 @@ pub fn run() -> Result<()> {
         crate::host_guard::check_unchanged(&host_before, &after, "the quick bench")
     });
 
+    // The field's suites: a denying and an allowing e2e spec and one ClusterNetworkPolicy
+    // conformance test, on both dataplanes, against weir as its DaemonSet.
+    steps.start("conformance subset (2-node kubelet clusters)");
+    let subset = subset_build
+        .wait()
+        .and_then(|()| crate::suites::ci_subset(false));
+    let subset_host_guard = crate::host_guard::snapshot().and_then(|after| {
+        crate::host_guard::check_unchanged(&host_before, &after, "the conformance subset")
+    });
+
     steps.finish();
     for (name, t) in [("unit", &unit), ("integration", &integration)] {
         if !t.failed.is_empty() {
@@ -237,12 +325,14 @@ pub fn run() -> Result<()> {
     bench_host_guard?;
     kernels.context("the quick kernel run on 5.10 failed")?;
     bench.context("the quick bench failed")?;
+    subset.context("the conformance subset failed")?;
+    subset_host_guard?;
     println!(
         "disk: the build directories hold {} after the run",
         crate::disk::gib(crate::disk::used_bytes(&build_dirs))
     );
     println!(
-        "xtask test: PASS in {}s: fmt, clippy, {} unit tests, {} integration tests in {} ({}), quick kernels on 5.10, fuzz {}, quick bench",
+        "xtask test: PASS in {}s: fmt, clippy, {} unit tests, {} integration tests in {} ({}), quick kernels on 5.10, fuzz {}, quick bench, conformance subset",
         started.elapsed().as_secs(),
         unit.passed,
         integration.passed,
