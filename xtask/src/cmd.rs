@@ -1,6 +1,7 @@
 //! Running external commands with readable failures.
-use std::path::PathBuf;
-use std::process::{Command, Stdio};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
 
 use anyhow::{bail, Context, Result};
 
@@ -41,4 +42,24 @@ pub fn output(cmd: &mut Command) -> Option<String> {
 pub fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions.
     unsafe { libc::geteuid() == 0 }
+}
+
+/// Starts `cmd` in a process group of its own, stdin closed, stdout and stderr into `log`
+/// (created anew): a long child whose output would drown the run's, and which
+/// [`kill_group`] stops with everything it started.
+pub fn spawn_logged(cmd: &mut Command, log: &Path) -> Result<Child> {
+    let out = std::fs::File::create(log).with_context(|| format!("create {}", log.display()))?;
+    Ok(cmd
+        .stdin(Stdio::null())
+        .stdout(out.try_clone()?)
+        .stderr(out)
+        .process_group(0)
+        .spawn()?)
+}
+
+/// Kills the process group a [`spawn_logged`] child leads, and reaps the child.
+pub fn kill_group(child: &mut Child) {
+    // SAFETY: kill(2) on the process group the child leads; no memory involved.
+    unsafe { libc::kill(-(child.id() as i32), libc::SIGKILL) };
+    let _ = child.wait();
 }

@@ -46,22 +46,17 @@ struct SubsetBuild {
 
 impl SubsetBuild {
     fn start() -> Result<SubsetBuild> {
-        use std::os::unix::process::CommandExt;
         let log = workspace_root().join("target/ci-subset-build.log");
-        let out =
-            std::fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
         let xtask = std::env::current_exe().context("finding xtask's own binary")?;
-        let child = Command::new("nice")
-            .args(["-n", "19"])
-            .arg(xtask)
-            .args(["conformance", "--ci-subset", "--build-only"])
-            .current_dir(workspace_root())
-            .stdin(Stdio::null())
-            .stdout(out.try_clone()?)
-            .stderr(out)
-            .process_group(0)
-            .spawn()
-            .context("cannot start the conformance subset's build (nice, xtask)")?;
+        let child = crate::cmd::spawn_logged(
+            Command::new("nice")
+                .args(["-n", "19"])
+                .arg(xtask)
+                .args(["conformance", "--ci-subset", "--build-only"])
+                .current_dir(workspace_root()),
+            &log,
+        )
+        .context("cannot start the conformance subset's build (nice, xtask)")?;
         println!(
             "xtask test: building the conformance subset's components in the background (pid {}, log {})",
             child.id(),
@@ -99,9 +94,7 @@ impl SubsetBuild {
 impl Drop for SubsetBuild {
     fn drop(&mut self) {
         if let Some(child) = &mut self.child {
-            // SAFETY: kill(2) on the process group the child leads; no memory involved.
-            unsafe { libc::kill(-(child.id() as i32), libc::SIGKILL) };
-            let _ = child.wait();
+            crate::cmd::kill_group(child);
         }
     }
 }

@@ -207,7 +207,9 @@ unsafe fn read_at<T: Copy>(data: usize, offset: usize) -> T {
 fn parse_linear(ctx: &SkBuff, pkt: &mut Packet) -> bool {
     // SAFETY: the skb pointer is the program's context.
     let (data, data_end) = unsafe { ((*ctx.skb).data as usize, (*ctx.skb).data_end as usize) };
-    // The shortest frame taken here; each case checks its own length before reading more.
+    // The shortest frame taken here; each case checks its own length before reading more
+    // (constant lengths, repeated per case: the verifier ties a read to a check on the
+    // same constant, not to a length computed from the family).
     // A frame that fails a check takes the helper path.
     if data + LINEAR_V4_UDP > data_end {
         return false;

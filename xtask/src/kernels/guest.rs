@@ -5,10 +5,9 @@
 //! KVM is probed, not assumed: on machines like the project's own /dev/kvm exists, yet
 //! qemu aborts with `-cpu host` ("failed to set MSR 0x10a") and other CPU models hang, so
 //! a short KVM boot decides and software emulation (TCG) is the fallback.
-use std::fs::{self, File};
-use std::os::unix::process::CommandExt;
+use std::fs;
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
@@ -101,13 +100,7 @@ pub fn boot_and_run(
 
 /// Runs `cmd` with stdout and stderr in `log`, killing it (and qemu) after `timeout`.
 fn run(cmd: &mut Command, log: &Path, timeout: Duration) -> Result<bool> {
-    let out = File::create(log).with_context(|| format!("create {}", log.display()))?;
-    let mut child = cmd
-        .stdin(Stdio::null())
-        .stdout(out.try_clone()?)
-        .stderr(out)
-        .process_group(0)
-        .spawn()
+    let mut child = crate::cmd::spawn_logged(cmd, log)
         .context("cannot start vng (virtme-ng; `cargo xtask setup` installs it)")?;
     let started = Instant::now();
     loop {
@@ -118,9 +111,7 @@ fn run(cmd: &mut Command, log: &Path, timeout: Duration) -> Result<bool> {
             return Ok(true);
         }
         if started.elapsed() > timeout {
-            // SAFETY: signalling the process group we created.
-            unsafe { libc::kill(-(child.id() as i32), libc::SIGKILL) };
-            let _ = child.wait();
+            crate::cmd::kill_group(&mut child);
             return Ok(false);
         }
         std::thread::sleep(Duration::from_millis(500));

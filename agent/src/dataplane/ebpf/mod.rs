@@ -807,14 +807,14 @@ impl EbpfDataplane {
         self.kernel.upsert_service(&mut self.maps, &staged, errors);
         // (Only those SERVICE now holds a frontend of: a refused write keeps the mark.)
         let lingering = std::mem::take(&mut self.lingering_unlisted);
-        let in_service: BTreeSet<u128> = match lingering.is_empty() {
-            true => BTreeSet::new(),
-            false => self
-                .kernel
+        let in_service: BTreeSet<u128> = if lingering.is_empty() {
+            BTreeSet::new()
+        } else {
+            self.kernel
                 .service
                 .keys()
                 .map(|k| u128::from_be_bytes(k.addr))
-                .collect(),
+                .collect()
         };
         let listed_again: Vec<identities::Prefix> = lingering
             .into_iter()
