@@ -798,14 +798,20 @@ impl<B: Backends> Daemon<B> {
     /// Metrics, readiness, the status file and the publisher, after every change.
     fn report(&mut self) {
         let status = self.status();
-        for kind in [
-            Kind::Namespace,
-            Kind::Pod,
-            Kind::NetworkPolicy,
-            Kind::Node,
-            Kind::Service,
-        ] {
-            let n = self.known.iter().filter(|k| k.kind == kind).count();
+        // One walk: every change reports, and `known` holds every object of the cluster.
+        let mut counts = [
+            (Kind::Namespace, 0),
+            (Kind::Pod, 0),
+            (Kind::NetworkPolicy, 0),
+            (Kind::Node, 0),
+            (Kind::Service, 0),
+        ];
+        for object in &self.known {
+            if let Some((_, n)) = counts.iter_mut().find(|(kind, _)| *kind == object.kind) {
+                *n += 1;
+            }
+        }
+        for (kind, n) in counts {
             self.metrics.set_objects(kind.name(), n);
         }
         self.metrics.set_object_errors(status.errors.len());

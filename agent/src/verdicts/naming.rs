@@ -92,6 +92,12 @@ fn tier_deny(
         Direction::Egress => record.dst,
     };
     let endpoint = engine.desired().endpoints.get(pod)?;
+    // Only the tiers deny; judging the packet against every rule (each peer set walked)
+    // is not worth it for a direction they do not judge: this runs in the agent's loop,
+    // before its next change.
+    if !endpoint.direction(direction).is_tiered() {
+        return None;
+    }
     let v = direction_verdict(
         engine.desired(),
         Some(endpoint),

@@ -65,15 +65,16 @@ impl IdentityIndex {
 
     /// Brings the plan up to date with `sets`, keeping `table` (the persisted ids) in step.
     /// The first call plans in full. A new signature is never given an id of `reserved`
-    /// (the ids the kernel's maps still hold, see [`IdentityTable::plan_reserving`]).
+    /// (the ids the kernel's maps still hold, see [`IdentityTable::plan_reserving`]);
+    /// `reserved` is called only when something is planned (it walks every map).
     pub fn update(
         &mut self,
         table: &mut IdentityTable,
         sets: &BTreeMap<SetId, AddressSet>,
-        reserved: &BTreeSet<u32>,
+        reserved: impl FnOnce() -> BTreeSet<u32>,
     ) -> Planned {
         if !self.built {
-            return self.full(table, sets, reserved);
+            return self.full(table, sets, &reserved());
         }
         // What changed, set by set, before anything is touched: a change that is not
         // host members only is planned in full.
@@ -92,6 +93,7 @@ impl IdentityIndex {
         if changes.is_empty() {
             return Planned::Unchanged;
         }
+        let reserved = &reserved();
         let empty = BTreeSet::new();
         for (id, _, new) in &changes {
             let old = self.sets.get(id).map_or(&empty, |(_, m)| m);
@@ -350,10 +352,16 @@ mod tests {
             (2, vec![(4, false)]),
             (5, vec![(6, true)]),
         ]));
-        assert_eq!(index.update(&mut table, &before, &none), Planned::Full);
+        assert_eq!(
+            index.update(&mut table, &before, || none.clone()),
+            Planned::Full
+        );
         same_as_full(&index, &table, &full, &before, &none);
         full.plan(before.values());
-        assert_eq!(index.update(&mut table, &before, &none), Planned::Unchanged);
+        assert_eq!(
+            index.update(&mut table, &before, || none.clone()),
+            Planned::Unchanged
+        );
         // 10.0.0.1 leaves set 1 for set 2; 10.0.0.3 leaves the hole in set 5.
         let after = sets(&BTreeMap::from([
             (1, vec![(0, false)]),
@@ -361,14 +369,17 @@ mod tests {
             (5, vec![]),
         ]));
         assert_eq!(
-            index.update(&mut table, &after, &none),
+            index.update(&mut table, &after, || none.clone()),
             Planned::Incremental(2)
         );
         same_as_full(&index, &table, &full, &after, &none);
         full.plan(after.values());
         // A block going is planned in full.
         let no_block = sets(&BTreeMap::from([(1, vec![(0, false)])]));
-        assert_eq!(index.update(&mut table, &no_block, &none), Planned::Full);
+        assert_eq!(
+            index.update(&mut table, &no_block, || none.clone()),
+            Planned::Full
+        );
         same_as_full(&index, &table, &full, &no_block, &none);
     }
 
@@ -392,7 +403,7 @@ mod tests {
                 // The ids the last step used stand for those the kernel still holds.
                 let previous = table.by_id.clone();
                 let reserved: BTreeSet<u32> = previous.keys().copied().collect();
-                index.update(&mut table, &sets, &reserved);
+                index.update(&mut table, &sets, || reserved.clone());
                 same_as_full(&index, &table, &full, &sets, &reserved);
                 full.plan_reserving(sets.values(), &reserved);
                 // No id released by this step went to a new signature in it.

@@ -69,15 +69,12 @@ pub fn plan_identity_room(
     want: &KernelState,
     free: Option<usize>,
 ) -> IdentityRoom {
-    let new: Vec<(Prefix, u32)> = want
-        .identity
-        .iter()
-        .filter(|(prefix, _)| !have.identity.contains_key(prefix))
-        .map(|(p, id)| (*p, *id))
-        .collect();
     let Some(free) = free else {
         return IdentityRoom::default();
     };
+    let new: Vec<(Prefix, u32)> = super::kernel_state::added(&have.identity, &want.identity)
+        .map(|(p, id)| (*p, *id))
+        .collect();
     if new.len() <= free {
         return IdentityRoom::default();
     }

@@ -5,6 +5,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use aya::maps::{lpm_trie::Key, HashMap, MapData, MapError};
+use itertools::{EitherOrBoth, Itertools};
 use weir_common::{map_names, EndpointInfo, IdentityKey, PolicyKey, ServiceKey};
 
 use super::{identities::Prefix, loader::Maps, policy_map::PolicyEntry};
@@ -259,17 +260,47 @@ pub fn direction_name(code: u8) -> &'static str {
     }
 }
 
+/// `have` and `want` side by side, in key order. One walk of both sorted maps, not a
+/// lookup per key: every change diffs the whole IDENTITY (a prefix per pod of the
+/// cluster), and these walks were most of a change's cost.
+fn side_by_side<'a, K: Ord, V>(
+    have: &'a BTreeMap<K, V>,
+    want: &'a BTreeMap<K, V>,
+) -> impl Iterator<Item = EitherOrBoth<(&'a K, &'a V), (&'a K, &'a V)>> {
+    have.iter()
+        .merge_join_by(want.iter(), |(a, _), (b, _)| a.cmp(b))
+}
+
+/// The entries of `want` that `have` lacks or holds with another value.
 fn changed<'a, K: Ord, V: PartialEq>(
     have: &'a BTreeMap<K, V>,
     want: &'a BTreeMap<K, V>,
 ) -> impl Iterator<Item = (&'a K, &'a V)> {
-    want.iter().filter(move |(k, v)| have.get(*k) != Some(*v))
+    side_by_side(have, want).filter_map(|e| match e {
+        EitherOrBoth::Right(w) => Some(w),
+        EitherOrBoth::Both((_, h), w) if h != w.1 => Some(w),
+        _ => None,
+    })
 }
 
+/// The keys of `want` that `have` lacks.
+pub(crate) fn added<'a, K: Ord, V>(
+    have: &'a BTreeMap<K, V>,
+    want: &'a BTreeMap<K, V>,
+) -> impl Iterator<Item = (&'a K, &'a V)> {
+    side_by_side(have, want).filter_map(|e| match e {
+        EitherOrBoth::Right(w) => Some(w),
+        _ => None,
+    })
+}
+
+/// The keys of `have` that `want` lacks.
 fn gone<K: Ord + Clone, V>(have: &BTreeMap<K, V>, want: &BTreeMap<K, V>) -> Vec<K> {
-    have.keys()
-        .filter(|k| !want.contains_key(*k))
-        .cloned()
+    side_by_side(have, want)
+        .filter_map(|e| match e {
+            EitherOrBoth::Left((k, _)) => Some(k.clone()),
+            _ => None,
+        })
         .collect()
 }
 
@@ -312,8 +343,15 @@ impl KernelState {
             return moved;
         }
         // Of those, the ones some address holds in both states, whose entries change.
-        let held_before: BTreeSet<u32> = self.identity.values().copied().collect();
-        let held_after: BTreeSet<u32> = want.identity.values().copied().collect();
+        let held = |state: &KernelState| -> BTreeSet<u32> {
+            state
+                .identity
+                .values()
+                .filter(|id| moved.contains(id))
+                .copied()
+                .collect()
+        };
+        let (held_before, held_after) = (held(self), held(want));
         moved.retain(|id| held_before.contains(id) && held_after.contains(id));
         let written: BTreeSet<PolicyGroup> = self.policy.keys().map(group_of).collect();
         let rewritten: BTreeSet<u32> = changed(&self.policy, &want.policy)

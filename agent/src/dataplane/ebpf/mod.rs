@@ -1157,7 +1157,7 @@ fn plan_identities(
     sets: &BTreeMap<weir_policy::desired::SetId, weir_policy::desired::AddressSet>,
     kernel: &KernelState,
 ) -> identities::IdentityPlan {
-    let planned = index.update(table, sets, &kernel.held_identities());
+    let planned = index.update(table, sets, || kernel.held_identities());
     tracing::debug!(?planned, "identities");
     index.plan().clone()
 }
