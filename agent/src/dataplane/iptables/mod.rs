@@ -49,6 +49,10 @@ use crate::netfilter::backend::{self, Backend, Family};
 use names::ChainNames;
 use tables::NodeShape;
 
+/// Up to this many chains rewritten, their counters are read chain by chain (a process
+/// each, a few ms); past it, with one save of the whole table.
+const CHAINS_READ_ONE_BY_ONE: usize = 16;
+
 #[derive(Clone, Debug)]
 pub struct IptablesConfig {
     /// `None`: detect it as kube-proxy's iptables-wrapper does.
@@ -263,6 +267,9 @@ impl IptablesDataplane {
             match old.sets.get(id) {
                 _ if full => sets::replace_script(set, &existing, &mut adds),
                 None => sets::create_script(set, &mut adds),
+                // Most sets are unchanged by a change: comparing is cheaper than their
+                // kernel entries, which `member_delta` builds for both states.
+                Some(before) if before.members == set.members => {}
                 Some(before) if rules_change.contains(id) => {
                     sets::member_delta(*id, &before.members, &set.members, &mut joins, &mut adds)
                 }
@@ -598,7 +605,12 @@ impl IptablesDataplane {
         if rewritten.is_empty() {
             return;
         }
-        let saved = self.backend.save_counted(family, names::TABLE);
+        // A change rewrites a few chains: reading only those keeps the cost of a change
+        // from growing with the table (the whole table's save was most of it).
+        let saved = match rewritten.len() <= CHAINS_READ_ONE_BY_ONE {
+            true => Ok(self.save_chains_counted(family, &rewritten)),
+            false => self.backend.save_counted(family, names::TABLE),
+        };
         match saved.map(|s| crate::reset::iptables_save::parse(&s).map_err(|e| e.to_string())) {
             Ok(Ok(tables)) => {
                 counters::add_chains(&tables, |c| rewritten.contains(c), &mut self.carried)
@@ -610,6 +622,25 @@ impl IptablesDataplane {
                 tracing::warn!(%family, error = %e, "rule counters not carried over a rewrite")
             }
         }
+    }
+
+    /// The rules of `chains` with their counters, as one saved table. A chain that cannot
+    /// be read has nothing carried: most often one the script makes anew (nf_tables'
+    /// `-S` says "incompatible" of a chain that does not exist, legacy "No chain").
+    fn save_chains_counted(&self, family: Family, chains: &BTreeSet<&str>) -> String {
+        let mut saved = String::new();
+        for chain in chains {
+            match self.backend.save_chain_counted(family, names::TABLE, chain) {
+                Ok(text) => saved += &text,
+                Err(exec::ExecError::Failed { stderr, .. }) => {
+                    tracing::debug!(%family, chain, %stderr, "no counters to carry")
+                }
+                Err(e) => {
+                    tracing::warn!(%family, chain, error = %e, "rule counters not carried over a rewrite")
+                }
+            }
+        }
+        saved
     }
 
     /// Reads the node's addresses again and writes their sets when they changed (or
