@@ -61,7 +61,7 @@ enum Command {
         /// e2e: Kubernetes' NetworkPolicy e2e (every `Feature:NetworkPolicy` and
         /// `NetworkPolicy API` spec of the pinned release); npapi: network-policy-api's
         /// conformance, ClusterNetworkPolicy profile, all features; cyclonus: cyclonus's
-        /// generated cases (about an hour per dataplane); rolling-switch: pods on
+        /// generated cases (about two hours per dataplane here); rolling-switch: pods on
         /// every node probing each other while each node's dataplane is switched in turn
         /// (fails on any denied probe connecting or allowed one failing).
         #[arg(long, value_enum)]
