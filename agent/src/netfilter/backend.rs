@@ -25,22 +25,41 @@ pub enum Family {
 impl Backend {
     pub const ALL: [Backend; 2] = [Backend::Legacy, Backend::Nft];
 
-    pub fn save_command(self, family: Family) -> &'static str {
+    /// The plain, save and restore commands of one family.
+    fn commands(self, family: Family) -> [&'static str; 3] {
         match (self, family) {
-            (Backend::Legacy, Family::V4) => "iptables-legacy-save",
-            (Backend::Legacy, Family::V6) => "ip6tables-legacy-save",
-            (Backend::Nft, Family::V4) => "iptables-nft-save",
-            (Backend::Nft, Family::V6) => "ip6tables-nft-save",
+            (Backend::Legacy, Family::V4) => [
+                "iptables-legacy",
+                "iptables-legacy-save",
+                "iptables-legacy-restore",
+            ],
+            (Backend::Legacy, Family::V6) => [
+                "ip6tables-legacy",
+                "ip6tables-legacy-save",
+                "ip6tables-legacy-restore",
+            ],
+            (Backend::Nft, Family::V4) => {
+                ["iptables-nft", "iptables-nft-save", "iptables-nft-restore"]
+            }
+            (Backend::Nft, Family::V6) => [
+                "ip6tables-nft",
+                "ip6tables-nft-save",
+                "ip6tables-nft-restore",
+            ],
         }
     }
 
+    /// The plain command of one family (`-S`, single chains).
+    pub fn command(self, family: Family) -> &'static str {
+        self.commands(family)[0]
+    }
+
+    pub fn save_command(self, family: Family) -> &'static str {
+        self.commands(family)[1]
+    }
+
     pub fn restore_command(self, family: Family) -> &'static str {
-        match (self, family) {
-            (Backend::Legacy, Family::V4) => "iptables-legacy-restore",
-            (Backend::Legacy, Family::V6) => "ip6tables-legacy-restore",
-            (Backend::Nft, Family::V4) => "iptables-nft-restore",
-            (Backend::Nft, Family::V6) => "ip6tables-nft-restore",
-        }
+        self.commands(family)[2]
     }
 
     /// Reads the whole ruleset of one family; a missing table set reads as empty.
@@ -56,16 +75,6 @@ impl Backend {
     /// Reads one table of one family with each rule's packet and byte counters (`-c`).
     pub fn save_counted(self, family: Family, table: &str) -> Result<String, exec::ExecError> {
         exec::run_ok(self.save_command(family), &["-c", "-t", table], None)
-    }
-
-    /// The plain command of one family (`-S`, single chains).
-    pub fn command(self, family: Family) -> &'static str {
-        match (self, family) {
-            (Backend::Legacy, Family::V4) => "iptables-legacy",
-            (Backend::Legacy, Family::V6) => "ip6tables-legacy",
-            (Backend::Nft, Family::V4) => "iptables-nft",
-            (Backend::Nft, Family::V6) => "ip6tables-nft",
-        }
     }
 
     /// Reads one chain of one table with its rules' counters, in `iptables-save -c`'s
