@@ -211,6 +211,11 @@ impl<B: Backends> Enforcer<B> {
         self.active.verdict_counts()
     }
 
+    /// The active dataplane's [`Dataplane::verdict_counts_read`].
+    pub fn verdict_counts_read(&self) -> crate::dataplane::CountsRead {
+        self.active.verdict_counts_read()
+    }
+
     /// A change: converge on `desired`, against what the dataplane last wrote.
     pub fn apply(&mut self, desired: &Desired) -> Result<(), DataplaneError> {
         let report = self.active.converge(desired, Scope::Mirror)?;

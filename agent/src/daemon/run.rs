@@ -14,6 +14,7 @@ use super::metrics::Metrics;
 use super::report::{Converge, Enforced, MapPressure, NodeReport, ReportBoard};
 use super::select::{choice_from_labels, DataplaneChoice};
 use super::status::{Startup, Status};
+use crate::dataplane::{CountsRead, DataplaneError, VerdictCounts};
 use crate::source::event::{Batch, Event, EventSource, SourceError, SyncProgress};
 use crate::verdicts::{VerdictHub, VerdictRecord, VerdictTx};
 use weir_policy::model::ObjectError;
@@ -48,6 +49,10 @@ pub struct Health {
 
 /// How often the dataplane's verdict counters are read into the metrics.
 const COUNTS_EVERY: Duration = Duration::from_secs(5);
+/// Counter reads in a row that writes may overlap (and so have thrown away) before the
+/// next one runs in the loop's own turn: under constant change the counts are at most
+/// this many reads old.
+const COUNT_READS_THROWN_AWAY_AT_MOST: u32 = 3;
 
 /// The default liveness bound (`--liveness-seconds`).
 pub const DEFAULT_STALL: Duration = Duration::from_secs(300);
@@ -203,6 +208,11 @@ pub struct Daemon<B: Backends> {
     startup: Option<Startup>,
     /// The last failure to read the verdict counters (logged once until it changes).
     counts_error: Option<String>,
+    /// Dataplane writes so far (converges, switches): a counter read is kept only if none
+    /// came while it ran off the loop ([`Daemon::counts_read_done`]).
+    writes: u64,
+    /// Counter reads thrown away in a row because a write overlapped them.
+    count_reads_thrown_away: u32,
     /// The verdict stream: where named records go, and the dataplanes' sender.
     verdicts: Option<Verdicts>,
     /// What the dataplanes sent, until [`Daemon::run`] takes it to read.
@@ -211,6 +221,9 @@ pub struct Daemon<B: Backends> {
     /// Node's status ([`Engine::set_own_addresses`]); the last read's error, said once.
     own_addresses: Option<(OwnAddressReader, Option<String>)>,
 }
+
+/// What a read of the verdict counters gives.
+type CountsResult = Result<VerdictCounts, DataplaneError>;
 
 /// Reads this node's interface addresses ([`crate::dataplane::node_addresses::read`]).
 pub type OwnAddressReader = Box<dyn FnMut() -> Result<BTreeSet<IpAddr>, String> + Send>;
@@ -248,6 +261,8 @@ impl<B: Backends> Daemon<B> {
             first_batch: None,
             startup: None,
             counts_error: None,
+            writes: 0,
+            count_reads_thrown_away: 0,
             verdicts: None,
             verdict_queue: None,
             own_addresses: None,
@@ -353,6 +368,9 @@ impl<B: Backends> Daemon<B> {
             source: e,
         })?;
         let mut queue = self.verdict_queue.take();
+        // The verdict counters' read in flight, on a blocking thread (iptables saves whole
+        // tables for it), with the writes there were when it started.
+        let mut counts_read: Option<(u64, tokio::task::JoinHandle<CountsResult>)> = None;
         loop {
             let next_verdict = async {
                 match queue.as_mut() {
@@ -368,11 +386,29 @@ impl<B: Backends> Daemon<B> {
                     tokio::task::block_in_place(|| self.handle(batch));
                 }
                 _ = resync.tick() => tokio::task::block_in_place(|| self.resync()),
+                (writes_before, read) = async {
+                    match counts_read.as_mut() {
+                        Some((writes, read)) => (*writes, read.await),
+                        None => std::future::pending().await,
+                    }
+                } => {
+                    counts_read = None;
+                    match read {
+                        Ok(counts) => tokio::task::block_in_place(|| {
+                            self.counts_read_done(writes_before, counts)
+                        }),
+                        Err(e) => tracing::warn!(error = %e, "the verdict counters' read did not finish; the metrics keep their last values"),
+                    }
+                }
                 _ = counts.tick() => {
                     if let Some(v) = &self.verdicts {
                         v.tx.flush();
                     }
-                    tokio::task::block_in_place(|| self.read_counts());
+                    if counts_read.is_none() {
+                        counts_read = self
+                            .counts_read()
+                            .map(|(writes, read)| (writes, tokio::task::spawn_blocking(read)));
+                    }
                 }
                 _ = heartbeat.tick() => {}
                 _ = tokio::signal::ctrl_c() => break,
@@ -431,6 +467,8 @@ impl<B: Backends> Daemon<B> {
             None => self.start(choice),
             Some(enforcer) => {
                 let mut outcome = enforcer.choose(choice, desired);
+                let wrote = outcome.switched.is_some() || self.dataplane_error.is_some() || changed;
+                self.writes += u64::from(wrote);
                 let result = if outcome.switched.is_some() {
                     Ok(())
                 } else if self.dataplane_error.is_some() {
@@ -461,12 +499,43 @@ impl<B: Backends> Daemon<B> {
         }
     }
 
-    /// Reads the dataplane's verdict counters into the metrics.
+    /// Reads the dataplane's verdict counters into the metrics, in this turn.
     pub fn read_counts(&mut self) {
         let Some(enforcer) = &self.enforcer else {
             return;
         };
-        match enforcer.verdict_counts() {
+        let counts = enforcer.verdict_counts();
+        self.take_counts(counts);
+    }
+
+    /// A read of the verdict counters to run off the loop, with the writes so far.
+    pub fn counts_read(&self) -> Option<(u64, CountsRead)> {
+        let enforcer = self.enforcer.as_ref()?;
+        Some((self.writes, enforcer.verdict_counts_read()))
+    }
+
+    /// Takes a [`Daemon::counts_read`]'s counts into the metrics, unless a write came
+    /// while it ran: that write may have carried a rewritten chain's counts that the read
+    /// also saw (or neither), and the metrics must not jump. After
+    /// [`COUNT_READS_THROWN_AWAY_AT_MOST`] such reads in a row, reads again in this turn.
+    pub fn counts_read_done(&mut self, writes_before: u64, counts: CountsResult) {
+        if self.writes == writes_before {
+            self.take_counts(counts);
+            return;
+        }
+        self.count_reads_thrown_away += 1;
+        tracing::debug!(
+            in_a_row = self.count_reads_thrown_away,
+            "a write overlapped the verdict counters' read; thrown away"
+        );
+        if self.count_reads_thrown_away >= COUNT_READS_THROWN_AWAY_AT_MOST {
+            self.read_counts();
+        }
+    }
+
+    fn take_counts(&mut self, counts: CountsResult) {
+        self.count_reads_thrown_away = 0;
+        match counts {
             Ok(counts) => {
                 self.metrics.set_verdict_counts(&counts);
                 self.counts_error = None;
@@ -501,6 +570,7 @@ impl<B: Backends> Daemon<B> {
                 let desired = self.engine.desired();
                 let switched = enforcer.choose(choice, desired);
                 let repaired = enforcer.reconcile(desired);
+                self.writes += 1;
                 self.account(&switched);
                 match repaired {
                     Ok(outcome) => {
@@ -655,6 +725,7 @@ impl<B: Backends> Daemon<B> {
         let Some(backends) = self.backends.take() else {
             return;
         };
+        self.writes += 1;
         match Enforcer::start(backends, choice, self.engine.desired()) {
             Ok((mut enforcer, outcome, phases)) => {
                 if let Some((listed, compiled)) = self.first_batch {

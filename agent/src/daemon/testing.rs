@@ -21,6 +21,9 @@ pub struct Recording {
     log: Log,
     given: Given,
     refuse_applies: Arc<AtomicBool>,
+    /// Converges so far: what it reports as ingress denies, so that a test can tell
+    /// which counter read reached the metrics.
+    converges: u64,
 }
 
 impl Dataplane for Recording {
@@ -30,6 +33,7 @@ impl Dataplane for Recording {
     /// Logs `reconcile KIND` (against the kernel) or `apply KIND` (against the mirror).
     fn converge(&mut self, desired: &Desired, scope: Scope) -> Result<ApplyReport, DataplaneError> {
         *self.given.lock().unwrap() = Some(desired.clone());
+        self.converges += 1;
         let verb = match scope {
             Scope::Kernel => "reconcile",
             Scope::Mirror => "apply",
@@ -52,9 +56,13 @@ impl Dataplane for Recording {
             ..Default::default()
         }
     }
-    /// Nothing is judged: no packet passes a recording.
+    /// No packet passes a recording: it counts its converges as ingress denies.
     fn verdict_counts(&self) -> Result<VerdictCounts, DataplaneError> {
-        Ok(VerdictCounts::default())
+        let mut counts = VerdictCounts::default();
+        counts
+            .denied
+            .insert(weir_policy::desired::Direction::Ingress, self.converges);
+        Ok(counts)
     }
     /// No packet passes a recording, so it has no verdicts to read.
     fn verdict_tap(
@@ -89,6 +97,7 @@ impl Backends for RecordingNode {
             log: self.log.clone(),
             given: self.given.clone(),
             refuse_applies: self.refuse_applies.clone(),
+            converges: 0,
         }))
     }
     fn cleanup(&self, what: &Cleanup) -> CleanupReport {

@@ -424,3 +424,41 @@ fn liveness_fails_when_the_loop_stops_turning() {
     health.beat_at(t0 + Duration::from_secs(6));
     assert!(health.liveness_at(t0 + Duration::from_secs(7)).is_ok());
 }
+
+/// The metrics' `weir_drops_total{reason="default-deny"}`: a recording counts its
+/// converges there.
+fn default_denies(w: &World) -> String {
+    let text = w.metrics.encode();
+    text.lines()
+        .find_map(|l| l.strip_prefix("weir_drops_total{reason=\"default-deny\"} "))
+        .unwrap_or_else(|| panic!("no default-deny drops in\n{text}"))
+        .to_string()
+}
+
+#[test]
+fn a_counter_read_that_a_write_overlapped_is_thrown_away() {
+    let mut w = world("counts", Ok(()), vec![]);
+    // The start reads at once: one converge.
+    w.daemon.handle(batch(1, vec![node(None)]));
+    assert_eq!(default_denies(&w), "1");
+    w.daemon.resync();
+
+    // A read off the loop that a write overlapped: thrown away, the last counts stay.
+    let (writes, read) = w.daemon.counts_read().expect("a dataplane to read");
+    w.daemon.resync();
+    w.daemon.counts_read_done(writes, read());
+    assert_eq!(default_denies(&w), "1");
+
+    // One that no write overlapped is taken.
+    let (writes, read) = w.daemon.counts_read().expect("a dataplane to read");
+    w.daemon.counts_read_done(writes, read());
+    assert_eq!(default_denies(&w), "3");
+
+    // Writes overlapping every read: the third in a row reads in the loop's own turn.
+    for (round, after) in [(1, "3"), (2, "3"), (3, "6")] {
+        let (writes, read) = w.daemon.counts_read().expect("a dataplane to read");
+        w.daemon.resync();
+        w.daemon.counts_read_done(writes, read());
+        assert_eq!(default_denies(&w), after, "round {round}");
+    }
+}

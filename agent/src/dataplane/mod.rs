@@ -200,6 +200,13 @@ pub trait Dataplane: Send {
     /// The packets this dataplane judged, from its own counters (eBPF's COUNTERS map,
     /// iptables' rule counters). Read on the metrics' schedule, not per event.
     fn verdict_counts(&self) -> Result<VerdictCounts, DataplaneError>;
+    /// [`Dataplane::verdict_counts`] as a read to run on another thread, so that the run
+    /// loop does not keep a change waiting for it. What costs time goes in the read; the
+    /// default reads at once (eBPF's map read is cheap) and hands the result over.
+    fn verdict_counts_read(&self) -> CountsRead {
+        let counts = self.verdict_counts();
+        Box::new(move || counts)
+    }
     /// Starts reading this dataplane's verdicts (drops, audits; allows while `tx` wants
     /// them) into `tx`, on a thread that stops when the tap is dropped.
     fn verdict_tap(
@@ -207,6 +214,9 @@ pub trait Dataplane: Send {
         tx: std::sync::Arc<crate::verdicts::VerdictTx>,
     ) -> Result<crate::verdicts::VerdictTap, DataplaneError>;
 }
+
+/// A read of a dataplane's verdict counters, detached from it ([`Dataplane::verdict_counts_read`]).
+pub type CountsRead = Box<dyn FnOnce() -> Result<VerdictCounts, DataplaneError> + Send>;
 
 /// Packets a dataplane judged since its state was created: the source of
 /// `weir_policy_verdicts_total` and `weir_drops_total`. Each count only grows, except that
