@@ -45,7 +45,7 @@ impl Validated {
         Ok(match object {
             Object::Namespace(ns) => Validated::Namespace {
                 name: key.name,
-                labels: ns.metadata.labels.unwrap_or_default(),
+                labels: ns.metadata.labels.unwrap_or_default().into(),
             },
             Object::Pod(pod) => Validated::Pod(
                 PodInfo::from_pod(&namespace, &key.name, &pod)
@@ -58,7 +58,7 @@ impl Validated {
             Object::Node(node) => Validated::Node(NodeInfo {
                 addresses: node_addresses(&node),
                 name: key.name,
-                labels: node.metadata.labels.unwrap_or_default(),
+                labels: node.metadata.labels.unwrap_or_default().into(),
             }),
             Object::Service(service) => Validated::Service {
                 frontends: crate::service::frontends(&service)

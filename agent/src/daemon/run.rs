@@ -701,7 +701,7 @@ impl<B: Backends> Daemon<B> {
         }
     }
 
-    fn observe_node(&mut self, name: Option<&str>, labels: Option<&BTreeMap<String, String>>) {
+    fn observe_node(&mut self, name: Option<&str>, labels: Option<&weir_policy::model::Labels>) {
         // A benchmark's agent (--dataplane none) stays one: no label makes it program
         // the machine it shares with the others.
         if !self.is_this_node(name) || self.opts.default_choice == DataplaneChoice::None {

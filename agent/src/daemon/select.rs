@@ -1,7 +1,6 @@
 //! Which dataplane this node runs: the node label `weir.io/dataplane` (or the flag when
 //! the node has no label) asks for one; the kernel decides whether eBPF can be had.
 
-use std::collections::BTreeMap;
 use std::fmt;
 use std::str::FromStr;
 
@@ -56,7 +55,7 @@ impl FromStr for DataplaneChoice {
 
 /// The choice a node's labels make, `None` when the label is absent.
 pub fn choice_from_labels(
-    labels: Option<&BTreeMap<String, String>>,
+    labels: Option<&weir_policy::model::Labels>,
 ) -> Option<Result<DataplaneChoice, LabelValueError>> {
     labels
         .and_then(|l| l.get(DATAPLANE_LABEL))
@@ -186,21 +185,21 @@ mod tests {
 
     #[test]
     fn labels_parse_and_bad_values_are_named() {
-        let mut l = BTreeMap::new();
+        let l = weir_policy::model::Labels::default();
         assert!(choice_from_labels(Some(&l)).is_none());
-        l.insert(DATAPLANE_LABEL.to_string(), "iptables".to_string());
+        let l = l.with(DATAPLANE_LABEL, "iptables");
         assert_eq!(
             choice_from_labels(Some(&l)),
             Some(Ok(DataplaneChoice::Iptables))
         );
-        l.insert(DATAPLANE_LABEL.to_string(), "nft".to_string());
+        let l = l.with(DATAPLANE_LABEL, "nft");
         let err = choice_from_labels(Some(&l))
             .unwrap()
             .unwrap_err()
             .to_string();
         assert!(err.contains("\"nft\"") && err.contains(DATAPLANE_LABEL));
         // The benchmarks' dataplane is a flag only: a label cannot switch enforcement off.
-        l.insert(DATAPLANE_LABEL.to_string(), "none".to_string());
+        let l = l.with(DATAPLANE_LABEL, "none");
         assert!(choice_from_labels(Some(&l)).unwrap().is_err());
     }
 }

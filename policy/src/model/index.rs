@@ -1,6 +1,8 @@
 //! Inverted index from `(label key, value)` to the objects carrying that label.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap};
+
+use super::Labels;
 
 #[derive(Clone, Debug, Default)]
 pub struct LabelIndex {
@@ -8,18 +10,18 @@ pub struct LabelIndex {
 }
 
 impl LabelIndex {
-    pub fn insert(&mut self, key: &str, labels: &BTreeMap<String, String>) {
-        for (k, v) in labels {
+    pub fn insert(&mut self, key: &str, labels: &Labels) {
+        for (k, v) in labels.iter() {
             self.by_label
-                .entry((k.clone(), v.clone()))
+                .entry((k.to_owned(), v.to_owned()))
                 .or_default()
                 .insert(key.to_owned());
         }
     }
 
-    pub fn remove(&mut self, key: &str, labels: &BTreeMap<String, String>) {
-        for (k, v) in labels {
-            let label = (k.clone(), v.clone());
+    pub fn remove(&mut self, key: &str, labels: &Labels) {
+        for (k, v) in labels.iter() {
+            let label = (k.to_owned(), v.to_owned());
             if let Some(keys) = self.by_label.get_mut(&label) {
                 keys.remove(key);
                 if keys.is_empty() {

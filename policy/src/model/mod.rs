@@ -3,10 +3,12 @@
 //! NetworkPolicies are kept by the engine in their validated form.
 
 mod index;
+mod labels;
 mod object;
 mod pod;
 
 use std::borrow::Cow;
+use std::collections::hash_map::Entry;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
 use std::net::IpAddr;
@@ -14,6 +16,7 @@ use std::net::IpAddr;
 use serde::{Deserialize, Serialize};
 
 pub use index::LabelIndex;
+pub use labels::Labels;
 pub use object::{Kind, Object, ObjectRef, DEFAULT_NAMESPACE};
 pub use pod::{parse_protocol, ContainerPort, PodInfo, ProtocolError};
 
@@ -53,8 +56,6 @@ impl fmt::Display for Protocol {
 
 /// The label the API server puts on every namespace, with the namespace's name.
 pub const NAMESPACE_NAME_LABEL: &str = "kubernetes.io/metadata.name";
-
-pub type Labels = BTreeMap<String, String>;
 
 /// What the engine keeps of a Node: its labels and the IP addresses in
 /// `status.addresses` (what a ClusterNetworkPolicy `nodes` peer matches).
@@ -102,7 +103,9 @@ pub struct ClusterModel {
     pods: HashMap<PodKey, PodInfo>,
     pods_by_namespace: HashMap<String, BTreeSet<PodKey>>,
     pods_by_label: LabelIndex,
-    pods_by_address: HashMap<IpAddr, BTreeSet<PodKey>>,
+    /// Sorted keys per address: an address has one pod but for a moment of reuse, and a
+    /// B-tree set's first node is 280 bytes (a tenth of a pod's memory).
+    pods_by_address: HashMap<IpAddr, Vec<PodKey>>,
 }
 
 impl ClusterModel {
@@ -111,10 +114,7 @@ impl ClusterModel {
     pub fn namespace_labels(&self, name: &str) -> Cow<'_, Labels> {
         match self.namespaces.get(name) {
             Some(labels) => Cow::Borrowed(labels),
-            None => Cow::Owned(Labels::from([(
-                NAMESPACE_NAME_LABEL.to_owned(),
-                name.to_owned(),
-            )])),
+            None => Cow::Owned(Labels::from([(NAMESPACE_NAME_LABEL, name)])),
         }
     }
 
@@ -128,8 +128,8 @@ impl ClusterModel {
     }
 
     /// Stores a namespace's labels; returns the previous ones.
-    pub fn upsert_namespace(&mut self, name: &str, mut labels: Labels) -> Option<Labels> {
-        labels.insert(NAMESPACE_NAME_LABEL.to_owned(), name.to_owned());
+    pub fn upsert_namespace(&mut self, name: &str, labels: Labels) -> Option<Labels> {
+        let labels = labels.with(NAMESPACE_NAME_LABEL, name);
         self.namespaces.insert(name.to_owned(), labels)
     }
 
@@ -219,10 +219,18 @@ impl ClusterModel {
             .insert(key.clone());
         self.pods_by_label.insert(&key, &info.labels);
         for addr in info.addresses() {
-            self.pods_by_address
-                .entry(addr)
-                .or_default()
-                .insert(key.clone());
+            match self.pods_by_address.entry(addr) {
+                // Exactly one key's room, the usual case.
+                Entry::Vacant(v) => {
+                    v.insert(vec![key.clone()]);
+                }
+                Entry::Occupied(mut o) => {
+                    let keys = o.get_mut();
+                    if let Err(at) = keys.binary_search(&key) {
+                        keys.insert(at, key.clone());
+                    }
+                }
+            }
         }
         self.pods.insert(key, info);
         old
@@ -239,7 +247,7 @@ impl ClusterModel {
         self.pods_by_label.remove(key, &old.labels);
         for addr in old.addresses() {
             if let Some(keys) = self.pods_by_address.get_mut(&addr) {
-                keys.remove(key);
+                keys.retain(|k| k != key);
                 if keys.is_empty() {
                     self.pods_by_address.remove(&addr);
                 }

@@ -1,11 +1,10 @@
 //! What the engine needs to know about a pod, extracted once from the k8s `Pod`.
 
-use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use k8s_openapi::api::core::v1::Pod;
 
-use super::{FieldError, PodKey, Protocol};
+use super::{FieldError, Labels, PodKey, Protocol};
 
 /// A declared container port; named ones are what `port: <name>` in a policy resolves to.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -19,7 +18,7 @@ pub struct ContainerPort {
 pub struct PodInfo {
     pub namespace: String,
     pub name: String,
-    pub labels: BTreeMap<String, String>,
+    pub labels: Labels,
     pub ipv4: Option<Ipv4Addr>,
     pub ipv6: Option<Ipv6Addr>,
     pub node: Option<String>,
@@ -39,7 +38,13 @@ impl PodInfo {
         let mut info = PodInfo {
             namespace: namespace.to_owned(),
             name: name.to_owned(),
-            labels: pod.metadata.labels.clone().unwrap_or_default(),
+            labels: pod
+                .metadata
+                .labels
+                .iter()
+                .flatten()
+                .map(|(k, v)| (k.as_str(), v.as_str()))
+                .collect(),
             ipv4: None,
             ipv6: None,
             node: spec.and_then(|s| s.node_name.clone()),
