@@ -15,7 +15,7 @@
 //! - an API server restart (etcd keeps running): the time to ready, then the first change
 //!   after it as above, the bytes each agent received from the new server (its relists)
 //!   and the new server's CPU until every agent had the change;
-//! - each agent's peak RSS (VmHWM) over all of it.
+//! - each agent's peak RSS (VmHWM) after its cold start, and over all of it.
 //!
 //! The control plane, the writer and the bench itself run on CPU 0, the agents on CPU 1.
 use std::collections::BTreeMap;
@@ -315,6 +315,9 @@ impl Bench {
         );
         let agent_cpu: Vec<f64> = agents.iter().map(|a| a.cpu()).collect::<Result<_>>()?;
         put("cold start: CPU per agent (mean)", mean(&agent_cpu), "s");
+        // The peak so far: the lists, before any relist after the restart below.
+        let cold_peaks = peak_rss_mib(&agents)?;
+        put("cold start: agent peak RSS (mean)", mean(&cold_peaks), "MiB");
 
         // Every agent at the server's state, its Node annotations included.
         self.settle(&agents)?;
@@ -472,10 +475,7 @@ impl Bench {
         );
 
         // Memory over all of it.
-        let peaks: Vec<f64> = agents
-            .iter()
-            .map(|a| Ok(status_kib(a.pid(), "VmHWM:")? as f64 / 1024.0))
-            .collect::<Result<_>>()?;
+        let peaks = peak_rss_mib(&agents)?;
         put("agent peak RSS (mean)", mean(&peaks), "MiB");
         put(
             "agent peak RSS (max)",
@@ -650,6 +650,14 @@ fn wait_all(
         std::thread::sleep(Duration::from_millis(5));
     }
     Ok((times.into_iter().flatten().collect(), peak))
+}
+
+/// Each agent's peak RSS (VmHWM) so far, in MiB.
+fn peak_rss_mib(agents: &[AgentProc]) -> Result<Vec<f64>> {
+    agents
+        .iter()
+        .map(|a| Ok(status_kib(a.pid(), "VmHWM:")? as f64 / 1024.0))
+        .collect()
 }
 
 fn agent_cpu_now(agents: &[AgentProc]) -> Result<Vec<f64>> {
