@@ -317,7 +317,11 @@ impl Bench {
         put("cold start: CPU per agent (mean)", mean(&agent_cpu), "s");
         // The peak so far: the lists, before any relist after the restart below.
         let cold_peaks = peak_rss_mib(&agents)?;
-        put("cold start: agent peak RSS (mean)", mean(&cold_peaks), "MiB");
+        put(
+            "cold start: agent peak RSS (mean)",
+            mean(&cold_peaks),
+            "MiB",
+        );
 
         // Every agent at the server's state, its Node annotations included.
         self.settle(&agents)?;
