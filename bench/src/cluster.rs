@@ -15,6 +15,9 @@
 //! - an API server restart (etcd keeps running): the time to ready, then the first change
 //!   after it as above, the bytes each agent received from the new server (its relists)
 //!   and the new server's CPU until every agent had the change;
+//! - a 410 storm: the same restart after a write no agent watches (`weir-lab kube
+//!   touch`), so that every agent's watches are older than the new server's cache and
+//!   every agent lists again at once;
 //! - each agent's peak RSS (VmHWM) after its cold start, and over all of it.
 //!
 //! The control plane, the writer and the bench itself run on CPU 0, the agents on CPU 1.
@@ -90,7 +93,7 @@ pub fn notes(plan: &Plan) -> Vec<String> {
         "cluster cold start: all N agents started at once, the world already on the server; each agent's time from its start to its first convergence (its status file says converged: every kind listed, compiled, applied); the API server's CPU over that time and its peak RSS (VmRSS sampled every 100 ms)".into(),
         "cluster API server figures: CPU from /proc (user + system) of the kube-apiserver process; watch events and their bytes are the deltas of the sums of `apiserver_watch_events_total` and `apiserver_watch_events_sizes` (sum and count) over every resource; the writer's own requests (a change's writes, a list of the Nodes for the digest) are in the CPU figure. Bytes received: the agents' TCP connections to the API server (`ss` bytes_received, TLS included)".into(),
         format!("cluster, streaming lists: the largest N again, after the others, its agents started with `--lists stream` (the API server's WatchList) instead of the default `--lists pages` (LIST requests of 5,000 objects); otherwise the same run{}", if plan.streaming_too { "" } else { " (not run this time)" }),
-        "cluster restart: kube-apiserver stopped (SIGTERM) and started again on the same etcd, whose data it keeps; the figures after it are the first change written once the new server was ready, the bytes each agent received from the new server until it had that change, and the new server's CPU from its start to then".into(),
+        "cluster restart: kube-apiserver stopped (SIGTERM) and started again on the same etcd, whose data it keeps; the figures after it are the first change written once the new server was ready, the bytes each agent received from the new server until it had that change, and the new server's CPU from its start to then. Whether an agent lists again after it depends on whether its watches' resourceVersion is the newest when the server stops (an event or bookmark since the server's own last write); `410 storm`: the same restart right after a write no agent watches (ConfigMap default/weir-lab-touch, `weir-lab kube touch`), so that every agent's watches are older than the new server's watch cache, which answers 410 Gone, and every agent lists every kind again at once".into(),
     ]
 }
 
@@ -406,7 +409,56 @@ impl Bench {
             .collect();
         put("CPU per agent per change (mean)", mean(&cpu), "ms");
 
-        // An API server restart; etcd keeps the state.
+        // An API server restart; etcd keeps the state. Whether each agent lists again
+        // depends on whether its watches' resourceVersion is still the newest.
+        for (figure, value, unit) in self.restart(&agents, "restart", false)? {
+            put(&figure, value, unit);
+        }
+        // The same after a write no agent watches: every watch is too old for the new
+        // server's cache (410), and every agent lists again at once.
+        for (figure, value, unit) in self.restart(&agents, "410 storm", true)? {
+            put(&figure, value, unit);
+        }
+
+        // Memory over all of it.
+        let peaks = peak_rss_mib(&agents)?;
+        put("agent peak RSS (mean)", mean(&peaks), "MiB");
+        put(
+            "agent peak RSS (max)",
+            peaks.iter().copied().fold(0.0, f64::max),
+            "MiB",
+        );
+        put(
+            "API server RSS at the end",
+            status_kib(self.apiserver(), "VmRSS:")? as f64 / 1024.0,
+            "MiB",
+        );
+        Ok(figures)
+    }
+
+    /// Stops the API server (etcd keeps the state) and starts it again; with `touch`,
+    /// first writes an object no agent watches, so that every agent's watches are older
+    /// than the new server's cache. Then the next change: how long each agent took to
+    /// have it, what each received from the new server until then, and that server's CPU.
+    fn restart(&mut self, agents: &[AgentProc], phase: &str, touch: bool) -> Result<Figures> {
+        let lab = self.cluster.lab.clone();
+        let mut figures: Figures = Vec::new();
+        let mut put = |figure: &str, value: f64, unit: &'static str| {
+            figures.push((format!("{phase}: {figure}"), value, unit));
+        };
+        if touch {
+            let mut command = Command::new(&lab);
+            command
+                .args(["kube", "touch", "--netns", self.netns.name(), "--dir"])
+                .arg(self.api_dir());
+            let out = output_within(&mut command, Duration::from_secs(60))?;
+            if !out.status.success() {
+                bail!(
+                    "weir-lab kube touch: {}",
+                    String::from_utf8_lossy(&out.stderr).trim()
+                );
+            }
+        }
         let old = self.apiserver();
         // SAFETY: kill only sends a signal; the server is this bench's.
         unsafe { libc::kill(old as i32, libc::SIGTERM) };
@@ -443,22 +495,22 @@ impl Bench {
             .context("weir-lab kube start-apiserver printed no pid")?
             as u32;
         put(
-            "restart: API server ready after",
+            "API server ready after",
             restarting.elapsed().as_secs_f64(),
             "s",
         );
         let (written, digest) = self.write(true)?;
-        let (times, _) = wait_all(&agents, written, self.apiserver(), |s| {
+        let (times, _) = wait_all(agents, written, self.apiserver(), |s| {
             s["converged"] == true && s["state_digest"].as_str() == Some(digest.as_str())
         })?;
         let mut times: Vec<f64> = times.iter().map(ms).collect();
         put(
-            "restart: the next change to every agent p50",
+            "the next change to every agent p50",
             percentile(&mut times, 50.0),
             "ms",
         );
         put(
-            "restart: the next change, slowest agent",
+            "the next change, slowest agent",
             percentile(&mut times, 100.0),
             "ms",
         );
@@ -468,28 +520,14 @@ impl Bench {
             .map(|a| received.get(&a.pid()).copied().unwrap_or(0) as f64 / (1024.0 * 1024.0))
             .collect();
         put(
-            "restart: MiB received per agent from the new server (mean)",
+            "MiB received per agent from the new server (mean)",
             mean(&received),
             "MiB",
         );
         put(
-            "restart: new API server CPU until every agent had the change",
+            "new API server CPU until every agent had the change",
             cpu_seconds(self.apiserver())?,
             "s",
-        );
-
-        // Memory over all of it.
-        let peaks = peak_rss_mib(&agents)?;
-        put("agent peak RSS (mean)", mean(&peaks), "MiB");
-        put(
-            "agent peak RSS (max)",
-            peaks.iter().copied().fold(0.0, f64::max),
-            "MiB",
-        );
-        put(
-            "API server RSS at the end",
-            status_kib(self.apiserver(), "VmRSS:")? as f64 / 1024.0,
-            "MiB",
         );
         Ok(figures)
     }

@@ -315,6 +315,16 @@ pub enum KubeAction {
         #[arg(long)]
         dir: PathBuf,
     },
+    /// Write an object no weir agent watches (ConfigMap default/weir-lab-touch, its data
+    /// the time): the cluster's resourceVersion moves on while every agent's watches stay
+    /// where they were, so that a kube-apiserver started after it finds them too old (410)
+    /// and every agent lists again: the bench's 410 storm.
+    Touch {
+        #[arg(long)]
+        netns: String,
+        #[arg(long)]
+        dir: PathBuf,
+    },
 }
 
 #[derive(Subcommand)]
@@ -432,6 +442,7 @@ pub fn run(args: LabArgs) -> anyhow::Result<()> {
             } => ops::kube_apply(&netns, &dir, previous.as_deref(), &file),
             KubeAction::StartApiserver { netns, dir } => ops::kube_start_apiserver(&netns, &dir),
             KubeAction::Metrics { netns, dir } => ops::kube_metrics(&netns, &dir),
+            KubeAction::Touch { netns, dir } => ops::kube_touch(&netns, &dir),
         }
         .context("weir-lab kube"),
         LabCommand::Cluster { dir, action } => super::cluster::cli::run(&dir, action),

@@ -282,6 +282,39 @@ pub fn kube_metrics(netns: &str, dir: &Path) -> Result<(), LabError> {
     Ok(())
 }
 
+/// `weir-lab kube touch`: server-side applies ConfigMap default/weir-lab-touch with the
+/// time in its data, as the admin; prints its resourceVersion.
+pub fn kube_touch(netns: &str, dir: &Path) -> Result<(), LabError> {
+    let version = ControlPlane::new(dir)
+        .block_on(netns, Identity::Admin, |client| async move {
+            let api: kube::Api<k8s_openapi::api::core::v1::ConfigMap> =
+                kube::Api::namespaced(client, "default");
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap_or_default()
+                .as_nanos();
+            let object = serde_json::json!({
+                "apiVersion": "v1",
+                "kind": "ConfigMap",
+                "metadata": {"name": "weir-lab-touch"},
+                "data": {"unix_nanos": now.to_string()},
+            });
+            api.patch(
+                "weir-lab-touch",
+                &kube::api::PatchParams::apply("weir-lab").force(),
+                &kube::api::Patch::Apply(&object),
+            )
+            .await
+            .map(|cm| cm.metadata.resource_version.unwrap_or_default())
+            .map_err(|e| e.to_string())
+        })
+        .and_then(|r| r)
+        .map_err(|e| LabError::invalid("ConfigMap default/weir-lab-touch", e))?;
+    weir::stdout::print(&format!("{version}\n"))
+        .map_err(|e| LabError::io("writing to stdout", e))?;
+    Ok(())
+}
+
 /// `weir-lab kube apply`: writes the difference, then computes the digest from the
 /// resourceVersions of what it wrote and a record of the rest (DIR/applied-versions.json),
 /// so that a change to one object of a large world does not list the whole world.
