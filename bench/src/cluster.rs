@@ -330,7 +330,7 @@ impl Bench {
         self.settle(&agents)?;
 
         // Changes, one at a time.
-        let received0 = received_by_pid(self.netns.name())?;
+        let received0 = received_by_connection(self.netns.name())?;
         let cpu0 = agent_cpu_now(&agents)?;
         let before = self.api_sample(&lab)?;
         let (mut pairs, mut slowest) = (Vec::new(), Vec::new());
@@ -347,7 +347,8 @@ impl Bench {
         }
         let after = self.api_sample(&lab)?;
         let cpu1 = agent_cpu_now(&agents)?;
-        let received1 = received_by_pid(self.netns.name())?;
+        let received1 = received_by_connection(self.netns.name())?;
+        let received_meanwhile = received_between(&received0, &received1);
         let per = |v: f64| v / changes.max(1) as f64;
         let pairs_n = pairs.len();
         put(
@@ -389,12 +390,7 @@ impl Bench {
             .iter()
             .map(|a| {
                 let pid = a.pid();
-                per(received1
-                    .get(&pid)
-                    .copied()
-                    .unwrap_or(0)
-                    .saturating_sub(received0.get(&pid).copied().unwrap_or(0))
-                    as f64)
+                per(received_meanwhile.get(&pid).copied().unwrap_or(0) as f64)
             })
             .collect();
         put(
@@ -514,7 +510,7 @@ impl Bench {
             percentile(&mut times, 100.0),
             "ms",
         );
-        let received = received_by_pid(self.netns.name())?;
+        let received = by_pid(&received_by_connection(self.netns.name())?);
         let received: Vec<f64> = agents
             .iter()
             .map(|a| received.get(&a.pid()).copied().unwrap_or(0) as f64 / (1024.0 * 1024.0))
@@ -766,7 +762,10 @@ fn status_kib(pid: u32, key: &str) -> Result<u64> {
 
 /// Bytes received on each process's established TCP connections to the API server, by
 /// pid (`ss -tinp`; a connection closed since is no longer counted).
-fn received_by_pid(netns: &str) -> Result<BTreeMap<u32, u64>> {
+/// Bytes received on each TCP connection to the API server, by (process, local address).
+type Received = BTreeMap<(u32, String), u64>;
+
+fn received_by_connection(netns: &str) -> Result<Received> {
     let mut command = Command::new("ip");
     command.args([
         "netns",
@@ -788,11 +787,12 @@ fn received_by_pid(netns: &str) -> Result<BTreeMap<u32, u64>> {
     Ok(parse_ss(&String::from_utf8_lossy(&out.stdout)))
 }
 
-/// `ss -tinp` output: a socket's line names its process (`users:(("weir",pid=N,fd=M))`),
-/// its details (on the same line or the next) its `bytes_received:N`.
-fn parse_ss(text: &str) -> BTreeMap<u32, u64> {
-    let mut by_pid = BTreeMap::new();
-    let mut pid = None;
+/// `ss -tinpH` output: a socket's line gives its local address (the third column) and
+/// names its process (`users:(("weir",pid=N,fd=M))`), its details (on the same line or the
+/// next) its `bytes_received:N`.
+fn parse_ss(text: &str) -> Received {
+    let mut received = BTreeMap::new();
+    let mut socket = None;
     for line in text.lines() {
         if let Some(p) = line
             .split("pid=")
@@ -800,16 +800,38 @@ fn parse_ss(text: &str) -> BTreeMap<u32, u64> {
             .and_then(|r| r.split([',', ')']).next())
             .and_then(|p| p.parse::<u32>().ok())
         {
-            pid = Some(p);
+            let local = line.split_whitespace().nth(2).unwrap_or_default();
+            socket = Some((p, local.to_string()));
         }
-        let received = line
+        let bytes = line
             .split_whitespace()
             .find_map(|w| w.strip_prefix("bytes_received:"))
             .and_then(|n| n.parse::<u64>().ok());
-        if let (Some(p), Some(n)) = (pid, received) {
-            *by_pid.entry(p).or_default() += n;
-            pid = None;
+        if let (Some(s), Some(n)) = (&socket, bytes) {
+            *received.entry(s.clone()).or_default() += n;
+            socket = None;
         }
+    }
+    received
+}
+
+/// Each process's bytes received over all its connections.
+fn by_pid(received: &Received) -> BTreeMap<u32, u64> {
+    let mut by_pid = BTreeMap::new();
+    for ((pid, _), n) in received {
+        *by_pid.entry(*pid).or_default() += n;
+    }
+    by_pid
+}
+
+/// What each process received between two reads: each connection's growth, and the whole
+/// of a connection opened between them (a watch that reconnected; a total by process
+/// would shrink then). A connection closed between them counts nothing.
+fn received_between(before: &Received, after: &Received) -> BTreeMap<u32, u64> {
+    let mut by_pid = BTreeMap::new();
+    for (socket, n) in after {
+        let earlier = before.get(socket).copied().unwrap_or(0);
+        *by_pid.entry(socket.0).or_default() += n.saturating_sub(earlier);
     }
     by_pid
 }
@@ -856,13 +878,23 @@ fn output_within(command: &mut Command, limit: Duration) -> Result<Output> {
 
 #[cfg(test)]
 mod tests {
-    use super::parse_ss;
+    use super::{by_pid, parse_ss, received_between};
 
     #[test]
     fn ss_lines_are_summed_by_process() {
         let text = "0 0 127.0.0.1:40000 127.0.0.1:6443 users:((\"weir\",pid=12,fd=9))\n\t cubic wscale:7,7 bytes_sent:100 bytes_received:5000 segs_out:3\n0 0 127.0.0.1:40002 127.0.0.1:6443 users:((\"weir\",pid=12,fd=10)) cubic bytes_received:7\n0 0 127.0.0.1:40004 127.0.0.1:6443 users:((\"weir\",pid=13,fd=9))\n\t cubic bytes_acked:1\n";
-        let by_pid = parse_ss(text);
+        let received = parse_ss(text);
+        let by_pid = by_pid(&received);
         assert_eq!(by_pid.get(&12), Some(&5007));
         assert_eq!(by_pid.get(&13), None);
+        assert_eq!(received.get(&(12, "127.0.0.1:40002".into())), Some(&7));
+    }
+
+    #[test]
+    fn a_reconnected_watch_counts_its_new_connection_whole() {
+        let before = parse_ss("0 0 10.0.0.2:40000 10.0.0.1:6443 users:((\"weir\",pid=12,fd=9)) bytes_received:9000\n0 0 10.0.0.2:40002 10.0.0.1:6443 users:((\"weir\",pid=12,fd=10)) bytes_received:100\n");
+        // 40000 closed, 40004 opened; 40002 grew by 50.
+        let after = parse_ss("0 0 10.0.0.2:40002 10.0.0.1:6443 users:((\"weir\",pid=12,fd=10)) bytes_received:150\n0 0 10.0.0.2:40004 10.0.0.1:6443 users:((\"weir\",pid=12,fd=9)) bytes_received:700\n");
+        assert_eq!(received_between(&before, &after).get(&12), Some(&750));
     }
 }
