@@ -16,8 +16,8 @@
 //!   after it as above, the bytes each agent received from the new server (its relists)
 //!   and the new server's CPU until every agent had the change;
 //! - a 410 storm: the same restart after a write no agent watches (`weir-lab kube
-//!   touch`), so that every agent's watches are older than the new server's cache and
-//!   every agent lists again at once;
+//!   touch`), so that the agents' watches are older than the new server's cache and they
+//!   list again at once (not all of them do, measured: the bytes received tell);
 //! - each agent's peak RSS (VmHWM) after its cold start, and over all of it.
 //!
 //! The control plane, the writer and the bench itself run on CPU 0, the agents on CPU 1.
@@ -93,7 +93,7 @@ pub fn notes(plan: &Plan) -> Vec<String> {
         "cluster cold start: all N agents started at once, the world already on the server; each agent's time from its start to its first convergence (its status file says converged: every kind listed, compiled, applied); the API server's CPU over that time and its peak RSS (VmRSS sampled every 100 ms)".into(),
         "cluster API server figures: CPU from /proc (user + system) of the kube-apiserver process; watch events and their bytes are the deltas of the sums of `apiserver_watch_events_total` and `apiserver_watch_events_sizes` (sum and count) over every resource; the writer's own requests (a change's writes, a list of the Nodes for the digest) are in the CPU figure. Bytes received: the agents' TCP connections to the API server (`ss` bytes_received, TLS included)".into(),
         format!("cluster, streaming lists: the largest N again, after the others, its agents started with `--lists stream` (the API server's WatchList) instead of the default `--lists pages` (LIST requests of 5,000 objects); otherwise the same run{}", if plan.streaming_too { "" } else { " (not run this time)" }),
-        "cluster restart: kube-apiserver stopped (SIGTERM) and started again on the same etcd, whose data it keeps; the figures after it are the first change written once the new server was ready, the bytes each agent received from the new server until it had that change, and the new server's CPU from its start to then. Whether an agent lists again after it depends on whether its watches' resourceVersion is the newest when the server stops (an event or bookmark since the server's own last write); `410 storm`: the same restart right after a write no agent watches (ConfigMap default/weir-lab-touch, `weir-lab kube touch`), so that every agent's watches are older than the new server's watch cache, which answers 410 Gone, and every agent lists every kind again at once".into(),
+        "cluster restart: kube-apiserver stopped (SIGTERM) and started again on the same etcd, whose data it keeps; the figures after it are the first change written once the new server was ready, the bytes each agent received from the new server until it had that change, and the new server's CPU from its start to then. Whether an agent lists again after it depends on whether its watches' resourceVersion is the newest when the server stops (an event or bookmark since the server's own last write); `410 storm`: the same restart right after a write no agent watches (ConfigMap default/weir-lab-touch, `weir-lab kube touch`), so that the agents' watches are older than the new server's watch cache, which answers 410 Gone, and they list every kind again at once (not every agent does: the MiB received say how many)".into(),
     ]
 }
 
@@ -411,7 +411,7 @@ impl Bench {
             put(&figure, value, unit);
         }
         // The same after a write no agent watches: every watch is too old for the new
-        // server's cache (410), and every agent lists again at once.
+        // server's cache (410), and they list again at once.
         for (figure, value, unit) in self.restart(&agents, "410 storm", true)? {
             put(&figure, value, unit);
         }
@@ -433,7 +433,7 @@ impl Bench {
     }
 
     /// Stops the API server (etcd keeps the state) and starts it again; with `touch`,
-    /// first writes an object no agent watches, so that every agent's watches are older
+    /// first writes an object no agent watches, so that the agents' watches are older
     /// than the new server's cache. Then the next change: how long each agent took to
     /// have it, what each received from the new server until then, and that server's CPU.
     fn restart(&mut self, agents: &[AgentProc], phase: &str, touch: bool) -> Result<Figures> {

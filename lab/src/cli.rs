@@ -318,7 +318,7 @@ pub enum KubeAction {
     /// Write an object no weir agent watches (ConfigMap default/weir-lab-touch, its data
     /// the time): the cluster's resourceVersion moves on while every agent's watches stay
     /// where they were, so that a kube-apiserver started after it finds them too old (410)
-    /// and every agent lists again: the bench's 410 storm.
+    /// and the agents list again: the bench's 410 storm.
     Touch {
         #[arg(long)]
         netns: String,

@@ -342,8 +342,7 @@ fn cluster_extrapolation(report: &Value) -> Result<String> {
     // in a relist after the API server's restart (its own row below).
     let cold_rss = get(last, "cold start: agent peak RSS (mean)").ok();
     let rss = get(last, "agent peak RSS (mean)")?;
-    // The storm, where the run has it: every agent lists again (after a plain restart
-    // only some may).
+    // The storm's figure where the run has it, else the plain restart's.
     let restart = get(
         last,
         "410 storm: MiB received per agent from the new server (mean)",
@@ -444,7 +443,7 @@ fn cluster_extrapolation(report: &Value) -> Result<String> {
         )),
     }
     out.push_str(&line(
-        "an API server restart that finds every watch too old (410): every agent lists again",
+        "an API server restart that makes every agent list again (410)",
         [
             format!("{} MiB received", number(restart)),
             format!(
