@@ -92,6 +92,9 @@ pub struct Enforcer<B: Backends> {
     switch_error: Option<String>,
     /// Where the active dataplane's verdicts go, and its reader (`Err`: why it has none).
     verdicts: Option<(Arc<VerdictTx>, Result<VerdictTap, DataplaneError>)>,
+    /// Converges of the active dataplane (tried, failed ones too) and switches so far:
+    /// a verdict counter read is good only if none came while it ran.
+    writes: u64,
 }
 
 impl<B: Backends> Enforcer<B> {
@@ -141,6 +144,7 @@ impl<B: Backends> Enforcer<B> {
             held_sets: Vec::new(),
             switch_error: None,
             verdicts: None,
+            writes: 0,
         };
         enforcer.take(report);
         // `none` (benchmarks) removes nothing either: not even Azure NPM's state.
@@ -211,13 +215,19 @@ impl<B: Backends> Enforcer<B> {
         self.active.verdict_counts()
     }
 
-    /// The active dataplane's [`Dataplane::verdict_counts_read`].
-    pub fn verdict_counts_read(&self) -> crate::dataplane::CountsRead {
-        self.active.verdict_counts_read()
+    /// The active dataplane's [`Dataplane::verdict_counts_read`], with the writes so far.
+    pub fn verdict_counts_read(&self) -> (u64, crate::dataplane::CountsRead) {
+        (self.writes, self.active.verdict_counts_read())
+    }
+
+    /// Converges and switches so far (see [`Enforcer::verdict_counts_read`]).
+    pub fn writes(&self) -> u64 {
+        self.writes
     }
 
     /// A change: converge on `desired`, against what the dataplane last wrote.
     pub fn apply(&mut self, desired: &Desired) -> Result<(), DataplaneError> {
+        self.writes += 1;
         let report = self.active.converge(desired, Scope::Mirror)?;
         self.take(report);
         Ok(())
@@ -225,6 +235,7 @@ impl<B: Backends> Enforcer<B> {
 
     /// Periodic repair: converge the dataplane again and retry pending cleanups.
     pub fn reconcile(&mut self, desired: &Desired) -> Result<Outcome, DataplaneError> {
+        self.writes += 1;
         let report = self.active.converge(desired, Scope::Kernel)?;
         self.take(report);
         let mut outcome = Outcome::default();
@@ -289,6 +300,7 @@ impl<B: Backends> Enforcer<B> {
         // kernel source, as the NFLOG group).
         let tx = self.verdicts.take().map(|(tx, _)| tx);
         let old = std::mem::replace(&mut self.active, fresh);
+        self.writes += 1;
         drop(old);
         self.effective = next;
         if let Some(tx) = tx {

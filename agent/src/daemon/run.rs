@@ -208,9 +208,6 @@ pub struct Daemon<B: Backends> {
     startup: Option<Startup>,
     /// The last failure to read the verdict counters (logged once until it changes).
     counts_error: Option<String>,
-    /// Dataplane writes so far (converges, switches): a counter read is kept only if none
-    /// came while it ran off the loop ([`Daemon::counts_read_done`]).
-    writes: u64,
     /// Counter reads thrown away in a row because a write overlapped them.
     count_reads_thrown_away: u32,
     /// The verdict stream: where named records go, and the dataplanes' sender.
@@ -261,7 +258,6 @@ impl<B: Backends> Daemon<B> {
             first_batch: None,
             startup: None,
             counts_error: None,
-            writes: 0,
             count_reads_thrown_away: 0,
             verdicts: None,
             verdict_queue: None,
@@ -467,8 +463,6 @@ impl<B: Backends> Daemon<B> {
             None => self.start(choice),
             Some(enforcer) => {
                 let mut outcome = enforcer.choose(choice, desired);
-                let wrote = outcome.switched.is_some() || self.dataplane_error.is_some() || changed;
-                self.writes += u64::from(wrote);
                 let result = if outcome.switched.is_some() {
                     Ok(())
                 } else if self.dataplane_error.is_some() {
@@ -508,10 +502,10 @@ impl<B: Backends> Daemon<B> {
         self.take_counts(counts);
     }
 
-    /// A read of the verdict counters to run off the loop, with the writes so far.
+    /// A read of the verdict counters to run off the loop, with the dataplane's writes so
+    /// far.
     pub fn counts_read(&self) -> Option<(u64, CountsRead)> {
-        let enforcer = self.enforcer.as_ref()?;
-        Some((self.writes, enforcer.verdict_counts_read()))
+        Some(self.enforcer.as_ref()?.verdict_counts_read())
     }
 
     /// Takes a [`Daemon::counts_read`]'s counts into the metrics, unless a write came
@@ -519,7 +513,8 @@ impl<B: Backends> Daemon<B> {
     /// also saw (or neither), and the metrics must not jump. After
     /// [`COUNT_READS_THROWN_AWAY_AT_MOST`] such reads in a row, reads again in this turn.
     pub fn counts_read_done(&mut self, writes_before: u64, counts: CountsResult) {
-        if self.writes == writes_before {
+        let writes = self.enforcer.as_ref().map(|e| e.writes());
+        if writes == Some(writes_before) {
             self.take_counts(counts);
             return;
         }
@@ -570,7 +565,6 @@ impl<B: Backends> Daemon<B> {
                 let desired = self.engine.desired();
                 let switched = enforcer.choose(choice, desired);
                 let repaired = enforcer.reconcile(desired);
-                self.writes += 1;
                 self.account(&switched);
                 match repaired {
                     Ok(outcome) => {
@@ -725,7 +719,6 @@ impl<B: Backends> Daemon<B> {
         let Some(backends) = self.backends.take() else {
             return;
         };
-        self.writes += 1;
         match Enforcer::start(backends, choice, self.engine.desired()) {
             Ok((mut enforcer, outcome, phases)) => {
                 if let Some((listed, compiled)) = self.first_batch {
