@@ -241,20 +241,27 @@ impl Bench {
         Ok((written, self.cluster.expected()?.to_string()))
     }
 
-    /// The API server's CPU seconds and watch counters.
-    fn api_sample(&self, lab: &Path) -> Result<ApiSample> {
+    /// Runs `weir-lab kube ACTION` on this bench's control plane, killed after `limit`;
+    /// its stdout, or an error with its stderr.
+    fn kube(&self, lab: &Path, action: &str, limit: Duration) -> Result<Vec<u8>> {
         let mut command = Command::new(lab);
         command
-            .args(["kube", "metrics", "--netns", self.netns.name(), "--dir"])
+            .args(["kube", action, "--netns", self.netns.name(), "--dir"])
             .arg(self.api_dir());
-        let out = output_within(&mut command, Duration::from_secs(30))?;
+        let out = output_within(&mut command, limit)?;
         if !out.status.success() {
             bail!(
-                "weir-lab kube metrics: {}",
+                "weir-lab kube {action}: {}",
                 String::from_utf8_lossy(&out.stderr).trim()
             );
         }
-        let text = String::from_utf8_lossy(&out.stdout);
+        Ok(out.stdout)
+    }
+
+    /// The API server's CPU seconds and watch counters.
+    fn api_sample(&self, lab: &Path) -> Result<ApiSample> {
+        let out = self.kube(lab, "metrics", Duration::from_secs(30))?;
+        let text = String::from_utf8_lossy(&out);
         let sum = |name: &str| -> f64 {
             text.lines()
                 .filter(|l| l.starts_with(name) && l[name.len()..].starts_with('{'))
@@ -443,17 +450,7 @@ impl Bench {
             figures.push((format!("{phase}: {figure}"), value, unit));
         };
         if touch {
-            let mut command = Command::new(&lab);
-            command
-                .args(["kube", "touch", "--netns", self.netns.name(), "--dir"])
-                .arg(self.api_dir());
-            let out = output_within(&mut command, Duration::from_secs(60))?;
-            if !out.status.success() {
-                bail!(
-                    "weir-lab kube touch: {}",
-                    String::from_utf8_lossy(&out.stderr).trim()
-                );
-            }
+            self.kube(&lab, "touch", Duration::from_secs(60))?;
         }
         let old = self.apiserver();
         // SAFETY: kill only sends a signal; the server is this bench's.
@@ -467,25 +464,8 @@ impl Bench {
             std::thread::sleep(Duration::from_millis(20));
         }
         let restarting = Instant::now();
-        let mut command = Command::new(&lab);
-        command
-            .args([
-                "kube",
-                "start-apiserver",
-                "--netns",
-                self.netns.name(),
-                "--dir",
-            ])
-            .arg(self.api_dir());
-        let out = output_within(&mut command, Duration::from_secs(180))?;
-        if !out.status.success() {
-            bail!(
-                "weir-lab kube start-apiserver: {}",
-                String::from_utf8_lossy(&out.stderr).trim()
-            );
-        }
-        let pid: Value =
-            serde_json::from_slice(&out.stdout).context("weir-lab kube start-apiserver")?;
+        let out = self.kube(&lab, "start-apiserver", Duration::from_secs(180))?;
+        let pid: Value = serde_json::from_slice(&out).context("weir-lab kube start-apiserver")?;
         self.cluster.pids[1] = pid["apiserver_pid"]
             .as_u64()
             .context("weir-lab kube start-apiserver printed no pid")?
@@ -817,11 +797,7 @@ fn parse_ss(text: &str) -> Received {
 
 /// Each process's bytes received over all its connections.
 fn by_pid(received: &Received) -> BTreeMap<u32, u64> {
-    let mut by_pid = BTreeMap::new();
-    for ((pid, _), n) in received {
-        *by_pid.entry(*pid).or_default() += n;
-    }
-    by_pid
+    received_between(&Received::new(), received)
 }
 
 /// What each process received between two reads: each connection's growth, and the whole
