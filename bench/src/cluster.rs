@@ -12,6 +12,9 @@
 //!   server's CPU and its `apiserver_watch_events_total` and `apiserver_watch_events_sizes`
 //!   per change; the bytes each agent received per change (its TCP connections to the API
 //!   server, `ss`); each agent's CPU per change;
+//! - changes at a steady rate (`weir-lab kube churn`, 10 a second by default), each
+//!   written when its time comes whether or not the agents have the ones before: from
+//!   its first write request to each agent's status naming its digest or a later one;
 //! - an API server restart (etcd keeps running): the time to ready, then the first change
 //!   after it as above, the bytes each agent received from the new server (its relists)
 //!   and the new server's CPU until every agent had the change;
@@ -21,8 +24,9 @@
 //! - each agent's peak RSS (VmHWM) after its cold start, and over all of it.
 //!
 //! The control plane, the writer and the bench itself run on CPU 0, the agents on CPU 1.
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
+use std::io::{BufRead, BufReader, Read};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -31,7 +35,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use serde_json::Value;
 
-use super::agent::{start_cluster, Cluster};
+use super::agent::{monotonic_ns, start_cluster, Cluster};
 use super::netns::Netns;
 use super::report::Row;
 use super::traffic::percentile;
@@ -49,6 +53,9 @@ const METRICS_PORT_BASE: u16 = 19400;
 const APISERVER_PORT: &str = ":6443";
 /// The dataplane column of the report.
 const DP: &str = "none";
+/// The world's changes alternate two kinds, each flipping a state: after this many the
+/// world is as it was.
+const CHANGE_CYCLE: usize = 4;
 
 /// What `--cluster` sweeps.
 pub struct Plan {
@@ -57,6 +64,9 @@ pub struct Plan {
     pub pods: usize,
     pub policies: usize,
     pub changes: usize,
+    /// Changes a second of the steady-rate changes, and how many (0: none).
+    pub rate: f64,
+    pub rate_changes: usize,
     /// The largest N once more, its agents reading with the API server's streaming lists
     /// (`weir agent --lists stream`): the same figures, before and after, in one run.
     pub streaming_too: bool,
@@ -90,6 +100,7 @@ pub fn notes(plan: &Plan) -> Vec<String> {
     vec![
         format!("cluster: the real etcd and kube-apiserver (the lab's, `weir-lab kube start`) in one network namespace, holding {} pods on {REMOTE_NODES} Node objects and {} NetworkPolicies, written through the API by `weir-lab kube apply` (each Pod created, then its status written); N `weir agent --dataplane none` (watch, compile and report, program nothing), agent i as Node remote-node-i with its own status file, metrics port and the DaemonSet's ServiceAccount; control plane, writer and bench pinned to CPU {CONTROL_CPU}, the agents to CPU {AGENT_CPU}; one control plane for the whole sweep (N = {:?}), in that order", plan.pods, plan.policies, plan.agents),
         "cluster convergence: from just before a change's first write request to the first poll (every 5 ms) of an agent's status file that names the server's state digest after the change; changes alternate a pod label change and a NetworkPolicy create or delete, the next written once every agent had the last; p50 / p99 over all (agent, change) pairs and over the slowest agent of each change".into(),
+        format!("cluster changes at a steady rate: {} changes at {} a second written by `weir-lab kube churn` without waiting for the agents (the k-th due k / rate after the first; one whose time came while the one before was being written goes right after it), of the same kinds in the same order as above; an agent has change k at the first poll (every 5 ms) of its status naming the digest after k or after a later change; the write rate achieved is the changes over the time from the first write to the last", plan.rate_changes.div_ceil(CHANGE_CYCLE) * CHANGE_CYCLE, plan.rate),
         "cluster cold start: all N agents started at once, the world already on the server; each agent's time from its start to its first convergence (its status file says converged: every kind listed, compiled, applied); the API server's CPU over that time and its peak RSS (VmRSS sampled every 100 ms)".into(),
         "cluster API server figures: CPU from /proc (user + system) of the kube-apiserver process; watch events and their bytes are the deltas of the sums of `apiserver_watch_events_total` and `apiserver_watch_events_sizes` (sum and count) over every resource; the writer's own requests (a change's writes, a list of the Nodes for the digest) are in the CPU figure. Bytes received: the agents' TCP connections to the API server (`ss` bytes_received, TLS included)".into(),
         format!("cluster, streaming lists: the largest N again, after the others, its agents started with `--lists stream` (the API server's WatchList) instead of the default `--lists pages` (LIST requests of 5,000 objects); otherwise the same run{}", if plan.streaming_too { "" } else { " (not run this time)" }),
@@ -132,7 +143,7 @@ pub fn run(weir: &Path, lab: &Path, run_dir: &Path, plan: &Plan) -> Vec<Row> {
             name.push_str(STREAMING);
         }
         crate::progress(&name);
-        match bench.run_agents(weir, n, plan.changes, lists) {
+        match bench.run_agents(weir, n, plan, lists) {
             Ok(figures) => rows.extend(
                 figures
                     .into_iter()
@@ -222,15 +233,7 @@ impl Bench {
     /// the state digest every agent must reach.
     fn write(&mut self, change: bool) -> Result<(Instant, String)> {
         if change {
-            if self.changes.is_multiple_of(2) {
-                self.world.client_granted = !self.world.client_granted;
-            } else {
-                self.world.toggle = match self.world.toggle {
-                    Toggle::Absent => Toggle::Allow,
-                    _ => Toggle::Absent,
-                };
-            }
-            self.changes += 1;
+            self.next_change();
         }
         self.generation += 1;
         let file = self.dir.join("manifests.yaml");
@@ -239,6 +242,20 @@ impl Bench {
         self.world.write(&file, self.generation)?;
         let (written, _) = self.cluster.write(&self.dir, Some(&previous), &file)?;
         Ok((written, self.cluster.expected()?.to_string()))
+    }
+
+    /// Changes the world (not the server): the client pod's label that a policy selects,
+    /// and the toggle policy's presence, in turn.
+    fn next_change(&mut self) {
+        if self.changes.is_multiple_of(2) {
+            self.world.client_granted = !self.world.client_granted;
+        } else {
+            self.world.toggle = match self.world.toggle {
+                Toggle::Absent => Toggle::Allow,
+                _ => Toggle::Absent,
+            };
+        }
+        self.changes += 1;
     }
 
     /// Runs `weir-lab kube ACTION` on this bench's control plane, killed after `limit`;
@@ -277,13 +294,8 @@ impl Bench {
 
     /// One agent count: cold start, changes, a restart, memory. The agents are stopped at
     /// the end (or on an error).
-    fn run_agents(
-        &mut self,
-        weir: &Path,
-        n: usize,
-        changes: usize,
-        lists: Lists,
-    ) -> Result<Figures> {
+    fn run_agents(&mut self, weir: &Path, n: usize, plan: &Plan, lists: Lists) -> Result<Figures> {
+        let changes = plan.changes;
         let lab = self.cluster.lab.clone();
         let mut figures: Figures = Vec::new();
         let mut put = |figure: &str, value: f64, unit: &'static str| {
@@ -412,6 +424,12 @@ impl Bench {
             .collect();
         put("CPU per agent per change (mean)", mean(&cpu), "ms");
 
+        if plan.rate_changes > 0 {
+            for (figure, value, unit) in self.churn(&agents, plan.rate, plan.rate_changes)? {
+                put(&figure, value, unit);
+            }
+        }
+
         // An API server restart; etcd keeps the state. Whether each agent lists again
         // depends on whether its watches' resourceVersion is still the newest.
         for (figure, value, unit) in self.restart(&agents, "restart", false)? {
@@ -435,6 +453,145 @@ impl Bench {
             "API server RSS at the end",
             status_kib(self.apiserver(), "VmRSS:")? as f64 / 1024.0,
             "MiB",
+        );
+        Ok(figures)
+    }
+
+    /// `changes` (rounded up to whole cycles) written at `rate` a second by `weir-lab kube
+    /// churn`, which does not wait for the agents; agent a has change k at the first poll
+    /// of its status that names the digest after k or after a later change (an agent
+    /// that took two changes in one batch never names the first's).
+    fn churn(&mut self, agents: &[AgentProc], rate: f64, changes: usize) -> Result<Figures> {
+        let lab = self.cluster.lab.clone();
+        let changes = changes.div_ceil(CHANGE_CYCLE) * CHANGE_CYCLE;
+        let phase = format!("at {rate} a second");
+        let mut figures: Figures = Vec::new();
+        let mut put = |figure: &str, value: f64, unit: &'static str| {
+            figures.push((format!("{phase}: {figure}"), value, unit));
+        };
+        // One cycle of states, the first what the server holds; after the cycle the world
+        // is as it was, and so is the server after whole cycles of changes.
+        let mut files = Vec::new();
+        for i in 0..CHANGE_CYCLE {
+            let file = self.dir.join(format!("churn-{i}.yaml"));
+            self.world.write(&file, self.generation)?;
+            files.push(file);
+            self.next_change();
+        }
+        let before = self.api_sample(&lab)?;
+        let mut child = Command::new(&lab)
+            .args(["kube", "churn", "--netns", self.netns.name(), "--dir"])
+            .arg(self.api_dir())
+            .arg(format!("--interval-ms={}", (1000.0 / rate).round() as u64))
+            .arg(format!("--changes={changes}"))
+            .args(&files)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .context("starting weir-lab kube churn")?;
+        let stdout = child.stdout.take().expect("piped");
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut written: Vec<u64> = Vec::new();
+        let mut index: HashMap<String, usize> = HashMap::new();
+        // Per agent, each digest its status named and when it was first seen.
+        let mut seen: Vec<HashMap<String, u64>> = vec![HashMap::new(); agents.len()];
+        let started = Instant::now();
+        let mut checked = Instant::now();
+        loop {
+            while let Ok(line) = rx.try_recv() {
+                let (ns, digest) = parse_churn_line(&line)
+                    .with_context(|| format!("weir-lab kube churn printed {line:?}"))?;
+                index.insert(digest, written.len());
+                written.push(ns);
+            }
+            let now = monotonic_ns();
+            for (a, seen) in agents.iter().zip(seen.iter_mut()) {
+                if let Some(status) = a.status().filter(|s| s["converged"] == true) {
+                    if let Some(digest) = status["state_digest"].as_str() {
+                        seen.entry(digest.to_string()).or_insert(now);
+                    }
+                }
+            }
+            let last = (written.len() == changes)
+                .then(|| index.iter().find(|(_, &k)| k == changes - 1))
+                .flatten();
+            if let Some((last, _)) = last {
+                if seen.iter().all(|s| s.contains_key(last)) {
+                    break;
+                }
+            }
+            if checked.elapsed() >= Duration::from_millis(100) {
+                checked = Instant::now();
+                for a in agents {
+                    a.check_running()?;
+                }
+                if let Some(status) = child.try_wait()? {
+                    if !status.success() || written.len() < changes {
+                        let mut err = String::new();
+                        if let Some(mut e) = child.stderr.take() {
+                            let _ = e.read_to_string(&mut err);
+                        }
+                        bail!("weir-lab kube churn ended ({status}) after {} of {changes} changes: {}", written.len(), err.trim());
+                    }
+                }
+            }
+            if started.elapsed() > LIMIT {
+                let _ = child.kill();
+                bail!("the agents did not all have {changes} changes at {rate} a second within {LIMIT:?} ({} written)", written.len());
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let _ = child.wait();
+        let after = self.api_sample(&lab)?;
+        let (mut pairs, mut slowest) = churn_delays(&written, &index, &seen);
+        let pairs_n = pairs.len();
+        put(
+            &format!("change to every agent p50 (n={pairs_n} agent-changes)"),
+            percentile(&mut pairs, 50.0),
+            "ms",
+        );
+        put(
+            &format!("change to every agent p99 (n={pairs_n} agent-changes)"),
+            percentile(&mut pairs, 99.0),
+            "ms",
+        );
+        put(
+            &format!("slowest agent per change p50 (n={changes})"),
+            percentile(&mut slowest, 50.0),
+            "ms",
+        );
+        put(
+            &format!("slowest agent per change p99 (n={changes})"),
+            percentile(&mut slowest, 99.0),
+            "ms",
+        );
+        let span = written
+            .last()
+            .copied()
+            .unwrap_or(0)
+            .saturating_sub(written[0]) as f64
+            / 1e9;
+        put(
+            "changes written a second",
+            if span > 0.0 {
+                (changes - 1) as f64 / span
+            } else {
+                0.0
+            },
+            "/s",
+        );
+        put(
+            "API server CPU per change",
+            (after.cpu - before.cpu) / changes as f64 * 1e3,
+            "ms",
         );
         Ok(figures)
     }
@@ -670,6 +827,47 @@ fn wait_all(
     Ok((times.into_iter().flatten().collect(), peak))
 }
 
+/// `written NS digest HEX`, a line of `weir-lab kube churn`.
+fn parse_churn_line(line: &str) -> Option<(u64, String)> {
+    let rest = line.strip_prefix("written ")?;
+    let (ns, digest) = rest.split_once(" digest ")?;
+    Some((ns.parse().ok()?, digest.trim().to_string()))
+}
+
+/// From when each change was written (CLOCK_MONOTONIC ns), which change each digest is
+/// the state after, and each agent's digests with when it first named them: the
+/// milliseconds from each change's write to the agent having it or a later one, per
+/// (agent, change) pair, and the slowest agent's per change. A digest that is no change's
+/// (a state halfway through one's writes) is no evidence of any.
+fn churn_delays(
+    written: &[u64],
+    index: &HashMap<String, usize>,
+    seen: &[HashMap<String, u64>],
+) -> (Vec<f64>, Vec<f64>) {
+    let mut pairs = Vec::new();
+    let mut slowest = vec![0.0f64; written.len()];
+    for seen in seen {
+        let mut first_at = vec![u64::MAX; written.len()];
+        for (digest, &at) in seen {
+            if let Some(&k) = index.get(digest) {
+                first_at[k] = first_at[k].min(at);
+            }
+        }
+        // Having a later change is having this one: the earliest of k and after.
+        let mut had = u64::MAX;
+        for k in (0..written.len()).rev() {
+            had = had.min(first_at[k]);
+            if had == u64::MAX {
+                continue;
+            }
+            let delay = had.saturating_sub(written[k]) as f64 / 1e6;
+            pairs.push(delay);
+            slowest[k] = slowest[k].max(delay);
+        }
+    }
+    (pairs, slowest)
+}
+
 /// Each agent's peak RSS (VmHWM) so far, in MiB.
 fn peak_rss_mib(agents: &[AgentProc]) -> Result<Vec<f64>> {
     agents
@@ -854,7 +1052,8 @@ fn output_within(command: &mut Command, limit: Duration) -> Result<Output> {
 
 #[cfg(test)]
 mod tests {
-    use super::{by_pid, parse_ss, received_between};
+    use super::{by_pid, churn_delays, parse_churn_line, parse_ss, received_between};
+    use std::collections::HashMap;
 
     #[test]
     fn ss_lines_are_summed_by_process() {
@@ -864,6 +1063,37 @@ mod tests {
         assert_eq!(by_pid.get(&12), Some(&5007));
         assert_eq!(by_pid.get(&13), None);
         assert_eq!(received.get(&(12, "127.0.0.1:40002".into())), Some(&7));
+    }
+
+    #[test]
+    fn a_churn_line_is_a_write_time_and_a_digest() {
+        assert_eq!(
+            parse_churn_line("written 123456789 digest 00ff00ff00ff00ff"),
+            Some((123456789, "00ff00ff00ff00ff".to_string()))
+        );
+        assert_eq!(parse_churn_line("digest 00ff"), None);
+        assert_eq!(parse_churn_line("written x digest 00ff"), None);
+    }
+
+    #[test]
+    fn an_agent_that_skipped_a_change_had_it_with_the_next() {
+        // Changes written at 0, 100 and 200 ms; the agent named the first's digest at
+        // 30 ms, never the second's, the third's at 250 ms, and a digest of no change.
+        let ms = 1_000_000;
+        let written = [0, 100 * ms, 200 * ms];
+        let index: HashMap<String, usize> = [("a", 0), ("b", 1), ("c", 2)]
+            .into_iter()
+            .map(|(d, k)| (d.to_string(), k))
+            .collect();
+        let seen: Vec<HashMap<String, u64>> =
+            vec![[("a", 30 * ms), ("halfway", 120 * ms), ("c", 250 * ms)]
+                .into_iter()
+                .map(|(d, t)| (d.to_string(), t))
+                .collect()];
+        let (mut pairs, slowest) = churn_delays(&written, &index, &seen);
+        pairs.sort_by(f64::total_cmp);
+        assert_eq!(pairs, vec![30.0, 50.0, 150.0]);
+        assert_eq!(slowest, vec![30.0, 150.0, 50.0]);
     }
 
     #[test]

@@ -90,6 +90,14 @@ struct Cli {
     #[arg(long, default_value_t = 10, requires = "cluster",
           value_parser = clap::value_parser!(u64).range(1..))]
     cluster_changes: u64,
+    /// --cluster: the rate (changes a second) of the changes written without waiting for
+    /// the agents (`weir-lab kube churn`), after the ones written one at a time.
+    #[arg(long, default_value_t = 10.0, requires = "cluster")]
+    cluster_rate: f64,
+    /// --cluster: how many changes to write at --cluster-rate per agent count (rounded up
+    /// to a multiple of 4, a whole cycle of the world's changes); 0: none.
+    #[arg(long, default_value_t = 100, requires = "cluster")]
+    cluster_rate_changes: usize,
     /// --cluster: the largest N once more with the agents on streaming lists
     /// (`weir agent --lists stream`).
     #[arg(long, requires = "cluster")]
@@ -314,11 +322,19 @@ fn run_cluster(cli: Cli) -> Result<()> {
     if Command::new("ss").arg("--version").output().is_err() {
         bail!("the cluster bench needs `ss` (iproute2) on PATH");
     }
+    if !(cli.cluster_rate > 0.0 && cli.cluster_rate <= 1000.0) {
+        bail!(
+            "--cluster-rate {}: changes a second must be above 0 and at most 1000",
+            cli.cluster_rate
+        );
+    }
     let plan = cluster::Plan {
         agents: cli.cluster_agents,
         pods: cli.cluster_pods,
         policies: cli.cluster_policies,
         changes: cli.cluster_changes as usize,
+        rate: cli.cluster_rate,
+        rate_changes: cli.cluster_rate_changes,
         streaming_too: cli.cluster_streaming_lists,
     };
     netns::sweep_stale();

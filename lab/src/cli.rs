@@ -315,6 +315,26 @@ pub enum KubeAction {
         #[arg(long)]
         dir: PathBuf,
     },
+    /// Write changes at a steady rate, whether or not anyone has seen the ones before: the
+    /// change from each FILE to the next (the last back to the first) in turn, CHANGES of
+    /// them, the k-th due k × INTERVAL after the first. The first FILE must be what the
+    /// server holds (as the last `kube apply` left it). Prints `written NS digest HEX` per
+    /// change once it is acknowledged (NS: CLOCK_MONOTONIC nanoseconds just before its first
+    /// write; HEX: the state digest an agent reports once it has applied it).
+    Churn {
+        #[arg(long)]
+        netns: String,
+        #[arg(long)]
+        dir: PathBuf,
+        /// Milliseconds between the changes' due times (100: ten a second).
+        #[arg(long, default_value_t = 100)]
+        interval_ms: u64,
+        /// How many changes to write.
+        #[arg(long)]
+        changes: usize,
+        #[arg(num_args = 2.., required = true)]
+        files: Vec<PathBuf>,
+    },
     /// Write an object no weir agent watches (ConfigMap default/weir-lab-touch, its data
     /// the time): the cluster's resourceVersion moves on while every agent's watches stay
     /// where they were, so that a kube-apiserver started after it finds them too old (410)
@@ -443,6 +463,19 @@ pub fn run(args: LabArgs) -> anyhow::Result<()> {
             KubeAction::StartApiserver { netns, dir } => ops::kube_start_apiserver(&netns, &dir),
             KubeAction::Metrics { netns, dir } => ops::kube_metrics(&netns, &dir),
             KubeAction::Touch { netns, dir } => ops::kube_touch(&netns, &dir),
+            KubeAction::Churn {
+                netns,
+                dir,
+                interval_ms,
+                changes,
+                files,
+            } => ops::kube_churn(
+                &netns,
+                &dir,
+                Duration::from_millis(interval_ms),
+                changes,
+                &files,
+            ),
         }
         .context("weir-lab kube"),
         LabCommand::Cluster { dir, action } => super::cluster::cli::run(&dir, action),

@@ -41,6 +41,21 @@ pub struct ObjectSet {
 }
 
 impl ObjectSet {
+    /// The objects that differ between `from` and `to`, as a (from, to) pair that
+    /// [`super::api::sync`] turns into the same writes as the whole sets would.
+    pub fn difference(from: &ObjectSet, to: &ObjectSet) -> (ObjectSet, ObjectSet) {
+        let differs = |key: &ObjectRef| from.objects.get(key) != to.objects.get(key);
+        let only = |set: &ObjectSet| ObjectSet {
+            objects: set
+                .objects
+                .iter()
+                .filter(|(key, _)| differs(key))
+                .map(|(key, o)| (key.clone(), o.clone()))
+                .collect(),
+        };
+        (only(from), only(to))
+    }
+
     pub fn load(path: &Path) -> Result<Self, LabError> {
         let text = match std::fs::read_to_string(path) {
             Ok(text) => text,
@@ -205,6 +220,35 @@ kind: NetworkPolicy
 metadata: {name: deny}
 spec: {podSelector: {}}
 "#;
+
+    #[test]
+    fn the_difference_of_two_sets_is_what_changed_on_each_side() {
+        let mut from = ObjectSet::default();
+        for o in manifest::parse_str(WORLD).unwrap() {
+            from.apply(o);
+        }
+        let mut to = from.clone();
+        let policy = to
+            .objects
+            .keys()
+            .find(|k| k.kind == Kind::NetworkPolicy)
+            .unwrap()
+            .clone();
+        to.delete(&policy);
+        let relabelled = manifest::parse_str(
+            "{apiVersion: v1, kind: Pod, metadata: {name: a, namespace: x, labels: {pod: b}}, spec: {containers: [{name: c, image: none}]}}",
+        )
+        .unwrap();
+        to.apply(relabelled.into_iter().next().unwrap());
+        let (before, after) = ObjectSet::difference(&from, &to);
+        let keys = |s: &ObjectSet| s.objects.keys().map(|k| k.to_string()).collect::<Vec<_>>();
+        assert_eq!(keys(&before), ["pod x/a", "networkpolicy default/deny"]);
+        assert_eq!(keys(&after), ["pod x/a"]);
+        assert_eq!(after.objects.values().next(), to.objects.values().nth(2));
+        // No difference, no write.
+        let (before, after) = ObjectSet::difference(&to, &to);
+        assert!(before.objects.is_empty() && after.objects.is_empty());
+    }
 
     #[test]
     fn apply_adds_implicit_namespaces_with_their_name_label() {

@@ -329,10 +329,7 @@ pub fn kube_apply(
         None => ObjectSet::default(),
     };
     let after = ObjectSet::load(file)?;
-    let record = dir.join("applied-versions.json");
-    let known: Option<Vec<(weir_policy::model::ObjectRef, String)>> = std::fs::read(&record)
-        .ok()
-        .and_then(|b| serde_json::from_slice(&b).ok());
+    let known = AppliedVersions::read(dir);
     let versions = ControlPlane::new(dir)
         .block_on(netns, Identity::Admin, |client| async move {
             // The connection is opened first, as a controller's would already be: what is
@@ -348,37 +345,160 @@ pub fn kube_apply(
                 .first_write_ns
                 .unwrap_or_else(weir::kernel::monotonic_ns);
             weir::stdout::println(&format!("written {started}")).map_err(|e| e.to_string())?;
-            let mut versions: BTreeMap<_, _> = match known {
-                Some(k) => k.into_iter().collect(),
-                None => api::list_versions(&client)
-                    .await
-                    .map_err(|e| e.to_string())?,
-            };
-            for (key, rv) in synced.written {
-                match rv {
-                    Some(rv) => versions.insert(key, rv),
-                    None => versions.remove(&key),
-                };
-            }
+            let mut versions = AppliedVersions::recorded_or_listed(known, &client).await?;
+            versions.record(synced.written);
             // The agent annotates its Node itself: take the Nodes as the server has them.
-            let fresh = api::list_versions_of_nodes(&client)
-                .await
-                .map_err(|e| e.to_string())?;
-            versions.retain(|k, _| k.kind != weir_policy::model::Kind::Node);
-            versions.extend(fresh);
+            versions.refresh_nodes(&client).await?;
             Ok::<_, String>(versions)
         })
         .and_then(|r| r)
         .map_err(|e| LabError::invalid("weir-lab kube apply", e))?;
-    weir::stdout::println(&format!("digest {}", api::digest(&versions)))
+    weir::stdout::println(&format!("digest {}", versions.digest))
         .map_err(|e| LabError::io("writing to stdout", e))?;
-    let list: Vec<_> = versions.into_iter().collect();
-    write_atomic(
-        &record,
-        serde_json::to_string(&list)
-            .expect("versions serialize")
-            .as_bytes(),
-    )
+    versions.write(dir)
+}
+
+/// `weir-lab kube churn`: writes the change from each FILE to the next (the last back to
+/// the first), `changes` of them in turn, the k-th due `k × interval` after the first
+/// whether or not anyone has seen the one before (an open loop: the rate is the writer's,
+/// as in a busy cluster); a change whose time came while the one before was still being
+/// written goes right after it. FILES[0] must be what the server holds (as the last
+/// `kube apply` left it). Prints `written NS digest HEX` for each change once the server
+/// acknowledged it (NS: CLOCK_MONOTONIC nanoseconds just before its first write request;
+/// HEX: the state digest an agent reports once it has applied it and those before).
+pub fn kube_churn(
+    netns: &str,
+    dir: &Path,
+    interval: Duration,
+    changes: usize,
+    files: &[PathBuf],
+) -> Result<(), LabError> {
+    if files.len() < 2 {
+        return Err(LabError::invalid(
+            "weir-lab kube churn",
+            "needs at least two files to change between",
+        ));
+    }
+    let sets = files
+        .iter()
+        .map(|f| ObjectSet::load(f))
+        .collect::<Result<Vec<_>, _>>()?;
+    // Only the objects that differ between neighbours: each write is computed once.
+    let steps: Vec<(ObjectSet, ObjectSet)> = (0..sets.len())
+        .map(|i| ObjectSet::difference(&sets[i], &sets[(i + 1) % sets.len()]))
+        .collect();
+    let known = AppliedVersions::read(dir);
+    let versions = ControlPlane::new(dir)
+        .block_on(netns, Identity::Admin, |client| async move {
+            client
+                .apiserver_version()
+                .await
+                .map_err(|e| format!("asking the API server its version: {e}"))?;
+            let mut versions = AppliedVersions::recorded_or_listed(known, &client).await?;
+            versions.refresh_nodes(&client).await?;
+            let start = tokio::time::Instant::now();
+            for k in 0..changes {
+                tokio::time::sleep_until(start + interval * k as u32).await;
+                let (before, after) = &steps[k % steps.len()];
+                let synced = api::sync(&client, before, after, None).await.map_err(|e| {
+                    format!(
+                        "change {k} (from {} to the next): {e}",
+                        files[k % files.len()].display()
+                    )
+                })?;
+                let written = synced
+                    .first_write_ns
+                    .unwrap_or_else(weir::kernel::monotonic_ns);
+                versions.record(synced.written);
+                weir::stdout::println(&format!("written {written} digest {}", versions.digest))
+                    .map_err(|e| e.to_string())?;
+            }
+            Ok::<_, String>(versions)
+        })
+        .and_then(|r| r)
+        .map_err(|e| LabError::invalid("weir-lab kube churn", e))?;
+    versions.write(dir)
+}
+
+/// The resourceVersion of every object the agent watches, as this lab last wrote them
+/// (DIR/applied-versions.json), and their state digest, kept as they change.
+struct AppliedVersions {
+    versions: BTreeMap<weir_policy::model::ObjectRef, String>,
+    digest: weir::source::digest::StateDigest,
+}
+
+impl AppliedVersions {
+    const FILE: &str = "applied-versions.json";
+
+    /// What DIR/applied-versions.json holds, if it could be read.
+    fn read(dir: &Path) -> Option<BTreeMap<weir_policy::model::ObjectRef, String>> {
+        let list: Vec<(weir_policy::model::ObjectRef, String)> =
+            serde_json::from_slice(&std::fs::read(dir.join(Self::FILE)).ok()?).ok()?;
+        Some(list.into_iter().collect())
+    }
+
+    /// The record `read` found, or (none yet) the server's own list.
+    async fn recorded_or_listed(
+        recorded: Option<BTreeMap<weir_policy::model::ObjectRef, String>>,
+        client: &kube::Client,
+    ) -> Result<Self, String> {
+        let versions = match recorded {
+            Some(versions) => versions,
+            None => api::list_versions(client)
+                .await
+                .map_err(|e| e.to_string())?,
+        };
+        Ok(Self::new(versions))
+    }
+
+    fn new(versions: BTreeMap<weir_policy::model::ObjectRef, String>) -> Self {
+        let mut digest = weir::source::digest::StateDigest::default();
+        for (key, rv) in &versions {
+            digest.toggle(weir::source::digest::StateDigest::entry(key, rv));
+        }
+        Self { versions, digest }
+    }
+
+    /// Takes in what a sync wrote (None: deleted), the digest with it.
+    fn record(&mut self, written: Vec<(weir_policy::model::ObjectRef, Option<String>)>) {
+        use weir::source::digest::StateDigest;
+        for (key, rv) in written {
+            if let Some(old) = self.versions.remove(&key) {
+                self.digest.toggle(StateDigest::entry(&key, &old));
+            }
+            if let Some(rv) = rv {
+                self.digest.toggle(StateDigest::entry(&key, &rv));
+                self.versions.insert(key, rv);
+            }
+        }
+    }
+
+    /// Every Node as the server has it (agents annotate their own).
+    async fn refresh_nodes(&mut self, client: &kube::Client) -> Result<(), String> {
+        let fresh = api::list_versions_of_nodes(client)
+            .await
+            .map_err(|e| e.to_string())?;
+        let gone = self
+            .versions
+            .keys()
+            .filter(|k| k.kind == weir_policy::model::Kind::Node)
+            .map(|k| (k.clone(), None));
+        let written: Vec<_> = gone
+            .chain(fresh.into_iter().map(|(k, rv)| (k, Some(rv))))
+            .collect();
+        self.record(written);
+        Ok(())
+    }
+
+    fn write(self, dir: &Path) -> Result<(), LabError> {
+        let list: Vec<_> = self.versions.into_iter().collect();
+        write_atomic(
+            &dir.join(Self::FILE),
+            serde_json::to_string(&list)
+                .expect("versions serialize")
+                .as_bytes(),
+        )
+    }
 }
 
 /// Creates or updates objects, as `kubectl apply`.

@@ -129,6 +129,7 @@ pub fn cluster(quick: bool, run: &ClusterRun) -> Result<()> {
             run.pods.map(|p| p.to_string()).or_else(|| smoke("500")),
         ),
         ("--cluster-policies", smoke("50")),
+        ("--cluster-rate-changes", smoke("8")),
         (
             "--cluster-changes",
             run.changes.map(|c| c.to_string()).or_else(|| smoke("3")),
@@ -141,10 +142,9 @@ pub fn cluster(quick: bool, run: &ClusterRun) -> Result<()> {
         "cargo xtask bench --cluster{}",
         if quick { " --quick" } else { "" }
     );
-    for option in options
-        .iter()
-        .filter(|o| !o.starts_with("--cluster-policies"))
-    {
+    for option in options.iter().filter(|o| {
+        !o.starts_with("--cluster-policies") && !o.starts_with("--cluster-rate-changes")
+    }) {
         command.push(' ');
         command.push_str(option);
     }

@@ -237,7 +237,8 @@ enum Command {
         /// Instead: N weir agents (`--dataplane none`, each a different node) against one
         /// real kube-apiserver, for N = 1, 10, 30 at 50,000 pods: the API server's CPU,
         /// memory and watch events, bytes per agent per change, convergence to every
-        /// agent, cold start of all at once, an API server restart; then the largest N
+        /// agent (changes one at a time, then 100 at 10 a second), cold start of all at
+        /// once, an API server restart and a 410 storm; then the largest N
         /// again with the agents on streaming lists; writes target/bench/cluster.json. With --quick: N = 1, 2 at 500 pods (a smoke run).
         #[arg(long, conflicts_with = "peers")]
         cluster: bool,
