@@ -547,20 +547,23 @@ impl Engine {
         namespaced.chain(cluster).collect()
     }
 
-    /// Local endpoints that are `policy`'s subjects.
+    /// Local endpoints that are `policy`'s subjects. Looked for among the compiled
+    /// endpoints (every pod that is one has been compiled: a pod's own change recompiles
+    /// it), not among every pod of the namespaces the subject selects: a node holds a
+    /// hundred pods, the cluster tens of thousands.
     fn cluster_selected_endpoints(&self, policy: &ClusterPolicySpec) -> Vec<PodKey> {
         let model = &self.model;
-        model
-            .namespace_names()
-            .into_iter()
-            .filter(|ns| {
+        self.desired
+            .endpoints
+            .keys()
+            .filter_map(|key| model.pod(key))
+            .filter(|p| is_endpoint(self.local_node.as_deref(), p))
+            .filter(|p| {
                 policy
                     .subject
                     .namespace_selector()
-                    .matches(&model.namespace_labels(ns))
+                    .matches(&model.namespace_labels(&p.namespace))
             })
-            .flat_map(|ns| model.pods_in_namespace(ns))
-            .filter(|p| is_endpoint(self.local_node.as_deref(), p))
             .filter(|p| {
                 policy
                     .subject

@@ -406,6 +406,18 @@ fn every_event_gives_an_exact_delta() {
         .unwrap();
         h.upsert(&policy("y", "deny", "podSelector: {}"));
         h.upsert(&pod_yaml("x", "b", &[("pod", "a")]));
+        // A subject pod that moves to another node and back: only the local node's pods
+        // are the policies' endpoints, on every change of either.
+        let moved = pod_yaml("y", "a", &[]).replace("nodeName: node-1", "nodeName: node-2");
+        h.upsert(&moved);
+        h.upsert_object(cluster_policy(
+            "c",
+            "tier: Admin\npriority: 3\nsubject: {namespaces: {}}\ningress:\n- {action: Deny, from: [{namespaces: {matchLabels: {ns: z}}}]}",
+        ))
+        .unwrap();
+        h.upsert(&pod_yaml("y", "a", &[]));
+        h.delete(&ObjectRef::new(Kind::ClusterNetworkPolicy, None, "c"));
+        h.upsert(&moved);
         h.upsert(&namespace_yaml("x", &[("ns", "other")]));
         h.upsert(&node_yaml("node-1", "linux", "192.168.0.9"));
         h.upsert_object(ingress_from_y("a", "Baseline", 7, &[("Accept", "")]))

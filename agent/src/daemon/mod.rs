@@ -16,6 +16,7 @@
 pub mod config;
 pub mod enforcer;
 pub mod http;
+mod known;
 pub mod metrics;
 pub mod node;
 pub mod publish;

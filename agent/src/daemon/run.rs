@@ -10,6 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::enforcer::{Backends, Enforcer, Outcome};
+use super::known::KnownObjects;
 use super::metrics::Metrics;
 use super::report::{Converge, Enforced, MapPressure, NodeReport, ReportBoard};
 use super::select::{choice_from_labels, DataplaneChoice};
@@ -197,7 +198,7 @@ pub struct Daemon<B: Backends> {
     waiting: BTreeMap<ObjectRef, Validated>,
     /// Why the dataplane did not converge (start, apply or reconcile failed).
     dataplane_error: Option<String>,
-    known: BTreeSet<ObjectRef>,
+    known: KnownObjects,
     last_status: Option<Status>,
     /// Where `GET /status` reads the node report (cluster and file mode with --listen).
     reports: Option<Arc<ReportBoard>>,
@@ -251,7 +252,7 @@ impl<B: Backends> Daemon<B> {
             refused: BTreeMap::new(),
             waiting: BTreeMap::new(),
             dataplane_error: None,
-            known: BTreeSet::new(),
+            known: KnownObjects::default(),
             last_status: None,
             reports: None,
             last_converge: None,
@@ -820,11 +821,16 @@ impl<B: Backends> Daemon<B> {
         dataplane: crate::dataplane::DataplaneStatus,
         undeletable_sets: Vec<String>,
     ) -> NodeReport {
+        // Every refused object is known too.
+        let refused_policies = self
+            .refused
+            .keys()
+            .filter(|k| k.kind == Kind::NetworkPolicy)
+            .count();
         let policies = self
             .known
-            .iter()
-            .filter(|k| k.kind == Kind::NetworkPolicy && !self.refused.contains_key(k))
-            .count();
+            .count(Kind::NetworkPolicy)
+            .saturating_sub(refused_policies);
         NodeReport {
             node: self.opts.node_name.clone(),
             requested: Some(self.node_choice.unwrap_or(self.opts.default_choice)),
@@ -862,21 +868,15 @@ impl<B: Backends> Daemon<B> {
     /// Metrics, readiness, the status file and the publisher, after every change.
     fn report(&mut self) {
         let status = self.status();
-        // One walk: every change reports, and `known` holds every object of the cluster.
-        let mut counts = [
-            (Kind::Namespace, 0),
-            (Kind::Pod, 0),
-            (Kind::NetworkPolicy, 0),
-            (Kind::Node, 0),
-            (Kind::Service, 0),
-        ];
-        for object in &self.known {
-            if let Some((_, n)) = counts.iter_mut().find(|(kind, _)| *kind == object.kind) {
-                *n += 1;
-            }
-        }
-        for (kind, n) in counts {
-            self.metrics.set_objects(kind.name(), n);
+        for kind in [
+            Kind::Namespace,
+            Kind::Pod,
+            Kind::NetworkPolicy,
+            Kind::Node,
+            Kind::Service,
+        ] {
+            self.metrics
+                .set_objects(kind.name(), self.known.count(kind));
         }
         self.metrics.set_object_errors(status.errors.len());
         let dataplane = self.enforcer.as_ref().map(|e| e.status());
