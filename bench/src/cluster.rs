@@ -369,27 +369,9 @@ impl Bench {
         let received1 = received_by_connection(self.netns.name())?;
         let received_meanwhile = received_between(&received0, &received1);
         let per = |v: f64| v / changes.max(1) as f64;
-        let pairs_n = pairs.len();
-        put(
-            &format!("change to every agent p50 (n={pairs_n} agent-changes)"),
-            percentile(&mut pairs, 50.0),
-            "ms",
-        );
-        put(
-            &format!("change to every agent p99 (n={pairs_n} agent-changes)"),
-            percentile(&mut pairs, 99.0),
-            "ms",
-        );
-        put(
-            &format!("slowest agent per change p50 (n={changes})"),
-            percentile(&mut slowest, 50.0),
-            "ms",
-        );
-        put(
-            &format!("slowest agent per change p99 (n={changes})"),
-            percentile(&mut slowest, 99.0),
-            "ms",
-        );
+        for (figure, value, unit) in spread(&mut pairs, &mut slowest) {
+            put(&figure, value, unit);
+        }
         put(
             "API server watch events per change",
             per(after.events - before.events),
@@ -552,27 +534,9 @@ impl Bench {
         let _ = child.wait();
         let after = self.api_sample(&lab)?;
         let (mut pairs, mut slowest) = churn_delays(&written, &index, &seen);
-        let pairs_n = pairs.len();
-        put(
-            &format!("change to every agent p50 (n={pairs_n} agent-changes)"),
-            percentile(&mut pairs, 50.0),
-            "ms",
-        );
-        put(
-            &format!("change to every agent p99 (n={pairs_n} agent-changes)"),
-            percentile(&mut pairs, 99.0),
-            "ms",
-        );
-        put(
-            &format!("slowest agent per change p50 (n={changes})"),
-            percentile(&mut slowest, 50.0),
-            "ms",
-        );
-        put(
-            &format!("slowest agent per change p99 (n={changes})"),
-            percentile(&mut slowest, 99.0),
-            "ms",
-        );
+        for (figure, value, unit) in spread(&mut pairs, &mut slowest) {
+            put(&figure, value, unit);
+        }
         let span = written
             .last()
             .copied()
@@ -825,6 +789,33 @@ fn wait_all(
         std::thread::sleep(Duration::from_millis(5));
     }
     Ok((times.into_iter().flatten().collect(), peak))
+}
+
+/// p50 and p99 of the (agent, change) pairs' times and of the slowest agent's per change.
+fn spread(pairs: &mut [f64], slowest: &mut [f64]) -> Figures {
+    let (n, changes) = (pairs.len(), slowest.len());
+    vec![
+        (
+            format!("change to every agent p50 (n={n} agent-changes)"),
+            percentile(pairs, 50.0),
+            "ms",
+        ),
+        (
+            format!("change to every agent p99 (n={n} agent-changes)"),
+            percentile(pairs, 99.0),
+            "ms",
+        ),
+        (
+            format!("slowest agent per change p50 (n={changes})"),
+            percentile(slowest, 50.0),
+            "ms",
+        ),
+        (
+            format!("slowest agent per change p99 (n={changes})"),
+            percentile(slowest, 99.0),
+            "ms",
+        ),
+    ]
 }
 
 /// `written NS digest HEX`, a line of `weir-lab kube churn`.

@@ -332,12 +332,7 @@ pub fn kube_apply(
     let known = AppliedVersions::read(dir);
     let versions = ControlPlane::new(dir)
         .block_on(netns, Identity::Admin, |client| async move {
-            // The connection is opened first, as a controller's would already be: what is
-            // timed is the cluster's, not this process's TLS handshake.
-            client
-                .apiserver_version()
-                .await
-                .map_err(|e| format!("asking the API server its version: {e}"))?;
+            open_connection(&client).await?;
             let synced = api::sync(&client, &before, &after, None).await?;
             // From just before the first write request: a change may take effect with its
             // first write (a Pod's labels) before the last one (its status) is acknowledged.
@@ -390,10 +385,7 @@ pub fn kube_churn(
     let known = AppliedVersions::read(dir);
     let versions = ControlPlane::new(dir)
         .block_on(netns, Identity::Admin, |client| async move {
-            client
-                .apiserver_version()
-                .await
-                .map_err(|e| format!("asking the API server its version: {e}"))?;
+            open_connection(&client).await?;
             let mut versions = AppliedVersions::recorded_or_listed(known, &client).await?;
             versions.refresh_nodes(&client).await?;
             let start = tokio::time::Instant::now();
@@ -418,6 +410,16 @@ pub fn kube_churn(
         .and_then(|r| r)
         .map_err(|e| LabError::invalid("weir-lab kube churn", e))?;
     versions.write(dir)
+}
+
+/// Opens the connection before anything is timed, as a controller's would already be
+/// open: what is timed is the cluster's work, not this process's TLS handshake.
+async fn open_connection(client: &kube::Client) -> Result<(), String> {
+    client
+        .apiserver_version()
+        .await
+        .map(drop)
+        .map_err(|e| format!("asking the API server its version: {e}"))
 }
 
 /// The resourceVersion of every object the agent watches, as this lab last wrote them
