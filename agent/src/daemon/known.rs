@@ -2,13 +2,13 @@
 //! come and go: the metrics and the node report read the counts on every change, and a
 //! walk of every object for them cost a tenth of the agent's time per change at 20,000
 //! pods.
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet};
 
 use weir_policy::model::{Kind, ObjectRef};
 
 #[derive(Default)]
 pub struct KnownObjects {
-    keys: HashSet<ObjectRef>,
+    keys: BTreeSet<ObjectRef>,
     by_kind: BTreeMap<Kind, usize>,
 }
 
