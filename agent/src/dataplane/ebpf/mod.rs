@@ -1197,7 +1197,7 @@ pub(crate) fn planned_state(
     desired: &Desired,
     placed: &BTreeMap<PodKey, (u32, String, u32)>,
     plan: identities::IdentityPlan,
-    rule_ids: &BTreeMap<policy_map::RuleName, u32>,
+    rule_ids: &BTreeMap<policy_map::RuleKey<'_>, u32>,
     host: &[identities::Prefix],
 ) -> (KernelState, BTreeMap<u32, String>) {
     // The node's addresses are one host identity, unless tiers judge some pod's egress

@@ -14,6 +14,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use itertools::{EitherOrBoth, Itertools};
 use serde::{Deserialize, Serialize};
 use weir_common::{
     PolicyKey, AUDIT_RULE_BIT, COUNTER_HOST, COUNTER_NOT_ISOLATED, IDENTITY_ANY, IDENTITY_HOST_BIT,
@@ -66,6 +67,42 @@ impl std::fmt::Display for RuleName {
     }
 }
 
+/// A [`RuleName`] borrowed from the desired state: what a change's rule ids are planned
+/// and looked up by, so that planning them builds no strings (every rule of every
+/// endpoint, at every change). Its order is [`RuleName`]'s.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct RuleKey<'a> {
+    pub policy: &'a str,
+    pub direction: Direction,
+    pub rule_index: u32,
+    pub tier: Option<Tier>,
+    pub action: Option<Action>,
+}
+
+impl RuleKey<'_> {
+    fn to_name(self) -> RuleName {
+        RuleName {
+            policy: self.policy.to_owned(),
+            direction: self.direction,
+            rule_index: self.rule_index,
+            tier: self.tier,
+            action: self.action,
+        }
+    }
+}
+
+impl RuleName {
+    fn key(&self) -> RuleKey<'_> {
+        RuleKey {
+            policy: &self.policy,
+            direction: self.direction,
+            rule_index: self.rule_index,
+            tier: self.tier,
+            action: self.action,
+        }
+    }
+}
+
 /// Rule id allocation, stable across changes and restarts (persisted in records).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RuleTable {
@@ -77,8 +114,8 @@ impl RuleTable {
     pub fn plan<'a>(
         &mut self,
         endpoints: impl IntoIterator<Item = &'a Endpoint>,
-    ) -> BTreeMap<RuleName, u32> {
-        let wanted: BTreeSet<RuleName> = endpoints
+    ) -> BTreeMap<RuleKey<'a>, u32> {
+        let wanted: BTreeSet<RuleKey<'a>> = endpoints
             .into_iter()
             .flat_map(|ep| {
                 [Direction::Ingress, Direction::Egress]
@@ -88,38 +125,46 @@ impl RuleTable {
                         let tiered = [Tier::Admin, Tier::Baseline]
                             .into_iter()
                             .flat_map(move |t| {
-                                p.tier(t).iter().map(move |r| tier_rule_name(d, t, r))
+                                p.tier(t).iter().map(move |r| tier_rule_key(d, t, r))
                             });
-                        p.rules.iter().map(move |r| name(d, r)).chain(tiered)
+                        p.rules.iter().map(move |r| key(d, r)).chain(tiered)
                     })
             })
             .collect();
-        let mut by_name: BTreeMap<RuleName, u32> = self
-            .by_id
-            .iter()
-            .filter(|(_, n)| wanted.contains(*n))
-            .map(|(id, n)| (n.clone(), *id))
-            .collect();
-        let mut used: BTreeSet<u32> = by_name.values().copied().collect();
-        let mut next = RULE_ID_FIRST;
-        for n in wanted {
-            if by_name.contains_key(&n) {
-                continue;
+        // The ids held now, by key, merged with the keys wanted: kept, released or new.
+        let mut held: Vec<(RuleKey<'_>, u32)> =
+            self.by_id.iter().map(|(id, n)| (n.key(), *id)).collect();
+        held.sort_unstable();
+        let mut by_key: BTreeMap<RuleKey<'a>, u32> = BTreeMap::new();
+        let (mut released, mut new) = (Vec::new(), Vec::new());
+        for pair in wanted.into_iter().merge_join_by(held, |w, (h, _)| w.cmp(h)) {
+            match pair {
+                EitherOrBoth::Both(k, (_, id)) => {
+                    by_key.insert(k, id);
+                }
+                EitherOrBoth::Left(k) => new.push(k),
+                EitherOrBoth::Right((_, id)) => released.push(id),
             }
-            while used.contains(&next) {
+        }
+        for id in released {
+            self.by_id.remove(&id);
+        }
+        let mut next = RULE_ID_FIRST;
+        for k in new {
+            while self.by_id.contains_key(&next) {
                 next += 1;
             }
-            used.insert(next);
-            by_name.insert(n, next);
+            self.by_id.insert(next, k.to_name());
+            by_key.insert(k, next);
         }
-        self.by_id = by_name.iter().map(|(n, id)| (*id, n.clone())).collect();
-        by_name
+        by_key
     }
 }
 
-pub fn name(direction: Direction, rule: &Rule) -> RuleName {
-    RuleName {
-        policy: rule.origin.policy.clone(),
+/// The key of a NetworkPolicy rule of direction `direction`.
+pub fn key(direction: Direction, rule: &Rule) -> RuleKey<'_> {
+    RuleKey {
+        policy: &rule.origin.policy,
         direction,
         rule_index: rule.origin.rule_index,
         tier: None,
@@ -127,9 +172,10 @@ pub fn name(direction: Direction, rule: &Rule) -> RuleName {
     }
 }
 
-pub fn tier_rule_name(direction: Direction, tier: Tier, rule: &TierRule) -> RuleName {
-    RuleName {
-        policy: rule.origin.policy.clone(),
+/// The key of a ClusterNetworkPolicy rule of `tier` and direction `direction`.
+pub fn tier_rule_key(direction: Direction, tier: Tier, rule: &TierRule) -> RuleKey<'_> {
+    RuleKey {
+        policy: &rule.origin.policy,
         direction,
         rule_index: rule.origin.rule_index,
         tier: Some(tier),
@@ -189,7 +235,7 @@ pub fn endpoint_entries(
     ep: &Endpoint,
     identities_of_set: &BTreeMap<SetId, Vec<u32>>,
     host_identities: &BTreeSet<u32>,
-    rule_ids: &BTreeMap<RuleName, u32>,
+    rule_ids: &BTreeMap<RuleKey<'_>, u32>,
     out: &mut BTreeMap<PolicyEntry, u32>,
 ) {
     for d in [Direction::Ingress, Direction::Egress] {
@@ -249,8 +295,8 @@ pub fn endpoint_entries(
 
 /// A NetworkPolicy rule's POLICY value: its id, with [`AUDIT_RULE_BIT`] for the audit rule
 /// (higher than any rule id, so a real rule with the same key wins the tie).
-fn np_rule_value(d: Direction, rule: &Rule, rule_ids: &BTreeMap<RuleName, u32>) -> u32 {
-    match rule_ids[&name(d, rule)] {
+fn np_rule_value(d: Direction, rule: &Rule, rule_ids: &BTreeMap<RuleKey<'_>, u32>) -> u32 {
+    match rule_ids[&key(d, rule)] {
         id if rule.origin.is_audit() => id | AUDIT_RULE_BIT,
         id => id,
     }
@@ -262,7 +308,7 @@ fn np_rule_value(d: Direction, rule: &Rule, rule_ids: &BTreeMap<RuleName, u32>) 
 struct TieredDirection<'a> {
     d: Direction,
     policy: &'a DirectionPolicy,
-    rule_ids: &'a BTreeMap<RuleName, u32>,
+    rule_ids: &'a BTreeMap<RuleKey<'a>, u32>,
 }
 
 /// Whom a table of decisions is for: a peer of some identity, or the node itself, which
@@ -304,7 +350,7 @@ impl TieredDirection<'_> {
                 if !peer_in(rule.peer) {
                     continue;
                 }
-                let id = self.rule_ids[&tier_rule_name(self.d, tier, rule)];
+                let id = self.rule_ids[&tier_rule_key(self.d, tier, rule)];
                 let value = match rule.action {
                     Action::Accept => Some(id),
                     Action::Deny => Some(id | TIER_DENY_BIT),
@@ -393,7 +439,7 @@ fn tiered_entries(
     d: Direction,
     policy: &DirectionPolicy,
     of: Identities,
-    rule_ids: &BTreeMap<RuleName, u32>,
+    rule_ids: &BTreeMap<RuleKey<'_>, u32>,
     out: &mut BTreeMap<PolicyEntry, u32>,
 ) {
     let tiered = TieredDirection {
@@ -573,6 +619,69 @@ mod tests {
             };
             port & mask == v
         })
+    }
+
+    /// A rule keeps its id while it exists; a new one takes the lowest id free, a
+    /// released one included; the table names what each id stands for.
+    #[test]
+    fn rule_ids_stay_with_their_rules() {
+        let rule = |policy: &str| Rule {
+            peer: Peer::Any,
+            ports: Ports::All,
+            origin: weir_policy::desired::RuleOrigin {
+                policy: policy.into(),
+                rule_index: 0,
+            },
+        };
+        let endpoint = |policies: &[&str]| Endpoint {
+            pod: "x/a".into(),
+            ipv4: None,
+            ipv6: None,
+            ingress: DirectionPolicy {
+                isolated: true,
+                rules: policies.iter().map(|p| rule(p)).collect(),
+                ..Default::default()
+            },
+            egress: DirectionPolicy::default(),
+        };
+        let mut table = RuleTable::default();
+        let mut plan = |policies: &[&str]| -> Vec<(String, u32)> {
+            let ep = endpoint(policies);
+            let ids: Vec<(String, u32)> = table
+                .plan([&ep])
+                .into_iter()
+                .map(|(k, id)| (k.policy.to_string(), id))
+                .collect();
+            let named: Vec<(String, u32)> = table
+                .by_id
+                .iter()
+                .map(|(id, n)| (n.policy.clone(), *id))
+                .collect();
+            let mut by_name = ids.clone();
+            by_name.sort_by_key(|(_, id)| *id);
+            assert_eq!(named, by_name);
+            ids
+        };
+        let first = RULE_ID_FIRST;
+        let ids = plan(&["x/p", "x/q", "x/r"]);
+        assert_eq!(
+            ids,
+            [
+                ("x/p".into(), first),
+                ("x/q".into(), first + 1),
+                ("x/r".into(), first + 2)
+            ]
+        );
+        let ids = plan(&["x/p", "x/r", "x/s", "x/t"]);
+        assert_eq!(
+            ids,
+            [
+                ("x/p".into(), first),
+                ("x/r".into(), first + 2),
+                ("x/s".into(), first + 1),
+                ("x/t".into(), first + 3)
+            ]
+        );
     }
 
     #[test]
