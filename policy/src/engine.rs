@@ -35,6 +35,9 @@ pub struct Engine {
     desired: Desired,
     /// What one object may take of the node's tables ([`crate::budget`]).
     budget: Budget,
+    /// Moved by every call that may change what the engine holds (see
+    /// [`Engine::revision`]).
+    revision: u64,
 }
 
 impl Engine {
@@ -50,7 +53,15 @@ impl Engine {
             services: BTreeMap::new(),
             desired: Desired::default(),
             budget: Budget::UNLIMITED,
+            revision: 0,
         }
+    }
+
+    /// A number that every call that may change the engine's objects or desired state
+    /// moves: what is derived from them (a verdict record's policy names) can be kept
+    /// while it stays.
+    pub fn revision(&self) -> u64 {
+        self.revision
     }
 
     /// Sets the budget later objects are admitted against ([`Engine::admit`]); objects
@@ -153,6 +164,7 @@ impl Engine {
     }
 
     fn upsert_change(&mut self, object: Validated) -> (Change, bool) {
+        self.revision += 1;
         let mut change = Change::default();
         let service = object.kind() == Kind::Service;
         match object {
@@ -184,6 +196,7 @@ impl Engine {
     }
 
     fn delete_change(&mut self, key: &ObjectRef) -> Change {
+        self.revision += 1;
         let mut change = Change::default();
         let qualified = key.qualified_name();
         match key.kind {
@@ -225,6 +238,7 @@ impl Engine {
 
     /// Stores an object without compiling anything.
     fn store(&mut self, object: Validated) {
+        self.revision += 1;
         match object {
             Validated::Namespace { name, labels } => {
                 self.model.upsert_namespace(&name, labels);
@@ -259,6 +273,7 @@ impl Engine {
 
     /// Recompiles everything from the model; returns the delta from the previous state.
     pub fn rebuild(&mut self) -> Delta {
+        self.revision += 1;
         let before = std::mem::take(&mut self.desired);
         self.registry.clear();
         for policy in self.cluster_policies.values() {
@@ -467,6 +482,7 @@ impl Engine {
     /// them as well as its Node's `status.addresses`, which list only some.
     /// Whether the desired state changed.
     pub fn set_own_addresses(&mut self, node: &str, addresses: BTreeSet<IpAddr>) -> bool {
+        self.revision += 1;
         let mut change = Change::default();
         if self.model.set_own_addresses(node, addresses) {
             self.resync_node_sets(&mut change);

@@ -17,7 +17,7 @@ use super::select::{choice_from_labels, DataplaneChoice};
 use super::status::{Startup, Status};
 use crate::dataplane::{CountsRead, DataplaneError, VerdictCounts};
 use crate::source::event::{Batch, Event, EventSource, SourceError, SyncProgress};
-use crate::verdicts::{VerdictHub, VerdictRecord, VerdictTx};
+use crate::verdicts::{PolicyNames, VerdictHub, VerdictRecord, VerdictTx};
 use weir_policy::model::ObjectError;
 use weir_policy::model::{Kind, ObjectRef};
 use weir_policy::{Engine, Validated};
@@ -229,6 +229,7 @@ pub type OwnAddressReader = Box<dyn FnMut() -> Result<BTreeSet<IpAddr>, String> 
 struct Verdicts {
     hub: Arc<VerdictHub>,
     tx: Arc<VerdictTx>,
+    names: PolicyNames,
 }
 
 impl<B: Backends> Daemon<B> {
@@ -313,6 +314,7 @@ impl<B: Backends> Daemon<B> {
         self.verdicts = Some(Verdicts {
             hub,
             tx: Arc::new(tx),
+            names: PolicyNames::default(),
         });
         self.verdict_queue = Some(queue);
         self
@@ -320,8 +322,8 @@ impl<B: Backends> Daemon<B> {
 
     /// Names one record from the engine and publishes it.
     fn verdict(&mut self, mut record: VerdictRecord) {
-        if let Some(v) = &self.verdicts {
-            crate::verdicts::name(&mut record, &self.engine);
+        if let Some(v) = &mut self.verdicts {
+            crate::verdicts::name(&mut record, &self.engine, &mut v.names);
             v.hub.publish(record);
         }
     }

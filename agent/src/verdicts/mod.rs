@@ -18,5 +18,5 @@ mod naming;
 pub mod record;
 
 pub use hub::{VerdictHub, VerdictSink, VerdictTap, VerdictTx};
-pub use naming::name;
+pub use naming::{name, PolicyNames};
 pub use record::VerdictRecord;

@@ -3,6 +3,8 @@
 //! ClusterNetworkPolicy Deny made, that rule). Done in the run loop, which owns the
 //! engine, so the dataplanes' taps stay cheap and both dataplanes' records read alike.
 
+use std::collections::HashMap;
+
 use weir_policy::desired::{Action, Direction, Protocol};
 use weir_policy::verdict::direction_verdict;
 use weir_policy::Engine;
@@ -17,8 +19,39 @@ fn pod_at(engine: &Engine, addr: std::net::IpAddr) -> Option<String> {
         .map(|p| p.key().to_string())
 }
 
-/// The policies selecting `pod` for `direction` that are (`audit`) or are not in audit
-/// mode, as `ns/a,ns/b`; `None` when there are none.
+/// The policy lists [`name`] made, kept while the engine's revision stays: a drop names
+/// every policy selecting its pod, which judges every selector of the pod's namespace
+/// (a thousand, in the bench's world) for each record, in the agent's loop.
+#[derive(Debug, Default)]
+pub struct PolicyNames {
+    revision: u64,
+    lists: HashMap<(String, Direction, bool), Option<String>>,
+}
+
+/// Kept at most; past it the lists are made again (a node has far fewer pods).
+const POLICY_NAMES_KEPT: usize = 4096;
+
+impl PolicyNames {
+    /// The policies selecting `pod` for `direction` that are (`audit`) or are not in audit
+    /// mode, as `ns/a,ns/b`; `None` when there are none.
+    fn policies(
+        &mut self,
+        engine: &Engine,
+        pod: &str,
+        direction: Direction,
+        audit: bool,
+    ) -> Option<String> {
+        if self.revision != engine.revision() || self.lists.len() >= POLICY_NAMES_KEPT {
+            self.lists.clear();
+            self.revision = engine.revision();
+        }
+        self.lists
+            .entry((pod.to_string(), direction, audit))
+            .or_insert_with(|| policies(engine, pod, direction, audit))
+            .clone()
+    }
+}
+
 fn policies(engine: &Engine, pod: &str, direction: Direction, audit: bool) -> Option<String> {
     let info = engine.model().pod(pod)?;
     let names: Vec<String> = engine
@@ -32,7 +65,7 @@ fn policies(engine: &Engine, pod: &str, direction: Direction, audit: bool) -> Op
 
 /// Completes a dataplane's record: the time, both pods, the endpoint when the dataplane
 /// did not know it, and the policies that decided.
-pub fn name(record: &mut VerdictRecord, engine: &Engine) {
+pub fn name(record: &mut VerdictRecord, engine: &Engine, names: &mut PolicyNames) {
     if record.time.is_empty() {
         record.time = k8s_openapi::jiff::Timestamp::now().to_string();
     }
@@ -60,12 +93,12 @@ pub fn name(record: &mut VerdictRecord, engine: &Engine) {
         ("drop", "policy-deny") => {
             if let Some(rule) = tier_deny(engine, &pod, direction, record) {
                 record.rule = Some(rule);
-            } else if let Some(by) = policies(engine, &pod, direction, false) {
+            } else if let Some(by) = names.policies(engine, &pod, direction, false) {
                 record.rule = Some(format!("default deny by {by} ({dir})"));
             }
         }
         ("audit", _) if record.rule.is_none() => {
-            if let Some(by) = policies(engine, &pod, direction, true) {
+            if let Some(by) = names.policies(engine, &pod, direction, true) {
                 record.rule = Some(format!("{by} {dir} audit: would be dropped"));
             }
         }
@@ -140,10 +173,11 @@ mod tests {
         .unwrap();
         let (_, errors) = engine.load(objects);
         assert!(errors.is_empty(), "{errors:?}");
+        let mut names = PolicyNames::default();
         let (a, b) = ("10.0.0.1".parse().unwrap(), "10.0.0.2".parse().unwrap());
         let mut drop =
             VerdictRecord::packet("drop", "policy-deny", "ingress", 6, (b, 4000), (a, 80));
-        name(&mut drop, &engine);
+        name(&mut drop, &engine, &mut names);
         assert_eq!(drop.pod.as_deref(), Some("x/a"));
         assert_eq!(
             (drop.src_pod.as_deref(), drop.dst_pod.as_deref()),
@@ -156,7 +190,7 @@ mod tests {
         assert!(!drop.time.is_empty());
         let mut audit =
             VerdictRecord::packet("audit", "policy-allow", "egress", 6, (b, 4000), (a, 80));
-        name(&mut audit, &engine);
+        name(&mut audit, &engine, &mut names);
         assert_eq!(audit.pod.as_deref(), Some("x/b"));
         assert_eq!(
             audit.rule.as_deref(),
@@ -167,7 +201,7 @@ mod tests {
             VerdictRecord::packet("drop", "spoofed-source", "egress", 6, (a, 1), (b, 2));
         spoof.pod = Some("x/b".into());
         spoof.rule = Some("anti-spoofing".into());
-        name(&mut spoof, &engine);
+        name(&mut spoof, &engine, &mut names);
         assert_eq!(spoof.rule.as_deref(), Some("anti-spoofing"));
 
         // A ClusterNetworkPolicy Deny names its rule, also beside a NetworkPolicy.
@@ -181,7 +215,7 @@ mod tests {
         engine.upsert(cnp.into_iter().next().unwrap()).unwrap();
         let mut drop =
             VerdictRecord::packet("drop", "policy-deny", "ingress", 6, (b, 4000), (a, 80));
-        name(&mut drop, &engine);
+        name(&mut drop, &engine, &mut names);
         assert_eq!(
             drop.rule.as_deref(),
             Some("Admin tier clusternetworkpolicy guard ingress rule 1 (Deny)")
@@ -189,10 +223,24 @@ mod tests {
         // Passed on to the NetworkPolicy, whose default deny drops it.
         let mut drop =
             VerdictRecord::packet("drop", "policy-deny", "ingress", 17, (b, 4000), (a, 80));
-        name(&mut drop, &engine);
+        name(&mut drop, &engine, &mut names);
         assert_eq!(
             drop.rule.as_deref(),
             Some("default deny by x/closed (ingress)")
+        );
+        // A policy added since is named: the lists kept are the engine's revision's.
+        let also = manifest::parse_str(
+            "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {name: also, namespace: x}\n\
+             spec: {podSelector: {}, policyTypes: [Ingress]}\n",
+        )
+        .unwrap();
+        engine.upsert(also.into_iter().next().unwrap()).unwrap();
+        let mut drop =
+            VerdictRecord::packet("drop", "policy-deny", "ingress", 17, (b, 4000), (a, 80));
+        name(&mut drop, &engine, &mut names);
+        assert_eq!(
+            drop.rule.as_deref(),
+            Some("default deny by x/also,x/closed (ingress)")
         );
     }
 }
