@@ -18,9 +18,10 @@
 //! - an API server restart (etcd keeps running): the time to ready, then the first change
 //!   after it as above, the bytes each agent received from the new server (its relists)
 //!   and the new server's CPU until every agent had the change;
-//! - a 410 storm: the same restart after a write no agent watches (`weir-lab kube
-//!   touch`), so that the agents' watches are older than the new server's cache and they
-//!   list again at once (not all of them do, measured: the bytes received tell);
+//! - a 410 storm: the same restart with etcd's revision moved on while the server is
+//!   stopped (`weir-lab kube touch --etcd`), so that every agent's watches are older than
+//!   the new server's cache and they all list again at once (counted: the agents whose
+//!   log shows a list of the Pods started after the restart);
 //! - each agent's peak RSS (VmHWM) after its cold start, and over all of it.
 //!
 //! The control plane, the writer and the bench itself run on CPU 0, the agents on CPU 1.
@@ -104,7 +105,7 @@ pub fn notes(plan: &Plan) -> Vec<String> {
         "cluster cold start: all N agents started at once, the world already on the server; each agent's time from its start to its first convergence (its status file says converged: every kind listed, compiled, applied); the API server's CPU over that time and its peak RSS (VmRSS sampled every 100 ms)".into(),
         "cluster API server figures: CPU from /proc (user + system) of the kube-apiserver process; watch events and their bytes are the deltas of the sums of `apiserver_watch_events_total` and `apiserver_watch_events_sizes` (sum and count) over every resource; the writer's own requests (a change's writes, a list of the Nodes for the digest) are in the CPU figure. Bytes received: the agents' TCP connections to the API server (`ss` bytes_received, TLS included)".into(),
         format!("cluster, streaming lists: the largest N again, after the others, its agents started with `--lists stream` (the API server's WatchList) instead of the default `--lists pages` (LIST requests of 5,000 objects); otherwise the same run{}", if plan.streaming_too { "" } else { " (not run this time)" }),
-        "cluster restart: kube-apiserver stopped (SIGTERM) and started again on the same etcd, whose data it keeps; the figures after it are the first change written once the new server was ready, the bytes each agent received from the new server until it had that change, and the new server's CPU from its start to then. Whether an agent lists again after it depends on whether its watches' resourceVersion is the newest when the server stops (an event or bookmark since the server's own last write); `410 storm`: the same restart right after a write no agent watches (ConfigMap default/weir-lab-touch, `weir-lab kube touch`), so that the agents' watches are older than the new server's watch cache, which answers 410 Gone, and they list every kind again at once (not every agent does: the MiB received say how many)".into(),
+        "cluster restart: kube-apiserver stopped (SIGTERM) and started again on the same etcd, whose data it keeps; the figures after it are the first change written once the new server was ready, the bytes each agent received from the new server until it had that change, and the new server's CPU from its start to then. Whether an agent lists again after it depends on whether its watches' resourceVersion is the newest when the server stops (an event or bookmark since the server's own last write); `410 storm`: the same restart with a key written to etcd itself while the server is stopped (`weir-lab kube touch --etcd`), so that every agent's watches are older than the new server's watch cache, which answers 410 Gone, and they list every kind again at once (`agents that listed every pod again`: those whose log shows a list of the Pods started after the restart)".into(),
     ]
 }
 
@@ -261,10 +262,22 @@ impl Bench {
     /// Runs `weir-lab kube ACTION` on this bench's control plane, killed after `limit`;
     /// its stdout, or an error with its stderr.
     fn kube(&self, lab: &Path, action: &str, limit: Duration) -> Result<Vec<u8>> {
+        self.kube_with(lab, action, &[], limit)
+    }
+
+    /// [`Self::kube`] with `extra` arguments after the lab's own.
+    fn kube_with(
+        &self,
+        lab: &Path,
+        action: &str,
+        extra: &[&str],
+        limit: Duration,
+    ) -> Result<Vec<u8>> {
         let mut command = Command::new(lab);
         command
             .args(["kube", action, "--netns", self.netns.name(), "--dir"])
-            .arg(self.api_dir());
+            .arg(self.api_dir())
+            .args(extra);
         let out = output_within(&mut command, limit)?;
         if !out.status.success() {
             bail!(
@@ -561,18 +574,17 @@ impl Bench {
     }
 
     /// Stops the API server (etcd keeps the state) and starts it again; with `touch`,
-    /// first writes an object no agent watches, so that the agents' watches are older
-    /// than the new server's cache. Then the next change: how long each agent took to
-    /// have it, what each received from the new server until then, and that server's CPU.
+    /// moves etcd's revision on while it is stopped, so that every agent's watches are
+    /// older than the new server's cache. Then the next change: how long each agent took
+    /// to have it, what each received from the new server until then, and that server's
+    /// CPU.
     fn restart(&mut self, agents: &[AgentProc], phase: &str, touch: bool) -> Result<Figures> {
         let lab = self.cluster.lab.clone();
         let mut figures: Figures = Vec::new();
         let mut put = |figure: &str, value: f64, unit: &'static str| {
             figures.push((format!("{phase}: {figure}"), value, unit));
         };
-        if touch {
-            self.kube(&lab, "touch", Duration::from_secs(60))?;
-        }
+        let listed_before: Vec<usize> = agents.iter().map(AgentProc::pod_listings).collect();
         let old = self.apiserver();
         // SAFETY: kill only sends a signal; the server is this bench's.
         unsafe { libc::kill(old as i32, libc::SIGTERM) };
@@ -583,6 +595,12 @@ impl Bench {
                 unsafe { libc::kill(old as i32, libc::SIGKILL) };
             }
             std::thread::sleep(Duration::from_millis(20));
+        }
+        if touch {
+            // A write to etcd itself: no agent can have heard of its revision (a write
+            // through the server before it stops reaches those whose next bookmark comes
+            // in time, about half of them).
+            self.kube_with(&lab, "touch", &["--etcd"], Duration::from_secs(60))?;
         }
         let restarting = Instant::now();
         let out = self.kube(&lab, "start-apiserver", Duration::from_secs(180))?;
@@ -621,6 +639,12 @@ impl Bench {
             mean(&received),
             "MiB",
         );
+        let relisted = agents
+            .iter()
+            .zip(&listed_before)
+            .filter(|(a, before)| a.pod_listings() > **before)
+            .count();
+        put("agents that listed every pod again", relisted as f64, "agents");
         put(
             "new API server CPU until every agent had the change",
             cpu_seconds(self.apiserver())?,
@@ -732,6 +756,18 @@ impl AgentProc {
 
     fn cpu(&self) -> Result<f64> {
         cpu_seconds(self.pid())
+    }
+
+    /// How many lists of the cluster's Pods the agent has started (its log's `listing`
+    /// lines of kind Pod): one at its start, one more for each relist. (A kind with few
+    /// objects and no recent event, Nodes or ClusterNetworkPolicies, may be listed again
+    /// on any restart; the Pods are what a relist costs.)
+    fn pod_listings(&self) -> usize {
+        std::fs::read_to_string(self.dir.join("agent.log"))
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.contains(" listing ") && l.contains("\"Pod\""))
+            .count()
     }
 
     fn check_running(&self) -> Result<()> {

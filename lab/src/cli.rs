@@ -338,12 +338,18 @@ pub enum KubeAction {
     /// Write an object no weir agent watches (ConfigMap default/weir-lab-touch, its data
     /// the time): the cluster's resourceVersion moves on while every agent's watches stay
     /// where they were, so that a kube-apiserver started after it finds them too old (410)
-    /// and the agents list again: the bench's 410 storm.
+    /// and the agents list again: the bench's 410 storm. Prints the new resourceVersion.
     Touch {
         #[arg(long)]
         netns: String,
         #[arg(long)]
         dir: PathBuf,
+        /// Write a key outside the API server's prefix to etcd itself instead (works
+        /// while the API server is stopped): no bookmark can carry that revision to an
+        /// agent before a restart, so every watch is found too old, not only those whose
+        /// last bookmark came before the write.
+        #[arg(long)]
+        etcd: bool,
     },
 }
 
@@ -462,7 +468,7 @@ pub fn run(args: LabArgs) -> anyhow::Result<()> {
             } => ops::kube_apply(&netns, &dir, previous.as_deref(), &file),
             KubeAction::StartApiserver { netns, dir } => ops::kube_start_apiserver(&netns, &dir),
             KubeAction::Metrics { netns, dir } => ops::kube_metrics(&netns, &dir),
-            KubeAction::Touch { netns, dir } => ops::kube_touch(&netns, &dir),
+            KubeAction::Touch { netns, dir, etcd } => ops::kube_touch(&netns, &dir, etcd),
             KubeAction::Churn {
                 netns,
                 dir,

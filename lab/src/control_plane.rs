@@ -364,6 +364,27 @@ impl ControlPlane {
         })?
         .map_err(|e| LabError::invalid("etcd compaction", e))
     }
+
+    /// Writes a key outside the API server's prefix (`/weir-lab/advance`) to etcd
+    /// directly: etcd's revision moves on with no object changed, and it works while the
+    /// API server is stopped. A kube-apiserver started after it lists at that revision, so
+    /// every watch resuming from an older resourceVersion gets 410 Gone: none can have
+    /// heard of the write (no bookmark carries it). Returns the new revision.
+    pub fn advance_etcd(&self, node: &str) -> Result<u64, LabError> {
+        netns::in_netns(node, || {
+            // Key "/weir-lab/advance", value "1", base64 as the gateway takes them: every
+            // put is a new revision, the same value or not.
+            let put = etcd_post(
+                "/v3/kv/put",
+                r#"{"key":"L3dlaXItbGFiL2FkdmFuY2U=","value":"MQ=="}"#,
+            )?;
+            put["header"]["revision"]
+                .as_str()
+                .and_then(|r| r.parse().ok())
+                .ok_or_else(|| format!("etcd put answered no revision: {put}"))
+        })?
+        .map_err(|e| LabError::invalid("etcd revision advance", e))
+    }
 }
 
 /// A kube client from a kubeconfig file.

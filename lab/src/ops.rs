@@ -283,8 +283,14 @@ pub fn kube_metrics(netns: &str, dir: &Path) -> Result<(), LabError> {
 }
 
 /// `weir-lab kube touch`: server-side applies ConfigMap default/weir-lab-touch with the
-/// time in its data, as the admin; prints its resourceVersion.
-pub fn kube_touch(netns: &str, dir: &Path) -> Result<(), LabError> {
+/// time in its data, as the admin; prints its resourceVersion. With `etcd`, writes a key
+/// to etcd itself instead ([`ControlPlane::advance_etcd`]) and prints etcd's revision.
+pub fn kube_touch(netns: &str, dir: &Path, etcd: bool) -> Result<(), LabError> {
+    if etcd {
+        let revision = ControlPlane::new(dir).advance_etcd(netns)?;
+        return weir::stdout::print(&format!("{revision}\n"))
+            .map_err(|e| LabError::io("writing to stdout", e));
+    }
     let version = ControlPlane::new(dir)
         .block_on(netns, Identity::Admin, |client| async move {
             let api: kube::Api<k8s_openapi::api::core::v1::ConfigMap> =
