@@ -22,7 +22,9 @@
 //!   stopped (`weir-lab kube touch --etcd`), so that every agent's watches are older than
 //!   the new server's cache and they all list again at once (counted: the agents whose
 //!   log shows a list of the Pods started after the restart);
-//! - each agent's peak RSS (VmHWM) after its cold start, and over all of it.
+//! - each agent's peak RSS (VmHWM) after its cold start, and over all of it;
+//! - with `--cluster-pod-sweep`, all of it again for the largest N with the world resized
+//!   to each pod count in turn.
 //!
 //! The control plane, the writer and the bench itself run on CPU 0, the agents on CPU 1.
 use std::collections::{BTreeMap, HashMap};
@@ -71,6 +73,10 @@ pub struct Plan {
     /// The largest N once more, its agents reading with the API server's streaming lists
     /// (`weir agent --lists stream`): the same figures, before and after, in one run.
     pub streaming_too: bool,
+    /// After those, the world resized to each of these pod counts in turn (through the
+    /// API, as a change: the pods beyond it deleted or the missing ones created) and the
+    /// largest N run again there: the sweep over the cluster's size.
+    pub pod_sweep: Vec<usize>,
 }
 
 /// How the agents read each kind's whole state (`weir agent --lists`).
@@ -105,7 +111,8 @@ pub fn notes(plan: &Plan) -> Vec<String> {
         "cluster cold start: all N agents started at once, the world already on the server; each agent's time from its start to its first convergence (its status file says converged: every kind listed, compiled, applied); the API server's CPU over that time and its peak RSS (VmRSS sampled every 100 ms)".into(),
         "cluster API server figures: CPU from /proc (user + system) of the kube-apiserver process; watch events and their bytes are the deltas of the sums of `apiserver_watch_events_total` and `apiserver_watch_events_sizes` (sum and count) over every resource; the writer's own requests (a change's writes, a list of the Nodes for the digest) are in the CPU figure. Bytes received: the agents' TCP connections to the API server (`ss` bytes_received, TLS included)".into(),
         format!("cluster, streaming lists: the largest N again, after the others, its agents started with `--lists stream` (the API server's WatchList) instead of the default `--lists pages` (LIST requests of 5,000 objects); otherwise the same run{}", if plan.streaming_too { "" } else { " (not run this time)" }),
-        "cluster restart: kube-apiserver stopped (SIGTERM) and started again on the same etcd, whose data it keeps; the figures after it are the first change written once the new server was ready, the bytes each agent received from the new server until it had that change, and the new server's CPU from its start to then. Whether an agent lists again after it depends on whether its watches' resourceVersion is the newest when the server stops (an event or bookmark since the server's own last write); `410 storm`: the same restart with a key written to etcd itself while the server is stopped (`weir-lab kube touch --etcd`), so that every agent's watches are older than the new server's watch cache, which answers 410 Gone, and they list every kind again at once (`agents that listed every pod again`: those whose log shows a list of the Pods started after the restart)".into(),
+        format!("cluster, the size sweep: after the runs above, the world resized through the API to each of {:?} pods in turn (the pods past the smaller count created or deleted, the rest of the world as it was) and the largest N run again at each, its agents started afresh; `world resized to this many pods` is that write's time", plan.pod_sweep),
+        "cluster restart: kube-apiserver stopped (SIGTERM) and started again on the same etcd, whose data it keeps; the figures after it are the first change written once the new server was ready, the bytes each agent received from the new server until it had that change, and the new server's CPU from its start to then (both once every agent's lists of the Pods begun since the restart have ended: a relisting agent can have the change before its Pods are in). Whether an agent lists again after it depends on whether its watches' resourceVersion is the newest when the server stops (an event or bookmark since the server's own last write); `410 storm`: the same restart with a key written to etcd itself while the server is stopped (`weir-lab kube touch --etcd`), so that every agent's watches are older than the new server's watch cache, which answers 410 Gone, and they list every kind again at once (`agents that listed every pod again`: those whose log shows a list of the Pods started after the restart)".into(),
     ]
 }
 
@@ -145,6 +152,23 @@ pub fn run(weir: &Path, lab: &Path, run_dir: &Path, plan: &Plan) -> Vec<Row> {
         }
         crate::progress(&name);
         match bench.run_agents(weir, n, plan, lists) {
+            Ok(figures) => rows.extend(
+                figures
+                    .into_iter()
+                    .map(|(figure, value, unit)| Row::number(&name, DP, &figure, value, unit)),
+            ),
+            Err(e) => rows.push(Row::failed(&name, DP, "all figures", format!("{e:#}"))),
+        }
+    }
+    let largest = plan.agents.iter().max().copied().unwrap_or(0);
+    for &pods in plan.pod_sweep.iter().filter(|&&p| p != plan.pods) {
+        let name = scenario(largest, pods);
+        crate::progress(&name);
+        let measured = bench.resize(pods, plan).and_then(|mut figures| {
+            figures.extend(bench.run_agents(weir, largest, plan, Lists::Pages)?);
+            Ok(figures)
+        });
+        match measured {
             Ok(figures) => rows.extend(
                 figures
                     .into_iter()
@@ -219,6 +243,26 @@ impl Bench {
                 ("API server RSS with the world, no agent".into(), rss, "MiB"),
             ],
         ))
+    }
+
+    /// Resizes the world to `pods` pods on the server, its changeable state kept: the
+    /// remote pods are numbered, so this creates or deletes only those beyond the smaller
+    /// count. Returns how long that took and the API server's RSS after it.
+    fn resize(&mut self, pods: usize, plan: &Plan) -> Result<Figures> {
+        let mut world = World::new(plan.policies, pods).with_remote_nodes();
+        world.toggle = self.world.toggle;
+        world.client_granted = self.world.client_granted;
+        world.namespace_granted = self.world.namespace_granted;
+        world.cluster_deny = self.world.cluster_deny;
+        self.world = world;
+        let started = Instant::now();
+        self.write(false)?;
+        let resized = started.elapsed().as_secs_f64();
+        let rss = status_kib(self.apiserver(), "VmRSS:")? as f64 / 1024.0;
+        Ok(vec![
+            ("world resized to this many pods".into(), resized, "s"),
+            ("API server RSS with the world, no agent".into(), rss, "MiB"),
+        ])
     }
 
     fn apiserver(&self) -> u32 {
@@ -629,6 +673,27 @@ impl Bench {
             percentile(&mut times, 100.0),
             "ms",
         );
+        // An agent relisting keeps enforcing what it had: the change can reach it (a
+        // policy's kind listed already) before its Pods are in. What it receives and what
+        // the server spends are counted once every relist has ended.
+        let listed = Instant::now();
+        while agents.iter().any(|a| {
+            let (started, finished) = a.pod_lists();
+            started > finished
+        }) {
+            if listed.elapsed() > LIMIT {
+                bail!("{phase}: an agent's list of the Pods did not end within {LIMIT:?}");
+            }
+            for a in agents {
+                a.check_running()?;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        put(
+            "every agent's lists done, from the change's write",
+            ms(&written.elapsed()),
+            "ms",
+        );
         let received = by_pid(&received_by_connection(self.netns.name())?);
         let received: Vec<f64> = agents
             .iter()
@@ -644,9 +709,13 @@ impl Bench {
             .zip(&listed_before)
             .filter(|(a, before)| a.pod_listings() > **before)
             .count();
-        put("agents that listed every pod again", relisted as f64, "agents");
         put(
-            "new API server CPU until every agent had the change",
+            "agents that listed every pod again",
+            relisted as f64,
+            "agents",
+        );
+        put(
+            "new API server CPU until every agent had the change and its lists done",
             cpu_seconds(self.apiserver())?,
             "s",
         );
@@ -758,16 +827,24 @@ impl AgentProc {
         cpu_seconds(self.pid())
     }
 
-    /// How many lists of the cluster's Pods the agent has started (its log's `listing`
-    /// lines of kind Pod): one at its start, one more for each relist. (A kind with few
-    /// objects and no recent event, Nodes or ClusterNetworkPolicies, may be listed again
-    /// on any restart; the Pods are what a relist costs.)
+    /// How many lists of the cluster's Pods the agent has started and finished (its log's
+    /// `listing` and `listed` lines of kind Pod): one at its start, one more for each
+    /// relist. (A kind with few objects and no recent event, Nodes or
+    /// ClusterNetworkPolicies, may be listed again on any restart; the Pods are what a
+    /// relist costs.)
+    fn pod_lists(&self) -> (usize, usize) {
+        let log = std::fs::read_to_string(self.dir.join("agent.log")).unwrap_or_default();
+        let count = |what: &str| {
+            log.lines()
+                // `kind="Pod"`, with the log's colour codes around the `=`.
+                .filter(|l| l.contains(what) && l.contains("\"Pod\""))
+                .count()
+        };
+        (count(" listing "), count(" listed "))
+    }
+
     fn pod_listings(&self) -> usize {
-        std::fs::read_to_string(self.dir.join("agent.log"))
-            .unwrap_or_default()
-            .lines()
-            .filter(|l| l.contains(" listing ") && l.contains("\"Pod\""))
-            .count()
+        self.pod_lists().0
     }
 
     fn check_running(&self) -> Result<()> {

@@ -102,6 +102,11 @@ struct Cli {
     /// (`weir agent --lists stream`).
     #[arg(long, requires = "cluster")]
     cluster_streaming_lists: bool,
+    /// --cluster: after the sweep over N, the world resized to each of these pod counts in
+    /// turn (comma-separated; one equal to --cluster-pods is skipped) and the largest N
+    /// run again at each: the sweep over the cluster's size.
+    #[arg(long, value_delimiter = ',', requires = "cluster")]
+    cluster_pod_sweep: Vec<usize>,
     /// The kube-router binary (`cargo xtask peers` builds it).
     #[arg(long, requires = "peers")]
     kube_router: Option<PathBuf>,
@@ -336,6 +341,7 @@ fn run_cluster(cli: Cli) -> Result<()> {
         rate: cli.cluster_rate,
         rate_changes: cli.cluster_rate_changes,
         streaming_too: cli.cluster_streaming_lists,
+        pod_sweep: cli.cluster_pod_sweep,
     };
     netns::sweep_stale();
     let started = Instant::now();

@@ -108,7 +108,12 @@ pub struct ClusterRun {
     pub agents: Option<String>,
     pub pods: Option<usize>,
     pub changes: Option<usize>,
+    /// The size sweep's pod counts, comma-separated ("": none).
+    pub pod_sweep: Option<String>,
 }
+
+/// The size sweep's pod counts of a full run, at the largest N.
+const POD_SWEEP: &str = "20000,100000,150000";
 
 /// `cargo xtask bench --cluster`: the release build's agents (their CPU and memory are the
 /// figures), or with --quick the debug build's, at a smoke run's size.
@@ -119,6 +124,11 @@ pub fn cluster(quick: bool, run: &ClusterRun) -> Result<()> {
     let root = workspace_root();
     let bins = root.join("target").join(profile);
     let smoke = |v: &str| quick.then(|| v.to_string());
+    let pod_sweep = match (&run.pod_sweep, quick) {
+        (Some(p), _) => p.clone(),
+        (None, true) => "250,1000".into(),
+        (None, false) => POD_SWEEP.into(),
+    };
     let options: Vec<String> = [
         (
             "--cluster-agents",
@@ -138,13 +148,22 @@ pub fn cluster(quick: bool, run: &ClusterRun) -> Result<()> {
     .into_iter()
     .filter_map(|(flag, value)| Some(format!("{flag}={}", value?)))
     .collect();
+    let sweep = (!pod_sweep.is_empty()).then(|| format!("--cluster-pod-sweep={pod_sweep}"));
     let mut command = format!(
         "cargo xtask bench --cluster{}",
         if quick { " --quick" } else { "" }
     );
-    for option in options.iter().filter(|o| {
-        !o.starts_with("--cluster-policies") && !o.starts_with("--cluster-rate-changes")
-    }) {
+    let given_sweep = run.pod_sweep.as_ref().map(|_| match &sweep {
+        Some(s) => s.clone(),
+        None => "--cluster-pod-sweep=".into(),
+    });
+    for option in options
+        .iter()
+        .filter(|o| {
+            !o.starts_with("--cluster-policies") && !o.starts_with("--cluster-rate-changes")
+        })
+        .chain(&given_sweep)
+    {
         command.push(' ');
         command.push_str(option);
     }
@@ -160,7 +179,8 @@ pub fn cluster(quick: bool, run: &ClusterRun) -> Result<()> {
         .arg(root.join("target/bench/cluster.json"))
         .args(["--profile", profile, "--command", &command, "--cluster"])
         .arg("--cluster-streaming-lists")
-        .args(&options);
+        .args(&options)
+        .args(&sweep);
     if quick {
         bench.arg("--quick");
     }

@@ -239,7 +239,9 @@ enum Command {
         /// memory and watch events, bytes per agent per change, convergence to every
         /// agent (changes one at a time, then 100 at 10 a second), cold start of all at
         /// once, an API server restart and a 410 storm; then the largest N
-        /// again with the agents on streaming lists; writes target/bench/cluster.json. With --quick: N = 1, 2 at 500 pods (a smoke run).
+        /// again with the agents on streaming lists, and at 20,000, 100,000 and 150,000
+        /// pods; writes target/bench/cluster.json. With --quick: N = 1, 2 at 500 pods, then
+        /// 250 and 1,000 (a smoke run).
         #[arg(long, conflicts_with = "peers")]
         cluster: bool,
         /// --cluster: agent counts instead of 1,10,30 (comma-separated).
@@ -251,6 +253,11 @@ enum Command {
         /// --cluster: changes per agent count instead of 10.
         #[arg(long, requires = "cluster")]
         cluster_changes: Option<usize>,
+        /// --cluster: the pod counts of the size sweep (the largest N run again with the
+        /// world resized to each) instead of 20,000, 100,000 and 150,000 (250 and 1,000
+        /// with --quick); comma-separated, empty for none.
+        #[arg(long, requires = "cluster")]
+        cluster_pod_sweep: Option<String>,
     },
 }
 
@@ -319,6 +326,7 @@ fn main() {
             cluster_agents,
             cluster_pods,
             cluster_changes,
+            cluster_pod_sweep,
             ..
         } => bench::cluster(
             quick,
@@ -326,6 +334,7 @@ fn main() {
                 agents: cluster_agents,
                 pods: cluster_pods,
                 changes: cluster_changes,
+                pod_sweep: cluster_pod_sweep,
             },
         ),
         Command::Bench {

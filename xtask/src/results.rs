@@ -63,6 +63,10 @@ pub const TABLES: &[(&str, &str)] = &[
         "bench --cluster: each figure per agent count N (agents on the none dataplane against one kube-apiserver)",
     ),
     (
+        "cluster-sizes",
+        "bench --cluster: the size sweep, each figure of the largest N per pod count P",
+    ),
+    (
         "cluster-extrapolation",
         "bench --cluster: the largest N's per-agent and per-pod figures carried to 5,000 nodes and 150,000 pods, beside the peers' published figures",
     ),
@@ -163,6 +167,7 @@ fn make(table: &str, data: &Value) -> Result<String> {
         "path-cost" => path_cost(report),
         "peers" => peers(report),
         "cluster-scale" => cluster_scale(report),
+        "cluster-sizes" => cluster_sizes(report),
         "cluster-extrapolation" => cluster_extrapolation(report),
         "kernels" => kernels(data),
         "suites" => suites(data),
@@ -252,14 +257,89 @@ impl<'a> Rows<'a> {
 /// The suffix of a cluster scenario whose agents read with streaming lists.
 const STREAMING: &str = ", streaming lists";
 
-/// The `cluster, N agents, P pods` scenarios: (N, P, scenario), in the report's order;
+/// Every `cluster, N agents, P pods` scenario: (N, P, scenario), in the report's order;
 /// those on streaming lists (`..., streaming lists`) only with `streaming`.
-fn cluster_scenarios<'a>(rows: &Rows<'a>, streaming: bool) -> Vec<(i64, i64, &'a str)> {
+fn all_cluster_scenarios<'a>(rows: &Rows<'a>, streaming: bool) -> Vec<(i64, i64, &'a str)> {
     rows.scenarios()
         .into_iter()
         .filter(|s| s.starts_with("cluster, ") && (streaming || !s.ends_with(STREAMING)))
         .filter_map(|s| Some((count_after(s, "cluster, ")?, count_after(s, "agents, ")?, s)))
         .collect()
+}
+
+/// The sweep over N: the cluster scenarios at the first one's pod count (the size
+/// sweep's runs come after it, each at its own).
+fn cluster_scenarios<'a>(rows: &Rows<'a>, streaming: bool) -> Vec<(i64, i64, &'a str)> {
+    let all = all_cluster_scenarios(rows, streaming);
+    let pods = all.first().map(|&(_, p, _)| p);
+    all.into_iter()
+        .filter(|&(_, p, _)| Some(p) == pods)
+        .collect()
+}
+
+/// Whether the report has a figure of scenario `s` (a run stopped or failed before its
+/// first has none).
+fn measured(rows: &Rows, s: &str) -> bool {
+    rows.0
+        .iter()
+        .any(|r| r["scenario"] == s && r["value"].is_number())
+}
+
+/// One line per figure of the scenarios `from`, in the order they first appear, one
+/// column per run of `runs`.
+fn cluster_lines(rows: &Rows, runs: &[(i64, i64, &str)], from: &[&str]) -> String {
+    let mut figures: Vec<(&str, &str)> = Vec::new();
+    for s in from {
+        for r in rows.0.iter().filter(|r| r["scenario"] == *s) {
+            if let (Some(f), Some(u)) = (r["figure"].as_str(), r["unit"].as_str()) {
+                if !figures.iter().any(|(g, _)| *g == bare(f)) {
+                    figures.push((bare(f), u));
+                }
+            }
+        }
+    }
+    let mut out = String::new();
+    for (figure, unit) in figures {
+        let label = match unit {
+            "" => figure.to_string(),
+            unit => format!("{figure} ({unit})"),
+        };
+        out.push_str(&line(
+            &label,
+            runs.iter().map(|(_, _, s)| rows.value(s, "none", figure)),
+        ));
+    }
+    out
+}
+
+/// The size sweep: the largest N at each pod count, one column per count, ascending.
+fn cluster_sizes(report: &Value) -> Result<String> {
+    let rows = Rows::of(report)?;
+    let all = all_cluster_scenarios(&rows, false);
+    let Some(n) = all.iter().map(|&(n, _, _)| n).max() else {
+        bail!("the report has no `cluster, N agents, P pods` scenario");
+    };
+    let mut runs: Vec<_> = all
+        .into_iter()
+        .filter(|&(m, _, s)| m == n && measured(&rows, s))
+        .collect();
+    runs.sort_by_key(|&(_, p, _)| p);
+    if runs.len() < 2 {
+        bail!("the report has no size sweep: N = {n} was measured at one pod count only");
+    }
+    Ok(format!(
+        "| N = {n}, P pods | {} |\n|---|{}\n{}",
+        runs.iter()
+            .map(|&(_, p, _)| format!("P = {}", thousands(p)))
+            .collect::<Vec<_>>()
+            .join(" | "),
+        "---|".repeat(runs.len()),
+        cluster_lines(
+            &rows,
+            &runs,
+            &runs.iter().map(|&(_, _, s)| s).collect::<Vec<_>>()
+        )
+    ))
 }
 
 /// A figure's name without its ` (n=...)` detail.
@@ -275,14 +355,10 @@ fn cluster_scale(report: &Value) -> Result<String> {
     // A run that measured nothing (stopped, or failed before its first figure) has no column.
     let runs: Vec<_> = cluster_scenarios(&rows, true)
         .into_iter()
-        .filter(|(_, _, s)| {
-            rows.0
-                .iter()
-                .any(|r| r["scenario"] == *s && r["value"].is_number())
-        })
+        .filter(|(_, _, s)| measured(&rows, s))
         .collect();
-    let mut out = format!(
-        "| {} pods, N agents | {} |\n|---|{}\n",
+    Ok(format!(
+        "| {} pods, N agents | {} |\n|---|{}\n{}",
         thousands(pods),
         runs.iter()
             .map(|(n, _, s)| match s.ends_with(STREAMING) {
@@ -291,25 +367,9 @@ fn cluster_scale(report: &Value) -> Result<String> {
             })
             .collect::<Vec<_>>()
             .join(" | "),
-        "---|".repeat(runs.len())
-    );
-    let mut figures: Vec<(&str, &str)> = Vec::new();
-    for r in rows.0.iter().filter(|r| r["scenario"] == last) {
-        if let (Some(f), Some(u)) = (r["figure"].as_str(), r["unit"].as_str()) {
-            figures.push((bare(f), u));
-        }
-    }
-    for (figure, unit) in figures {
-        let label = match unit {
-            "" => figure.to_string(),
-            unit => format!("{figure} ({unit})"),
-        };
-        out.push_str(&line(
-            &label,
-            runs.iter().map(|(_, _, s)| rows.value(s, "none", figure)),
-        ));
-    }
-    Ok(out)
+        "---|".repeat(runs.len()),
+        cluster_lines(&rows, &runs, &[last])
+    ))
 }
 
 fn cluster_extrapolation(report: &Value) -> Result<String> {
@@ -1109,7 +1169,7 @@ mod tests {
     }
 
     #[test]
-    fn the_cluster_tables_put_each_n_in_a_column_and_extrapolate_from_the_largest() {
+    fn the_cluster_tables_give_each_n_and_each_size_a_column_and_extrapolate() {
         let mut rows = Vec::new();
         for (s, n) in [
             ("cluster, 1 agents, 1000 pods", 1.0),
@@ -1131,7 +1191,47 @@ mod tests {
                 rows.push(row(s, "none", f, json!(v), None));
             }
         }
+        // The size sweep's runs, after: the largest N at other pod counts, with figures
+        // of their own, which the tables over N must not take.
+        for (s, p) in [
+            ("cluster, 10 agents, 2000 pods", 2000.0),
+            ("cluster, 10 agents, 500 pods", 500.0),
+        ] {
+            rows.push(row(
+                s,
+                "none",
+                "world resized to this many pods",
+                json!(p / 100.0),
+                None,
+            ));
+            rows.push(row(
+                s,
+                "none",
+                "API server watch events per change",
+                json!(p),
+                None,
+            ));
+        }
         let report = json!({ "rows": rows });
+        let table = cluster_sizes(&report).unwrap();
+        assert!(
+            table.starts_with(
+                "| N = 10, P pods | P = 500 | P = 1,000 | P = 2,000 |\n|---|---|---|---|\n"
+            ),
+            "{table}"
+        );
+        assert!(
+            table.contains("| change to every agent p99 | – | 500 | – |"),
+            "{table}"
+        );
+        assert!(
+            table.contains("| API server watch events per change | 500 | 20 | 2,000 |"),
+            "{table}"
+        );
+        assert!(
+            table.contains("| world resized to this many pods | 5 | – | 20 |"),
+            "{table}"
+        );
         let table = cluster_scale(&report).unwrap();
         assert!(
             table
