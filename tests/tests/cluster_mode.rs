@@ -41,17 +41,31 @@ fn web_reaches_prometheus(matrix: &Matrix) -> bool {
 }
 
 fn up(tag: &str, dataplane: &str) -> Lab {
+    up_with(tag, dataplane, &[])
+}
+
+/// A lab with its own control plane; `env` is passed to `weir-lab up`, and so to its agent.
+fn up_with(tag: &str, dataplane: &str, env: &[(&str, &str)]) -> Lab {
     let lab = Lab::new(tag);
     let started = Instant::now();
-    lab.weir(&[
-        "up",
-        "--api",
-        "server",
-        "--dataplane",
-        dataplane,
-        demo_world().to_str().unwrap(),
-    ])
-    .unwrap_or_else(|e| panic!("{dataplane}: lab up --api server: {e}"));
+    let out = lab
+        .weir_env(
+            &[
+                "up",
+                "--api",
+                "server",
+                "--dataplane",
+                dataplane,
+                demo_world().to_str().unwrap(),
+            ],
+            env,
+        )
+        .unwrap_or_else(|e| panic!("{dataplane}: lab up --api server: {e}"));
+    assert!(
+        out.status.success(),
+        "{dataplane}: lab up --api server: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     eprintln!(
         "{dataplane}: lab up with its own etcd and kube-apiserver in {:.1?}",
         started.elapsed()
@@ -210,8 +224,17 @@ fn listings(lab: &Lab) -> usize {
         .count()
 }
 
-fn watch_semantics(dataplane: &'static str) {
-    let lab = up(&format!("watch-{dataplane}"), dataplane);
+/// `lists`: the agent's `--lists` (its environment's `WEIR_LISTS`), for every start of it.
+/// The Pods are read in protobuf either way (the agent's default), so this covers both of
+/// the Pod watcher's list paths against the real server: its 410s, restarts and late start.
+fn watch_semantics(dataplane: &'static str, lists: &'static str) {
+    let env = [("WEIR_LISTS", lists)];
+    let lab = up_with(&format!("watch-{dataplane}"), dataplane, &env);
+    let start_agent = |extra: &[(&'static str, &'static str)]| {
+        let env: Vec<_> = env.iter().chain(extra).copied().collect();
+        let out = lab.weir_env(&["agent", "start"], &env).unwrap();
+        assert!(out.status.success(), "agent start: {out:?}");
+    };
     let closed = manifest(&lab, "closed.yaml", CLOSE_PROMETHEUS);
     let path = closed.to_str().unwrap();
     let open = probe(&lab, dataplane);
@@ -226,7 +249,7 @@ fn watch_semantics(dataplane: &'static str) {
         open,
         "{dataplane}: changed with no agent"
     );
-    lab.weir(&["agent", "start"]).unwrap();
+    start_agent(&[]);
     lab.weir(&["apply", path]).unwrap();
     let closed_matrix = probe(&lab, dataplane);
     assert!(
@@ -284,10 +307,7 @@ fn watch_semantics(dataplane: &'static str) {
     //    the outage: it changes nothing on the node until it has listed everything.
     lab.weir(&["api", "stop"]).unwrap();
     lab.weir(&["agent", "signal", "kill"]).unwrap();
-    let out = lab
-        .weir_env(&["agent", "start"], &[("WEIR_RESYNC_SECONDS", "1")])
-        .unwrap();
-    assert!(out.status.success(), "agent start: {out:?}");
+    start_agent(&[("WEIR_RESYNC_SECONDS", "1")]);
     std::thread::sleep(Duration::from_secs(5));
     assert_eq!(
         probe(&lab, dataplane),
@@ -320,6 +340,31 @@ fn watch_semantics(dataplane: &'static str) {
     // The demo's five policies (CLOSE_PROMETHEUS deleted again).
     assert_eq!(synced["enforced"]["policies"], 5, "{synced:#}");
     assert_eq!(synced["enforced"]["endpoints"], 4, "{synced:#}");
+    // The agent read the Pods as asked: LIST requests with pages, none with streaming
+    // lists (their watches send the objects first).
+    let pod_lists = agent_requests(&lab)
+        .iter()
+        .filter(|(group, resource, verb, _)| {
+            group.is_empty() && resource == "pods" && verb == "list"
+        })
+        .count();
+    match lists {
+        "pages" => assert!(pod_lists >= 3, "{dataplane}: {pod_lists} LISTs of the Pods"),
+        _ => assert_eq!(
+            pod_lists, 0,
+            "{dataplane}: LISTs of the Pods with streaming lists"
+        ),
+    }
+    // ... in protobuf, as asked, and never in JSON.
+    let log = std::fs::read_to_string(lab.dir.join("agent.log")).unwrap_or_default();
+    assert!(
+        log.contains("the API server sends Pods in protobuf"),
+        "{dataplane}: no protobuf in the agent's log"
+    );
+    assert!(
+        !log.contains("the API server sends Pods in JSON"),
+        "{dataplane}: Pods in JSON"
+    );
 }
 
 /// `weir-lab status --output json`: the lab agent's `/status`.
@@ -332,12 +377,13 @@ fn status(lab: &Lab) -> serde_json::Value {
 
 #[test]
 fn ebpf_watch_semantics_on_the_real_api_server() {
-    watch_semantics("ebpf");
+    watch_semantics("ebpf", "pages");
 }
 
 #[test]
 fn iptables_watch_semantics_on_the_real_api_server() {
-    watch_semantics("iptables");
+    // The same scenario; the streaming lists are the source's, not the dataplane's.
+    watch_semantics("iptables", "stream");
 }
 
 /// deploy/ as the real kube-apiserver admits it: `kubectl apply --dry-run=server -k deploy/`

@@ -128,6 +128,13 @@ pub struct AgentArgs {
     #[arg(long, env = "WEIR_LISTS", value_enum, default_value_t = crate::source::kube::Lists::Pages)]
     pub lists: crate::source::kube::Lists,
 
+    /// Cluster mode: the encoding Pods are asked for in. protobuf = the API server's
+    /// protobuf, with JSON accepted where the server (or a proxy before it) answers in it:
+    /// about 40% fewer bytes per Pod than JSON, and cheaper to encode and decode; json =
+    /// JSON only, as every other kind is read.
+    #[arg(long, env = "WEIR_POD_ENCODING", value_enum, default_value_t = crate::source::kube::PodEncoding::Protobuf)]
+    pub pod_encoding: crate::source::kube::PodEncoding,
+
     /// The most table entries one NetworkPolicy may take per pod it selects, estimated
     /// from its spec (per rule, peers × port prefixes, an ipBlock's excepts counted as
     /// peers). A policy above it is refused before it is compiled, on either dataplane,

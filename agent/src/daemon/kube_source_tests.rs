@@ -82,10 +82,17 @@ async fn next(batches: &mut tokio::sync::mpsc::UnboundedReceiver<Batch>) -> Batc
         .expect("the source keeps running")
 }
 
+/// The mock answers in JSON whatever is asked for, so the Pods' watcher, which asks for
+/// protobuf first, reads them here on its JSON path (a server or proxy without protobuf).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn list_watch_and_bookmark() {
     let api = world().await;
-    let mut source = spawn(KubeSource::new(api.client(), 500, Default::default()));
+    let mut source = spawn(KubeSource::new(
+        api.client(),
+        500,
+        Default::default(),
+        Default::default(),
+    ));
 
     // The first batch is the whole initial state, of all four kinds at once.
     let first = next(&mut source).await;
@@ -145,7 +152,7 @@ async fn cluster_mode_annotates_the_node_switches_and_reports_refused_policies()
     let publisher = KubePublisher::spawn(api.client(), "n1".into());
     let daemon = Daemon::new(opts, backends, Arc::new(Metrics::new()), health.clone())
         .with_publisher(Box::new(publisher));
-    let source = KubeSource::new(api.client(), 500, Default::default());
+    let source = KubeSource::new(api.client(), 500, Default::default(), Default::default());
     let run = tokio::spawn(daemon.run(source));
 
     let annotated = |a: &MockApi, dataplane: &str| {

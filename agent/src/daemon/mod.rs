@@ -147,6 +147,7 @@ async fn run_agent(args: AgentArgs) -> anyhow::Result<()> {
                 client.clone(),
                 args.list_page_size,
                 args.lists,
+                args.pod_encoding,
             )
             .with_progress(health.sync().clone());
             let publisher = publish::KubePublisher::spawn(client, node);

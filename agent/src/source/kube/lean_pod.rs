@@ -7,12 +7,10 @@
 //! A field the engine starts to read must be added here too: the round-trip test below
 //! compares the engine's view of a full Pod with its view of the same Pod read through
 //! this type.
-use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{Container, ContainerPort, Pod, PodIP, PodSpec, PodStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use k8s_openapi::NamespaceResourceScope;
 use serde::Deserialize;
 
 /// A Pod with only the fields enforcement reads; [`LeanPod::into_pod`] makes it a Pod.
@@ -98,31 +96,6 @@ impl LeanPod {
                 ..PodStatus::default()
             }),
         }
-    }
-}
-
-/// The API path and kind of Pods: a watch of `LeanPod`s is a watch of Pods.
-impl kube::Resource for LeanPod {
-    type DynamicType = ();
-    type Scope = NamespaceResourceScope;
-
-    fn kind(_: &()) -> Cow<'_, str> {
-        <Pod as k8s_openapi::Resource>::KIND.into()
-    }
-    fn group(_: &()) -> Cow<'_, str> {
-        <Pod as k8s_openapi::Resource>::GROUP.into()
-    }
-    fn version(_: &()) -> Cow<'_, str> {
-        <Pod as k8s_openapi::Resource>::VERSION.into()
-    }
-    fn plural(_: &()) -> Cow<'_, str> {
-        <Pod as k8s_openapi::Resource>::URL_PATH_SEGMENT.into()
-    }
-    fn meta(&self) -> &ObjectMeta {
-        &self.metadata
-    }
-    fn meta_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.metadata
     }
 }
 

@@ -1,4 +1,4 @@
-//! The cluster source: kube-rs watchers on Pods, Namespaces, NetworkPolicies, Services (all of
+//! The cluster source: kube-rs watchers (for Pods, [`pod_watcher`], in protobuf) on Pods, Namespaces, NetworkPolicies, Services (all of
 //! them: peers resolve from every pod), Nodes (this node's label picks the dataplane; every
 //! node's addresses are a ClusterNetworkPolicy `nodes` peer's) and ClusterNetworkPolicies.
 //!
@@ -28,10 +28,12 @@ use weir_policy::cluster_policy::{ClusterNetworkPolicy, ClusterNetworkPolicyV1be
 
 use crate::source::digest::StateDigest;
 use crate::source::event::{Batch, Event, EventSource, SourceError, SyncProgress};
-use lean_pod::LeanPod;
 use weir_policy::model::{Kind, Object, ObjectRef};
 
 mod lean_pod;
+mod pod_proto;
+mod pod_watcher;
+pub use pod_watcher::PodEncoding;
 
 /// Events drained into one batch at most, so a flood still reaches the dataplane.
 const MAX_BATCH: usize = 5000;
@@ -215,8 +217,8 @@ fn not_served(e: &watcher::Error) -> bool {
 
 impl KubeSource {
     /// Watches with lists of `page_size` objects a request, or (`lists` [`Lists::Stream`])
-    /// with the API server's streaming lists.
-    pub fn new(client: Client, page_size: u32, lists: Lists) -> Self {
+    /// with the API server's streaming lists; Pods in `pod_encoding`.
+    pub fn new(client: Client, page_size: u32, lists: Lists, pod_encoding: PodEncoding) -> Self {
         let all = match lists {
             Lists::Pages => watcher::Config::default().page_size(page_size),
             Lists::Stream => watcher::Config::default().streaming_lists(),
@@ -235,13 +237,12 @@ impl KubeSource {
                 Object::Node,
             ),
             cluster_policies(client.clone(), all.clone()),
-            // Pods are the many: decoded lean, without the fields enforcement never reads.
-            watch(
-                Api::<LeanPod>::all(client.clone()),
-                all.clone(),
-                Kind::Pod,
-                |p| Object::Pod(p.into_pod()),
-            ),
+            // Pods are the many: asked for in protobuf, decoded lean, without the fields
+            // enforcement never reads.
+            pod_watcher::pod_watcher(client.clone(), lists, page_size, pod_encoding)
+                .default_backoff()
+                .map(|r| (Kind::Pod, r.map(|e| map_event(e, Object::Pod))))
+                .boxed(),
             watch(
                 Api::<NetworkPolicy>::all(client.clone()),
                 all.clone(),
