@@ -60,6 +60,10 @@ const DP: &str = "none";
 /// world is as it was.
 const CHANGE_CYCLE: usize = 4;
 
+/// How long after the storm's next change an agent that has not begun its relist yet is
+/// waited for.
+const RELIST_GRACE: Duration = Duration::from_secs(60);
+
 /// What `--cluster` sweeps.
 pub struct Plan {
     /// Agent counts, each a run against the same control plane and world.
@@ -73,24 +77,43 @@ pub struct Plan {
     /// The largest N once more, its agents reading with the API server's streaming lists
     /// (`weir agent --lists stream`): the same figures, before and after, in one run.
     pub streaming_too: bool,
+    /// The largest N once more, its agents reading Pods in JSON (`weir agent
+    /// --pod-encoding json`) instead of protobuf: before and after, in one run.
+    pub json_pods_too: bool,
     /// After those, the world resized to each of these pod counts in turn (through the
     /// API, as a change: the pods beyond it deleted or the missing ones created) and the
     /// largest N run again there: the sweep over the cluster's size.
     pub pod_sweep: Vec<usize>,
 }
 
-/// How the agents read each kind's whole state (`weir agent --lists`).
+/// How the agents read the cluster: each kind's whole state (`weir agent --lists`) and
+/// the Pods' encoding (`--pod-encoding`).
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Lists {
-    Pages,
-    Stream,
+enum Reading {
+    /// The agent's defaults: pages, Pods in protobuf.
+    Default,
+    /// Streaming lists, Pods in protobuf.
+    StreamingLists,
+    /// Pages, Pods in JSON (as every other kind).
+    JsonPods,
 }
 
-impl Lists {
-    fn flag(self) -> &'static str {
+impl Reading {
+    fn args(self) -> [&'static str; 4] {
+        let (lists, pods) = match self {
+            Reading::Default => ("pages", "protobuf"),
+            Reading::StreamingLists => ("stream", "protobuf"),
+            Reading::JsonPods => ("pages", "json"),
+        };
+        ["--lists", lists, "--pod-encoding", pods]
+    }
+
+    /// The suffix of its scenarios' names.
+    fn suffix(self) -> &'static str {
         match self {
-            Lists::Pages => "pages",
-            Lists::Stream => "stream",
+            Reading::Default => "",
+            Reading::StreamingLists => STREAMING,
+            Reading::JsonPods => JSON_PODS,
         }
     }
 }
@@ -101,7 +124,9 @@ pub fn scenario(agents: usize, pods: usize) -> String {
 }
 
 /// The suffix of a scenario whose agents read with streaming lists.
-pub const STREAMING: &str = ", streaming lists";
+const STREAMING: &str = ", streaming lists";
+/// The suffix of a scenario whose agents read Pods in JSON.
+const JSON_PODS: &str = ", pods in JSON";
 
 pub fn notes(plan: &Plan) -> Vec<String> {
     vec![
@@ -109,10 +134,11 @@ pub fn notes(plan: &Plan) -> Vec<String> {
         "cluster convergence: from just before a change's first write request to the first poll (every 5 ms) of an agent's status file that names the server's state digest after the change; changes alternate a pod label change and a NetworkPolicy create or delete, the next written once every agent had the last; p50 / p99 over all (agent, change) pairs and over the slowest agent of each change".into(),
         format!("cluster changes at a steady rate: {} changes at {} a second written by `weir-lab kube churn` without waiting for the agents (the k-th due k / rate after the first; one whose time came while the one before was being written goes right after it), of the same kinds in the same order as above; an agent has change k at the first poll (every 5 ms) of its status naming the digest after k or after a later change; the write rate achieved is the changes over the time from the first write to the last", plan.rate_changes.div_ceil(CHANGE_CYCLE) * CHANGE_CYCLE, plan.rate),
         "cluster cold start: all N agents started at once, the world already on the server; each agent's time from its start to its first convergence (its status file says converged: every kind listed, compiled, applied); the API server's CPU over that time and its peak RSS (VmRSS sampled every 100 ms)".into(),
-        "cluster API server figures: CPU from /proc (user + system) of the kube-apiserver process; watch events and their bytes are the deltas of the sums of `apiserver_watch_events_total` and `apiserver_watch_events_sizes` (sum and count) over every resource; the writer's own requests (a change's writes, a list of the Nodes for the digest) are in the CPU figure. Bytes received: the agents' TCP connections to the API server (`ss` bytes_received, TLS included)".into(),
+        "cluster API server figures: CPU from /proc (user + system) of the kube-apiserver process; watch events and their bytes are the deltas of the sums of `apiserver_watch_events_total` and `apiserver_watch_events_sizes` (sum and count) over every resource; the writer's own requests (a change's writes, a list of the Nodes for the digest) are in the CPU figure. Bytes received: the agents' TCP connections to the API server (`ss` bytes_received, TLS included); per pod change and per policy change: from just before each change's write to every agent having it, by its kind. The agents read Pods in protobuf (`weir agent --pod-encoding protobuf`, the default) but in the `pods in JSON` run".into(),
         format!("cluster, streaming lists: the largest N again, after the others, its agents started with `--lists stream` (the API server's WatchList) instead of the default `--lists pages` (LIST requests of 5,000 objects); otherwise the same run{}", if plan.streaming_too { "" } else { " (not run this time)" }),
+        format!("cluster, pods in JSON: the largest N again, after the others, its agents started with `--pod-encoding json` (Pods read in JSON, as before protobuf, and as every other kind) instead of the default `protobuf`; otherwise the same run{}", if plan.json_pods_too { "" } else { " (not run this time)" }),
         format!("cluster, the size sweep: after the runs above, the world resized through the API to each of {:?} pods in turn (the pods past the smaller count created or deleted, the rest of the world as it was) and the largest N run again at each, its agents started afresh; `world resized to this many pods` is that write's time", plan.pod_sweep),
-        "cluster restart: kube-apiserver stopped (SIGTERM) and started again on the same etcd, whose data it keeps; the figures after it are the first change written once the new server was ready, the bytes each agent received from the new server until it had that change, and the new server's CPU from its start to then (both once every agent's lists of the Pods begun since the restart have ended: a relisting agent can have the change before its Pods are in). Whether an agent lists again after it depends on whether its watches' resourceVersion is the newest when the server stops (an event or bookmark since the server's own last write); `410 storm`: the same restart with a key written to etcd itself while the server is stopped (`weir-lab kube touch --etcd`), so that every agent's watches are older than the new server's watch cache, which answers 410 Gone, and they list every kind again at once (`agents that listed every pod again`: those whose log shows a list of the Pods started after the restart)".into(),
+        "cluster restart: kube-apiserver stopped (SIGTERM) and started again on the same etcd, whose data it keeps; the figures after it are the first change written once the new server was ready, the bytes each agent received from the new server until it had that change, and the new server's CPU from its start to then (both once every agent's lists of the Pods begun since the restart have ended: a relisting agent can have the change before its Pods are in). Whether an agent lists again after it depends on whether its watches' resourceVersion is the newest when the server stops (an event or bookmark since the server's own last write); `410 storm`: the same restart with a key written to etcd itself while the server is stopped (`weir-lab kube touch --etcd`), so that every agent's watches are older than the new server's watch cache, which answers 410 Gone, and they list every kind again at once (`agents that listed every pod again`: those whose log shows a list of the Pods started after the restart); its figures also wait for every agent to have begun its list of the Pods (one still in its backoff after the 410), for up to 60 s".into(),
     ]
 }
 
@@ -141,17 +167,20 @@ pub fn run(weir: &Path, lab: &Path, run_dir: &Path, plan: &Plan) -> Vec<Row> {
             return rows;
         }
     };
-    let mut runs: Vec<(usize, Lists)> = plan.agents.iter().map(|&n| (n, Lists::Pages)).collect();
-    if let Some(&n) = plan.agents.iter().max().filter(|_| plan.streaming_too) {
-        runs.push((n, Lists::Stream));
-    }
-    for (n, lists) in runs {
-        let mut name = scenario(n, plan.pods);
-        if lists == Lists::Stream {
-            name.push_str(STREAMING);
+    let mut runs: Vec<(usize, Reading)> =
+        plan.agents.iter().map(|&n| (n, Reading::Default)).collect();
+    if let Some(&n) = plan.agents.iter().max() {
+        if plan.streaming_too {
+            runs.push((n, Reading::StreamingLists));
         }
+        if plan.json_pods_too {
+            runs.push((n, Reading::JsonPods));
+        }
+    }
+    for (n, reading) in runs {
+        let name = scenario(n, plan.pods) + reading.suffix();
         crate::progress(&name);
-        match bench.run_agents(weir, n, plan, lists) {
+        match bench.run_agents(weir, n, plan, reading) {
             Ok(figures) => rows.extend(
                 figures
                     .into_iter()
@@ -165,7 +194,7 @@ pub fn run(weir: &Path, lab: &Path, run_dir: &Path, plan: &Plan) -> Vec<Row> {
         let name = scenario(largest, pods);
         crate::progress(&name);
         let measured = bench.resize(pods, plan).and_then(|mut figures| {
-            figures.extend(bench.run_agents(weir, largest, plan, Lists::Pages)?);
+            figures.extend(bench.run_agents(weir, largest, plan, Reading::Default)?);
             Ok(figures)
         });
         match measured {
@@ -351,7 +380,13 @@ impl Bench {
 
     /// One agent count: cold start, changes, a restart, memory. The agents are stopped at
     /// the end (or on an error).
-    fn run_agents(&mut self, weir: &Path, n: usize, plan: &Plan, lists: Lists) -> Result<Figures> {
+    fn run_agents(
+        &mut self,
+        weir: &Path,
+        n: usize,
+        plan: &Plan,
+        reading: Reading,
+    ) -> Result<Figures> {
         let changes = plan.changes;
         let lab = self.cluster.lab.clone();
         let mut figures: Figures = Vec::new();
@@ -363,7 +398,7 @@ impl Bench {
         let before = self.api_sample(&lab)?;
         let started = Instant::now();
         let agents = (0..n)
-            .map(|i| AgentProc::spawn(weir, &self.netns, &self.dir, &self.api_dir(), i, lists))
+            .map(|i| AgentProc::spawn(weir, &self.netns, &self.dir, &self.api_dir(), i, reading))
             .collect::<Result<Vec<_>>>()?;
         let (cold, peak) = wait_all(&agents, started, self.apiserver(), |s| {
             s["converged"] == true
@@ -410,13 +445,28 @@ impl Bench {
         let cpu0 = agent_cpu_now(&agents)?;
         let before = self.api_sample(&lab)?;
         let (mut pairs, mut slowest) = (Vec::new(), Vec::new());
+        // Bytes each agent received by the kind of change, from just before its write to
+        // every agent having it: [pod label changes, policy creates and deletes].
+        let mut by_kind: [(Vec<f64>, usize); 2] = Default::default();
         for c in 0..changes {
             // Changes land at varied offsets from the agents' timers.
             std::thread::sleep(Duration::from_millis(100 + (c as u64 * 37) % 100));
+            let kind = usize::from(!self.changes.is_multiple_of(2));
+            let received_before = received_by_connection(self.netns.name())?;
             let (written, digest) = self.write(true)?;
             let (times, _) = wait_all(&agents, written, self.apiserver(), |s| {
                 s["converged"] == true && s["state_digest"].as_str() == Some(digest.as_str())
             })?;
+            let received = received_between(
+                &received_before,
+                &received_by_connection(self.netns.name())?,
+            );
+            let (sums, count) = &mut by_kind[kind];
+            sums.resize(agents.len(), 0.0);
+            for (sum, a) in sums.iter_mut().zip(&agents) {
+                *sum += received.get(&a.pid()).copied().unwrap_or(0) as f64;
+            }
+            *count += 1;
             let times: Vec<f64> = times.iter().map(ms).collect();
             slowest.push(times.iter().copied().fold(0.0, f64::max));
             pairs.extend(times);
@@ -456,6 +506,16 @@ impl Bench {
             mean(&received),
             "bytes",
         );
+        for ((sums, count), kind) in by_kind.iter().zip(["pod", "policy"]) {
+            if *count > 0 {
+                let each: Vec<f64> = sums.iter().map(|s| s / *count as f64).collect();
+                put(
+                    &format!("bytes received per agent per {kind} change (mean)"),
+                    mean(&each),
+                    "bytes",
+                );
+            }
+        }
         let cpu: Vec<f64> = cpu1
             .iter()
             .zip(&cpu0)
@@ -676,10 +736,13 @@ impl Bench {
         // An agent relisting keeps enforcing what it had: the change can reach it (a
         // policy's kind listed already) before its Pods are in. What it receives and what
         // the server spends are counted once every relist has ended.
+        // After the storm every agent lists again, but one still in its backoff after the
+        // 410 has not begun: it is waited for too, for up to RELIST_GRACE (kube-runtime's
+        // backoff tops out at 30 s), and if it never begins, the count below says so.
         let listed = Instant::now();
-        while agents.iter().any(|a| {
+        while agents.iter().zip(&listed_before).any(|(a, before)| {
             let (started, finished) = a.pod_lists();
-            started > finished
+            started > finished || (touch && started == *before && listed.elapsed() < RELIST_GRACE)
         }) {
             if listed.elapsed() > LIMIT {
                 bail!("{phase}: an agent's list of the Pods did not end within {LIMIT:?}");
@@ -770,7 +833,7 @@ impl AgentProc {
         run: &Path,
         api: &Path,
         index: usize,
-        lists: Lists,
+        reading: Reading,
     ) -> Result<Self> {
         let dir = run.join(format!("agent-{index}"));
         let _ = std::fs::remove_dir_all(&dir);
@@ -798,7 +861,7 @@ impl AgentProc {
                 std::process::id()
             ))
             .args(["--verdict-log", "off", "--log-format", "text"])
-            .args(["--lists", lists.flag()])
+            .args(reading.args())
             .env("KUBECONFIG", api.join("kubeconfig-agent"))
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)

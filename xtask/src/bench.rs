@@ -179,6 +179,7 @@ pub fn cluster(quick: bool, run: &ClusterRun) -> Result<()> {
         .arg(root.join("target/bench/cluster.json"))
         .args(["--profile", profile, "--command", &command, "--cluster"])
         .arg("--cluster-streaming-lists")
+        .arg("--cluster-json-pods")
         .args(&options)
         .args(&sweep);
     if quick {

@@ -254,23 +254,34 @@ impl<'a> Rows<'a> {
     }
 }
 
-/// The suffix of a cluster scenario whose agents read with streaming lists.
-const STREAMING: &str = ", streaming lists";
+/// The suffixes of cluster scenarios whose agents read otherwise than by default, and
+/// their columns' names: streaming lists, Pods in JSON.
+const VARIANTS: [(&str, &str); 2] = [
+    (", streaming lists", "streaming lists"),
+    (", pods in JSON", "pods in JSON"),
+];
+
+fn variant(scenario: &str) -> Option<&'static str> {
+    VARIANTS
+        .iter()
+        .find(|(suffix, _)| scenario.ends_with(suffix))
+        .map(|&(_, column)| column)
+}
 
 /// Every `cluster, N agents, P pods` scenario: (N, P, scenario), in the report's order;
-/// those on streaming lists (`..., streaming lists`) only with `streaming`.
-fn all_cluster_scenarios<'a>(rows: &Rows<'a>, streaming: bool) -> Vec<(i64, i64, &'a str)> {
+/// those of the other ways of reading (streaming lists, Pods in JSON) only with `variants`.
+fn all_cluster_scenarios<'a>(rows: &Rows<'a>, variants: bool) -> Vec<(i64, i64, &'a str)> {
     rows.scenarios()
         .into_iter()
-        .filter(|s| s.starts_with("cluster, ") && (streaming || !s.ends_with(STREAMING)))
+        .filter(|s| s.starts_with("cluster, ") && (variants || variant(s).is_none()))
         .filter_map(|s| Some((count_after(s, "cluster, ")?, count_after(s, "agents, ")?, s)))
         .collect()
 }
 
 /// The sweep over N: the cluster scenarios at the first one's pod count (the size
 /// sweep's runs come after it, each at its own).
-fn cluster_scenarios<'a>(rows: &Rows<'a>, streaming: bool) -> Vec<(i64, i64, &'a str)> {
-    let all = all_cluster_scenarios(rows, streaming);
+fn cluster_scenarios<'a>(rows: &Rows<'a>, variants: bool) -> Vec<(i64, i64, &'a str)> {
+    let all = all_cluster_scenarios(rows, variants);
     let pods = all.first().map(|&(_, p, _)| p);
     all.into_iter()
         .filter(|&(_, p, _)| Some(p) == pods)
@@ -361,9 +372,9 @@ fn cluster_scale(report: &Value) -> Result<String> {
         "| {} pods, N agents | {} |\n|---|{}\n{}",
         thousands(pods),
         runs.iter()
-            .map(|(n, _, s)| match s.ends_with(STREAMING) {
-                true => format!("N = {n}, streaming lists"),
-                false => format!("N = {n}"),
+            .map(|(n, _, s)| match variant(s) {
+                Some(column) => format!("N = {n}, {column}"),
+                None => format!("N = {n}"),
             })
             .collect::<Vec<_>>()
             .join(" | "),
@@ -395,7 +406,10 @@ fn cluster_extrapolation(report: &Value) -> Result<String> {
     };
     let events = marginal("API server watch events per change")?
         .unwrap_or(get(last, "API server watch events per change")? / n as f64);
-    let bytes = get(last, "bytes received per agent per change (mean)")?;
+    // A pod change's own figure where the run has it (older runs: pod and policy changes
+    // together).
+    let bytes = get(last, "bytes received per agent per pod change (mean)")
+        .or_else(|_| get(last, "bytes received per agent per change (mean)"))?;
     let cpu_per_agent = marginal("API server CPU per change")?;
     let list_cpu = marginal("cold start: API server CPU")?;
     // The cold start's peak where the run has it; the peak over the whole run also takes
@@ -1175,6 +1189,7 @@ mod tests {
             ("cluster, 1 agents, 1000 pods", 1.0),
             ("cluster, 10 agents, 1000 pods", 10.0),
             ("cluster, 10 agents, 1000 pods, streaming lists", 10.0),
+            ("cluster, 10 agents, 1000 pods, pods in JSON", 10.0),
         ] {
             for (f, v) in [
                 ("change to every agent p99 (n=30 agent-changes)", 50.0 * n),
@@ -1235,11 +1250,11 @@ mod tests {
         let table = cluster_scale(&report).unwrap();
         assert!(
             table
-                .starts_with("| 1,000 pods, N agents | N = 1 | N = 10 | N = 10, streaming lists |"),
+                .starts_with("| 1,000 pods, N agents | N = 1 | N = 10 | N = 10, streaming lists | N = 10, pods in JSON |"),
             "{table}"
         );
         assert!(
-            table.contains("| change to every agent p99 | 50 | 500 | 500 |"),
+            table.contains("| change to every agent p99 | 50 | 500 | 500 | 500 |"),
             "{table}"
         );
         let table = cluster_extrapolation(&report).unwrap();
@@ -1253,6 +1268,21 @@ mod tests {
         // 100 MiB at 1,000 pods, carried to 150,000.
         assert!(table.contains("15,000 MiB"), "{table}");
         assert!(table.contains("| agent memory (every pod"), "{table}");
+
+        // A pod change's own bytes, where the run has them, over pod and policy changes.
+        let mut rows = report["rows"].as_array().unwrap().clone();
+        rows.push(row(
+            "cluster, 10 agents, 1000 pods",
+            "none",
+            "bytes received per agent per pod change (mean)",
+            json!(600.0),
+            None,
+        ));
+        let table = cluster_extrapolation(&json!({ "rows": rows })).unwrap();
+        assert!(
+            table.contains("| bytes the API server sends per pod change | 600 bytes per change |"),
+            "{table}"
+        );
 
         // With the cold start's peak, memory is that, and the run's peak its own row.
         let mut rows = report["rows"].as_array().unwrap().clone();
