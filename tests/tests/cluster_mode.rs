@@ -79,15 +79,22 @@ fn probe(lab: &Lab, dataplane: &str) -> Matrix {
     matrix
 }
 
-/// Every request the agent's identity made, from the server's audit log: (group,
-/// resource[/subresource], verb, response code).
-fn agent_requests(lab: &Lab) -> Vec<(String, String, String, u64)> {
+/// Every audit event of the agent's identity, from the server's audit log.
+fn agent_audit(lab: &Lab) -> Vec<serde_json::Value> {
     let log = lab.dir.join("api/audit.log");
     let text = std::fs::read_to_string(&log)
         .unwrap_or_else(|e| panic!("prerequisite missing: the audit log {}: {e}", log.display()));
     text.lines()
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
         .filter(|e| e["user"]["username"] == AGENT_USER)
+        .collect()
+}
+
+/// Every request the agent's identity made, from the server's audit log: (group,
+/// resource[/subresource], verb, response code).
+fn agent_requests(lab: &Lab) -> Vec<(String, String, String, u64)> {
+    agent_audit(lab)
+        .into_iter()
         .map(|e| {
             let o = &e["objectRef"];
             let mut resource = o["resource"].as_str().unwrap_or("").to_string();
@@ -228,8 +235,13 @@ fn listings(lab: &Lab) -> usize {
 /// The Pods are read in protobuf either way (the agent's default), so this covers both of
 /// the Pod watcher's list paths against the real server: its 410s, restarts and late start.
 fn watch_semantics(dataplane: &'static str, lists: &'static str) {
-    let env = [("WEIR_LISTS", lists)];
-    let lab = up_with(&format!("watch-{dataplane}"), dataplane, &env);
+    // Pages of two objects: the demo's pods take several, each asked for while the one
+    // before is decoded.
+    let env: &[(&str, &str)] = match lists {
+        "pages" => &[("WEIR_LISTS", "pages"), ("WEIR_LIST_PAGE_SIZE", "2")],
+        _ => &[("WEIR_LISTS", "stream")],
+    };
+    let lab = up_with(&format!("watch-{dataplane}"), dataplane, env);
     let start_agent = |extra: &[(&'static str, &'static str)]| {
         let env: Vec<_> = env.iter().chain(extra).copied().collect();
         let out = lab.weir_env(&["agent", "start"], &env).unwrap();
@@ -348,8 +360,16 @@ fn watch_semantics(dataplane: &'static str, lists: &'static str) {
             group.is_empty() && resource == "pods" && verb == "list"
         })
         .count();
+    let continued = agent_audit(&lab)
+        .iter()
+        .filter_map(|e| e["requestURI"].as_str())
+        .filter(|uri| uri.starts_with("/api/v1/pods?") && uri.contains("continue="))
+        .count();
     match lists {
-        "pages" => assert!(pod_lists >= 3, "{dataplane}: {pod_lists} LISTs of the Pods"),
+        "pages" => {
+            assert!(pod_lists >= 3, "{dataplane}: {pod_lists} LISTs of the Pods");
+            assert!(continued >= 3, "{dataplane}: {continued} later pages of the Pods");
+        }
         _ => assert_eq!(
             pod_lists, 0,
             "{dataplane}: LISTs of the Pods with streaming lists"

@@ -6,7 +6,8 @@
 //!
 //! kube-runtime's watcher decodes JSON only, and its list/watch steps are not open to
 //! another decoder, so this is its state machine for one resource, with the same requests
-//! and the same semantics: `Init`, `InitApply`s and `InitDone` for every list (pages, or a
+//! and the same semantics (but one: a list's next page is asked for as soon as a page
+//! arrives, so that the server builds it while the agent decodes the one before): `Init`, `InitApply`s and `InitDone` for every list (pages, or a
 //! streaming list's initial events up to the bookmark that ends them), then `Apply` and
 //! `Delete` from a watch resumed where the list or the last event or bookmark left it; a
 //! watch that ends or idles is resumed, a 410 Gone lists again, and every error is yielded
@@ -76,8 +77,12 @@ enum State {
     Empty,
     /// Paging through a list; `pods` is the page being handed out.
     Paging {
-        continue_token: Option<String>,
         pods: std::vec::IntoIter<Pod>,
+        /// The next page, asked for as soon as this one arrived, so that the server
+        /// builds and sends it while this one is decoded and handed out; `None`: this
+        /// page is the last.
+        next: Option<NextPage>,
+        /// The last page's.
         resource_version: Option<String>,
     },
     /// A streaming list's initial events, until the bookmark that ends them.
@@ -125,6 +130,21 @@ pub fn pod_watcher(
 }
 
 impl PodWatcher {
+    /// Asks for a page of the list (the first, or the one after `continue_token`).
+    fn page(&self, continue_token: Option<String>) -> NextPage {
+        let params = ListParams {
+            limit: Some(self.page_size),
+            continue_token,
+            resource_version: Some("0".into()),
+            version_match: Some(VersionMatch::NotOlderThan),
+            ..ListParams::default()
+        };
+        let (client, encoding) = (self.client.clone(), self.encoding);
+        NextPage(tokio::spawn(async move {
+            list(&client, encoding, &params).await
+        }))
+    }
+
     /// Says which encoding the server answers in, at the first response and when it changes.
     fn note(&mut self, protobuf: bool) {
         if self.protobuf.replace(protobuf) != Some(protobuf) {
@@ -143,8 +163,8 @@ impl PodWatcher {
             State::Empty => match self.lists {
                 Lists::Pages => {
                     self.state = State::Paging {
-                        continue_token: None,
                         pods: Vec::new().into_iter(),
+                        next: Some(self.page(None)),
                         resource_version: None,
                     };
                     Some(Ok(Event::Init))
@@ -165,32 +185,26 @@ impl PodWatcher {
                 }
             },
             State::Paging {
-                continue_token,
                 mut pods,
+                next,
                 resource_version,
             } => {
                 if let Some(pod) = pods.next() {
                     self.state = State::Paging {
-                        continue_token,
                         pods,
+                        next,
                         resource_version,
                     };
                     return Some(Ok(Event::InitApply(pod)));
                 }
-                if continue_token.is_none() {
-                    if let Some(resource_version) = resource_version {
-                        self.state = State::Listed { resource_version };
-                        return Some(Ok(Event::InitDone));
-                    }
-                }
-                let params = ListParams {
-                    limit: Some(self.page_size),
-                    continue_token,
-                    resource_version: Some("0".into()),
-                    version_match: Some(VersionMatch::NotOlderThan),
-                    ..ListParams::default()
+                let Some(next) = next else {
+                    let Some(resource_version) = resource_version else {
+                        return Some(Err(Error::NoResourceVersion));
+                    };
+                    self.state = State::Listed { resource_version };
+                    return Some(Ok(Event::InitDone));
                 };
-                match list(&self.client, self.encoding, &params).await {
+                match next.get().await {
                     Ok((page, protobuf)) => {
                         self.note(protobuf);
                         let resource_version = page.resource_version.filter(|v| !v.is_empty());
@@ -199,7 +213,7 @@ impl PodWatcher {
                             return Some(Err(Error::NoResourceVersion));
                         }
                         self.state = State::Paging {
-                            continue_token,
+                            next: continue_token.map(|c| self.page(Some(c))),
                             pods: page.pods.into_iter(),
                             resource_version,
                         };
@@ -442,6 +456,23 @@ async fn watch(
             .boxed()
     };
     Ok((events, protobuf))
+}
+
+/// A page of a list being fetched and decoded; dropped, it is abandoned.
+struct NextPage(tokio::task::JoinHandle<kube::Result<(pod_proto::PodPage, bool)>>);
+
+impl NextPage {
+    async fn get(mut self) -> kube::Result<(pod_proto::PodPage, bool)> {
+        (&mut self.0)
+            .await
+            .unwrap_or_else(|e| Err(kube::Error::Service(Box::new(e))))
+    }
+}
+
+impl Drop for NextPage {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 fn pods() -> kube::core::Request {
