@@ -368,7 +368,10 @@ fn watch_semantics(dataplane: &'static str, lists: &'static str) {
     match lists {
         "pages" => {
             assert!(pod_lists >= 3, "{dataplane}: {pod_lists} LISTs of the Pods");
-            assert!(continued >= 3, "{dataplane}: {continued} later pages of the Pods");
+            assert!(
+                continued >= 3,
+                "{dataplane}: {continued} later pages of the Pods"
+            );
         }
         _ => assert_eq!(
             pod_lists, 0,

@@ -114,8 +114,9 @@ pub struct AgentArgs {
 
     /// Cluster mode: objects per list request, when the agent starts and when a watch has
     /// to list again. Larger pages start faster (20,000 pods: 1.8 s listed in pages of
-    /// 500, 1.2 s in pages of 5,000); each page's JSON is held while it is decoded, about
-    /// this many times the size of one Pod.
+    /// 500, 1.2 s in pages of 5,000); each page's body is held while it is decoded, about
+    /// this many times the size of one Pod (for Pods two pages at once: the next is
+    /// fetched while one is handed out).
     #[arg(long, env = "WEIR_LIST_PAGE_SIZE", default_value_t = 5000,
           value_parser = clap::value_parser!(u32).range(1..))]
     pub list_page_size: u32,
