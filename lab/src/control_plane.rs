@@ -149,10 +149,23 @@ impl ControlPlane {
         }
         self.prepare()?;
         let etcd = self.start_etcd(node)?;
-        let apiserver = self.start_apiserver(node)?;
-        self.wait_ready(node, ready_within.max(API_READY_WITHIN))?;
-        self.install_crds(node, ready_within.max(API_READY_WITHIN))?;
-        Ok((etcd, apiserver))
+        let mut started = vec![etcd];
+        let apiserver = self.start_apiserver(node).and_then(|apiserver| {
+            started.push(apiserver);
+            self.wait_ready(node, ready_within.max(API_READY_WITHIN))?;
+            self.install_crds(node, ready_within.max(API_READY_WITHIN))?;
+            Ok(apiserver)
+        });
+        match apiserver {
+            Ok(apiserver) => Ok((etcd, apiserver)),
+            // Half a control plane is no use to the caller, who has no pids to stop it by.
+            Err(e) => {
+                for pid in started.into_iter().rev() {
+                    netns::stop_pid(pid, Duration::from_secs(10));
+                }
+                Err(e)
+            }
+        }
     }
 
     /// Creates the ClusterNetworkPolicy CRD (deploy/crds/) and waits until the server
