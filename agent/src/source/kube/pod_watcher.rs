@@ -6,13 +6,15 @@
 //!
 //! kube-runtime's watcher decodes JSON only, and its list/watch steps are not open to
 //! another decoder, so this is its state machine for one resource, with the same requests
-//! and the same semantics (but one: a list's next page is asked for as soon as a page
-//! arrives, so that the server builds it while the agent decodes the one before): `Init`, `InitApply`s and `InitDone` for every list (pages, or a
-//! streaming list's initial events up to the bookmark that ends them), then `Apply` and
+//! and the same semantics: `Init`, `InitApply`s and `InitDone` for every list (pages, or
+//! a streaming list's initial events up to the bookmark that ends them), then `Apply` and
 //! `Delete` from a watch resumed where the list or the last event or bookmark left it; a
 //! watch that ends or idles is resumed, a 410 Gone lists again, and every error is yielded
 //! (without a retry of its own) for [`WatchStreamExt::default_backoff`] to pace the next
-//! attempt.
+//! attempt. One difference: where the server pages a list, the next page is asked for as
+//! soon as a page arrives, so that the server builds it while the agent decodes the one
+//! before. (A kube-apiserver 1.34 serving `resourceVersion=0` from its watch cache sent
+//! 50,000 pods in one response whatever the limit; small lists it pages.)
 //!
 //! The encoding is negotiated the way client-go does it: protobuf is asked for with JSON
 //! as the alternative, and each response is decoded by its Content-Type, so a server or
