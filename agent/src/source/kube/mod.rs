@@ -106,6 +106,16 @@ impl Arrival {
 
 type Update = (Kind, Result<watcher::Event<Arrival>, watcher::Error>);
 
+/// A list in progress. An object listed at the resourceVersion the agent already has is
+/// that object (every write moves it), so only its key is kept: a relist after a 410 or an
+/// API server restart, nearly all unchanged, does not hold a second copy of the cluster
+/// while the first is enforced, and hands the engine only what changed.
+#[derive(Default)]
+struct Relist {
+    changed: Vec<Arrival>,
+    unchanged: Vec<(ObjectRef, u64)>,
+}
+
 fn watch<K>(
     api: Api<K>,
     config: watcher::Config,
@@ -194,7 +204,7 @@ pub struct KubeSource {
     /// Of every object in `known`, at its resourceVersion.
     digest: StateDigest,
     /// Objects of a relist in progress, by kind.
-    relisting: BTreeMap<Kind, Vec<Arrival>>,
+    relisting: BTreeMap<Kind, Relist>,
     synced: BTreeSet<Kind>,
     first_sent: bool,
     pending: Vec<Event>,
@@ -288,7 +298,7 @@ impl KubeSource {
                     );
                     self.cluster_policies_absent = true;
                 }
-                self.listed(kind, Vec::new());
+                self.listed(kind, Relist::default());
                 return;
             }
             Err(e) => {
@@ -317,9 +327,18 @@ impl KubeSource {
             }
             watcher::Event::Init => {
                 tracing::info!(kind = kind.name(), "listing");
-                self.relisting.insert(kind, Vec::new());
+                self.relisting.insert(kind, Relist::default());
             }
-            watcher::Event::InitApply(a) => self.relisting.entry(kind).or_default().push(a),
+            watcher::Event::InitApply(a) => {
+                // The entry hashes key and resourceVersion: equal entries, the same object.
+                let unchanged = known.get(&a.key) == Some(&a.entry);
+                let relist = self.relisting.entry(kind).or_default();
+                if unchanged {
+                    relist.unchanged.push((a.key, a.entry));
+                } else {
+                    relist.changed.push(a);
+                }
+            }
             watcher::Event::InitDone => {
                 let listed = self.relisting.remove(&kind).unwrap_or_default();
                 if kind == Kind::ClusterNetworkPolicy && self.cluster_policies_absent {
@@ -331,13 +350,15 @@ impl KubeSource {
         }
     }
 
-    /// A complete list of `kind`: what vanished since the last one is deleted.
-    fn listed(&mut self, kind: Kind, listed: Vec<Arrival>) {
+    /// A complete list of `kind`: what vanished since the last one is deleted, what changed
+    /// is upserted.
+    fn listed(&mut self, kind: Kind, listed: Relist) {
         let known = self.known.entry(kind).or_default();
         let digest = &mut self.digest;
-        let mut seen = BTreeMap::new();
-        let mut events = Vec::with_capacity(listed.len());
-        for a in listed {
+        let objects = listed.changed.len() + listed.unchanged.len();
+        let mut seen: BTreeMap<ObjectRef, u64> = listed.unchanged.into_iter().collect();
+        let mut events = Vec::with_capacity(listed.changed.len());
+        for a in listed.changed {
             seen.insert(a.key, a.entry);
             events.push(a.event);
         }
@@ -354,7 +375,12 @@ impl KubeSource {
         // A missing CRD "lists" at every retry: said once, where it was found missing.
         let quiet = kind == Kind::ClusterNetworkPolicy && self.cluster_policies_absent;
         if !quiet {
-            tracing::info!(kind = kind.name(), objects = events.len(), "listed");
+            tracing::info!(
+                kind = kind.name(),
+                objects,
+                changed = events.len(),
+                "listed"
+            );
         }
         self.pending.extend(events);
         self.synced.insert(kind);
@@ -404,3 +430,60 @@ fn digest_entry(key: &ObjectRef, o: &Object) -> u64 {
 /// The in-test API server, for the daemon's tests of this source.
 #[cfg(test)]
 pub(crate) mod mock_api;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::Pod;
+
+    fn pod(name: &str, version: &str) -> Arrival {
+        let mut pod = Pod::default();
+        pod.metadata.namespace = Some("x".into());
+        pod.metadata.name = Some(name.into());
+        pod.metadata.resource_version = Some(version.into());
+        Arrival::upsert(Object::Pod(pod))
+    }
+
+    fn list(source: &mut KubeSource, pods: Vec<Arrival>) -> Vec<String> {
+        source.process((Kind::Pod, Ok(watcher::Event::Init)));
+        for p in pods {
+            source.process((Kind::Pod, Ok(watcher::Event::InitApply(p))));
+        }
+        source.process((Kind::Pod, Ok(watcher::Event::InitDone)));
+        std::mem::take(&mut source.pending)
+            .iter()
+            .map(|e| match e {
+                Event::Delete(key) => format!("-{}", key.name),
+                other => format!("+{}", other.key().name),
+            })
+            .collect()
+    }
+
+    /// A relist hands on only what changed and what vanished, and ends in the state (and
+    /// digest) a first list of the same objects gives.
+    #[tokio::test]
+    async fn a_relist_passes_on_only_what_changed() {
+        let client =
+            || Client::try_from(kube::Config::new("http://127.0.0.1:1".parse().unwrap())).unwrap();
+        let mut source = KubeSource::new(client(), 500, Lists::Pages, PodEncoding::Json);
+        let first = list(
+            &mut source,
+            vec![pod("a", "1"), pod("b", "2"), pod("c", "3")],
+        );
+        assert_eq!(first, ["+a", "+b", "+c"]);
+        let relisted = list(
+            &mut source,
+            vec![pod("a", "1"), pod("b", "7"), pod("d", "8")],
+        );
+        assert_eq!(relisted, ["-c", "+b", "+d"]);
+
+        let mut fresh = KubeSource::new(client(), 500, Lists::Pages, PodEncoding::Json);
+        list(
+            &mut fresh,
+            vec![pod("a", "1"), pod("b", "7"), pod("d", "8")],
+        );
+        assert_eq!(source.known, fresh.known);
+        assert_eq!(source.digest.to_string(), fresh.digest.to_string());
+        assert!(source.relisting.is_empty());
+    }
+}
