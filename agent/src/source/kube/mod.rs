@@ -11,7 +11,9 @@
 //! The first batch is the complete initial state of all six kinds. A relist (after a
 //! 410 Gone, an API server restart or a watch that could not resume) is buffered until
 //! it is complete and then applied as one batch, with deletes for objects that vanished
-//! meanwhile, so the dataplane never sees a half-listed cluster. Watch errors are retried
+//! meanwhile, so the dataplane never sees a half-listed cluster; of the objects it lists
+//! at the resourceVersion the agent has, only the keys are kept, and only what changed
+//! is passed on. Watch errors are retried
 //! with backoff and logged; they never end the source.
 
 use std::collections::{BTreeMap, BTreeSet};
