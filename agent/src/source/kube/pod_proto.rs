@@ -72,7 +72,7 @@ struct PodListMessage {
 }
 
 #[derive(Clone, PartialEq, Message)]
-struct PodMessage {
+pub struct PodMessage {
     #[prost(message, optional, tag = "1")]
     metadata: Option<Metadata>,
     #[prost(message, optional, tag = "2")]
@@ -269,9 +269,25 @@ impl StatusMessage {
     }
 }
 
+/// A listed Pod, still in its lean message: made a [`Pod`] only when handed on, so that a
+/// page of thousands is never held as full `Pod`s at once.
+pub enum LeanItem {
+    Protobuf(PodMessage),
+    Json(super::lean_pod::LeanPod),
+}
+
+impl LeanItem {
+    pub fn into_pod(self) -> Pod {
+        match self {
+            LeanItem::Protobuf(m) => m.into_pod(),
+            LeanItem::Json(p) => p.into_pod(),
+        }
+    }
+}
+
 /// One page of a Pod list.
 pub struct PodPage {
-    pub pods: Vec<Pod>,
+    pub pods: Vec<LeanItem>,
     pub resource_version: Option<String>,
     pub continue_token: Option<String>,
 }
@@ -281,7 +297,7 @@ pub fn pod_list(body: &[u8]) -> Result<PodPage, WireError> {
     let list: PodListMessage = decode("PodList", &unwrap_envelope(body)?)?;
     let metadata = list.metadata.unwrap_or_default();
     Ok(PodPage {
-        pods: list.items.into_iter().map(PodMessage::into_pod).collect(),
+        pods: list.items.into_iter().map(LeanItem::Protobuf).collect(),
         resource_version: present(metadata.resource_version),
         continue_token: present(metadata.continue_),
     })
@@ -365,14 +381,15 @@ mod tests {
         let page = pod_list(&testdata("pods.list.pb")).unwrap();
         let full: kube::core::ObjectList<Pod> =
             serde_json::from_slice(&testdata("pods.list.json")).unwrap();
-        assert_eq!(page.pods.len(), 4);
-        assert_eq!(page.pods.len(), full.items.len());
-        for (lean, full) in page.pods.iter().zip(&full.items) {
+        let pods: Vec<Pod> = page.pods.into_iter().map(LeanItem::into_pod).collect();
+        assert_eq!(pods.len(), 4);
+        assert_eq!(pods.len(), full.items.len());
+        for (lean, full) in pods.iter().zip(&full.items) {
             assert_eq!(seen(lean), seen(full), "{:?}", full.metadata.name);
         }
         // The data holds what the comparison must cover: every pod valid, one with both
         // families, one on the host's network, one with an SCTP port, one without address.
-        let infos: Vec<PodInfo> = page.pods.iter().map(|p| seen(p).0.unwrap()).collect();
+        let infos: Vec<PodInfo> = pods.iter().map(|p| seen(p).0.unwrap()).collect();
         assert!(infos.iter().any(|i| i.ipv4.is_some() && i.ipv6.is_some()));
         assert!(infos.iter().any(|i| i.host_network));
         assert!(infos.iter().any(|i| i.ports.len() == 4));

@@ -79,7 +79,7 @@ enum State {
     Empty,
     /// Paging through a list; `pods` is the page being handed out.
     Paging {
-        pods: std::vec::IntoIter<Pod>,
+        pods: std::vec::IntoIter<pod_proto::LeanItem>,
         /// The next page, asked for as soon as this one arrived, so that the server
         /// builds and sends it while this one is decoded and handed out; `None`: this
         /// page is the last.
@@ -191,7 +191,7 @@ impl PodWatcher {
                 next,
                 resource_version,
             } => {
-                if let Some(pod) = pods.next() {
+                if let Some(pod) = pods.next().map(pod_proto::LeanItem::into_pod) {
                     self.state = State::Paging {
                         pods,
                         next,
@@ -397,7 +397,11 @@ async fn list(
         let list: ObjectList<LeanPod> =
             serde_json::from_slice(&body).map_err(kube::Error::SerdeError)?;
         pod_proto::PodPage {
-            pods: list.items.into_iter().map(LeanPod::into_pod).collect(),
+            pods: list
+                .items
+                .into_iter()
+                .map(pod_proto::LeanItem::Json)
+                .collect(),
             resource_version: list.metadata.resource_version,
             continue_token: list.metadata.continue_,
         }
