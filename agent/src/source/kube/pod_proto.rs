@@ -273,7 +273,8 @@ impl StatusMessage {
 /// page of thousands is never held as full `Pod`s at once.
 pub enum LeanItem {
     Protobuf(PodMessage),
-    Json(super::lean_pod::LeanPod),
+    /// Boxed: a `LeanPod` keeps a whole `ObjectMeta`, twice a message's size.
+    Json(Box<super::lean_pod::LeanPod>),
 }
 
 impl LeanItem {
