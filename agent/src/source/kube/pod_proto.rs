@@ -271,6 +271,8 @@ impl StatusMessage {
 
 /// A listed Pod, still in its lean message: made a [`Pod`] only when handed on, so that a
 /// page of thousands is never held as full `Pod`s at once.
+// Protobuf, the common case, unboxed; JSON, the fallback, boxed.
+#[allow(clippy::large_enum_variant)]
 pub enum LeanItem {
     Protobuf(PodMessage),
     /// Boxed: a `LeanPod` keeps a whole `ObjectMeta`, twice a message's size.

@@ -400,7 +400,7 @@ async fn list(
             pods: list
                 .items
                 .into_iter()
-                .map(pod_proto::LeanItem::Json)
+                .map(|p| pod_proto::LeanItem::Json(Box::new(p)))
                 .collect(),
             resource_version: list.metadata.resource_version,
             continue_token: list.metadata.continue_,
