@@ -1,6 +1,7 @@
-//! The cluster source: kube-rs watchers (for Pods, [`pod_watcher`], in protobuf) on Pods, Namespaces, NetworkPolicies, Services (all of
-//! them: peers resolve from every pod), Nodes (this node's label picks the dataplane; every
-//! node's addresses are a ClusterNetworkPolicy `nodes` peer's) and ClusterNetworkPolicies.
+//! The cluster source: watchers on Pods (ours, [`pod_watcher`], in protobuf), and
+//! kube-rs's on Namespaces, NetworkPolicies, Services (all of them: peers resolve from
+//! every pod), Nodes (this node's label picks the dataplane; every node's addresses are a
+//! ClusterNetworkPolicy `nodes` peer's) and ClusterNetworkPolicies.
 //!
 //! ClusterNetworkPolicy is a custom resource: where its CRD is not installed, its list
 //! fails with 404, which counts as listing none (once logged; the watcher keeps retrying
@@ -13,8 +14,8 @@
 //! it is complete and then applied as one batch, with deletes for objects that vanished
 //! meanwhile, so the dataplane never sees a half-listed cluster; of the objects it lists
 //! at the resourceVersion the agent has, only the keys are kept, and only what changed
-//! is passed on. Watch errors are retried
-//! with backoff and logged; they never end the source.
+//! is passed on. Watch errors are retried with backoff and logged; they never end the
+//! source.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
