@@ -36,6 +36,10 @@ pub enum WireError {
     },
     #[error("a protobuf {what} without its object")]
     Missing { what: &'static str },
+    #[error("malformed protobuf: {0}")]
+    Malformed(&'static str),
+    #[error("reading a protobuf body: {0}")]
+    Read(#[source] std::io::Error),
 }
 
 fn decode<M: Message + Default>(what: &'static str, bytes: &[u8]) -> Result<M, WireError> {
@@ -61,14 +65,6 @@ struct ListMeta {
     resource_version: Option<String>,
     #[prost(string, optional, tag = "3")]
     continue_: Option<String>,
-}
-
-#[derive(Clone, PartialEq, Message)]
-struct PodListMessage {
-    #[prost(message, optional, tag = "1")]
-    metadata: Option<ListMeta>,
-    #[prost(message, repeated, tag = "2")]
-    items: Vec<PodMessage>,
 }
 
 #[derive(Clone, PartialEq, Message)]
@@ -288,22 +284,169 @@ impl LeanItem {
     }
 }
 
-/// One page of a Pod list.
-pub struct PodPage {
-    pub pods: Vec<LeanItem>,
+/// How a page of a Pod list ends: where the list stands, and the page after it.
+#[derive(Debug, Default, PartialEq)]
+pub struct PageEnd {
     pub resource_version: Option<String>,
     pub continue_token: Option<String>,
 }
 
-/// A PodList response's body.
-pub fn pod_list(body: &[u8]) -> Result<PodPage, WireError> {
-    let list: PodListMessage = decode("PodList", &unwrap_envelope(body)?)?;
-    let metadata = list.metadata.unwrap_or_default();
-    Ok(PodPage {
-        pods: list.items.into_iter().map(LeanItem::Protobuf).collect(),
-        resource_version: present(metadata.resource_version),
-        continue_token: present(metadata.continue_),
-    })
+/// The largest single Pod accepted in a list; etcd stores no object above 1.5 MiB.
+const MAX_POD: u64 = 16 << 20;
+
+/// Reads a PodList response's body as it arrives, handing each Pod to `each` as soon as
+/// its bytes are in, so that the agent never holds the whole body: a kube-apiserver
+/// serving from its watch cache sends every Pod of the cluster in one response (42 MB at
+/// 50,000 pods), whatever the page size asked for.
+///
+/// The body is `k8s\0`, then a `runtime.Unknown` whose field 2 (`raw`) is the PodList:
+/// field 1 its `ListMeta`, field 2 each item. Fields of either that the agent does not read
+/// are skipped by their wire type. A body cut short, even between two Pods, is an error,
+/// never a shorter list.
+pub async fn read_pod_list<R>(body: R, mut each: impl FnMut(LeanItem)) -> Result<PageEnd, WireError>
+where
+    R: tokio::io::AsyncBufRead + Unpin,
+{
+    use tokio::io::AsyncReadExt;
+
+    let mut wire = Wire { body, read: 0 };
+    let mut magic = [0; MAGIC.len()];
+    wire.body.read_exact(&mut magic).await.map_err(WireError::Read)?;
+    if magic != MAGIC {
+        return Err(WireError::NoPrefix);
+    }
+    let mut end = None;
+    // The envelope runs to the end of the body.
+    while let Some((field, wire_type)) = wire.key_or_end().await? {
+        if field != 2 || wire_type != LEN {
+            wire.skip(wire_type).await?;
+            continue;
+        }
+        let list_end = wire.length().await?.saturating_add(wire.read);
+        let mut metadata = ListMeta::default();
+        while wire.read < list_end {
+            let (field, wire_type) = wire.key().await?;
+            match (field, wire_type) {
+                (1, LEN) => metadata = decode("PodList metadata", &wire.message().await?)?,
+                (2, LEN) => each(LeanItem::Protobuf(decode("Pod", &wire.message().await?)?)),
+                _ => wire.skip(wire_type).await?,
+            }
+        }
+        if wire.read != list_end {
+            return Err(WireError::Malformed("a PodList longer than its length"));
+        }
+        end = Some(PageEnd {
+            resource_version: present(metadata.resource_version),
+            continue_token: present(metadata.continue_),
+        });
+    }
+    end.ok_or(WireError::Missing { what: "envelope" })
+}
+
+/// The protobuf wire type of a length-delimited field.
+const LEN: u8 = 2;
+
+/// A protobuf body being read, and how many bytes of it have been.
+struct Wire<R> {
+    body: R,
+    read: u64,
+}
+
+impl<R: tokio::io::AsyncBufRead + Unpin> Wire<R> {
+    async fn byte(&mut self) -> Result<Option<u8>, WireError> {
+        use tokio::io::AsyncReadExt;
+        let mut byte = [0];
+        match self.body.read(&mut byte).await.map_err(WireError::Read)? {
+            0 => Ok(None),
+            _ => {
+                self.read += 1;
+                Ok(Some(byte[0]))
+            }
+        }
+    }
+
+    async fn next_byte(&mut self) -> Result<u8, WireError> {
+        self.byte()
+            .await?
+            .ok_or_else(|| WireError::Read(std::io::ErrorKind::UnexpectedEof.into()))
+    }
+
+    /// A varint whose first byte is read already.
+    async fn varint_from(&mut self, first: u8) -> Result<u64, WireError> {
+        let mut byte = first;
+        let mut value = 0u64;
+        for shift in (0..64).step_by(7) {
+            value |= u64::from(byte & 0x7f) << shift;
+            if byte & 0x80 == 0 {
+                return Ok(value);
+            }
+            byte = self.next_byte().await?;
+        }
+        Err(WireError::Malformed("a varint longer than ten bytes"))
+    }
+
+    async fn varint(&mut self) -> Result<u64, WireError> {
+        let first = self.next_byte().await?;
+        self.varint_from(first).await
+    }
+
+    /// A field's number and wire type.
+    async fn key(&mut self) -> Result<(u64, u8), WireError> {
+        let key = self.varint().await?;
+        Ok((key >> 3, (key & 7) as u8))
+    }
+
+    /// A field's number and wire type, or `None` at the end of the body.
+    async fn key_or_end(&mut self) -> Result<Option<(u64, u8)>, WireError> {
+        let Some(first) = self.byte().await? else {
+            return Ok(None);
+        };
+        let key = self.varint_from(first).await?;
+        Ok(Some((key >> 3, (key & 7) as u8)))
+    }
+
+    async fn length(&mut self) -> Result<u64, WireError> {
+        self.varint().await
+    }
+
+    /// A length-delimited field's bytes.
+    async fn message(&mut self) -> Result<Vec<u8>, WireError> {
+        use tokio::io::AsyncReadExt;
+        let len = self.length().await?;
+        if len > MAX_POD {
+            return Err(WireError::Malformed("a Pod above 16 MiB"));
+        }
+        let mut bytes = vec![0; len as usize];
+        self.body
+            .read_exact(&mut bytes)
+            .await
+            .map_err(WireError::Read)?;
+        self.read += len;
+        Ok(bytes)
+    }
+
+    /// Skips a field the agent does not read.
+    async fn skip(&mut self, wire_type: u8) -> Result<(), WireError> {
+        use tokio::io::AsyncReadExt;
+        let len = match wire_type {
+            0 => {
+                self.varint().await?;
+                return Ok(());
+            }
+            1 => 8,
+            LEN => self.length().await?,
+            5 => 4,
+            _ => return Err(WireError::Malformed("an unknown wire type")),
+        };
+        let skipped = tokio::io::copy(&mut (&mut self.body).take(len), &mut tokio::io::sink())
+            .await
+            .map_err(WireError::Read)?;
+        self.read += skipped;
+        if skipped != len {
+            return Err(WireError::Read(std::io::ErrorKind::UnexpectedEof.into()));
+        }
+        Ok(())
+    }
 }
 
 /// An error response's body (a `Status`).
@@ -379,12 +522,30 @@ mod tests {
         )
     }
 
-    #[test]
-    fn a_protobuf_list_reads_as_the_full_json_one() {
-        let page = pod_list(&testdata("pods.list.pb")).unwrap();
+    /// A list's body read as it arrives, in pieces of `piece` bytes.
+    async fn read_list(body: &[u8], piece: usize) -> Result<(Vec<Pod>, PageEnd), WireError> {
+        let pieces: Vec<std::io::Result<bytes::Bytes>> = body
+            .chunks(piece)
+            .map(|c| Ok(bytes::Bytes::copy_from_slice(c)))
+            .collect();
+        let reader = tokio_util::io::StreamReader::new(futures::stream::iter(pieces));
+        let mut pods = Vec::new();
+        let end = read_pod_list(reader, |p| pods.push(p.into_pod())).await?;
+        Ok((pods, end))
+    }
+
+    #[tokio::test]
+    async fn a_protobuf_list_reads_as_the_full_json_one() {
+        let body = testdata("pods.list.pb");
+        let (pods, page) = read_list(&body, 4096).await.unwrap();
+        // However the body arrives: each Pod and the list's end span pieces.
+        for piece in [1, 2, 3, 7, 64, 1000] {
+            let (again, end) = read_list(&body, piece).await.unwrap();
+            assert_eq!(again, pods, "in pieces of {piece}");
+            assert_eq!(end, page, "in pieces of {piece}");
+        }
         let full: kube::core::ObjectList<Pod> =
             serde_json::from_slice(&testdata("pods.list.json")).unwrap();
-        let pods: Vec<Pod> = page.pods.into_iter().map(LeanItem::into_pod).collect();
         assert_eq!(pods.len(), 4);
         assert_eq!(pods.len(), full.items.len());
         for (lean, full) in pods.iter().zip(&full.items) {
@@ -453,10 +614,30 @@ mod tests {
         assert!(status.is_failure());
     }
 
-    #[test]
-    fn a_body_without_the_prefix_is_refused() {
-        assert!(matches!(pod_list(b"{}"), Err(WireError::NoPrefix)));
+    #[tokio::test]
+    async fn a_body_without_the_prefix_is_refused() {
+        assert!(matches!(
+            read_list(b"{}\n\n", 10).await,
+            Err(WireError::NoPrefix)
+        ));
+    }
+
+    /// A list cut anywhere before the end of its PodList is an error, never fewer Pods:
+    /// the agent would otherwise take the missing Pods as deleted.
+    #[tokio::test]
+    async fn a_list_cut_short_is_an_error_wherever_it_is_cut() {
         let body = testdata("pods.list.pb");
-        assert!(pod_list(&body[..body.len() - 7]).is_err());
+        let whole = read_list(&body, 4096).await.unwrap();
+        // What may be cut and still read: the envelope's last fields after the whole
+        // PodList, its empty contentEncoding and contentType (two bytes each), cut at
+        // either's start.
+        let mut read_whole = 0;
+        for cut in 0..body.len() {
+            if let Ok(read) = read_list(&body[..cut], 512).await {
+                assert!(read == whole, "a body cut at {cut} read as fewer Pods");
+                read_whole += 1;
+            }
+        }
+        assert_eq!(read_whole, 2, "cuts in the envelope's trailer");
     }
 }
