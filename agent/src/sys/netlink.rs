@@ -61,26 +61,30 @@ pub fn route_socket(groups: u32, timeout: Duration, rcvbuf: Option<i32>) -> io::
         tv_sec: timeout.as_secs() as libc::time_t,
         tv_usec: timeout.subsec_micros() as libc::suseconds_t,
     };
-    // SAFETY: valid option values of the sizes given.
-    unsafe {
+    // A receive without its timeout could block the caller forever: a refusal is an error.
+    set_option(&fd, libc::SO_RCVTIMEO, &timeout)?;
+    if let Some(bytes) = rcvbuf {
+        set_option(&fd, libc::SO_RCVBUF, &bytes)?;
+    }
+    Ok(fd)
+}
+
+/// Sets a SOL_SOCKET option to `value`.
+fn set_option<T>(fd: &OwnedFd, option: libc::c_int, value: &T) -> io::Result<()> {
+    // SAFETY: value is valid for reads of its size, which is the size given.
+    let rc = unsafe {
         libc::setsockopt(
             fd.as_raw_fd(),
             libc::SOL_SOCKET,
-            libc::SO_RCVTIMEO,
-            &timeout as *const libc::timeval as *const libc::c_void,
-            size_of::<libc::timeval>() as u32,
-        );
-        if let Some(bytes) = rcvbuf {
-            libc::setsockopt(
-                fd.as_raw_fd(),
-                libc::SOL_SOCKET,
-                libc::SO_RCVBUF,
-                &bytes as *const libc::c_int as *const libc::c_void,
-                size_of::<libc::c_int>() as u32,
-            );
-        }
+            option,
+            value as *const T as *const libc::c_void,
+            size_of::<T>() as u32,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
     }
-    Ok(fd)
+    Ok(())
 }
 
 /// Sends one datagram.
