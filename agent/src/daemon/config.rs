@@ -114,9 +114,10 @@ pub struct AgentArgs {
 
     /// Cluster mode: objects per list request, when the agent starts and when a watch has
     /// to list again. Larger pages start faster (20,000 pods: 1.8 s listed in pages of
-    /// 500, 1.2 s in pages of 5,000); each page's body is held while it is decoded, about
-    /// this many times the size of one Pod (for Pods two pages at once: the next is
-    /// fetched while one is handed out).
+    /// 500, 1.2 s in pages of 5,000); each page's body of the other kinds is held while it
+    /// is decoded. Pods in protobuf are read as they arrive, never a whole page held. An
+    /// API server answering from its watch cache may send the whole list in one page
+    /// whatever this asks for.
     #[arg(long, env = "WEIR_LIST_PAGE_SIZE", default_value_t = 5000,
           value_parser = clap::value_parser!(u32).range(1..))]
     pub list_page_size: u32,
