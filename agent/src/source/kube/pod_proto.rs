@@ -311,7 +311,10 @@ where
 
     let mut wire = Wire { body, read: 0 };
     let mut magic = [0; MAGIC.len()];
-    wire.body.read_exact(&mut magic).await.map_err(WireError::Read)?;
+    wire.body
+        .read_exact(&mut magic)
+        .await
+        .map_err(WireError::Read)?;
     if magic != MAGIC {
         return Err(WireError::NoPrefix);
     }
