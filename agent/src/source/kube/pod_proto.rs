@@ -19,6 +19,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::{Container, ContainerPort, Pod, PodIP, PodSpec, PodStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use prost::Message;
+use tokio::io::AsyncReadExt;
 
 /// What prefixes a whole object or list in the protobuf encoding.
 const MAGIC: &[u8] = b"k8s\0";
@@ -291,8 +292,9 @@ pub struct PageEnd {
     pub continue_token: Option<String>,
 }
 
-/// The largest single Pod accepted in a list; etcd stores no object above 1.5 MiB.
-const MAX_POD: u64 = 16 << 20;
+/// The largest single object accepted, in a list or a watch frame; etcd stores no object
+/// above 1.5 MiB.
+pub const MAX_OBJECT: usize = 16 << 20;
 
 /// Reads a PodList response's body as it arrives, handing each Pod to `each` as soon as
 /// its bytes are in, so that the agent never holds the whole body: a kube-apiserver
@@ -307,8 +309,6 @@ pub async fn read_pod_list<R>(body: R, mut each: impl FnMut(LeanItem)) -> Result
 where
     R: tokio::io::AsyncBufRead + Unpin,
 {
-    use tokio::io::AsyncReadExt;
-
     let mut wire = Wire { body, read: 0 };
     let mut magic = [0; MAGIC.len()];
     wire.body
@@ -349,6 +349,11 @@ where
 /// The protobuf wire type of a length-delimited field.
 const LEN: u8 = 2;
 
+/// A key's field number and wire type.
+fn split_key(key: u64) -> (u64, u8) {
+    (key >> 3, (key & 7) as u8)
+}
+
 /// A protobuf body being read, and how many bytes of it have been.
 struct Wire<R> {
     body: R,
@@ -357,7 +362,6 @@ struct Wire<R> {
 
 impl<R: tokio::io::AsyncBufRead + Unpin> Wire<R> {
     async fn byte(&mut self) -> Result<Option<u8>, WireError> {
-        use tokio::io::AsyncReadExt;
         let mut byte = [0];
         match self.body.read(&mut byte).await.map_err(WireError::Read)? {
             0 => Ok(None),
@@ -395,8 +399,7 @@ impl<R: tokio::io::AsyncBufRead + Unpin> Wire<R> {
 
     /// A field's number and wire type.
     async fn key(&mut self) -> Result<(u64, u8), WireError> {
-        let key = self.varint().await?;
-        Ok((key >> 3, (key & 7) as u8))
+        Ok(split_key(self.varint().await?))
     }
 
     /// A field's number and wire type, or `None` at the end of the body.
@@ -404,8 +407,7 @@ impl<R: tokio::io::AsyncBufRead + Unpin> Wire<R> {
         let Some(first) = self.byte().await? else {
             return Ok(None);
         };
-        let key = self.varint_from(first).await?;
-        Ok(Some((key >> 3, (key & 7) as u8)))
+        Ok(Some(split_key(self.varint_from(first).await?)))
     }
 
     async fn length(&mut self) -> Result<u64, WireError> {
@@ -414,10 +416,9 @@ impl<R: tokio::io::AsyncBufRead + Unpin> Wire<R> {
 
     /// A length-delimited field's bytes.
     async fn message(&mut self) -> Result<Vec<u8>, WireError> {
-        use tokio::io::AsyncReadExt;
         let len = self.length().await?;
-        if len > MAX_POD {
-            return Err(WireError::Malformed("a Pod above 16 MiB"));
+        if len > MAX_OBJECT as u64 {
+            return Err(WireError::Malformed("an object above 16 MiB"));
         }
         let mut bytes = vec![0; len as usize];
         self.body
@@ -430,7 +431,6 @@ impl<R: tokio::io::AsyncBufRead + Unpin> Wire<R> {
 
     /// Skips a field the agent does not read.
     async fn skip(&mut self, wire_type: u8) -> Result<(), WireError> {
-        use tokio::io::AsyncReadExt;
         let len = match wire_type {
             0 => {
                 self.varint().await?;

@@ -71,8 +71,6 @@ impl PodEncoding {
 /// A watch with no byte for this long is taken as lost and resumed (kube-runtime's
 /// figure: the server's 290 s default plus a margin).
 const IDLE: Duration = Duration::from_secs(295);
-/// The largest watch frame accepted; etcd stores no object above 1.5 MiB.
-const MAX_FRAME: usize = 16 << 20;
 
 type Events = BoxStream<'static, kube::Result<PodEvent>>;
 
@@ -472,7 +470,7 @@ async fn watch(
     }));
     let events = if protobuf {
         let codec = LengthDelimitedCodec::builder()
-            .max_frame_length(MAX_FRAME)
+            .max_frame_length(pod_proto::MAX_OBJECT)
             .new_codec();
         FramedRead::new(reader, codec)
             .filter_map(|frame| async move {
