@@ -18,6 +18,7 @@ pub mod explain_cli;
 pub mod kernel;
 pub mod monitor_cli;
 pub mod netfilter;
+pub mod relay;
 pub mod reset;
 pub mod source;
 pub mod status_cli;

@@ -21,6 +21,10 @@ enum Command {
     /// Run the node agent (cluster mode, or file mode with --manifests).
     Agent(Box<weir::daemon::AgentArgs>),
     Status(weir::status_cli::StatusArgs),
+    /// Run the cluster's relay: one watch per kind on the API server, written into an etcd
+    /// of the relay's own, from which agents started with --relay read what weir enforces
+    /// (deploy/relay/). For clusters whose API server the agents' watches would load.
+    Relay(Box<weir::relay::RelayArgs>),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -58,6 +62,7 @@ fn main() -> anyhow::Result<()> {
         Command::Explain(args) => weir::explain_cli::run(args)?,
         Command::Status(args) => weir::status_cli::run(args)?,
         Command::Monitor(args) => weir::monitor_cli::run(args)?,
+        Command::Relay(args) => weir::relay::main(*args)?,
         Command::Agent(args) => {
             let argv: Vec<String> = std::env::args()
                 .skip_while(|a| a != "agent")

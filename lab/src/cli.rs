@@ -13,7 +13,7 @@ use serde::Serialize;
 use super::addr::{DEFAULT_IPV4_POOL, DEFAULT_IPV6_POOL};
 use super::agent::WeirBinary;
 use super::objects::ObjectSet;
-use super::ops::{self, ApiAction, UpOptions};
+use super::ops::{self, ApiAction, RelayAction, UpOptions};
 use super::output::{self, OutputFormat};
 use super::peers::Enforcer;
 use super::probe::{self, IpFamily, Via};
@@ -118,6 +118,11 @@ pub struct UpArgs {
     /// channel, say, whose `nodes` peers the standard schema refuses. Server mode only.
     #[arg(long, value_name = "FILE")]
     pub cluster_policy_crd: Option<PathBuf>,
+    /// Server mode: run `weir relay` and its own etcd in the node namespace (the relay's
+    /// log is api/relay.log) and the agent with --relay, reading every object from that
+    /// etcd instead of from the API server. `weir-lab relay` stops, starts and compacts it.
+    #[arg(long)]
+    pub relay: bool,
     #[command(flatten)]
     pub wait: WaitArgs,
     #[arg(required = true)]
@@ -231,6 +236,12 @@ pub enum LabCommand {
     Api {
         #[command(subcommand)]
         action: ApiAction,
+    },
+    /// `up --relay`: stop, start or compact the relay or its etcd, to test the agent
+    /// against a relay that goes away, comes back or forgets history.
+    Relay {
+        #[command(subcommand)]
+        action: RelayAction,
     },
     /// Signal or (re)start the lab's agent, to test restarts, crashes and freezes.
     Agent {
@@ -438,6 +449,7 @@ pub fn run(args: LabArgs) -> anyhow::Result<()> {
             result.and(down)
         }
         LabCommand::Api { action } => ops::api(&dir, &action).context("weir-lab api"),
+        LabCommand::Relay { action } => ops::relay(&dir, &action, &weir).context("weir-lab relay"),
         LabCommand::Agent { action } => match action {
             AgentAction::Signal { signal } => ops::signal_agent(&dir, signal.number()),
             AgentAction::Start => ops::restart_agent(&dir, &weir),
@@ -516,7 +528,11 @@ fn up_lab(dir: &LabDir, up: &UpArgs, weir: &WeirBinary) -> anyhow::Result<()> {
         Some(mode) => mode == ApiMode::Server,
         None => up.proxy != ProxyMode::None || up.enforcer.enforcer != Enforcer::Weir,
     };
+    if up.relay && (!api_server || up.enforcer.enforcer != Enforcer::Weir) {
+        anyhow::bail!("weir-lab up: --relay serves weir's agent from the lab's API server: it needs --api server and no --enforcer");
+    }
     let opts = UpOptions {
+        relay: up.relay,
         dataplane: up.dataplane,
         topology: up.topology,
         ipv4_pool: up.ipv4_pool,

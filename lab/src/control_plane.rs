@@ -52,6 +52,9 @@ pub fn components_dir() -> PathBuf {
 
 pub const ETCD_CLIENT: &str = "127.0.0.1:2379";
 const ETCD_PEER: &str = "127.0.0.1:2380";
+/// The relay's own etcd (`weir-lab up --relay`), beside the API server's.
+pub const RELAY_STORE: &str = "127.0.0.1:2381";
+const RELAY_STORE_PEER: &str = "127.0.0.1:2382";
 pub const APISERVER_PORT: u16 = 6443;
 /// The ClusterIP range kube-apiserver allocates Service addresses from.
 pub const SERVICE_CIDR: &str = "10.96.0.0/16";
@@ -257,18 +260,51 @@ impl ControlPlane {
     }
 
     pub fn start_etcd(&self, node: &str) -> Result<u32, LabError> {
+        self.spawn_etcd(node, "etcd", ETCD_CLIENT, ETCD_PEER, &self.etcd_log())
+    }
+
+    /// The relay's etcd (`weir relay --store`), with its data in `relay-etcd`.
+    pub fn start_relay_store(&self, node: &str) -> Result<u32, LabError> {
+        let log = self.dir.join("relay-etcd.log");
+        self.spawn_etcd(node, "relay-etcd", RELAY_STORE, RELAY_STORE_PEER, &log)
+    }
+
+    /// `weir relay` on the relay's etcd, as the agent's identity (the relay needs the
+    /// agent's reads and nothing more), its log in `relay.log`.
+    pub fn start_relay(&self, node: &str, weir: &Path) -> Result<u32, LabError> {
+        let mut relay = Command::new(weir);
+        relay
+            .arg("relay")
+            .arg(format!("--store=http://{RELAY_STORE}"))
+            .env("KUBECONFIG", self.kubeconfig(Identity::Agent));
+        let child = netns::spawn_detached(node, &mut relay, &self.relay_log(), netns::Stdout::Log)?;
+        Ok(child.id())
+    }
+
+    pub fn relay_log(&self) -> PathBuf {
+        self.dir.join("relay.log")
+    }
+
+    fn spawn_etcd(
+        &self,
+        node: &str,
+        name: &str,
+        client: &str,
+        peer: &str,
+        log: &Path,
+    ) -> Result<u32, LabError> {
         let mut etcd = Command::new(components_dir().join("etcd"));
-        etcd.arg(format!("--data-dir={}", self.dir.join("etcd").display()))
-            .arg("--name=lab")
-            .arg(format!("--listen-client-urls=http://{ETCD_CLIENT}"))
-            .arg(format!("--advertise-client-urls=http://{ETCD_CLIENT}"))
-            .arg(format!("--listen-peer-urls=http://{ETCD_PEER}"))
-            .arg(format!("--initial-advertise-peer-urls=http://{ETCD_PEER}"))
-            .arg(format!("--initial-cluster=lab=http://{ETCD_PEER}"))
+        etcd.arg(format!("--data-dir={}", self.dir.join(name).display()))
+            .arg(format!("--name={name}"))
+            .arg(format!("--listen-client-urls=http://{client}"))
+            .arg(format!("--advertise-client-urls=http://{client}"))
+            .arg(format!("--listen-peer-urls=http://{peer}"))
+            .arg(format!("--initial-advertise-peer-urls=http://{peer}"))
+            .arg(format!("--initial-cluster={name}=http://{peer}"))
             // A lab is thrown away; fsync only slows it down.
             .arg("--unsafe-no-fsync")
             .arg("--log-level=warn");
-        let child = netns::spawn_detached(node, &mut etcd, &self.etcd_log(), netns::Stdout::Log)?;
+        let child = netns::spawn_detached(node, &mut etcd, log, netns::Stdout::Log)?;
         Ok(child.id())
     }
 
@@ -363,19 +399,13 @@ impl ControlPlane {
     /// Compacts etcd's history up to its current revision (through etcd's own HTTP
     /// gateway), so that a watch resuming from an older resourceVersion gets 410 Gone.
     pub fn compact_etcd(&self, node: &str) -> Result<u64, LabError> {
-        netns::in_netns(node, || {
-            let header = etcd_post("/v3/kv/range", r#"{"key":"AA=="}"#)?;
-            let revision: u64 = header["header"]["revision"]
-                .as_str()
-                .and_then(|r| r.parse().ok())
-                .ok_or_else(|| format!("etcd range answered no revision: {header}"))?;
-            etcd_post(
-                "/v3/kv/compaction",
-                &format!(r#"{{"revision":"{revision}","physical":true}}"#),
-            )?;
-            Ok::<u64, String>(revision)
-        })?
-        .map_err(|e| LabError::invalid("etcd compaction", e))
+        compact(node, ETCD_CLIENT)
+    }
+
+    /// Compacts the relay's etcd's history up to its current revision, so that an agent's
+    /// watch resuming from an older revision must list again.
+    pub fn compact_relay_store(&self, node: &str) -> Result<u64, LabError> {
+        compact(node, RELAY_STORE)
     }
 
     /// Writes a key outside the API server's prefix (`/weir-lab/advance`) to etcd
@@ -388,6 +418,7 @@ impl ControlPlane {
             // Key "/weir-lab/advance", value "1", base64 as the gateway takes them: every
             // put is a new revision, the same value or not.
             let put = etcd_post(
+                ETCD_CLIENT,
                 "/v3/kv/put",
                 r#"{"key":"L3dlaXItbGFiL2FkdmFuY2U=","value":"MQ=="}"#,
             )?;
@@ -411,14 +442,33 @@ pub async fn client_from(path: &Path) -> Result<Client, String> {
 
 /// One JSON POST to etcd's gRPC gateway over plain HTTP/1.1 (the lab's etcd listens on
 /// loopback without TLS).
-fn etcd_post(path: &str, body: &str) -> Result<serde_json::Value, String> {
-    let mut stream = std::net::TcpStream::connect(ETCD_CLIENT).map_err(|e| format!("etcd: {e}"))?;
+/// Compacts the history of the etcd at `endpoint` up to its current revision (through
+/// etcd's own HTTP gateway); returns the revision.
+fn compact(node: &str, endpoint: &str) -> Result<u64, LabError> {
+    netns::in_netns(node, || {
+        let header = etcd_post(endpoint, "/v3/kv/range", r#"{"key":"AA=="}"#)?;
+        let revision: u64 = header["header"]["revision"]
+            .as_str()
+            .and_then(|r| r.parse().ok())
+            .ok_or_else(|| format!("etcd range answered no revision: {header}"))?;
+        etcd_post(
+            endpoint,
+            "/v3/kv/compaction",
+            &format!(r#"{{"revision":"{revision}","physical":true}}"#),
+        )?;
+        Ok::<u64, String>(revision)
+    })?
+    .map_err(|e| LabError::invalid("etcd compaction", e))
+}
+
+fn etcd_post(endpoint: &str, path: &str, body: &str) -> Result<serde_json::Value, String> {
+    let mut stream = std::net::TcpStream::connect(endpoint).map_err(|e| format!("etcd: {e}"))?;
     stream
         .set_read_timeout(Some(Duration::from_secs(10)))
         .map_err(|e| e.to_string())?;
     write!(
         stream,
-        "POST {path} HTTP/1.1\r\nHost: {ETCD_CLIENT}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        "POST {path} HTTP/1.1\r\nHost: {endpoint}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
     )
     .map_err(|e| format!("etcd: {e}"))?;

@@ -13,12 +13,16 @@ use ipnet::{Ipv4Net, Ipv6Net};
 use k8s_openapi::api::core::v1::{Pod, PodIP, PodStatus};
 
 use super::agent::WeirBinary;
-use super::control_plane::{ControlPlane, Identity, AGENT_GROUPS, AGENT_USER, API_READY_WITHIN};
+use super::control_plane::{
+    ControlPlane, Identity, AGENT_GROUPS, AGENT_USER, API_READY_WITHIN, RELAY_STORE,
+};
 use super::objects::{self, ObjectSet};
 use super::peers::{self, Enforcer};
 use super::proxy::{self, ProxyMode, ProxyState};
 use super::services::{self, ServicesMode};
-use super::state::{write_atomic, ApiState, LabDir, LabState, PodState, ServedPort, Topology};
+use super::state::{
+    write_atomic, ApiState, LabDir, LabState, PodState, RelayState, ServedPort, Topology,
+};
 use super::{addr, agent, api, container, netns, world, LabError};
 use weir::dataplane::DataplaneKind;
 use weir::reset::ResetOptions;
@@ -51,6 +55,8 @@ pub struct UpOptions {
     pub weir: WeirBinary,
     /// `--cluster-policy-crd`: the ClusterNetworkPolicy CRD (YAML) instead of deploy/crds/'s.
     pub cluster_policy_crd: Option<String>,
+    /// `--relay`: `weir relay` and its etcd, which the agent reads from.
+    pub relay: bool,
 }
 
 /// The Node a server-mode lab's agent runs as when the manifests name none.
@@ -184,9 +190,26 @@ fn start_control_plane(
         node_name,
         etcd_pid,
         apiserver_pid,
+        relay: None,
     });
     dir.save(state)?;
-    install_rbac(&cp, &state.node_netns)
+    install_rbac(&cp, &state.node_netns)?;
+    if opts.relay {
+        let store_pid = cp.start_relay_store(&state.node_netns)?;
+        let relay_pid = cp.start_relay(&state.node_netns, &opts.weir.path()?)?;
+        if let Some(api) = state.api.as_mut() {
+            api.relay = Some(RelayState {
+                store_pid,
+                relay_pid,
+            });
+        }
+        // Before the lab's own flags: --agent-arg can still name another.
+        state
+            .agent_args
+            .insert(0, format!("--relay=http://{RELAY_STORE}"));
+        dir.save(state)?;
+    }
+    Ok(())
 }
 
 /// Starts kube-proxy in the node namespace and waits until it is healthy and has
@@ -618,6 +641,53 @@ pub fn api(dir: &LabDir, action: &ApiAction) -> Result<(), LabError> {
         }
         ApiAction::Compact => {
             let revision = cp.compact_etcd(&state.node_netns)?;
+            weir::stdout::println(&revision.to_string())
+                .map_err(|e| LabError::io("writing to stdout", e))?
+        }
+    }
+    Ok(())
+}
+
+// `weir-lab relay ACTION`.
+#[derive(clap::Subcommand)]
+pub enum RelayAction {
+    /// Stop `weir relay` (SIGTERM); its etcd, and the agent's watches on it, stay.
+    Stop,
+    /// Start `weir relay` again (stopping the old one first).
+    Start,
+    /// Compact the relay's etcd's history up to its current revision, so that an agent's
+    /// watch resuming from an older revision must list again. Prints the revision.
+    Compact,
+    /// Restart the relay's etcd on its data (every watch on it is cut and resumes).
+    RestartStore,
+}
+
+/// `weir-lab relay stop|start|compact`.
+pub fn relay(dir: &LabDir, action: &RelayAction, weir: &WeirBinary) -> Result<(), LabError> {
+    let _lock = dir.lock()?;
+    let mut state = dir.load()?;
+    let node = state.node_netns.clone();
+    let Some(relay) = state.api.as_mut().and_then(|a| a.relay.as_mut()) else {
+        return Err(LabError::invalid(
+            "weir-lab relay",
+            "this lab has no relay (up without --relay)",
+        ));
+    };
+    let cp = ControlPlane::new(dir.api_dir());
+    match action {
+        RelayAction::Stop => netns::stop_pid(relay.relay_pid, APISERVER_GRACE),
+        RelayAction::Start => {
+            netns::stop_pid(relay.relay_pid, APISERVER_GRACE);
+            relay.relay_pid = cp.start_relay(&node, &weir.path()?)?;
+            dir.save(&state)?;
+        }
+        RelayAction::RestartStore => {
+            netns::stop_pid(relay.store_pid, APISERVER_GRACE);
+            relay.store_pid = cp.start_relay_store(&node)?;
+            dir.save(&state)?;
+        }
+        RelayAction::Compact => {
+            let revision = cp.compact_relay_store(&node)?;
             weir::stdout::println(&revision.to_string())
                 .map_err(|e| LabError::io("writing to stdout", e))?
         }

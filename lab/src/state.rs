@@ -108,6 +108,17 @@ pub struct ApiState {
     pub node_name: String,
     pub etcd_pid: u32,
     pub apiserver_pid: u32,
+    /// `up --relay`: the relay and its etcd.
+    #[serde(default)]
+    pub relay: Option<RelayState>,
+}
+
+/// `weir-lab up --relay`: `weir relay` and its etcd, in the node namespace; the agent
+/// reads from that etcd (`weir agent --relay`).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct RelayState {
+    pub store_pid: u32,
+    pub relay_pid: u32,
 }
 
 /// `weir-lab up --services`.

@@ -8,6 +8,9 @@
 //! - Watch semantics on the real server: an agent restart while objects change, an API
 //!   server restart during which enforcement stays as it was, a forced relist after etcd
 //!   compaction (410 Gone), and an agent started while the API server is down.
+//! - The same agent reading from `weir relay`'s etcd (`weir-lab up --relay`): an API
+//!   server restart is the relay's relist, not the agent's; the relay's restart and its
+//!   store's compaction.
 
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -407,6 +410,144 @@ fn ebpf_watch_semantics_on_the_real_api_server() {
 fn iptables_watch_semantics_on_the_real_api_server() {
     // The same scenario; the streaming lists are the source's, not the dataplane's.
     watch_semantics("iptables", "stream");
+}
+
+fn relay_listings(lab: &Lab) -> usize {
+    std::fs::read_to_string(lab.dir.join("api/relay.log"))
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.contains(r#""message":"listing""#))
+        .count()
+}
+
+/// The agent reading every object from the relay's etcd (`weir agent --relay`), the relay
+/// watching the real API server.
+fn relay_semantics(dataplane: &'static str) {
+    let lab = Lab::new(&format!("relay-{dataplane}"));
+    let out = lab
+        .weir_raw(&[
+            "up",
+            "--api",
+            "server",
+            "--relay",
+            "--dataplane",
+            dataplane,
+            demo_world().to_str().unwrap(),
+        ])
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{dataplane}: lab up --relay: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let closed = manifest(&lab, "closed.yaml", CLOSE_PROMETHEUS);
+    let path = closed.to_str().unwrap();
+    let open = probe(&lab, dataplane);
+    assert!(web_reaches_prometheus(&open));
+    lab.weir(&["apply", path]).unwrap();
+    let closed_matrix = probe(&lab, dataplane);
+    assert!(
+        !web_reaches_prometheus(&closed_matrix),
+        "{dataplane}: via the relay"
+    );
+
+    // 1. The API server restarts with history compacted away (410 Gone for every watch
+    //    on it): the relay lists again, the agent does not (its watches are on the
+    //    relay's etcd, whose revisions did not change), and a change after it arrives.
+    let (agent_before, relay_before) = (listings(&lab), relay_listings(&lab));
+    lab.weir(&["api", "stop"]).unwrap();
+    lab.weir(&["api", "compact"]).unwrap();
+    lab.weir(&["api", "start"]).unwrap();
+    lab.weir(&["delete", path]).unwrap();
+    assert_eq!(
+        probe(&lab, dataplane),
+        open,
+        "{dataplane}: after the API server restart"
+    );
+    wait_until(
+        &format!("{dataplane}: the relay's relist after the restart"),
+        Duration::from_secs(60),
+        || relay_listings(&lab) > relay_before,
+    );
+    assert_eq!(
+        listings(&lab),
+        agent_before,
+        "{dataplane}: the agent listed again after the API server's restart"
+    );
+
+    // 2. The relay down while a policy is created: enforcement stays as it was; once the
+    //    relay is back it has the change, and the agent's watches carry it, no relist.
+    lab.weir(&["relay", "stop"]).unwrap();
+    lab.weir(&["apply", "--no-wait", path]).unwrap();
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(
+        probe(&lab, dataplane),
+        open,
+        "{dataplane}: changed with no relay"
+    );
+    lab.weir(&["relay", "start"]).unwrap();
+    lab.weir(&["apply", path]).unwrap();
+    assert_eq!(
+        probe(&lab, dataplane),
+        closed_matrix,
+        "{dataplane}: after the relay's restart"
+    );
+    assert_eq!(
+        listings(&lab),
+        agent_before,
+        "{dataplane}: the agent listed again after the relay's restart"
+    );
+
+    // 3. The relay's etcd compacted past the frozen agent's revision and restarted (which
+    //    cuts the agent's watches): they cannot resume, so it lists from the relay's store
+    //    again, and has the change made meanwhile.
+    lab.weir(&["agent", "signal", "stop"]).unwrap();
+    lab.weir(&["delete", "--no-wait", path]).unwrap();
+    // The relay writes it within milliseconds; the compaction must come after it.
+    std::thread::sleep(Duration::from_secs(2));
+    let revision = lab.weir(&["relay", "compact"]).unwrap();
+    eprintln!(
+        "{dataplane}: the relay's etcd compacted at revision {}",
+        revision.trim()
+    );
+    lab.weir(&["relay", "restart-store"]).unwrap();
+    lab.weir(&["agent", "signal", "cont"]).unwrap();
+    wait_until(
+        &format!("{dataplane}: the agent's relist after the relay's compaction"),
+        Duration::from_secs(60),
+        || listings(&lab) > agent_before,
+    );
+    lab.weir(&["delete", path]).unwrap_or_default();
+    assert_eq!(
+        probe(&lab, dataplane),
+        open,
+        "{dataplane}: after the relay's compaction"
+    );
+
+    let synced = status(&lab);
+    assert_eq!(synced["converged"], true, "{synced:#}");
+    assert_eq!(synced["sync"]["complete"], true, "{synced:#}");
+    assert_eq!(synced["enforced"]["policies"], 5, "{synced:#}");
+    // The agent never listed or watched the API server itself: the relay did.
+    let log = std::fs::read_to_string(lab.dir.join("agent.log")).unwrap_or_default();
+    assert!(
+        log.contains("reading from the relay"),
+        "{dataplane}: not in relay mode"
+    );
+    assert!(
+        !log.contains("the API server sends Pods"),
+        "{dataplane}: the agent read Pods from the API server"
+    );
+}
+
+#[test]
+fn ebpf_reads_from_the_relay() {
+    relay_semantics("ebpf");
+}
+
+#[test]
+fn iptables_reads_from_the_relay() {
+    relay_semantics("iptables");
 }
 
 /// deploy/ as the real kube-apiserver admits it: `kubectl apply --dry-run=server -k deploy/`

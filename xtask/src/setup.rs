@@ -33,6 +33,8 @@ const PACKAGES: &[&str] = &[
     "umoci",
     "skopeo",
     "runc",
+    // `protoc`, which etcd-client's build runs (the relay's etcd API).
+    "protobuf-compiler",
     "rustc-web",
     "cargo-web",
     "libstd-rust-web-dev-bpf",

@@ -130,6 +130,16 @@ pub struct AgentArgs {
     #[arg(long, env = "WEIR_LISTS", value_enum, default_value_t = crate::source::kube::Lists::Pages)]
     pub lists: crate::source::kube::Lists,
 
+    /// Cluster mode: read every object from the relay's etcd (`weir relay`, deploy/relay/)
+    /// at these client endpoints, comma-separated, instead of watching the API server; the
+    /// API server is then only written to (the node's annotation, Events). Ranges of
+    /// --list-page-size records.
+    #[arg(long, env = "WEIR_RELAY", value_delimiter = ',')]
+    pub relay: Vec<String>,
+
+    #[command(flatten)]
+    pub relay_tls: crate::source::relay::store::StoreTls,
+
     /// Cluster mode: the encoding Pods are asked for in. protobuf = the API server's
     /// protobuf, with JSON accepted where the server (or a proxy before it) answers in it:
     /// about 40% fewer bytes per Pod than JSON, and cheaper to encode and decode; json =

@@ -142,13 +142,21 @@ async fn run_agent(args: AgentArgs) -> anyhow::Result<()> {
             let client = kube::Client::try_default()
                 .await
                 .context("connect to the Kubernetes API (in-cluster config or KUBECONFIG)")?;
-            tracing::info!(%node, "cluster mode");
-            let source = crate::source::kube::KubeSource::new(
-                client.clone(),
-                args.list_page_size,
-                args.lists,
-                args.pod_encoding,
-            )
+            let source = if args.relay.is_empty() {
+                tracing::info!(%node, "cluster mode");
+                crate::source::kube::KubeSource::new(
+                    client.clone(),
+                    args.list_page_size,
+                    args.lists,
+                    args.pod_encoding,
+                )
+            } else {
+                tracing::info!(%node, relay = %args.relay.join(","), "cluster mode, reading from the relay");
+                let store = crate::source::relay::store::connect(&args.relay, &args.relay_tls)
+                    .await
+                    .context("--relay")?;
+                crate::source::kube::KubeSource::from_relay(store, args.list_page_size)
+            }
             .with_progress(health.sync().clone());
             let publisher = publish::KubePublisher::spawn(client, node);
             Daemon::new(opts, backends, metrics, health)

@@ -1,7 +1,8 @@
 //! Sources of cluster state: Kubernetes YAML manifests (lab, explain) and, in cluster
-//! mode, the API server.
+//! mode, the API server or the relay's store.
 pub mod digest;
 pub mod event;
 pub mod file;
 pub mod kube;
 pub mod manifest;
+pub mod relay;

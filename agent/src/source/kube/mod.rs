@@ -33,7 +33,7 @@ use crate::source::digest::StateDigest;
 use crate::source::event::{Batch, Event, EventSource, SourceError, SyncProgress};
 use weir_policy::model::{Kind, Object, ObjectRef};
 
-mod lean_pod;
+pub(crate) mod lean_pod;
 mod pod_proto;
 mod pod_watcher;
 pub use pod_watcher::PodEncoding;
@@ -51,7 +51,8 @@ pub const KINDS: [&str; 6] = [
     "clusternetworkpolicies",
 ];
 
-fn label(kind: Kind) -> &'static str {
+/// The name of `kind` in [`KINDS`].
+pub fn label(kind: Kind) -> &'static str {
     match kind {
         Kind::Pod => KINDS[0],
         Kind::Namespace => KINDS[1],
@@ -107,7 +108,17 @@ impl Arrival {
     }
 }
 
-type Update = (Kind, Result<watcher::Event<Arrival>, watcher::Error>);
+/// One kind's watch event, from the API server or from the relay's store.
+pub type Update = (Kind, Result<watcher::Event<Object>, WatchError>);
+
+/// Why a kind's watch failed (it is retried with backoff).
+#[derive(Debug, thiserror::Error)]
+pub enum WatchError {
+    #[error(transparent)]
+    Kube(#[from] watcher::Error),
+    #[error(transparent)]
+    Relay(#[from] crate::source::relay::ReadError),
+}
 
 /// A list in progress. An object listed at the resourceVersion the agent already has is
 /// that object (every write moves it), so only its key is kept: a relist after a 410 or an
@@ -131,7 +142,12 @@ where
 {
     watcher(api, config)
         .default_backoff()
-        .map(move |r| (kind, r.map(|e| map_event(e, wrap))))
+        .map(move |r| {
+            (
+                kind,
+                r.map(|e| map_event(e, wrap)).map_err(WatchError::from),
+            )
+        })
         .boxed()
 }
 
@@ -158,7 +174,7 @@ fn cluster_policies(client: Client, config: watcher::Config) -> BoxStream<'stati
         loop {
             let update = versions[active].next().await?;
             match &update.1 {
-                Err(e) if not_served(e) => {
+                Err(WatchError::Kube(e)) if not_served(e) => {
                     active = (active + 1) % versions.len();
                     if active != 0 {
                         continue;
@@ -175,13 +191,22 @@ fn cluster_policies(client: Client, config: watcher::Config) -> BoxStream<'stati
     .boxed()
 }
 
-fn map_event<K>(e: watcher::Event<K>, wrap: fn(K) -> Object) -> watcher::Event<Arrival> {
+/// `e` with its object converted by `f`.
+pub(crate) fn map_event<K, T>(e: watcher::Event<K>, f: impl FnOnce(K) -> T) -> watcher::Event<T> {
     match e {
-        watcher::Event::Apply(k) => watcher::Event::Apply(Arrival::upsert(wrap(k))),
-        watcher::Event::Delete(k) => watcher::Event::Delete(Arrival::delete(wrap(k))),
+        watcher::Event::Apply(k) => watcher::Event::Apply(f(k)),
+        watcher::Event::Delete(k) => watcher::Event::Delete(f(k)),
         watcher::Event::Init => watcher::Event::Init,
-        watcher::Event::InitApply(k) => watcher::Event::InitApply(Arrival::upsert(wrap(k))),
+        watcher::Event::InitApply(k) => watcher::Event::InitApply(f(k)),
         watcher::Event::InitDone => watcher::Event::InitDone,
+    }
+}
+
+/// `e` converted as it arrives ([`Arrival`]).
+fn arrive(e: watcher::Event<Object>) -> watcher::Event<Arrival> {
+    match e {
+        watcher::Event::Delete(o) => watcher::Event::Delete(Arrival::delete(o)),
+        e => map_event(e, Arrival::upsert),
     }
 }
 
@@ -218,9 +243,64 @@ pub struct KubeSource {
     cluster_policies_absent: bool,
 }
 
+/// The API server's watches of every kind weir reads, with lists of `page_size` objects a
+/// request or (`lists` [`Lists::Stream`]) streamed; Pods in `pod_encoding`. The agent reads
+/// them (cluster mode without a relay), and so does `weir relay`.
+pub fn api_streams(
+    client: Client,
+    page_size: u32,
+    lists: Lists,
+    pod_encoding: PodEncoding,
+) -> SelectAll<BoxStream<'static, Update>> {
+    let all = match lists {
+        Lists::Pages => watcher::Config::default().page_size(page_size),
+        Lists::Stream => watcher::Config::default().streaming_lists(),
+    };
+    futures::stream::select_all([
+        watch(
+            Api::<Namespace>::all(client.clone()),
+            all.clone(),
+            Kind::Namespace,
+            Object::Namespace,
+        ),
+        watch(
+            Api::<Node>::all(client.clone()),
+            all.clone(),
+            Kind::Node,
+            Object::Node,
+        ),
+        cluster_policies(client.clone(), all.clone()),
+        // Pods are the many: asked for in protobuf, decoded lean, without the fields
+        // enforcement never reads.
+        pod_watcher::pod_watcher(client.clone(), lists, page_size, pod_encoding)
+            .default_backoff()
+            .map(|r| {
+                (
+                    Kind::Pod,
+                    r.map(|e| map_event(e, Object::Pod))
+                        .map_err(WatchError::from),
+                )
+            })
+            .boxed(),
+        watch(
+            Api::<NetworkPolicy>::all(client.clone()),
+            all.clone(),
+            Kind::NetworkPolicy,
+            Object::NetworkPolicy,
+        ),
+        // Frontends only: traffic to a Service address is judged after DNAT.
+        watch(
+            Api::<Service>::all(client),
+            all,
+            Kind::Service,
+            Object::Service,
+        ),
+    ])
+}
+
 /// Whether `e` is a list or watch of a resource the API server does not serve (404): its
 /// CRD is not installed, or was deleted while watched.
-fn not_served(e: &watcher::Error) -> bool {
+pub(crate) fn not_served(e: &watcher::Error) -> bool {
     matches!(
         e,
         watcher::Error::InitialListFailed(kube::Error::Api(s))
@@ -232,44 +312,16 @@ impl KubeSource {
     /// Watches with lists of `page_size` objects a request, or (`lists` [`Lists::Stream`])
     /// with the API server's streaming lists; Pods in `pod_encoding`.
     pub fn new(client: Client, page_size: u32, lists: Lists, pod_encoding: PodEncoding) -> Self {
-        let all = match lists {
-            Lists::Pages => watcher::Config::default().page_size(page_size),
-            Lists::Stream => watcher::Config::default().streaming_lists(),
-        };
-        let streams = futures::stream::select_all([
-            watch(
-                Api::<Namespace>::all(client.clone()),
-                all.clone(),
-                Kind::Namespace,
-                Object::Namespace,
-            ),
-            watch(
-                Api::<Node>::all(client.clone()),
-                all.clone(),
-                Kind::Node,
-                Object::Node,
-            ),
-            cluster_policies(client.clone(), all.clone()),
-            // Pods are the many: asked for in protobuf, decoded lean, without the fields
-            // enforcement never reads.
-            pod_watcher::pod_watcher(client.clone(), lists, page_size, pod_encoding)
-                .default_backoff()
-                .map(|r| (Kind::Pod, r.map(|e| map_event(e, Object::Pod))))
-                .boxed(),
-            watch(
-                Api::<NetworkPolicy>::all(client.clone()),
-                all.clone(),
-                Kind::NetworkPolicy,
-                Object::NetworkPolicy,
-            ),
-            // Frontends only: traffic to a Service address is judged after DNAT.
-            watch(
-                Api::<Service>::all(client),
-                all,
-                Kind::Service,
-                Object::Service,
-            ),
-        ]);
+        Self::from_streams(api_streams(client, page_size, lists, pod_encoding))
+    }
+
+    /// Reads every kind from the relay's store (`weir relay`) instead of the API server,
+    /// in ranges of `page_size` records.
+    pub fn from_relay(store: etcd_client::Client, page_size: u32) -> Self {
+        Self::from_streams(crate::source::relay::streams(store, page_size))
+    }
+
+    fn from_streams(streams: SelectAll<BoxStream<'static, Update>>) -> Self {
         KubeSource {
             streams,
             known: BTreeMap::new(),
@@ -292,9 +344,9 @@ impl KubeSource {
 
     fn process(&mut self, (kind, update): Update) {
         let event = match update {
-            Ok(e) => e,
+            Ok(e) => arrive(e),
             // No CRD: there are none, and the tiers stay empty.
-            Err(e) if kind == Kind::ClusterNetworkPolicy && not_served(&e) => {
+            Err(WatchError::Kube(e)) if kind == Kind::ClusterNetworkPolicy && not_served(&e) => {
                 if !self.cluster_policies_absent {
                     tracing::warn!(
                         "the ClusterNetworkPolicy CRD (clusternetworkpolicies.policy.networking.k8s.io, v1beta1 or v1alpha2) is not installed: no Admin or Baseline tier is enforced; it is picked up once installed (deploy/crds/)"
@@ -439,15 +491,15 @@ mod tests {
     use super::*;
     use k8s_openapi::api::core::v1::Pod;
 
-    fn pod(name: &str, version: &str) -> Arrival {
+    fn pod(name: &str, version: &str) -> Object {
         let mut pod = Pod::default();
         pod.metadata.namespace = Some("x".into());
         pod.metadata.name = Some(name.into());
         pod.metadata.resource_version = Some(version.into());
-        Arrival::upsert(Object::Pod(pod))
+        Object::Pod(pod)
     }
 
-    fn list(source: &mut KubeSource, pods: Vec<Arrival>) -> Vec<String> {
+    fn list(source: &mut KubeSource, pods: Vec<Object>) -> Vec<String> {
         source.process((Kind::Pod, Ok(watcher::Event::Init)));
         for p in pods {
             source.process((Kind::Pod, Ok(watcher::Event::InitApply(p))));
