@@ -145,15 +145,18 @@ pub fn trim(object: Object) -> Object {
 /// The record of `object` (trimmed first: [`trim`]).
 pub fn encode(object: Object) -> Result<Vec<u8>, RecordError> {
     let key = key(&object.key());
-    let json = match trim(object) {
-        Object::Namespace(o) => serde_json::to_vec(&o),
-        Object::Pod(o) => serde_json::to_vec(&o),
-        Object::NetworkPolicy(o) => serde_json::to_vec(&o),
-        Object::Node(o) => serde_json::to_vec(&o),
-        Object::Service(o) => serde_json::to_vec(&o),
-        Object::ClusterNetworkPolicy(o) => serde_json::to_vec(&o),
-    };
-    json.map_err(|source| RecordError::Json { key, source })
+    to_json(&trim(object)).map_err(|source| RecordError::Json { key, source })
+}
+
+fn to_json(object: &Object) -> serde_json::Result<Vec<u8>> {
+    match object {
+        Object::Namespace(o) => serde_json::to_vec(o),
+        Object::Pod(o) => serde_json::to_vec(o),
+        Object::NetworkPolicy(o) => serde_json::to_vec(o),
+        Object::Node(o) => serde_json::to_vec(o),
+        Object::Service(o) => serde_json::to_vec(o),
+        Object::ClusterNetworkPolicy(o) => serde_json::to_vec(o),
+    }
 }
 
 /// The object of the record `value` stored at `key`, of `kind`. The key is checked against
@@ -227,3 +230,138 @@ pub const ALL: [Kind; KINDS.len()] = [
     Kind::Service,
     Kind::ClusterNetworkPolicy,
 ];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+    use weir_policy::Validated;
+
+    fn managed() -> serde_json::Value {
+        json!([{ "manager": "kubectl", "operation": "Update", "fieldsType": "FieldsV1",
+                 "fieldsV1": { "f:metadata": { "f:labels": {} } } }])
+    }
+
+    /// Every kind with fields enforcement reads and fields it does not.
+    fn full_objects() -> Vec<Object> {
+        let meta = |ns: Option<&str>, name: &str| {
+            let mut m = json!({ "name": name, "resourceVersion": "42", "uid": "u-1",
+                "labels": { "app": name }, "managedFields": managed(),
+                "annotations": { "policy.weir.io/mode": "audit", "note": "x".repeat(500) } });
+            if let Some(ns) = ns {
+                m["namespace"] = json!(ns);
+            }
+            m
+        };
+        vec![
+            Object::Namespace(
+                serde_json::from_value(json!({ "metadata": meta(None, "shop"),
+                "status": { "phase": "Active" } }))
+                .unwrap(),
+            ),
+            Object::Pod(
+                serde_json::from_value(json!({ "metadata": meta(Some("shop"), "web"),
+                "spec": { "nodeName": "n1", "containers": [{ "name": "c", "image": "i",
+                    "ports": [{ "name": "http", "containerPort": 80, "protocol": "TCP" }],
+                    "env": [{ "name": "A", "value": "b" }] }] },
+                "status": { "phase": "Running", "podIP": "10.0.0.5",
+                    "podIPs": [{ "ip": "10.0.0.5" }, { "ip": "fd00::5" }],
+                    "conditions": [{ "type": "Ready", "status": "True" }] } }))
+                .unwrap(),
+            ),
+            Object::NetworkPolicy(
+                serde_json::from_value(json!({
+                "metadata": meta(Some("shop"), "web"),
+                "spec": { "podSelector": { "matchLabels": { "app": "web" } },
+                    "policyTypes": ["Ingress"],
+                    "ingress": [{ "from": [{ "ipBlock": { "cidr": "10.0.0.0/8",
+                        "except": ["10.1.0.0/16"] } }], "ports": [{ "port": "http" }] }] } }))
+                .unwrap(),
+            ),
+            Object::Node(
+                serde_json::from_value(json!({ "metadata": meta(None, "n1"),
+                "spec": { "podCIDR": "10.0.0.0/24" },
+                "status": { "addresses": [{ "type": "InternalIP", "address": "192.168.1.5" },
+                    { "type": "Hostname", "address": "n1" }],
+                    "images": [{ "names": ["x"], "sizeBytes": 5 }],
+                    "conditions": [{ "type": "Ready", "status": "True" }] } }))
+                .unwrap(),
+            ),
+            Object::Service(
+                serde_json::from_value(json!({ "metadata": meta(Some("shop"), "web"),
+                "spec": { "type": "LoadBalancer", "clusterIP": "10.96.0.10",
+                    "clusterIPs": ["10.96.0.10"], "selector": { "app": "web" },
+                    "ports": [{ "port": 80, "targetPort": "http", "protocol": "TCP" }] },
+                "status": { "loadBalancer": { "ingress": [{ "ip": "203.0.113.9" }] } } }))
+                .unwrap(),
+            ),
+            Object::ClusterNetworkPolicy(
+                serde_json::from_value(json!({
+                "apiVersion": "policy.networking.k8s.io/v1alpha2",
+                "kind": "ClusterNetworkPolicy", "metadata": meta(None, "deny-all"),
+                "spec": { "tier": "Admin", "priority": 10, "subject": { "namespaces": {} },
+                    "ingress": [{ "action": "Deny", "from": [{ "namespaces": {} }] }] } }))
+                .unwrap(),
+            ),
+        ]
+    }
+
+    /// The engine's view of every kind is the same read through a record as read whole,
+    /// and the record is smaller than the object.
+    #[test]
+    fn a_record_gives_the_engine_what_the_object_does() {
+        let objects = full_objects();
+        assert_eq!(objects.len(), ALL.len());
+        for object in objects {
+            let key = key(&object.key());
+            let whole = to_json(&object).unwrap();
+            let record = encode(object.clone()).unwrap();
+            assert!(
+                record.len() < whole.len(),
+                "{key}: {} >= {}",
+                record.len(),
+                whole.len()
+            );
+            let read = decode(object.kind(), key.as_bytes(), &record).unwrap();
+            assert_eq!(
+                read.metadata().resource_version.as_deref(),
+                Some("42"),
+                "{key}"
+            );
+            match (Validated::from_object(object), Validated::from_object(read)) {
+                (Ok(a), Ok(b)) => assert_eq!(a, b, "{key}"),
+                (a, b) => panic!("{key}: {a:?} / {b:?}"),
+            }
+        }
+    }
+
+    /// A record is refused when its key names another object, a key of another kind, or
+    /// none; its deletion's key gives back the object's identity.
+    #[test]
+    fn keys_name_their_object() {
+        let pod = full_objects().remove(1);
+        let record = encode(pod.clone()).unwrap();
+        let other = ObjectRef::new(Kind::Pod, Some("shop"), "db");
+        let err = decode(Kind::Pod, key(&other).as_bytes(), &record).unwrap_err();
+        assert!(err.to_string().contains("another name"), "{err}");
+        for bad in [
+            "/weir/v1/pods/shop",
+            "/weir/v1/pods//web",
+            "/weir/v1/nodes/shop/n1",
+            "/weir/v1/pods/shop/a/b",
+            "/other/pods/shop/web",
+        ] {
+            let kind = if bad.contains("nodes") {
+                Kind::Node
+            } else {
+                Kind::Pod
+            };
+            assert!(parse_key(kind, bad.as_bytes()).is_err(), "{bad}");
+        }
+        for object in full_objects() {
+            let r = object.key();
+            assert_eq!(parse_key(r.kind, key(&r).as_bytes()).unwrap(), r);
+            assert_eq!(named(&r).key(), r);
+        }
+    }
+}
