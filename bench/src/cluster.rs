@@ -80,6 +80,9 @@ pub struct Plan {
     /// The largest N once more, its agents reading Pods in JSON (`weir agent
     /// --pod-encoding json`) instead of protobuf: before and after, in one run.
     pub json_pods_too: bool,
+    /// The largest N once more, its agents reading from `weir relay`'s etcd (`weir agent
+    /// --relay`), the relay started (and its list of the world done) before them.
+    pub relay_too: bool,
     /// After those, the world resized to each of these pod counts in turn (through the
     /// API, as a change: the pods beyond it deleted or the missing ones created) and the
     /// largest N run again there: the sweep over the cluster's size.
@@ -96,16 +99,19 @@ enum Reading {
     StreamingLists,
     /// Pages, Pods in JSON (as every other kind).
     JsonPods,
+    /// From `weir relay`'s etcd (`weir agent --relay`), the relay reading with the defaults.
+    Relay,
 }
 
 impl Reading {
-    fn args(self) -> [&'static str; 4] {
+    fn args(self) -> Vec<&'static str> {
         let (lists, pods) = match self {
             Reading::Default => ("pages", "protobuf"),
             Reading::StreamingLists => ("stream", "protobuf"),
             Reading::JsonPods => ("pages", "json"),
+            Reading::Relay => return vec![RELAY_ARG],
         };
-        ["--lists", lists, "--pod-encoding", pods]
+        vec!["--lists", lists, "--pod-encoding", pods]
     }
 
     /// The suffix of its scenarios' names.
@@ -114,6 +120,7 @@ impl Reading {
             Reading::Default => "",
             Reading::StreamingLists => STREAMING,
             Reading::JsonPods => JSON_PODS,
+            Reading::Relay => RELAY,
         }
     }
 }
@@ -127,6 +134,13 @@ pub fn scenario(agents: usize, pods: usize) -> String {
 const STREAMING: &str = ", streaming lists";
 /// The suffix of a scenario whose agents read Pods in JSON.
 const JSON_PODS: &str = ", pods in JSON";
+/// The suffix of a scenario whose agents read from the relay.
+const RELAY: &str = ", from the relay";
+/// The agents' flag for the relay's etcd, as `weir-lab kube start-relay` runs it.
+const RELAY_ARG: &str = "--relay=http://127.0.0.1:2381";
+/// The relay's etcd's client port: the agents' connections to it are counted as to the
+/// API server's.
+const RELAY_STORE_PORT: &str = ":2381";
 
 pub fn notes(plan: &Plan) -> Vec<String> {
     vec![
@@ -137,6 +151,7 @@ pub fn notes(plan: &Plan) -> Vec<String> {
         "cluster API server figures: CPU from /proc (user + system) of the kube-apiserver process; watch events and their bytes are the deltas of the sums of `apiserver_watch_events_total` and `apiserver_watch_events_sizes` (sum and count) over every resource; the writer's own requests (a change's writes, a list of the Nodes for the digest) are in the CPU figure. Bytes received: the agents' TCP connections to the API server (`ss` bytes_received, TLS included); per pod change and per policy change: from just before each change's write to every agent having it, by its kind. The agents read Pods in protobuf (`weir agent --pod-encoding protobuf`, the default) but in the `pods in JSON` run".into(),
         format!("cluster, streaming lists: the largest N again, after the others, its agents started with `--lists stream` (the API server's WatchList) instead of the default `--lists pages` (LIST requests of 5,000 objects); otherwise the same run{}", if plan.streaming_too { "" } else { " (not run this time)" }),
         format!("cluster, pods in JSON: the largest N again, after the others, its agents started with `--pod-encoding json` (Pods read in JSON, as before protobuf, and as every other kind) instead of the default `protobuf`; otherwise the same run{}", if plan.json_pods_too { "" } else { " (not run this time)" }),
+        format!("cluster, from the relay: the largest N again, after the others, with `weir relay` and its own etcd (`weir-lab kube start-relay`, on CPU {CONTROL_CPU} with the control plane) started first and waited for until it had written every kind, then the agents started with `--relay` (every object read from the relay's etcd; the API server only written to, for their Node annotations). Bytes received are the agents' connections to the relay's etcd and to the API server; the API server's figures include the relay's one watch per kind; `relay:` figures are the relay process's and its etcd's{}", if plan.relay_too { "" } else { " (not run this time)" }),
         format!("cluster, the size sweep: after the runs above, the world resized through the API to each of {:?} pods in turn (the pods past the smaller count created or deleted, the rest of the world as it was) and the largest N run again at each, its agents started afresh; `world resized to this many pods` is that write's time", plan.pod_sweep),
         "cluster restart: kube-apiserver stopped (SIGTERM) and started again on the same etcd, whose data it keeps; the figures after it are the first change written once the new server was ready, the bytes each agent received from the new server until it had that change, and the new server's CPU from its start to then (both once every agent's lists of the Pods begun since the restart have ended: a relisting agent can have the change before its Pods are in). Whether an agent lists again after it depends on whether its watches' resourceVersion is the newest when the server stops (an event or bookmark since the server's own last write); `410 storm`: the same restart with a key written to etcd itself while the server is stopped (`weir-lab kube touch --etcd`), so that every agent's watches are older than the new server's watch cache, which answers 410 Gone, and they list every kind again at once (`agents that listed every pod again`: those whose log shows a list of the Pods started after the restart); its figures also wait for every agent to have begun its list of the Pods (one still in its backoff after the 410), for up to 60 s".into(),
     ]
@@ -175,6 +190,9 @@ pub fn run(weir: &Path, lab: &Path, run_dir: &Path, plan: &Plan) -> Vec<Row> {
         }
         if plan.json_pods_too {
             runs.push((n, Reading::JsonPods));
+        }
+        if plan.relay_too {
+            runs.push((n, Reading::Relay));
         }
     }
     for (n, reading) in runs {
@@ -449,6 +467,20 @@ impl Bench {
             figures.push((figure.to_string(), value, unit));
         };
 
+        let relay = match reading {
+            Reading::Relay => {
+                let started = Instant::now();
+                let relay = RelayProcs::start(&lab, &self.netns, &self.api_dir())?;
+                put(
+                    "relay: started and the world written to its etcd",
+                    started.elapsed().as_secs_f64(),
+                    "s",
+                );
+                Some(relay)
+            }
+            _ => None,
+        };
+
         // Cold start, all at once.
         let before = self.api_sample(&lab)?;
         let started = Instant::now();
@@ -608,6 +640,24 @@ impl Bench {
             status_kib(self.apiserver(), "VmRSS:")? as f64 / 1024.0,
             "MiB",
         );
+        if let Some(relay) = &relay {
+            put("relay: CPU over the run", cpu_seconds(relay.relay)?, "s");
+            put(
+                "relay: peak RSS",
+                status_kib(relay.relay, "VmHWM:")? as f64 / 1024.0,
+                "MiB",
+            );
+            put(
+                "relay: its etcd's CPU over the run",
+                cpu_seconds(relay.store)?,
+                "s",
+            );
+            put(
+                "relay: its etcd's RSS at the end",
+                status_kib(relay.store, "VmRSS:")? as f64 / 1024.0,
+                "MiB",
+            );
+        }
         Ok(figures)
     }
 
@@ -743,6 +793,8 @@ impl Bench {
             figures.push((format!("{phase}: {figure}"), value, unit));
         };
         let listed_before: Vec<usize> = agents.iter().map(AgentProc::pod_listings).collect();
+        // Connections to the old server are gone after it; those to the relay's etcd go on.
+        let received_before = received_by_connection(self.netns.name())?;
         put(
             "API server ready after",
             self.restart_apiserver(touch)?,
@@ -787,7 +839,10 @@ impl Bench {
             ms(&written.elapsed()),
             "ms",
         );
-        let received = by_pid(&received_by_connection(self.netns.name())?);
+        let received = received_between(
+            &received_before,
+            &received_by_connection(self.netns.name())?,
+        );
         let received: Vec<f64> = agents
             .iter()
             .map(|a| received.get(&a.pid()).copied().unwrap_or(0) as f64 / (1024.0 * 1024.0))
@@ -1137,7 +1192,54 @@ fn status_kib(pid: u32, key: &str) -> Result<u64> {
 
 /// Bytes received on each process's established TCP connections to the API server, by
 /// pid (`ss -tinp`; a connection closed since is no longer counted).
-/// Bytes received on each TCP connection to the API server, by (process, local address).
+/// `weir relay` and its etcd, as `weir-lab kube start-relay` starts them (in the control
+/// plane's namespace, on its CPU: the bench's affinity is inherited).
+struct RelayProcs {
+    relay: u32,
+    store: u32,
+}
+
+impl RelayProcs {
+    fn start(lab: &Path, netns: &Netns, api: &Path) -> Result<Self> {
+        let out = Command::new(lab)
+            .args(["kube", "start-relay", "--netns", netns.name()])
+            .arg("--dir")
+            .arg(api)
+            .stdin(Stdio::null())
+            .output()
+            .context("starting weir-lab kube start-relay")?;
+        if !out.status.success() {
+            bail!(
+                "weir-lab kube start-relay: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        let pids: Value =
+            serde_json::from_slice(&out.stdout).context("weir-lab kube start-relay")?;
+        let pid = |k: &str| {
+            pids[k]
+                .as_u64()
+                .map(|p| p as u32)
+                .with_context(|| format!("weir-lab kube start-relay printed no {k}"))
+        };
+        Ok(RelayProcs {
+            relay: pid("relay_pid")?,
+            store: pid("store_pid")?,
+        })
+    }
+}
+
+impl Drop for RelayProcs {
+    fn drop(&mut self) {
+        for pid in [self.relay, self.store] {
+            // SAFETY: kill only sends a signal; both are this bench's.
+            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+        }
+    }
+}
+
+/// Bytes received on each TCP connection to the API server (or to the relay's etcd), by
+/// (process, local address).
 type Received = BTreeMap<(u32, String), u64>;
 
 fn received_by_connection(netns: &str) -> Result<Received> {
@@ -1151,7 +1253,17 @@ fn received_by_connection(netns: &str) -> Result<Received> {
         "state",
         "established",
     ]);
-    command.args(["(", "dport", "=", APISERVER_PORT, ")"]);
+    command.args([
+        "(",
+        "dport",
+        "=",
+        APISERVER_PORT,
+        "or",
+        "dport",
+        "=",
+        RELAY_STORE_PORT,
+        ")",
+    ]);
     let out = output_within(&mut command, Duration::from_secs(30))?;
     if !out.status.success() {
         bail!(
@@ -1188,11 +1300,6 @@ fn parse_ss(text: &str) -> Received {
         }
     }
     received
-}
-
-/// Each process's bytes received over all its connections.
-fn by_pid(received: &Received) -> BTreeMap<u32, u64> {
-    received_between(&Received::new(), received)
 }
 
 /// What each process received between two reads: each connection's growth, and the whole
@@ -1249,14 +1356,14 @@ fn output_within(command: &mut Command, limit: Duration) -> Result<Output> {
 
 #[cfg(test)]
 mod tests {
-    use super::{by_pid, churn_delays, parse_churn_line, parse_ss, received_between};
+    use super::{churn_delays, parse_churn_line, parse_ss, received_between, Received};
     use std::collections::HashMap;
 
     #[test]
     fn ss_lines_are_summed_by_process() {
         let text = "0 0 127.0.0.1:40000 127.0.0.1:6443 users:((\"weir\",pid=12,fd=9))\n\t cubic wscale:7,7 bytes_sent:100 bytes_received:5000 segs_out:3\n0 0 127.0.0.1:40002 127.0.0.1:6443 users:((\"weir\",pid=12,fd=10)) cubic bytes_received:7\n0 0 127.0.0.1:40004 127.0.0.1:6443 users:((\"weir\",pid=13,fd=9))\n\t cubic bytes_acked:1\n";
         let received = parse_ss(text);
-        let by_pid = by_pid(&received);
+        let by_pid = received_between(&Received::new(), &received);
         assert_eq!(by_pid.get(&12), Some(&5007));
         assert_eq!(by_pid.get(&13), None);
         assert_eq!(received.get(&(12, "127.0.0.1:40002".into())), Some(&7));

@@ -106,6 +106,10 @@ struct Cli {
     /// (`weir agent --pod-encoding json`) instead of protobuf.
     #[arg(long, requires = "cluster")]
     cluster_json_pods: bool,
+    /// --cluster: the largest N once more with the agents reading from `weir relay`'s
+    /// etcd (`weir agent --relay`), the relay started first.
+    #[arg(long, requires = "cluster")]
+    cluster_relay: bool,
     /// --cluster: after the sweep over N, the world resized to each of these pod counts in
     /// turn (comma-separated; one equal to --cluster-pods is skipped) and the largest N
     /// run again at each: the sweep over the cluster's size.
@@ -346,6 +350,7 @@ fn run_cluster(cli: Cli) -> Result<()> {
         rate_changes: cli.cluster_rate_changes,
         streaming_too: cli.cluster_streaming_lists,
         json_pods_too: cli.cluster_json_pods,
+        relay_too: cli.cluster_relay,
         pod_sweep: cli.cluster_pod_sweep,
     };
     netns::sweep_stale();

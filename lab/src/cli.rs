@@ -319,6 +319,15 @@ pub enum KubeAction {
         #[arg(long)]
         dir: PathBuf,
     },
+    /// Start `weir relay` and its etcd (127.0.0.1:2381) in NETNS on that control plane, wait
+    /// until the relay has written a complete list of every kind, and print their pids as
+    /// JSON. Agents started with --relay=http://127.0.0.1:2381 read from it.
+    StartRelay {
+        #[arg(long)]
+        netns: String,
+        #[arg(long)]
+        dir: PathBuf,
+    },
     /// Print that server's /metrics (Prometheus text), read as the admin.
     Metrics {
         #[arg(long)]
@@ -479,6 +488,7 @@ pub fn run(args: LabArgs) -> anyhow::Result<()> {
                 file,
             } => ops::kube_apply(&netns, &dir, previous.as_deref(), &file),
             KubeAction::StartApiserver { netns, dir } => ops::kube_start_apiserver(&netns, &dir),
+            KubeAction::StartRelay { netns, dir } => ops::kube_start_relay(&netns, &dir, &weir),
             KubeAction::Metrics { netns, dir } => ops::kube_metrics(&netns, &dir),
             KubeAction::Touch { netns, dir, etcd } => ops::kube_touch(&netns, &dir, etcd),
             KubeAction::Churn {

@@ -281,6 +281,44 @@ impl ControlPlane {
         Ok(child.id())
     }
 
+    /// Waits until the relay has written a complete list of every kind (its six
+    /// `/weir/v1/listed/` marks), or `within` has passed.
+    pub fn wait_relay_listed(&self, node: &str, within: Duration) -> Result<(), LabError> {
+        let deadline = std::time::Instant::now() + within;
+        loop {
+            // The range ["/weir/v1/listed/", "/weir/v1/listed0"), base64 as the gateway
+            // takes keys.
+            let marks = netns::in_netns(node, || {
+                etcd_post(
+                    RELAY_STORE,
+                    "/v3/kv/range",
+                    r#"{"key":"L3dlaXIvdjEvbGlzdGVkLw==","range_end":"L3dlaXIvdjEvbGlzdGVkMA==","count_only":true}"#,
+                )
+            })?;
+            let count = marks
+                .as_ref()
+                .ok()
+                .and_then(|m| m["count"].as_str())
+                .and_then(|c| c.parse::<usize>().ok())
+                .unwrap_or(0);
+            if count == weir::source::kube::KINDS.len() {
+                return Ok(());
+            }
+            if std::time::Instant::now() > deadline {
+                return Err(LabError::invalid(
+                    "the relay",
+                    format!(
+                        "{count} of {} kinds listed after {within:?} ({}); its log: {}",
+                        weir::source::kube::KINDS.len(),
+                        marks.err().unwrap_or_default(),
+                        self.relay_log().display()
+                    ),
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
     pub fn relay_log(&self) -> PathBuf {
         self.dir.join("relay.log")
     }

@@ -290,6 +290,17 @@ pub fn kube_start_apiserver(netns: &str, dir: &Path) -> Result<(), LabError> {
     Ok(())
 }
 
+/// `weir-lab kube start-relay`.
+pub fn kube_start_relay(netns: &str, dir: &Path, weir: &WeirBinary) -> Result<(), LabError> {
+    let cp = ControlPlane::new(dir);
+    let store_pid = cp.start_relay_store(netns)?;
+    let relay_pid = cp.start_relay(netns, &weir.path()?)?;
+    cp.wait_relay_listed(netns, API_READY_WITHIN)?;
+    let pids = serde_json::json!({ "store_pid": store_pid, "relay_pid": relay_pid });
+    weir::stdout::println(&pids.to_string()).map_err(|e| LabError::io("writing to stdout", e))?;
+    Ok(())
+}
+
 /// `weir-lab kube metrics`: the server's /metrics text.
 pub fn kube_metrics(netns: &str, dir: &Path) -> Result<(), LabError> {
     let text = ControlPlane::new(dir)

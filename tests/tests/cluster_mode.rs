@@ -590,6 +590,53 @@ fn the_real_api_server_admits_deploy() {
         stdout.contains("daemonset.apps/weir created (server dry run)"),
         "kubectl did not admit the DaemonSet: {stdout}"
     );
+
+    // With the relay: deploy/ copied, its `components: [relay]` uncommented.
+    let copy = lab.dir.join("deploy-with-relay");
+    let out = std::process::Command::new("cp")
+        .args(["-r", deploy.to_str().unwrap(), copy.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "cp -r deploy: {out:?}");
+    let kustomization = copy.join("kustomization.yaml");
+    let text = std::fs::read_to_string(&kustomization).unwrap();
+    let with_relay = text.replace("# components:\n#   - relay", "components:\n  - relay");
+    assert_ne!(
+        text, with_relay,
+        "deploy/kustomization.yaml names no relay component"
+    );
+    std::fs::write(&kustomization, with_relay).unwrap();
+    let out = weir_tests::netns::NetNs::attach(&lab.node_netns())
+        .run(
+            "kubectl",
+            &[
+                "--kubeconfig",
+                kubeconfig.to_str().unwrap(),
+                "apply",
+                "--dry-run=server",
+                "-k",
+                copy.to_str().unwrap(),
+            ],
+            None,
+        )
+        .expect("running kubectl");
+    let stdout = &out.stdout;
+    assert!(
+        out.success,
+        "the API server refused deploy/ with the relay: {}{stdout}",
+        out.stderr
+    );
+    for created in [
+        "deployment.apps/weir-relay created (server dry run)",
+        "service/weir-relay created (server dry run)",
+        "clusterrole.rbac.authorization.k8s.io/weir-relay created (server dry run)",
+        "daemonset.apps/weir created (server dry run)",
+    ] {
+        assert!(
+            stdout.contains(created),
+            "kubectl did not admit {created}: {stdout}"
+        );
+    }
 }
 
 /// A policy every node refuses gets one Event, not one per node: two nodes' publishers

@@ -180,6 +180,7 @@ pub fn cluster(quick: bool, run: &ClusterRun) -> Result<()> {
         .args(["--profile", profile, "--command", &command, "--cluster"])
         .arg("--cluster-streaming-lists")
         .arg("--cluster-json-pods")
+        .arg("--cluster-relay")
         .args(&options)
         .args(&sweep);
     if quick {

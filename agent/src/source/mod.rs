@@ -3,6 +3,8 @@
 pub mod digest;
 pub mod event;
 pub mod file;
+pub mod kinds;
 pub mod kube;
+pub(crate) mod lean_pod;
 pub mod manifest;
 pub mod relay;

@@ -30,38 +30,16 @@ use kube::{Api, Client};
 use weir_policy::cluster_policy::{ClusterNetworkPolicy, ClusterNetworkPolicyV1beta1};
 
 use crate::source::digest::StateDigest;
+pub use crate::source::kinds::{label, KINDS};
 use crate::source::event::{Batch, Event, EventSource, SourceError, SyncProgress};
 use weir_policy::model::{Kind, Object, ObjectRef};
 
-pub(crate) mod lean_pod;
 mod pod_proto;
 mod pod_watcher;
 pub use pod_watcher::PodEncoding;
 
 /// Events drained into one batch at most, so a flood still reaches the dataplane.
 const MAX_BATCH: usize = 5000;
-
-/// What the first complete state needs, as `/readyz` names it.
-pub const KINDS: [&str; 6] = [
-    "pods",
-    "namespaces",
-    "networkpolicies",
-    "nodes",
-    "services",
-    "clusternetworkpolicies",
-];
-
-/// The name of `kind` in [`KINDS`].
-pub fn label(kind: Kind) -> &'static str {
-    match kind {
-        Kind::Pod => KINDS[0],
-        Kind::Namespace => KINDS[1],
-        Kind::NetworkPolicy => KINDS[2],
-        Kind::Node => KINDS[3],
-        Kind::Service => KINDS[4],
-        Kind::ClusterNetworkPolicy => KINDS[5],
-    }
-}
 
 /// An error with its chain of causes (`client error (Connect): tcp connect error: ...`).
 fn with_causes(e: &dyn std::error::Error) -> String {
@@ -318,7 +296,10 @@ impl KubeSource {
     /// Reads every kind from the relay's store (`weir relay`) instead of the API server,
     /// in ranges of `page_size` records.
     pub fn from_relay(store: etcd_client::Client, page_size: u32) -> Self {
-        Self::from_streams(crate::source::relay::streams(store, page_size))
+        let streams = crate::source::relay::streams(store, page_size)
+            .into_iter()
+            .map(|s| s.map(|(kind, r)| (kind, r.map_err(WatchError::from))).boxed());
+        Self::from_streams(futures::stream::select_all(streams))
     }
 
     fn from_streams(streams: SelectAll<BoxStream<'static, Update>>) -> Self {

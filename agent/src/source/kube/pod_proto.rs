@@ -1,6 +1,6 @@
 //! Pods in the API server's protobuf encoding (`application/vnd.kubernetes.protobuf`),
 //! decoded into messages that hold only the fields enforcement reads: the protobuf
-//! counterpart of [`LeanPod`](super::lean_pod::LeanPod). Every other field of a Pod
+//! counterpart of [`LeanPod`](crate::source::lean_pod::LeanPod). Every other field of a Pod
 //! (managedFields, other settings of a container, conditions) is skipped by prost by its
 //! wire type, without being allocated.
 //!
@@ -273,7 +273,7 @@ impl StatusMessage {
 pub enum LeanItem {
     Protobuf(PodMessage),
     /// Boxed: a `LeanPod` keeps a whole `ObjectMeta`, twice a message's size.
-    Json(Box<super::lean_pod::LeanPod>),
+    Json(Box<crate::source::lean_pod::LeanPod>),
 }
 
 impl LeanItem {

@@ -38,7 +38,7 @@ use kube::Client;
 use tokio_util::codec::{FramedRead, LengthDelimitedCodec, LinesCodec};
 use tokio_util::io::StreamReader;
 
-use super::lean_pod::LeanPod;
+use crate::source::lean_pod::LeanPod;
 use super::pod_proto::{self, PodEvent};
 use super::Lists;
 

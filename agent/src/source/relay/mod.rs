@@ -20,13 +20,17 @@ pub mod store;
 use std::time::Duration;
 
 use etcd_client::{EventType, GetOptions, KvClient, WatchClient, WatchOptions};
-use futures::stream::{BoxStream, SelectAll};
+use futures::stream::BoxStream;
 use futures::StreamExt;
 use kube::runtime::watcher;
 use tokio::sync::mpsc;
 use weir_policy::model::Kind;
 
-use crate::source::kube::{label, Update, WatchError};
+use crate::source::kinds::label;
+use weir_policy::model::Object;
+
+/// One kind's event from the relay's store, as an API server watch gives it.
+pub type Update = (Kind, Result<watcher::Event<Object>, ReadError>);
 
 /// Why reading the relay's store failed.
 #[derive(Debug, thiserror::Error)]
@@ -47,12 +51,12 @@ pub enum ReadError {
     Ended(String),
 }
 
-/// Every kind's events from the relay's store, ranges of `page_size` records.
-pub fn streams(
-    store: etcd_client::Client,
-    page_size: u32,
-) -> SelectAll<BoxStream<'static, Update>> {
-    futures::stream::select_all(record::ALL.map(|kind| kind_stream(store.clone(), kind, page_size)))
+/// Every kind's events from the relay's store, one stream per kind, ranges of `page_size`
+/// records.
+pub fn streams(store: etcd_client::Client, page_size: u32) -> Vec<BoxStream<'static, Update>> {
+    record::ALL
+        .map(|kind| kind_stream(store.clone(), kind, page_size))
+        .into()
 }
 
 /// Ends the task when the stream is dropped.
@@ -77,12 +81,12 @@ fn kind_stream(
     let task = tokio::spawn(read_kind(store, kind, page_size.max(1) as i64, tx));
     futures::stream::unfold(Task { events: rx, task }, move |mut t| async move {
         let e = t.events.recv().await?;
-        Some(((kind, e.map_err(WatchError::from)), t))
+        Some(((kind, e), t))
     })
     .boxed()
 }
 
-type Sender = mpsc::Sender<Result<watcher::Event<weir_policy::model::Object>, ReadError>>;
+type Sender = mpsc::Sender<Result<watcher::Event<Object>, ReadError>>;
 
 const BACKOFF_FIRST: Duration = Duration::from_millis(500);
 const BACKOFF_MOST: Duration = Duration::from_secs(30);

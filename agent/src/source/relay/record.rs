@@ -1,7 +1,7 @@
 //! The relay's records: where `weir relay` keeps each object in its etcd, and in what form.
 //!
 //! Keys are `/weir/v1/<kind>/<namespace>/<name>` (the namespace empty for cluster-scoped
-//! kinds; `<kind>` as [`KINDS`](crate::source::kube::KINDS) names it), so that one range
+//! kinds; `<kind>` as [`KINDS`](crate::source::kinds::KINDS) names it), so that one range
 //! or watch of a kind's prefix reads every object of it. A record is the object's JSON with
 //! only what enforcement reads: name, namespace, labels, weir's own annotation,
 //! resourceVersion and uid; a Pod as [`LeanPod`] keeps it; a Node's addresses only of its
@@ -20,7 +20,8 @@ use serde::Deserialize;
 use weir_policy::cluster_policy::ClusterNetworkPolicy;
 use weir_policy::model::{Kind, Object, ObjectRef};
 
-use crate::source::kube::{label, lean_pod::LeanPod, KINDS};
+use crate::source::kinds::{label, KINDS};
+use crate::source::lean_pod::LeanPod;
 
 pub const PREFIX: &str = "/weir/v1/";
 
