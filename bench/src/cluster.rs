@@ -618,12 +618,12 @@ impl Bench {
 
         // An API server restart; etcd keeps the state. Whether each agent lists again
         // depends on whether its watches' resourceVersion is still the newest.
-        for (figure, value, unit) in self.restart(&agents, "restart", false)? {
+        for (figure, value, unit) in self.restart(&agents, "restart", false, relay.as_ref())? {
             put(&figure, value, unit);
         }
         // The same after a write no agent watches: every watch is too old for the new
         // server's cache (410), and they list again at once.
-        for (figure, value, unit) in self.restart(&agents, "410 storm", true)? {
+        for (figure, value, unit) in self.restart(&agents, "410 storm", true, relay.as_ref())? {
             put(&figure, value, unit);
         }
 
@@ -787,7 +787,16 @@ impl Bench {
     /// older than the new server's cache. Then the next change: how long each agent took
     /// to have it, what each received from the new server until then, and that server's
     /// CPU.
-    fn restart(&mut self, agents: &[AgentProc], phase: &str, touch: bool) -> Result<Figures> {
+    fn restart(
+        &mut self,
+        agents: &[AgentProc],
+        phase: &str,
+        touch: bool,
+        relay: Option<&RelayProcs>,
+    ) -> Result<Figures> {
+        // Agents reading from the relay keep their watches on its etcd: only the relay
+        // lists again, and none of them is waited for to begin a list.
+        let storm = touch && relay.is_none();
         let mut figures: Figures = Vec::new();
         let mut put = |figure: &str, value: f64, unit: &'static str| {
             figures.push((format!("{phase}: {figure}"), value, unit));
@@ -824,7 +833,7 @@ impl Bench {
         let listed = Instant::now();
         while agents.iter().zip(&listed_before).any(|(a, before)| {
             let (started, finished) = a.pod_lists();
-            started > finished || (touch && started == *before && listed.elapsed() < RELIST_GRACE)
+            started > finished || (storm && started == *before && listed.elapsed() < RELIST_GRACE)
         }) {
             if listed.elapsed() > LIMIT {
                 bail!("{phase}: an agent's list of the Pods did not end within {LIMIT:?}");
@@ -839,19 +848,26 @@ impl Bench {
             ms(&written.elapsed()),
             "ms",
         );
-        let received = received_between(
+        let by_process = received_between(
             &received_before,
             &received_by_connection(self.netns.name())?,
         );
         let received: Vec<f64> = agents
             .iter()
-            .map(|a| received.get(&a.pid()).copied().unwrap_or(0) as f64 / (1024.0 * 1024.0))
+            .map(|a| by_process.get(&a.pid()).copied().unwrap_or(0) as f64 / (1024.0 * 1024.0))
             .collect();
         put(
             "MiB received per agent from the new server (mean)",
             mean(&received),
             "MiB",
         );
+        if let Some(relay) = relay {
+            put(
+                "MiB the relay received from the new server",
+                by_process.get(&relay.relay).copied().unwrap_or(0) as f64 / (1024.0 * 1024.0),
+                "MiB",
+            );
+        }
         let relisted = agents
             .iter()
             .zip(&listed_before)

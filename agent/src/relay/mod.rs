@@ -29,7 +29,7 @@ use weir_policy::model::{Kind, Object};
 
 use crate::source::kube::{api_streams, label, not_served, Lists, PodEncoding, WatchError};
 use crate::source::relay::store::{connect, StoreTls};
-use crate::source::relay::{for_each_record, record};
+use crate::source::relay::{record, Pages};
 
 /// etcd's default `--max-txn-ops`.
 const TXN_OPS: usize = 128;
@@ -150,16 +150,20 @@ impl Writer {
         let mut marked = BTreeSet::new();
         let mut cluster = 0;
         for kind in record::ALL {
-            let (_, at) = for_each_record(&mut kv, kind, None, 5000, |key, value| {
-                held.insert(
-                    String::from_utf8_lossy(key).into_owned(),
-                    record_hash(value),
-                );
-                Ok(())
-            })
-            .await
-            .with_context(|| format!("reading the store's {}", label(kind)))?;
-            cluster = at;
+            let mut pages = Pages::new(kind, None, 5000);
+            while let Some(page) = pages
+                .next(&mut kv)
+                .await
+                .with_context(|| format!("reading the store's {}", label(kind)))?
+            {
+                for r in page {
+                    held.insert(
+                        String::from_utf8_lossy(r.key()).into_owned(),
+                        record_hash(r.value()),
+                    );
+                }
+            }
+            cluster = pages.read_at.map_or(cluster, |(_, c)| c);
             let mark = kv
                 .get(record::listed_key(kind), None)
                 .await

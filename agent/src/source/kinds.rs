@@ -24,4 +24,3 @@ pub fn label(kind: Kind) -> &'static str {
         Kind::ClusterNetworkPolicy => KINDS[5],
     }
 }
-

@@ -30,8 +30,8 @@ use kube::{Api, Client};
 use weir_policy::cluster_policy::{ClusterNetworkPolicy, ClusterNetworkPolicyV1beta1};
 
 use crate::source::digest::StateDigest;
-pub use crate::source::kinds::{label, KINDS};
 use crate::source::event::{Batch, Event, EventSource, SourceError, SyncProgress};
+pub use crate::source::kinds::{label, KINDS};
 use weir_policy::model::{Kind, Object, ObjectRef};
 
 mod pod_proto;
@@ -298,7 +298,10 @@ impl KubeSource {
     pub fn from_relay(store: etcd_client::Client, page_size: u32) -> Self {
         let streams = crate::source::relay::streams(store, page_size)
             .into_iter()
-            .map(|s| s.map(|(kind, r)| (kind, r.map_err(WatchError::from))).boxed());
+            .map(|s| {
+                s.map(|(kind, r)| (kind, r.map_err(WatchError::from)))
+                    .boxed()
+            });
         Self::from_streams(futures::stream::select_all(streams))
     }
 

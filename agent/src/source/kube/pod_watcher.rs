@@ -38,9 +38,9 @@ use kube::Client;
 use tokio_util::codec::{FramedRead, LengthDelimitedCodec, LinesCodec};
 use tokio_util::io::StreamReader;
 
-use crate::source::lean_pod::LeanPod;
 use super::pod_proto::{self, PodEvent};
 use super::Lists;
+use crate::source::lean_pod::LeanPod;
 
 /// Which encoding the agent asks the API server for Pods in (`weir agent --pod-encoding`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]

@@ -127,8 +127,10 @@ fn jitter(d: Duration) -> Duration {
     d + d.mul_f64(f64::from(nanos % 1000) / 2000.0)
 }
 
-/// One complete list of `kind` at one revision, sent as `Init`, `InitApply`..., `InitDone`;
-/// returns the revision and the store's cluster.
+/// One complete list of `kind` at one revision, sent as `Init`, `InitApply`..., `InitDone`,
+/// each page's records as they are read (a list that fails half-way is ended by the next
+/// one's `Init`, as an API server watch's is); returns the revision and the store's
+/// cluster.
 async fn list(
     kv: &mut KvClient,
     kind: Kind,
@@ -142,61 +144,77 @@ async fn list(
     if first.kvs().is_empty() {
         return Err(ReadError::NotListed(label(kind), marker));
     }
-    // Everything is read before the first event is sent: a failure half-way must not leave
-    // the source with a list begun that never ends.
-    let mut objects = Vec::new();
-    for_each_record(kv, kind, Some(revision), page_size, |key, value| {
-        objects.push(record::decode(kind, key, value)?);
-        Ok(())
-    })
-    .await?;
-    let sends = std::iter::once(watcher::Event::Init)
-        .chain(objects.into_iter().map(watcher::Event::InitApply))
-        .chain(std::iter::once(watcher::Event::InitDone));
-    for e in sends {
-        // The stream was dropped: nothing reads any more.
-        if tx.send(Ok(e)).await.is_err() {
-            return Ok((revision, cluster));
+    // A dropped stream: nothing reads any more, and the task is ending.
+    let dropped = |_| ReadError::Ended("the source was dropped".into());
+    tx.send(Ok(watcher::Event::Init)).await.map_err(dropped)?;
+    let mut pages = Pages::new(kind, Some(revision), page_size);
+    while let Some(page) = pages.next(kv).await? {
+        for r in page {
+            let object = record::decode(kind, r.key(), r.value())?;
+            tx.send(Ok(watcher::Event::InitApply(object)))
+                .await
+                .map_err(dropped)?;
         }
     }
+    tx.send(Ok(watcher::Event::InitDone))
+        .await
+        .map_err(dropped)?;
     Ok((revision, cluster))
 }
 
-/// Calls `each` with every record of `kind` (key, value), read in ranges of `page_size`, at
-/// `revision` (or the newest); returns the revision read at and the store's cluster.
-pub(crate) async fn for_each_record(
-    kv: &mut KvClient,
-    kind: Kind,
+/// Every record of a kind, read a range of `page_size` at a time, all at one revision.
+pub(crate) struct Pages {
+    from: Option<Vec<u8>>,
+    end: Vec<u8>,
     revision: Option<i64>,
     page_size: i64,
-    mut each: impl FnMut(&[u8], &[u8]) -> Result<(), ReadError>,
-) -> Result<(i64, u64), ReadError> {
-    let prefix = record::kind_prefix(kind);
-    let end = prefix_end(&prefix);
-    let mut from = prefix.into_bytes();
-    let mut at = revision;
-    loop {
+    /// The revision and cluster of the store the first page was read from.
+    pub read_at: Option<(i64, u64)>,
+}
+
+impl Pages {
+    /// From `revision`, or the newest.
+    pub(crate) fn new(kind: Kind, revision: Option<i64>, page_size: i64) -> Self {
+        let prefix = record::kind_prefix(kind);
+        Pages {
+            end: prefix_end(&prefix),
+            from: Some(prefix.into_bytes()),
+            revision,
+            page_size,
+            read_at: None,
+        }
+    }
+
+    /// The next page, or None after the last.
+    pub(crate) async fn next(
+        &mut self,
+        kv: &mut KvClient,
+    ) -> Result<Option<Vec<etcd_client::KeyValue>>, ReadError> {
+        let Some(from) = self.from.take() else {
+            return Ok(None);
+        };
         let mut options = GetOptions::new()
-            .with_range(end.clone())
-            .with_limit(page_size);
-        if let Some(r) = at {
+            .with_range(self.end.clone())
+            .with_limit(self.page_size);
+        if let Some(r) = self.revision {
             options = options.with_revision(r);
         }
-        let page = kv.get(from.clone(), Some(options)).await?;
+        let mut page = kv.get(from, Some(options)).await?;
         let header = page.header().ok_or(ReadError::NoHeader)?;
-        let read_at = (header.revision(), header.cluster_id());
+        let at = (header.revision(), header.cluster_id());
+        self.read_at.get_or_insert(at);
         // Every later page at the first one's revision: one snapshot.
-        at = Some(read_at.0);
-        for r in page.kvs() {
-            each(r.key(), r.value())?;
-        }
-        match page.kvs().last() {
-            Some(last) if page.more() => {
-                from = last.key().to_vec();
-                from.push(0);
+        self.revision = Some(at.0);
+        let more = page.more();
+        let records = page.take_kvs();
+        if more {
+            if let Some(last) = records.last() {
+                let mut next = last.key().to_vec();
+                next.push(0);
+                self.from = Some(next);
             }
-            _ => return Ok(read_at),
         }
+        Ok(Some(records))
     }
 }
 
