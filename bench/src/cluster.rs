@@ -104,14 +104,28 @@ enum Reading {
 }
 
 impl Reading {
-    fn args(self) -> Vec<&'static str> {
+    /// The agent's flags, on the control plane in `api`.
+    fn args(self, api: &Path) -> Vec<String> {
         let (lists, pods) = match self {
             Reading::Default => ("pages", "protobuf"),
             Reading::StreamingLists => ("stream", "protobuf"),
             Reading::JsonPods => ("pages", "json"),
-            Reading::Relay => return vec![RELAY_ARG],
+            // The relay's etcd as `weir-lab kube start-relay` runs it: TLS, and the client
+            // certificate it made.
+            Reading::Relay => {
+                let tls = api.join("relay-tls");
+                let file = |name: &str| tls.join(name).display().to_string();
+                return vec![
+                    format!("--relay=https://127.0.0.1{RELAY_STORE_PORT}"),
+                    format!("--relay-ca={}", file("ca.crt")),
+                    format!("--relay-cert={}", file("client.crt")),
+                    format!("--relay-key={}", file("client.key")),
+                ];
+            }
         };
-        vec!["--lists", lists, "--pod-encoding", pods]
+        ["--lists", lists, "--pod-encoding", pods]
+            .map(String::from)
+            .into()
     }
 
     /// The suffix of its scenarios' names.
@@ -136,8 +150,6 @@ const STREAMING: &str = ", streaming lists";
 const JSON_PODS: &str = ", pods in JSON";
 /// The suffix of a scenario whose agents read from the relay.
 const RELAY: &str = ", from the relay";
-/// The agents' flag for the relay's etcd, as `weir-lab kube start-relay` runs it.
-const RELAY_ARG: &str = "--relay=http://127.0.0.1:2381";
 /// The relay's etcd's client port: the agents' connections to it are counted as to the
 /// API server's.
 const RELAY_STORE_PORT: &str = ":2381";
@@ -962,7 +974,7 @@ impl AgentProc {
                 std::process::id()
             ))
             .args(["--verdict-log", "off", "--log-format", "text"])
-            .args(reading.args())
+            .args(reading.args(api))
             .env("KUBECONFIG", api.join("kubeconfig-agent"))
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)

@@ -263,19 +263,146 @@ impl ControlPlane {
         self.spawn_etcd(node, "etcd", ETCD_CLIENT, ETCD_PEER, &self.etcd_log())
     }
 
-    /// The relay's etcd (`weir relay --store`), with its data in `relay-etcd`.
+    /// The relay's etcd (`weir relay --store`), with its data in `relay-etcd`: over TLS,
+    /// taking only clients with a certificate of its CA, as deploy/relay/ runs it.
     pub fn start_relay_store(&self, node: &str) -> Result<u32, LabError> {
+        let tls = self.relay_tls()?;
         let log = self.dir.join("relay-etcd.log");
-        self.spawn_etcd(node, "relay-etcd", RELAY_STORE, RELAY_STORE_PEER, &log)
+        let mut etcd = etcd_command("relay-etcd", &self.dir, RELAY_STORE_PEER);
+        etcd.arg(format!("--listen-client-urls=https://{RELAY_STORE}"))
+            .arg(format!("--advertise-client-urls=https://{RELAY_STORE}"))
+            .arg("--client-cert-auth")
+            .arg(format!(
+                "--trusted-ca-file={}",
+                tls.join("ca.crt").display()
+            ))
+            .arg(format!("--cert-file={}", tls.join("server.crt").display()))
+            .arg(format!("--key-file={}", tls.join("server.key").display()));
+        let child = netns::spawn_detached(node, &mut etcd, &log, netns::Stdout::Log)?;
+        Ok(child.id())
+    }
+
+    /// The relay's etcd's URL and the client identity (the relay's and the agent's) that
+    /// reaches it, as `weir agent` and `weir relay` flags.
+    pub fn relay_client_args(&self) -> Vec<String> {
+        let tls = self.dir.join("relay-tls");
+        vec![
+            format!("https://{RELAY_STORE}"),
+            format!("--relay-ca={}", tls.join("ca.crt").display()),
+            format!("--relay-cert={}", tls.join("client.crt").display()),
+            format!("--relay-key={}", tls.join("client.key").display()),
+        ]
+    }
+
+    /// The client identity of [`Self::relay_client_args`]; `with_cert` false: the CA
+    /// alone, as a client without a certificate would come.
+    pub fn relay_client_tls(&self, with_cert: bool) -> weir::source::relay::store::StoreTls {
+        let tls = self.dir.join("relay-tls");
+        weir::source::relay::store::StoreTls {
+            ca: Some(tls.join("ca.crt")),
+            cert: with_cert.then(|| tls.join("client.crt")),
+            key: with_cert.then(|| tls.join("client.key")),
+        }
+    }
+
+    /// The CA, the relay's etcd's server certificate (for 127.0.0.1) and one client
+    /// certificate, made with openssl once (`relay-tls/`).
+    fn relay_tls(&self) -> Result<PathBuf, LabError> {
+        let dir = self.dir.join("relay-tls");
+        if dir.join("client.crt").exists() {
+            return Ok(dir);
+        }
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| LabError::io(format!("creating {}", dir.display()), e))?;
+        let f = |name: &str| dir.join(name).display().to_string();
+        let openssl = |args: &[&str]| {
+            weir::exec::run_ok("openssl", args, None)
+                .map(drop)
+                .map_err(|e| {
+                    LabError::invalid(
+                        "the relay's certificates",
+                        format!("{e} (openssl is installed by `cargo xtask setup`)"),
+                    )
+                })
+        };
+        let ec = [
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+        ];
+        openssl(
+            &[
+                &["req", "-x509"][..],
+                &ec,
+                &[
+                    "-days",
+                    "30",
+                    "-subj",
+                    "/CN=weir-lab relay CA",
+                    "-keyout",
+                    &f("ca.key"),
+                    "-out",
+                    &f("ca.crt"),
+                ],
+            ]
+            .concat(),
+        )?;
+        for (who, ext) in [
+            (
+                "server",
+                "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n",
+            ),
+            ("client", "extendedKeyUsage=clientAuth\n"),
+        ] {
+            let (key, csr, crt, extfile) = (
+                f(&format!("{who}.key")),
+                f(&format!("{who}.csr")),
+                f(&format!("{who}.crt")),
+                f(&format!("{who}.ext")),
+            );
+            std::fs::write(&extfile, ext)
+                .map_err(|e| LabError::io(format!("writing {extfile}"), e))?;
+            let subject = format!("/CN=weir-lab relay {who}");
+            openssl(
+                &[
+                    &["req"][..],
+                    &ec,
+                    &["-subj", &subject, "-keyout", &key, "-out", &csr],
+                ]
+                .concat(),
+            )?;
+            openssl(&[
+                "x509",
+                "-req",
+                "-in",
+                &csr,
+                "-CA",
+                &f("ca.crt"),
+                "-CAkey",
+                &f("ca.key"),
+                "-CAcreateserial",
+                "-days",
+                "30",
+                "-extfile",
+                &extfile,
+                "-out",
+                &crt,
+            ])?;
+        }
+        Ok(dir)
     }
 
     /// `weir relay` on the relay's etcd, as the agent's identity (the relay needs the
     /// agent's reads and nothing more), its log in `relay.log`.
     pub fn start_relay(&self, node: &str, weir: &Path) -> Result<u32, LabError> {
         let mut relay = Command::new(weir);
+        let mut args = self.relay_client_args();
+        args[0] = format!("--store={}", args[0]);
         relay
             .arg("relay")
-            .arg(format!("--store=http://{RELAY_STORE}"))
+            .args(args)
             .env("KUBECONFIG", self.kubeconfig(Identity::Agent));
         let child = netns::spawn_detached(node, &mut relay, &self.relay_log(), netns::Stdout::Log)?;
         Ok(child.id())
@@ -285,38 +412,73 @@ impl ControlPlane {
     /// `/weir/v1/listed/` marks), or `within` has passed.
     pub fn wait_relay_listed(&self, node: &str, within: Duration) -> Result<(), LabError> {
         let deadline = std::time::Instant::now() + within;
+        let kinds = weir::source::kube::KINDS.len() as i64;
         loop {
-            // The range ["/weir/v1/listed/", "/weir/v1/listed0"), base64 as the gateway
-            // takes keys.
-            let marks = netns::in_netns(node, || {
-                etcd_post(
-                    RELAY_STORE,
-                    "/v3/kv/range",
-                    r#"{"key":"L3dlaXIvdjEvbGlzdGVkLw==","range_end":"L3dlaXIvdjEvbGlzdGVkMA==","count_only":true}"#,
-                )
-            })?;
-            let count = marks
-                .as_ref()
-                .ok()
-                .and_then(|m| m["count"].as_str())
-                .and_then(|c| c.parse::<usize>().ok())
-                .unwrap_or(0);
-            if count == weir::source::kube::KINDS.len() {
+            let marks = self.relay_store_count(node, "/weir/v1/listed/", true);
+            if marks.as_ref() == Ok(&kinds) {
                 return Ok(());
             }
             if std::time::Instant::now() > deadline {
                 return Err(LabError::invalid(
                     "the relay",
                     format!(
-                        "{count} of {} kinds listed after {within:?} ({}); its log: {}",
-                        weir::source::kube::KINDS.len(),
-                        marks.err().unwrap_or_default(),
+                        "not every kind listed after {within:?} ({marks:?} of {kinds}); its log: {}",
                         self.relay_log().display()
                     ),
                 ));
             }
             std::thread::sleep(Duration::from_millis(100));
         }
+    }
+
+    /// How many keys under `prefix` the relay's etcd holds, asked as the lab's client
+    /// identity (or, `with_cert` false, with no client certificate: refused).
+    pub fn relay_store_count(
+        &self,
+        node: &str,
+        prefix: &str,
+        with_cert: bool,
+    ) -> Result<i64, String> {
+        let tls = self.relay_client_tls(with_cert);
+        let prefix = prefix.to_string();
+        self.relay_store(node, tls, move |mut client| async move {
+            let options = etcd_client::GetOptions::new()
+                .with_prefix()
+                .with_count_only();
+            let r = client
+                .get(prefix, Some(options))
+                .await
+                .map_err(|e| e.to_string())?;
+            Ok(r.count())
+        })
+    }
+
+    /// Runs `f` with a client of the relay's etcd, in the node's namespace.
+    fn relay_store<T, F, Fut>(
+        &self,
+        node: &str,
+        tls: weir::source::relay::store::StoreTls,
+        f: F,
+    ) -> Result<T, String>
+    where
+        T: Send,
+        F: FnOnce(etcd_client::Client) -> Fut + Send,
+        Fut: std::future::Future<Output = Result<T, String>>,
+    {
+        netns::in_netns(node, move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(|e| format!("tokio runtime: {e}"))?;
+            rt.block_on(async move {
+                let endpoints = [format!("https://{RELAY_STORE}")];
+                let client = weir::source::relay::store::connect(&endpoints, &tls)
+                    .await
+                    .map_err(|e| format!("{e:#}"))?;
+                f(client).await
+            })
+        })
+        .map_err(|e| e.to_string())?
     }
 
     pub fn relay_log(&self) -> PathBuf {
@@ -331,17 +493,9 @@ impl ControlPlane {
         peer: &str,
         log: &Path,
     ) -> Result<u32, LabError> {
-        let mut etcd = Command::new(components_dir().join("etcd"));
-        etcd.arg(format!("--data-dir={}", self.dir.join(name).display()))
-            .arg(format!("--name={name}"))
-            .arg(format!("--listen-client-urls=http://{client}"))
-            .arg(format!("--advertise-client-urls=http://{client}"))
-            .arg(format!("--listen-peer-urls=http://{peer}"))
-            .arg(format!("--initial-advertise-peer-urls=http://{peer}"))
-            .arg(format!("--initial-cluster={name}=http://{peer}"))
-            // A lab is thrown away; fsync only slows it down.
-            .arg("--unsafe-no-fsync")
-            .arg("--log-level=warn");
+        let mut etcd = etcd_command(name, &self.dir, peer);
+        etcd.arg(format!("--listen-client-urls=http://{client}"))
+            .arg(format!("--advertise-client-urls=http://{client}"));
         let child = netns::spawn_detached(node, &mut etcd, log, netns::Stdout::Log)?;
         Ok(child.id())
     }
@@ -437,13 +591,36 @@ impl ControlPlane {
     /// Compacts etcd's history up to its current revision (through etcd's own HTTP
     /// gateway), so that a watch resuming from an older resourceVersion gets 410 Gone.
     pub fn compact_etcd(&self, node: &str) -> Result<u64, LabError> {
-        compact(node, ETCD_CLIENT)
+        netns::in_netns(node, || {
+            let header = etcd_post("/v3/kv/range", r#"{"key":"AA=="}"#)?;
+            let revision: u64 = header["header"]["revision"]
+                .as_str()
+                .and_then(|r| r.parse().ok())
+                .ok_or_else(|| format!("etcd range answered no revision: {header}"))?;
+            etcd_post(
+                "/v3/kv/compaction",
+                &format!(r#"{{"revision":"{revision}","physical":true}}"#),
+            )?;
+            Ok::<u64, String>(revision)
+        })?
+        .map_err(|e| LabError::invalid("etcd compaction", e))
     }
 
     /// Compacts the relay's etcd's history up to its current revision, so that an agent's
     /// watch resuming from an older revision must list again.
     pub fn compact_relay_store(&self, node: &str) -> Result<u64, LabError> {
-        compact(node, RELAY_STORE)
+        let tls = self.relay_client_tls(true);
+        self.relay_store(node, tls, |mut client| async move {
+            let now = client.get("/", None).await.map_err(|e| e.to_string())?;
+            let revision = now.header().map(|h| h.revision()).unwrap_or(0);
+            let options = etcd_client::CompactionOptions::new().with_physical();
+            client
+                .compact(revision, Some(options))
+                .await
+                .map_err(|e| e.to_string())?;
+            Ok(revision as u64)
+        })
+        .map_err(|e| LabError::invalid("the relay's etcd's compaction", e))
     }
 
     /// Writes a key outside the API server's prefix (`/weir-lab/advance`) to etcd
@@ -456,7 +633,6 @@ impl ControlPlane {
             // Key "/weir-lab/advance", value "1", base64 as the gateway takes them: every
             // put is a new revision, the same value or not.
             let put = etcd_post(
-                ETCD_CLIENT,
                 "/v3/kv/put",
                 r#"{"key":"L3dlaXItbGFiL2FkdmFuY2U=","value":"MQ=="}"#,
             )?;
@@ -480,33 +656,29 @@ pub async fn client_from(path: &Path) -> Result<Client, String> {
 
 /// One JSON POST to etcd's gRPC gateway over plain HTTP/1.1 (the lab's etcd listens on
 /// loopback without TLS).
-/// Compacts the history of the etcd at `endpoint` up to its current revision (through
-/// etcd's own HTTP gateway); returns the revision.
-fn compact(node: &str, endpoint: &str) -> Result<u64, LabError> {
-    netns::in_netns(node, || {
-        let header = etcd_post(endpoint, "/v3/kv/range", r#"{"key":"AA=="}"#)?;
-        let revision: u64 = header["header"]["revision"]
-            .as_str()
-            .and_then(|r| r.parse().ok())
-            .ok_or_else(|| format!("etcd range answered no revision: {header}"))?;
-        etcd_post(
-            endpoint,
-            "/v3/kv/compaction",
-            &format!(r#"{{"revision":"{revision}","physical":true}}"#),
-        )?;
-        Ok::<u64, String>(revision)
-    })?
-    .map_err(|e| LabError::invalid("etcd compaction", e))
+/// etcd named `name`, its data in DIR/NAME, its one peer at `peer`; the client URLs are the
+/// caller's.
+fn etcd_command(name: &str, dir: &Path, peer: &str) -> Command {
+    let mut etcd = Command::new(components_dir().join("etcd"));
+    etcd.arg(format!("--data-dir={}", dir.join(name).display()))
+        .arg(format!("--name={name}"))
+        .arg(format!("--listen-peer-urls=http://{peer}"))
+        .arg(format!("--initial-advertise-peer-urls=http://{peer}"))
+        .arg(format!("--initial-cluster={name}=http://{peer}"))
+        // A lab is thrown away; fsync only slows it down.
+        .arg("--unsafe-no-fsync")
+        .arg("--log-level=warn");
+    etcd
 }
 
-fn etcd_post(endpoint: &str, path: &str, body: &str) -> Result<serde_json::Value, String> {
-    let mut stream = std::net::TcpStream::connect(endpoint).map_err(|e| format!("etcd: {e}"))?;
+fn etcd_post(path: &str, body: &str) -> Result<serde_json::Value, String> {
+    let mut stream = std::net::TcpStream::connect(ETCD_CLIENT).map_err(|e| format!("etcd: {e}"))?;
     stream
         .set_read_timeout(Some(Duration::from_secs(10)))
         .map_err(|e| e.to_string())?;
     write!(
         stream,
-        "POST {path} HTTP/1.1\r\nHost: {endpoint}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        "POST {path} HTTP/1.1\r\nHost: {ETCD_CLIENT}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
     )
     .map_err(|e| format!("etcd: {e}"))?;

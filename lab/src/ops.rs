@@ -13,9 +13,7 @@ use ipnet::{Ipv4Net, Ipv6Net};
 use k8s_openapi::api::core::v1::{Pod, PodIP, PodStatus};
 
 use super::agent::WeirBinary;
-use super::control_plane::{
-    ControlPlane, Identity, AGENT_GROUPS, AGENT_USER, API_READY_WITHIN, RELAY_STORE,
-};
+use super::control_plane::{ControlPlane, Identity, AGENT_GROUPS, AGENT_USER, API_READY_WITHIN};
 use super::objects::{self, ObjectSet};
 use super::peers::{self, Enforcer};
 use super::proxy::{self, ProxyMode, ProxyState};
@@ -204,9 +202,9 @@ fn start_control_plane(
             });
         }
         // Before the lab's own flags: --agent-arg can still name another.
-        state
-            .agent_args
-            .insert(0, format!("--relay=http://{RELAY_STORE}"));
+        let mut args = cp.relay_client_args();
+        args[0] = format!("--relay={}", args[0]);
+        state.agent_args.splice(0..0, args);
         dir.save(state)?;
     }
     Ok(())

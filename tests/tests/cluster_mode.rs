@@ -451,6 +451,21 @@ fn relay_semantics(dataplane: &'static str) {
         "{dataplane}: via the relay"
     );
 
+    // Its etcd answers only a client with a certificate of its CA: whoever could write
+    // there would decide the node's policy.
+    let plane = weir_lab::control_plane::ControlPlane::new(lab.dir.join("api"));
+    let node = lab.node_netns();
+    let records = plane.relay_store_count(&node, "/weir/v1/", true);
+    assert!(
+        records.as_ref().is_ok_and(|n| *n > 6),
+        "{dataplane}: the relay's records: {records:?}"
+    );
+    let refused = plane.relay_store_count(&node, "/weir/v1/", false);
+    assert!(
+        refused.is_err(),
+        "{dataplane}: a client without a certificate read {refused:?}"
+    );
+
     // 1. The API server restarts with history compacted away (410 Gone for every watch
     //    on it): the relay lists again, the agent does not (its watches are on the
     //    relay's etcd, whose revisions did not change), and a change after it arrives.

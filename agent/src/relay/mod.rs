@@ -33,6 +33,9 @@ use crate::source::relay::{record, Pages};
 
 /// etcd's default `--max-txn-ops`.
 const TXN_OPS: usize = 128;
+/// Bytes of records in one transaction at most: under etcd's default `--max-request-bytes`
+/// (1.5 MiB) with room for the keys. A record larger than this goes alone.
+const TXN_BYTES: usize = 1024 * 1024;
 /// Updates taken into one round of writes at most.
 const MAX_ROUND: usize = 5000;
 const WRITE_ATTEMPTS: u32 = 5;
@@ -130,10 +133,30 @@ struct Writer {
     listing: HashMap<Kind, BTreeSet<String>>,
     /// Kinds whose `listed` mark is in the store.
     marked: BTreeSet<Kind>,
-    ops: Vec<TxnOp>,
+    /// The writes taken, each with its record's size.
+    ops: Vec<(TxnOp, usize)>,
     /// Whether a change was taken since the last flush (for the log).
     changed: usize,
     since: Option<Instant>,
+}
+
+/// `ops` in order, in transactions of at most [`TXN_OPS`] operations and (but for a record
+/// larger on its own) [`TXN_BYTES`].
+fn transactions(ops: Vec<(TxnOp, usize)>) -> Vec<Vec<TxnOp>> {
+    let mut all = Vec::new();
+    let (mut txn, mut bytes) = (Vec::new(), 0);
+    for (op, size) in ops {
+        if !txn.is_empty() && (txn.len() == TXN_OPS || bytes + size > TXN_BYTES) {
+            all.push(std::mem::take(&mut txn));
+            bytes = 0;
+        }
+        txn.push(op);
+        bytes += size;
+    }
+    if !txn.is_empty() {
+        all.push(txn);
+    }
+    all
 }
 
 /// The hash of a record as stored.
@@ -195,14 +218,16 @@ impl Writer {
             return Ok(());
         }
         self.held.insert(key.clone(), hash);
-        self.ops.push(TxnOp::put(key, value, None));
+        let size = key.len() + value.len();
+        self.ops.push((TxnOp::put(key, value, None), size));
         self.changed += 1;
         Ok(())
     }
 
     fn delete(&mut self, key: String) {
         if self.held.remove(&key).is_some() {
-            self.ops.push(TxnOp::delete(key, None));
+            let size = key.len();
+            self.ops.push((TxnOp::delete(key, None), size));
             self.changed += 1;
         }
     }
@@ -253,20 +278,21 @@ impl Writer {
         if !self.marked.contains(&kind) {
             // After the list's records and deletes, in the same or a later
             // transaction: an agent that sees the mark sees the whole list.
-            self.ops
-                .push(TxnOp::put(record::listed_key(kind), "", None));
+            let key = record::listed_key(kind);
+            let size = key.len();
+            self.ops.push((TxnOp::put(key, "", None), size));
             self.marked.insert(kind);
         }
     }
 
-    /// Writes what was taken, in order, in transactions of at most [`TXN_OPS`].
+    /// Writes what was taken, in order ([`transactions`]).
     async fn flush(&mut self) -> anyhow::Result<()> {
         let ops = std::mem::take(&mut self.ops);
-        for chunk in ops.chunks(TXN_OPS) {
+        for chunk in transactions(ops) {
             let mut attempt = 0;
             loop {
                 attempt += 1;
-                match self.kv.txn(Txn::new().and_then(chunk.to_vec())).await {
+                match self.kv.txn(Txn::new().and_then(chunk.clone())).await {
                     Ok(r) => {
                         let now = r.header().map(|h| h.cluster_id()).unwrap_or(self.cluster);
                         if self.cluster != 0 && now != self.cluster {
@@ -297,5 +323,24 @@ impl Writer {
         self.changed = 0;
         self.since = None;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Transactions keep the writes' order and stay within etcd's limits, a record larger
+    /// than the byte bound alone in its own.
+    #[test]
+    fn transactions_stay_within_etcd_limits() {
+        let op = |n: usize| (TxnOp::delete(format!("k{n}"), None), n);
+        let sizes = [10, 20, TXN_BYTES - 25, 30, TXN_BYTES + 5, 1];
+        let txns = transactions(sizes.iter().map(|&n| op(n)).collect());
+        let lens: Vec<usize> = txns.iter().map(Vec::len).collect();
+        assert_eq!(lens, [2, 1, 1, 1, 1]);
+        let many = transactions((0..300).map(|_| op(1)).collect());
+        let lens: Vec<usize> = many.iter().map(Vec::len).collect();
+        assert_eq!(lens, [TXN_OPS, TXN_OPS, 300 - 2 * TXN_OPS]);
     }
 }

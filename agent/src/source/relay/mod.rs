@@ -199,7 +199,20 @@ impl Pages {
         if let Some(r) = self.revision {
             options = options.with_revision(r);
         }
-        let mut page = kv.get(from, Some(options)).await?;
+        let mut page = match kv.get(from.clone(), Some(options)).await {
+            Ok(page) => page,
+            // A page larger than the client takes in one message (4 MiB: policies can be
+            // large): the same page again, half as many records, down to one (which
+            // etcd's own request limit keeps smaller).
+            Err(etcd_client::Error::GRpcStatus(s))
+                if s.code() == tonic::Code::OutOfRange && self.page_size > 1 =>
+            {
+                self.page_size /= 2;
+                self.from = Some(from);
+                return Box::pin(self.next(kv)).await;
+            }
+            Err(e) => return Err(e.into()),
+        };
         let header = page.header().ok_or(ReadError::NoHeader)?;
         let at = (header.revision(), header.cluster_id());
         self.read_at.get_or_insert(at);
@@ -229,8 +242,8 @@ pub(crate) fn prefix_end(prefix: &str) -> Vec<u8> {
 }
 
 /// Watches `kind` from `revision` until the watch cannot go on; returns why. A watch that
-/// breaks (the store restarting, a network cut) resumes from the revision after the last
-/// one it had, in the same cluster.
+/// breaks (the store restarting, a network cut) resumes from the last revision it had
+/// events of, in the same cluster.
 async fn watch(
     watches: &mut WatchClient,
     kind: Kind,
@@ -241,10 +254,13 @@ async fn watch(
     let prefix = record::kind_prefix(kind);
     let mut backoff = BACKOFF_FIRST;
     loop {
+        // Fragments: a revision's events larger than etcd's request limit come in several
+        // responses, each within the client's 4 MiB.
         let options = WatchOptions::new()
             .with_range(prefix_end(&prefix))
             .with_start_revision(revision)
-            .with_progress_notify();
+            .with_progress_notify()
+            .with_fragment();
         let error = match watches.watch(prefix.as_str(), Some(options)).await {
             Ok(mut stream) => loop {
                 let response = match stream.message().await {
@@ -279,7 +295,10 @@ async fn watch(
                             Err(e) => return e.into(),
                         },
                     };
-                    revision = kv.mod_revision() + 1;
+                    // Resumed from this revision, not the next: the rest of its events
+                    // may be in a later fragment. Its events again are harmless (the
+                    // same object, the same delete).
+                    revision = kv.mod_revision();
                     if tx.send(Ok(sent)).await.is_err() {
                         return ReadError::Ended("the source was dropped".into());
                     }
