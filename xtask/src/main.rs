@@ -239,8 +239,8 @@ enum Command {
         /// memory and watch events, bytes per agent per change, convergence to every
         /// agent (changes one at a time, then 100 at 10 a second), cold start of all at
         /// once, an API server restart and a 410 storm; then the largest N
-        /// again with the agents on streaming lists, and with Pods read in JSON instead of
-        /// protobuf, and at 20,000, 100,000 and 150,000
+        /// again with the agents on streaming lists, with Pods read in JSON instead of
+        /// protobuf, and reading from `weir relay`'s etcd, and at 20,000, 100,000 and 150,000
         /// pods; writes target/bench/cluster.json. With --quick: N = 1, 2 at 500 pods, then
         /// 250 and 1,000 (a smoke run).
         #[arg(long, conflicts_with = "peers")]

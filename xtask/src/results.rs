@@ -255,10 +255,11 @@ impl<'a> Rows<'a> {
 }
 
 /// The suffixes of cluster scenarios whose agents read otherwise than by default, and
-/// their columns' names: streaming lists, Pods in JSON.
-const VARIANTS: [(&str, &str); 2] = [
+/// their columns' names: streaming lists, Pods in JSON, from the relay.
+const VARIANTS: [(&str, &str); 3] = [
     (", streaming lists", "streaming lists"),
     (", pods in JSON", "pods in JSON"),
+    (", from the relay", "from the relay"),
 ];
 
 fn variant(scenario: &str) -> Option<&'static str> {
@@ -269,7 +270,8 @@ fn variant(scenario: &str) -> Option<&'static str> {
 }
 
 /// Every `cluster, N agents, P pods` scenario: (N, P, scenario), in the report's order;
-/// those of the other ways of reading (streaming lists, Pods in JSON) only with `variants`.
+/// those of the other ways of reading (streaming lists, Pods in JSON, the relay) only with
+/// `variants`.
 fn all_cluster_scenarios<'a>(rows: &Rows<'a>, variants: bool) -> Vec<(i64, i64, &'a str)> {
     rows.scenarios()
         .into_iter()
