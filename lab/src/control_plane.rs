@@ -306,92 +306,17 @@ impl ControlPlane {
     }
 
     /// The CA, the relay's etcd's server certificate (for 127.0.0.1) and one client
-    /// certificate, made with openssl once (`relay-tls/`).
+    /// certificate, made once (`relay-tls/`).
     fn relay_tls(&self) -> Result<PathBuf, LabError> {
-        let dir = self.dir.join("relay-tls");
-        if dir.join("client.crt").exists() {
-            return Ok(dir);
-        }
-        std::fs::create_dir_all(&dir)
-            .map_err(|e| LabError::io(format!("creating {}", dir.display()), e))?;
-        let f = |name: &str| dir.join(name).display().to_string();
-        let openssl = |args: &[&str]| {
-            weir::exec::run_ok("openssl", args, None)
-                .map(drop)
-                .map_err(|e| {
-                    LabError::invalid(
-                        "the relay's certificates",
-                        format!("{e} (openssl is installed by `cargo xtask setup`)"),
-                    )
-                })
+        let pki = crate::pki::Pki {
+            dir: self.dir.join("relay-tls"),
         };
-        let ec = [
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:prime256v1",
-            "-nodes",
-        ];
-        openssl(
-            &[
-                &["req", "-x509"][..],
-                &ec,
-                &[
-                    "-days",
-                    "30",
-                    "-subj",
-                    "/CN=weir-lab relay CA",
-                    "-keyout",
-                    &f("ca.key"),
-                    "-out",
-                    &f("ca.crt"),
-                ],
-            ]
-            .concat(),
-        )?;
-        for (who, ext) in [
-            (
-                "server",
-                "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n",
-            ),
-            ("client", "extendedKeyUsage=clientAuth\n"),
-        ] {
-            let (key, csr, crt, extfile) = (
-                f(&format!("{who}.key")),
-                f(&format!("{who}.csr")),
-                f(&format!("{who}.crt")),
-                f(&format!("{who}.ext")),
-            );
-            std::fs::write(&extfile, ext)
-                .map_err(|e| LabError::io(format!("writing {extfile}"), e))?;
-            let subject = format!("/CN=weir-lab relay {who}");
-            openssl(
-                &[
-                    &["req"][..],
-                    &ec,
-                    &["-subj", &subject, "-keyout", &key, "-out", &csr],
-                ]
-                .concat(),
-            )?;
-            openssl(&[
-                "x509",
-                "-req",
-                "-in",
-                &csr,
-                "-CA",
-                &f("ca.crt"),
-                "-CAkey",
-                &f("ca.key"),
-                "-CAcreateserial",
-                "-days",
-                "30",
-                "-extfile",
-                &extfile,
-                "-out",
-                &crt,
-            ])?;
+        if !pki.cert("client").exists() {
+            pki.init_ca()?;
+            pki.server("server", "weir-lab relay etcd", "IP:127.0.0.1")?;
+            pki.client("client", "weir-lab relay client", &[])?;
         }
-        Ok(dir)
+        Ok(pki.dir)
     }
 
     /// `weir relay` on the relay's etcd, as the agent's identity (the relay needs the
@@ -465,20 +390,13 @@ impl ControlPlane {
         F: FnOnce(etcd_client::Client) -> Fut + Send,
         Fut: std::future::Future<Output = Result<T, String>>,
     {
-        netns::in_netns(node, move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .map_err(|e| format!("tokio runtime: {e}"))?;
-            rt.block_on(async move {
-                let endpoints = [format!("https://{RELAY_STORE}")];
-                let client = weir::source::relay::store::connect(&endpoints, &tls)
-                    .await
-                    .map_err(|e| format!("{e:#}"))?;
-                f(client).await
-            })
+        in_netns_runtime(node, move || async move {
+            let endpoints = [format!("https://{RELAY_STORE}")];
+            let client = weir::source::relay::store::connect(&endpoints, &tls)
+                .await
+                .map_err(|e| format!("{e:#}"))?;
+            f(client).await
         })
-        .map_err(|e| e.to_string())?
     }
 
     pub fn relay_log(&self) -> PathBuf {
@@ -575,17 +493,10 @@ impl ControlPlane {
         Fut: std::future::Future<Output = T>,
     {
         let path = self.kubeconfig(who);
-        netns::in_netns(node, move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .map_err(|e| format!("tokio runtime: {e}"))?;
-            rt.block_on(async move {
-                let client = client_from(&path).await?;
-                Ok(f(client).await)
-            })
+        in_netns_runtime(node, move || async move {
+            let client = client_from(&path).await?;
+            Ok(f(client).await)
         })
-        .map_err(|e| e.to_string())?
     }
 
     /// Compacts etcd's history up to its current revision (through etcd's own HTTP
@@ -656,6 +567,21 @@ pub async fn client_from(path: &Path) -> Result<Client, String> {
 
 /// One JSON POST to etcd's gRPC gateway over plain HTTP/1.1 (the lab's etcd listens on
 /// loopback without TLS).
+/// Runs `work` to its end on a runtime of its own, in the node's namespace.
+fn in_netns_runtime<T: Send, Fut: std::future::Future<Output = Result<T, String>>>(
+    node: &str,
+    work: impl FnOnce() -> Fut + Send,
+) -> Result<T, String> {
+    netns::in_netns(node, move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| format!("tokio runtime: {e}"))?;
+        rt.block_on(work())
+    })
+    .map_err(|e| e.to_string())?
+}
+
 /// etcd named `name`, its data in DIR/NAME, its one peer at `peer`; the client URLs are the
 /// caller's.
 fn etcd_command(name: &str, dir: &Path, peer: &str) -> Command {

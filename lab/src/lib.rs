@@ -30,6 +30,7 @@ pub mod objects;
 pub mod ops;
 pub mod output;
 pub mod peers;
+pub(crate) mod pki;
 pub mod probe;
 pub mod proxy;
 pub mod sctp;

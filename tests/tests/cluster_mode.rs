@@ -565,6 +565,24 @@ fn iptables_reads_from_the_relay() {
     relay_semantics("iptables");
 }
 
+/// `kubectl apply --dry-run=server -k DIR` against the lab's API server.
+fn dry_run(lab: &Lab, kubeconfig: &Path, dir: &Path) -> weir::exec::ToolOutput {
+    weir_tests::netns::NetNs::attach(&lab.node_netns())
+        .run(
+            "kubectl",
+            &[
+                "--kubeconfig",
+                kubeconfig.to_str().unwrap(),
+                "apply",
+                "--dry-run=server",
+                "-k",
+                dir.to_str().unwrap(),
+            ],
+            None,
+        )
+        .expect("running kubectl (cargo xtask setup installs it)")
+}
+
 /// deploy/ as the real kube-apiserver admits it: `kubectl apply --dry-run=server -k deploy/`
 /// (admission and validation, such as the rules on privileged containers, capabilities
 /// and mount propagation, which rendering alone does not apply).
@@ -581,20 +599,7 @@ fn the_real_api_server_admits_deploy() {
     .expect("lab up --api server");
     let kubeconfig = lab.dir.join("api/kubeconfig-admin");
     let deploy = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy");
-    let out = weir_tests::netns::NetNs::attach(&lab.node_netns())
-        .run(
-            "kubectl",
-            &[
-                "--kubeconfig",
-                kubeconfig.to_str().unwrap(),
-                "apply",
-                "--dry-run=server",
-                "-k",
-                deploy.to_str().unwrap(),
-            ],
-            None,
-        )
-        .expect("running kubectl (cargo xtask setup installs it)");
+    let out = dry_run(&lab, &kubeconfig, &deploy);
     let stdout = &out.stdout;
     assert!(
         out.success,
@@ -621,20 +626,7 @@ fn the_real_api_server_admits_deploy() {
         "deploy/kustomization.yaml names no relay component"
     );
     std::fs::write(&kustomization, with_relay).unwrap();
-    let out = weir_tests::netns::NetNs::attach(&lab.node_netns())
-        .run(
-            "kubectl",
-            &[
-                "--kubeconfig",
-                kubeconfig.to_str().unwrap(),
-                "apply",
-                "--dry-run=server",
-                "-k",
-                copy.to_str().unwrap(),
-            ],
-            None,
-        )
-        .expect("running kubectl");
+    let out = dry_run(&lab, &kubeconfig, &copy);
     let stdout = &out.stdout;
     assert!(
         out.success,

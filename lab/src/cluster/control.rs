@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 
 use super::super::control_plane::{ControlPlane, SERVICE_CIDR};
 use super::super::{netns, LabError};
-use super::pki::{self, Auth, Pki};
 use super::{ClusterState, Components, DownReport, API_PORT, CONTROL_PLANE_IP};
+use crate::pki::{self, Auth, Pki};
 
 /// Shell-outs that are not waits (ip, mount, kubectl get) end within this.
 pub const TOOL_TIMEOUT: Duration = Duration::from_secs(30);

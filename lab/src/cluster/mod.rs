@@ -22,7 +22,7 @@ pub mod cli;
 mod components;
 mod control;
 mod node;
-mod pki;
+
 mod runc;
 
 use std::net::Ipv4Addr;

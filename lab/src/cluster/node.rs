@@ -7,10 +7,10 @@ use std::time::{Duration, Instant};
 
 use super::super::{netns, LabError};
 use super::control::{self, spawn, Credentials, TOOL_TIMEOUT};
-use super::pki::{self, Auth};
 use super::{
     node_name, ClusterState, Components, DownReport, NodeState, CLUSTER_CIDR, CONTROL_PLANE_IP,
 };
+use crate::pki::{self, Auth};
 
 /// What kubelet's container manager wants of the host-wide kernel tunables.
 const KUBELET_SYSCTLS: &[(&str, &str)] = &[

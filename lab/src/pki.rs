@@ -1,11 +1,12 @@
-//! The cluster's credentials, made with openssl: one CA that signs every client
-//! certificate (a kubelet's `system:node:NAME` in `system:nodes`, so the Node authorizer
-//! and NodeRestriction judge it; the API server's own client to the kubelets), and static
-//! tokens for the components the bootstrap RBAC already names.
+//! Credentials made with openssl: a CA that signs client and server certificates. The
+//! cluster's (`weir-lab cluster`: a kubelet's `system:node:NAME` in `system:nodes`, so the
+//! Node authorizer and NodeRestriction judge it; the API server's own client to the
+//! kubelets; static tokens for the components the bootstrap RBAC already names) and the
+//! relay's etcd's (its server certificate, one client certificate).
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use super::super::{netns, LabError};
+use crate::{netns, LabError};
 
 const OPENSSL_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -41,6 +42,12 @@ impl Pki {
 
     /// The CA and the service account signing key.
     pub fn init(&self) -> Result<(), LabError> {
+        self.init_ca()?;
+        openssl(&["genrsa", "-out", &s(&self.service_account_key()), "2048"])
+    }
+
+    /// The CA.
+    pub fn init_ca(&self) -> Result<(), LabError> {
         std::fs::create_dir_all(&self.dir)
             .map_err(|e| LabError::io(format!("creating {}", self.dir.display()), e))?;
         openssl(&["genrsa", "-out", &s(&self.ca_key()), "2048"])?;
@@ -56,18 +63,31 @@ impl Pki {
             "30",
             "-out",
             &s(&self.ca_cert()),
-        ])?;
-        openssl(&["genrsa", "-out", &s(&self.service_account_key()), "2048"])
+        ])
     }
 
     /// A client certificate for `cn` in the groups `orgs`, signed by the CA, as `name`.crt/.key.
     pub fn client(&self, name: &str, cn: &str, orgs: &[&str]) -> Result<(), LabError> {
-        let key = s(&self.key(name));
-        let csr = s(&self.dir.join(format!("{name}.csr")));
         let subject: String =
             orgs.iter().map(|o| format!("/O={o}")).collect::<String>() + &format!("/CN={cn}");
+        self.sign(name, &subject, "extendedKeyUsage=clientAuth\n")
+    }
+
+    /// A server certificate for `cn` with the subject alternative names `san`
+    /// (`IP:127.0.0.1`), signed by the CA, as `name`.crt/.key.
+    pub fn server(&self, name: &str, cn: &str, san: &str) -> Result<(), LabError> {
+        let ext = format!("subjectAltName={san}\nextendedKeyUsage=serverAuth\n");
+        self.sign(name, &format!("/CN={cn}"), &ext)
+    }
+
+    fn sign(&self, name: &str, subject: &str, ext: &str) -> Result<(), LabError> {
+        let key = s(&self.key(name));
+        let csr = s(&self.dir.join(format!("{name}.csr")));
+        let extfile = self.dir.join(format!("{name}.ext"));
+        std::fs::write(&extfile, ext)
+            .map_err(|e| LabError::io(format!("writing {}", extfile.display()), e))?;
         openssl(&["genrsa", "-out", &key, "2048"])?;
-        openssl(&["req", "-new", "-key", &key, "-subj", &subject, "-out", &csr])?;
+        openssl(&["req", "-new", "-key", &key, "-subj", subject, "-out", &csr])?;
         openssl(&[
             "x509",
             "-req",
@@ -80,10 +100,15 @@ impl Pki {
             "-CAcreateserial",
             "-days",
             "30",
+            "-extfile",
+            &s(&extfile),
             "-out",
             &s(&self.cert(name)),
         ])?;
-        std::fs::remove_file(&csr).map_err(|e| LabError::io(format!("removing {csr}"), e))
+        for f in [csr, s(&extfile)] {
+            std::fs::remove_file(&f).map_err(|e| LabError::io(format!("removing {f}"), e))?;
+        }
+        Ok(())
     }
 }
 
