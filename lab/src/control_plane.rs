@@ -314,7 +314,7 @@ impl ControlPlane {
         if !pki.cert("client").exists() {
             pki.init_ca()?;
             pki.server("server", "weir-lab relay etcd", "IP:127.0.0.1")?;
-            pki.client("client", "weir-lab relay client", &[])?;
+            pki.client_v3("client", "weir-lab relay client")?;
         }
         Ok(pki.dir)
     }

@@ -667,8 +667,10 @@ pub enum RelayAction {
     /// Compact the relay's etcd's history up to its current revision, so that an agent's
     /// watch resuming from an older revision must list again. Prints the revision.
     Compact,
-    /// Restart the relay's etcd on its data (every watch on it is cut and resumes).
-    RestartStore,
+    /// Stop the relay's etcd (SIGTERM); its data stays. Every watch on it is cut.
+    StopStore,
+    /// Start the relay's etcd again on its data (stopping the old one first).
+    StartStore,
 }
 
 /// `weir-lab relay stop|start|compact`.
@@ -690,7 +692,8 @@ pub fn relay(dir: &LabDir, action: &RelayAction, weir: &WeirBinary) -> Result<()
             relay.relay_pid = cp.start_relay(&node, &weir.path()?)?;
             dir.save(&state)?;
         }
-        RelayAction::RestartStore => {
+        RelayAction::StopStore => netns::stop_pid(relay.store_pid, APISERVER_GRACE),
+        RelayAction::StartStore => {
             netns::stop_pid(relay.store_pid, APISERVER_GRACE);
             relay.store_pid = cp.start_relay_store(&node)?;
             dir.save(&state)?;

@@ -70,43 +70,62 @@ impl Pki {
     pub fn client(&self, name: &str, cn: &str, orgs: &[&str]) -> Result<(), LabError> {
         let subject: String =
             orgs.iter().map(|o| format!("/O={o}")).collect::<String>() + &format!("/CN={cn}");
-        self.sign(name, &subject, "extendedKeyUsage=clientAuth\n")
+        self.sign(name, &subject, None)
+    }
+
+    /// A client certificate for `cn` as X.509v3, its extended key usage clientAuth (what a
+    /// rustls client, which takes only v3 certificates, can present).
+    pub fn client_v3(&self, name: &str, cn: &str) -> Result<(), LabError> {
+        self.sign(
+            name,
+            &format!("/CN={cn}"),
+            Some("extendedKeyUsage=clientAuth\n"),
+        )
     }
 
     /// A server certificate for `cn` with the subject alternative names `san`
     /// (`IP:127.0.0.1`), signed by the CA, as `name`.crt/.key.
     pub fn server(&self, name: &str, cn: &str, san: &str) -> Result<(), LabError> {
         let ext = format!("subjectAltName={san}\nextendedKeyUsage=serverAuth\n");
-        self.sign(name, &format!("/CN={cn}"), &ext)
+        self.sign(name, &format!("/CN={cn}"), Some(&ext))
     }
 
-    fn sign(&self, name: &str, subject: &str, ext: &str) -> Result<(), LabError> {
+    /// A key and a certificate for `subject` signed by the CA, with the X.509v3 extensions
+    /// `ext` (openssl's extfile syntax) if any.
+    fn sign(&self, name: &str, subject: &str, ext: Option<&str>) -> Result<(), LabError> {
         let key = s(&self.key(name));
         let csr = s(&self.dir.join(format!("{name}.csr")));
-        let extfile = self.dir.join(format!("{name}.ext"));
-        std::fs::write(&extfile, ext)
-            .map_err(|e| LabError::io(format!("writing {}", extfile.display()), e))?;
+        let extfile = s(&self.dir.join(format!("{name}.ext")));
         openssl(&["genrsa", "-out", &key, "2048"])?;
         openssl(&["req", "-new", "-key", &key, "-subj", subject, "-out", &csr])?;
-        openssl(&[
+        let (ca, ca_key, cert) = (s(&self.ca_cert()), s(&self.ca_key()), s(&self.cert(name)));
+        let mut args = vec![
             "x509",
             "-req",
             "-in",
             &csr,
             "-CA",
-            &s(&self.ca_cert()),
+            &ca,
             "-CAkey",
-            &s(&self.ca_key()),
+            &ca_key,
             "-CAcreateserial",
             "-days",
             "30",
-            "-extfile",
-            &s(&extfile),
             "-out",
-            &s(&self.cert(name)),
-        ])?;
-        for f in [csr, s(&extfile)] {
-            std::fs::remove_file(&f).map_err(|e| LabError::io(format!("removing {f}"), e))?;
+            &cert,
+        ];
+        if let Some(ext) = ext {
+            std::fs::write(&extfile, ext)
+                .map_err(|e| LabError::io(format!("writing {extfile}"), e))?;
+            args.extend(["-extfile", &extfile]);
+        }
+        openssl(&args)?;
+        let mut made = vec![csr.as_str()];
+        if ext.is_some() {
+            made.push(&extfile);
+        }
+        for f in made {
+            std::fs::remove_file(f).map_err(|e| LabError::io(format!("removing {f}"), e))?;
         }
         Ok(())
     }

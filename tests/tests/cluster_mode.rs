@@ -525,7 +525,8 @@ fn relay_semantics(dataplane: &'static str) {
         "{dataplane}: the relay's etcd compacted at revision {}",
         revision.trim()
     );
-    lab.weir(&["relay", "restart-store"]).unwrap();
+    lab.weir(&["relay", "stop-store"]).unwrap();
+    lab.weir(&["relay", "start-store"]).unwrap();
     lab.weir(&["agent", "signal", "cont"]).unwrap();
     wait_until(
         &format!("{dataplane}: the agent's relist after the relay's compaction"),
@@ -538,6 +539,37 @@ fn relay_semantics(dataplane: &'static str) {
         open,
         "{dataplane}: after the relay's compaction"
     );
+
+    // 4. An agent started while the relay's etcd is down: it changes nothing until it
+    //    reaches the store and has listed everything, and says why meanwhile.
+    lab.weir(&["agent", "signal", "kill"]).unwrap();
+    lab.weir(&["relay", "stop-store"]).unwrap();
+    let out = lab
+        .weir_env(&["agent", "start"], &[("WEIR_RESYNC_SECONDS", "1")])
+        .unwrap();
+    assert!(out.status.success(), "agent start: {out:?}");
+    std::thread::sleep(Duration::from_secs(4));
+    assert_eq!(
+        probe(&lab, dataplane),
+        open,
+        "{dataplane}: an agent without its store changed enforcement"
+    );
+    let waiting = status(&lab);
+    assert_eq!(waiting["sync"]["complete"], false, "{waiting:#}");
+    assert!(
+        waiting["sync"]["last_error"]
+            .as_str()
+            .is_some_and(|e| e.contains("relay")),
+        "{waiting:#}"
+    );
+    lab.weir(&["relay", "start-store"]).unwrap();
+    lab.weir(&["apply", path]).unwrap();
+    assert_eq!(
+        probe(&lab, dataplane),
+        closed_matrix,
+        "{dataplane}: after the store came back"
+    );
+    lab.weir(&["delete", path]).unwrap();
 
     let synced = status(&lab);
     assert_eq!(synced["converged"], true, "{synced:#}");

@@ -152,9 +152,7 @@ async fn run_agent(args: AgentArgs) -> anyhow::Result<()> {
                 )
             } else {
                 tracing::info!(%node, relay = %args.relay.join(","), "cluster mode, reading from the relay");
-                let store = crate::source::relay::store::connect(&args.relay, &args.relay_tls)
-                    .await
-                    .context("--relay")?;
+                let store = connect_relay(&args, health.sync()).await?;
                 crate::source::kube::KubeSource::from_relay(store, args.list_page_size)
             }
             .with_progress(health.sync().clone());
@@ -169,6 +167,29 @@ async fn run_agent(args: AgentArgs) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// A client of the relay's etcd. One that cannot be reached yet (its Pod still starting) is
+/// retried with backoff, said in `/readyz`; unreadable certificate files end the agent.
+async fn connect_relay(
+    args: &AgentArgs,
+    progress: &crate::source::event::SyncProgress,
+) -> anyhow::Result<etcd_client::Client> {
+    use crate::source::relay::store::{connect, ConnectError};
+    let mut backoff = Duration::from_millis(500);
+    loop {
+        match connect(&args.relay, &args.relay_tls).await {
+            Ok(store) => return Ok(store),
+            Err(e @ ConnectError::Connect { .. }) => {
+                let e = format!("{:#}", anyhow::Error::from(e));
+                tracing::warn!(error = %e, "the relay's etcd cannot be reached; retrying");
+                progress.error(e);
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(30));
+            }
+            Err(e) => return Err(e).context("--relay"),
+        }
+    }
 }
 
 /// The node's interface addresses, as the dataplanes read them.
