@@ -133,7 +133,8 @@ pub struct AgentArgs {
     /// Cluster mode: read every object from the relay's etcd (`weir relay`, deploy/relay/)
     /// at these client endpoints, comma-separated, instead of watching the API server; the
     /// API server is then only written to (the node's annotation, Events). Ranges of
-    /// --list-page-size records.
+    /// --list-page-size records; --lists and --pod-encoding are the relay's own then.
+    /// Cluster mode only.
     #[arg(long, env = "WEIR_RELAY", value_delimiter = ',')]
     pub relay: Vec<String>,
 

@@ -121,6 +121,9 @@ async fn run_agent(args: AgentArgs) -> anyhow::Result<()> {
         backends.preload_ebpf();
     }
     match &args.manifests {
+        Some(_) if !args.relay.is_empty() => {
+            anyhow::bail!("--relay reads a cluster's objects from the relay's etcd; --manifests reads them from a file: give one of the two")
+        }
         Some(path) => {
             tracing::info!(manifests = %path.display(), "file mode");
             let source = crate::source::file::FileSource::new(
