@@ -615,33 +615,57 @@ impl Drop for Agent {
 /// Starts etcd and kube-apiserver in the node's namespace and writes the whole world
 /// there, before the agent starts: a cold start finds it on the server.
 pub(crate) fn start_cluster(lab: &Path, node: &Netns, dir: &Path) -> Result<Cluster> {
-    let out = Command::new(lab)
-        .args(["kube", "start", "--netns", node.name()])
-        .arg("--dir")
-        .arg(Cluster::api_dir(dir))
-        .stdin(Stdio::null())
-        .output()
-        .context("starting weir-lab kube start")?;
-    if !out.status.success() {
-        bail!(
-            "weir-lab kube start: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
-    let pids: Value = serde_json::from_slice(&out.stdout).context("weir-lab kube start")?;
+    let pids = kube_start(
+        lab,
+        "start",
+        node,
+        &Cluster::api_dir(dir),
+        &["etcd_pid", "apiserver_pid"],
+    )?;
     let mut cluster = Cluster {
         lab: lab.to_path_buf(),
         netns: node.name().to_string(),
-        pids: ["etcd_pid", "apiserver_pid"]
-            .iter()
-            .filter_map(|k| pids[k].as_u64().map(|p| p as u32))
-            .collect(),
+        pids,
         expected: String::new(),
         writer: None,
     };
     cluster.write(dir, None, &dir.join("manifests.yaml"))?;
     cluster.expected()?;
     Ok(cluster)
+}
+
+/// `weir-lab kube ACTION --netns NODE --dir DIR` (`start`, `start-relay`): the pids it
+/// prints as JSON, under `keys`.
+pub(crate) fn kube_start(
+    lab: &Path,
+    action: &str,
+    node: &Netns,
+    dir: &Path,
+    keys: &[&str],
+) -> Result<Vec<u32>> {
+    let out = Command::new(lab)
+        .args(["kube", action, "--netns", node.name()])
+        .arg("--dir")
+        .arg(dir)
+        .stdin(Stdio::null())
+        .output()
+        .with_context(|| format!("starting weir-lab kube {action}"))?;
+    if !out.status.success() {
+        bail!(
+            "weir-lab kube {action}: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    let pids: Value =
+        serde_json::from_slice(&out.stdout).with_context(|| format!("weir-lab kube {action}"))?;
+    keys.iter()
+        .map(|k| {
+            pids[k]
+                .as_u64()
+                .map(|p| p as u32)
+                .with_context(|| format!("weir-lab kube {action} printed no {k}"))
+        })
+        .collect()
 }
 
 /// A peer in the bench node, as the lab runs it, with the bench control plane's admin

@@ -38,7 +38,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use serde_json::Value;
 
-use super::agent::{monotonic_ns, start_cluster, Cluster};
+use super::agent::{kube_start, monotonic_ns, start_cluster, Cluster};
 use super::netns::Netns;
 use super::report::Row;
 use super::traffic::percentile;
@@ -1229,30 +1229,10 @@ struct RelayProcs {
 
 impl RelayProcs {
     fn start(lab: &Path, netns: &Netns, api: &Path) -> Result<Self> {
-        let out = Command::new(lab)
-            .args(["kube", "start-relay", "--netns", netns.name()])
-            .arg("--dir")
-            .arg(api)
-            .stdin(Stdio::null())
-            .output()
-            .context("starting weir-lab kube start-relay")?;
-        if !out.status.success() {
-            bail!(
-                "weir-lab kube start-relay: {}",
-                String::from_utf8_lossy(&out.stderr).trim()
-            );
-        }
-        let pids: Value =
-            serde_json::from_slice(&out.stdout).context("weir-lab kube start-relay")?;
-        let pid = |k: &str| {
-            pids[k]
-                .as_u64()
-                .map(|p| p as u32)
-                .with_context(|| format!("weir-lab kube start-relay printed no {k}"))
-        };
+        let pids = kube_start(lab, "start-relay", netns, api, &["relay_pid", "store_pid"])?;
         Ok(RelayProcs {
-            relay: pid("relay_pid")?,
-            store: pid("store_pid")?,
+            relay: pids[0],
+            store: pids[1],
         })
     }
 }

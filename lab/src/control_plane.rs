@@ -282,12 +282,13 @@ impl ControlPlane {
         Ok(child.id())
     }
 
-    /// The relay's etcd's URL and the client identity (the relay's and the agent's) that
-    /// reaches it, as `weir agent` and `weir relay` flags.
-    pub fn relay_client_args(&self) -> Vec<String> {
+    /// The relay's etcd's URL, as the flag `url_flag` (`--relay`, `--store`), and the client
+    /// identity (the relay's and the agent's) that reaches it, as `weir agent` and `weir
+    /// relay` flags.
+    pub fn relay_client_args(&self, url_flag: &str) -> Vec<String> {
         let tls = self.dir.join("relay-tls");
         vec![
-            format!("https://{RELAY_STORE}"),
+            format!("{url_flag}=https://{RELAY_STORE}"),
             format!("--relay-ca={}", tls.join("ca.crt").display()),
             format!("--relay-cert={}", tls.join("client.crt").display()),
             format!("--relay-key={}", tls.join("client.key").display()),
@@ -323,8 +324,7 @@ impl ControlPlane {
     /// agent's reads and nothing more), its log in `relay.log`.
     pub fn start_relay(&self, node: &str, weir: &Path) -> Result<u32, LabError> {
         let mut relay = Command::new(weir);
-        let mut args = self.relay_client_args();
-        args[0] = format!("--store={}", args[0]);
+        let args = self.relay_client_args("--store");
         relay
             .arg("relay")
             .args(args)

@@ -202,8 +202,7 @@ fn start_control_plane(
             });
         }
         // Before the lab's own flags: --agent-arg can still name another.
-        let mut args = cp.relay_client_args();
-        args[0] = format!("--relay={}", args[0]);
+        let args = cp.relay_client_args("--relay");
         state.agent_args.splice(0..0, args);
         dir.save(state)?;
     }

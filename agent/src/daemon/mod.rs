@@ -31,16 +31,18 @@ use std::time::Duration;
 use anyhow::Context;
 
 pub use config::AgentArgs;
-use config::LogFormat;
+pub use config::LogFormat;
 use run::{Daemon, Health, RunOptions};
 
-fn init_logging(args: &AgentArgs) -> anyhow::Result<()> {
-    let filter = tracing_subscriber::EnvFilter::try_new(&args.log_level)
-        .with_context(|| format!("--log-level {:?}", args.log_level))?;
+/// Logs to stderr at `level` (tracing's EnvFilter syntax) in `format`: the agent's and the
+/// relay's.
+pub fn init_logging(level: &str, format: LogFormat) -> anyhow::Result<()> {
+    let filter = tracing_subscriber::EnvFilter::try_new(level)
+        .with_context(|| format!("--log-level {level:?}"))?;
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
-    let result = match args.log_format() {
+    let result = match format {
         LogFormat::Json => builder.json().try_init(),
         LogFormat::Text => builder.try_init(),
     };
@@ -50,7 +52,7 @@ fn init_logging(args: &AgentArgs) -> anyhow::Result<()> {
 /// `weir agent`. `argv` is what followed `agent` on the command line (for --config).
 pub fn main(args: AgentArgs, argv: &[String]) -> anyhow::Result<()> {
     let args = args.with_config_file(argv)?;
-    init_logging(&args)?;
+    init_logging(&args.log_level, args.log_format())?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -65,14 +65,7 @@ pub struct RelayArgs {
 }
 
 pub fn main(args: RelayArgs) -> anyhow::Result<()> {
-    let filter = tracing_subscriber::EnvFilter::try_new(&args.log_level)
-        .with_context(|| format!("--log-level {:?}", args.log_level))?;
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .json()
-        .try_init()
-        .map_err(|e| anyhow::anyhow!("install the logger: {e}"))?;
+    crate::daemon::init_logging(&args.log_level, crate::daemon::LogFormat::Json)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
